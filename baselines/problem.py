@@ -1,0 +1,143 @@
+"""The contract every problem folder fulfils.
+
+A problem folder `baselines/<name>/` holds:
+  spec.py      PROBLEM = <Problem subclass instance>: shapes, input generator, tolerance, FLOP/byte counts
+  oracle.py    the high-precision reference (fp64/fp32), written in this project
+  baseline.py  the adapter for the thing we race against (FLA, a PyTorch reference, ...)
+  kernel.py    the starting kernel: a *candidate module* (see below), Triton, our own code
+  knobs.py     SPACE: the knob values the search proposer may choose from
+
+The candidate contract: a candidate is one Python module that defines
+
+    run(inputs: dict[str, Tensor], out: dict[str, Tensor]) -> None
+
+and writes every output tensor in place. The harness allocates `out` (and poisons it with NaN), so a
+candidate can neither return lazy or cached tensors nor skip elements unnoticed. Templates carry their
+knobs on exactly one line `KNOBS = {...}`; `render()` rewrites that line.
+
+This module imports no torch at import time: the CLI and the workflow side only need names.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+KNOBS_LINE = re.compile(r"^KNOBS\s*=\s*(\{.*\})\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark shape: a name for tables and the parameters the generator needs."""
+
+    name: str
+    params: dict[str, int] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> int:
+        return self.params[key]
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    shape: tuple[int, ...]
+    dtype: str  # a torch dtype name: "float32", "bfloat16", ...
+
+
+class Problem:
+    """Base class; a problem overrides the generator, oracle, baselines and roofline counts."""
+
+    name: str = ""
+    description: str = ""
+    #: first shape is the primary GPU shape; `cpu_shape` is small enough for the Triton interpreter
+    shapes: list[Shape] = []
+    cpu_shape: Shape = Shape("cpu")
+    distributions: tuple[str, ...] = ("normal",)
+    #: pass iff rel-RMS error <= max(tolerance_floor, tolerance_alpha * baseline's own error)
+    tolerance_floor: float = 1e-5
+    tolerance_alpha: float = 2.0
+    #: names of the outputs that are compared with the oracle, in order
+    outputs: tuple[str, ...] = ("out",)
+
+    @property
+    def folder(self) -> Path:
+        return Path(__file__).parent / self.name
+
+    # --- inputs and outputs -------------------------------------------------------------------
+    def make_inputs(self, shape: Shape, distribution: str, seed: int, device: str, cpu: bool = False) -> dict:
+        """Fresh inputs. `cpu=True` asks for fp32 everywhere (the Triton interpreter's safe dtype)."""
+        raise NotImplementedError
+
+    def output_specs(self, shape: Shape, cpu: bool = False) -> dict[str, OutputSpec]:
+        raise NotImplementedError
+
+    # --- references ---------------------------------------------------------------------------
+    def oracle(self, inputs: dict) -> dict:
+        """High-precision outputs (fp64 where it matters)."""
+        raise NotImplementedError
+
+    def baselines(self) -> dict[str, Callable[[dict], dict]]:
+        """Name -> callable(inputs) -> outputs. The first one is the primary baseline."""
+        raise NotImplementedError
+
+    # --- roofline -----------------------------------------------------------------------------
+    def flops(self, shape: Shape) -> float:
+        raise NotImplementedError
+
+    def bytes_moved(self, shape: Shape) -> float:
+        raise NotImplementedError
+
+    def floor_ms(self, shape: Shape, bandwidth_Bps: float, flops_per_s: float) -> float:
+        """Physical lower bound: the slower of moving the minimum bytes and doing the FLOPs."""
+        return 1e3 * max(self.bytes_moved(shape) / bandwidth_Bps, self.flops(shape) / flops_per_s)
+
+    # --- the starting kernel and its knobs -------------------------------------------------------
+    def template(self) -> str:
+        return (self.folder / "kernel.py").read_text()
+
+    def knob_space(self) -> dict[str, list[Any]]:
+        ns: dict[str, Any] = {}
+        exec(compile((self.folder / "knobs.py").read_text(), str(self.folder / "knobs.py"), "exec"), ns)
+        return dict(ns["SPACE"])
+
+    def default_knobs(self) -> dict[str, Any]:
+        return default_knobs(self.template())
+
+    def render(self, knobs: dict[str, Any]) -> str:
+        return render(self.template(), knobs)
+
+
+def default_knobs(source: str) -> dict[str, Any]:
+    m = KNOBS_LINE.search(source)
+    if not m:
+        raise ValueError("template has no 'KNOBS = {...}' line")
+    return ast.literal_eval(m.group(1))
+
+
+def render(source: str, knobs: dict[str, Any]) -> str:
+    """The template with its KNOBS line replaced; unknown knob names are an error, not a silent no-op."""
+    base = default_knobs(source)
+    unknown = set(knobs) - set(base)
+    if unknown:
+        raise ValueError(f"unknown knobs {sorted(unknown)}; this template has {sorted(base)}")
+    merged = {**base, **knobs}
+    line = "KNOBS = " + repr(dict(sorted(merged.items())))
+    return KNOBS_LINE.sub(lambda _m: line, source, count=1)
+
+
+def rel_rms(ref, out) -> float:
+    """RMS(ref - out) / RMS(ref), in float64. NaN if either has a non-finite element."""
+    import torch
+
+    r = ref.detach().to("cpu", torch.float64)
+    o = out.detach().to("cpu", torch.float64)
+    if r.shape != o.shape:
+        raise ValueError(f"shape {tuple(o.shape)} != reference shape {tuple(r.shape)}")
+    if not torch.isfinite(o).all() or not torch.isfinite(r).all():
+        return math.nan
+    den = r.pow(2).mean().sqrt().item()
+    num = (r - o).pow(2).mean().sqrt().item()
+    return num / (den + 1e-30)

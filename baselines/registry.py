@@ -1,0 +1,32 @@
+"""Find problems by folder name. Listing is cheap (no torch); loading imports the problem's spec."""
+
+from __future__ import annotations
+
+import importlib
+from functools import lru_cache
+from pathlib import Path
+
+from baselines.problem import Problem
+
+_ROOT = Path(__file__).parent
+
+
+def problem_names() -> list[str]:
+    return sorted(p.name for p in _ROOT.iterdir() if (p / "spec.py").is_file())
+
+
+class UnknownProblem(ValueError):
+    pass
+
+
+def check_problem_name(name: str) -> str:
+    names = problem_names()
+    if name not in names:
+        raise UnknownProblem(f"unknown problem {name!r}; known problems: {', '.join(names)}")
+    return name
+
+
+@lru_cache(maxsize=None)
+def get_problem(name: str) -> Problem:
+    check_problem_name(name)
+    return importlib.import_module(f"baselines.{name}.spec").PROBLEM

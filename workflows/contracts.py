@@ -1,0 +1,380 @@
+"""Pydantic contracts between the workflow, the activities, the CLI and the Web UI.
+
+Everything here is small: kernel sources, logs, prompts and profiles travel as artifact-store keys
+(`*_key`, a sha256 hex digest), never as content.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+AGENT_QUEUE = "marathon-agent"
+GPU_QUEUE = "marathon-gpu"
+WORKFLOW_TYPE = "KernelOptimization"
+STATE_VERSION = 1
+
+Phase = Literal[
+    "starting", "proposing", "checking", "compiling", "verifying", "benchmarking", "recording",
+    "compacting", "paused", "reverifying", "done",
+]
+Outcome = Literal["improved", "passed", "rejected"]
+Stage = Literal["propose", "rules", "compile", "verify", "benchmark", "profile", "sandbox"]
+
+
+class Strict(BaseModel):
+    """Unknown fields are an error: a typo in a RunSpec must not silently become a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Budget(Strict):
+    """Limits of a run; None means unlimited. The workflow checks them between steps."""
+
+    iterations: int | None = 30
+    hours: float | None = None
+    tokens: int | None = None
+    gpu_seconds: float | None = None
+
+    @field_validator("iterations", "hours", "tokens", "gpu_seconds")
+    @classmethod
+    def _positive(cls, v, info):
+        if v is not None and not v > 0:
+            raise ValueError(f"budget {info.field_name} must be positive, got {v}")
+        return v
+
+
+class BudgetChange(Strict):
+    """Argument of the `set_budget` update: only the fields given change."""
+
+    iterations: int | None = None
+    hours: float | None = None
+    tokens: int | None = None
+    gpu_seconds: float | None = None
+
+    @field_validator("iterations", "hours", "tokens", "gpu_seconds")
+    @classmethod
+    def _positive(cls, v, info):
+        if v is not None and not v > 0:
+            raise ValueError(f"budget {info.field_name} must be positive, got {v}")
+        return v
+
+    @model_validator(mode="after")
+    def _something(self):
+        if not self.model_fields_set:
+            raise ValueError("set_budget needs at least one of iterations, hours, tokens, gpu_seconds")
+        return self
+
+
+class Used(Strict):
+    iterations: int = 0
+    seconds: float = 0.0  # wall-clock since the first run started
+    tokens_in: int = 0
+    tokens_out: int = 0
+    gpu_seconds: float = 0.0
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return self.tokens_in + self.tokens_out
+
+
+class BestRef(Strict):
+    candidate_id: str
+    source_key: str
+    speedup: float
+    time_ms: float
+    baseline_ms: float
+    iteration: int
+    interpreter: bool = False
+    knobs: dict | None = None
+
+
+class LeaderEntry(Strict):
+    candidate_id: str
+    source_key: str
+    speedup: float
+    time_ms: float
+    iteration: int
+    knobs: dict | None = None
+
+
+class IterationRecord(Strict):
+    """What one evaluated candidate left behind. Small: reasons are trimmed, logs are keys."""
+
+    iteration: int
+    slot: int = 0  # index within the population evaluated in parallel
+    candidate_id: str
+    source_key: str
+    knobs: dict | None = None
+    rationale: str = ""
+    outcome: Outcome
+    stage: Stage | None = None  # where it was rejected
+    reason: str = ""
+    time_ms: float | None = None
+    baseline_ms: float | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    rel_err: float | None = None
+    interpreter: bool = False
+    gpu_seconds: float = 0.0
+    log_key: str | None = None
+    started_at: float = 0.0  # workflow time, seconds since epoch
+    finished_at: float = 0.0
+
+
+class CarriedState(Strict):
+    """Everything a run hands to the next one on continue-as-new: counters, keys, the leaderboard."""
+
+    version: int = STATE_VERSION
+    iteration: int = 0  # last iteration fully recorded
+    used: Used = Field(default_factory=Used)
+    started_at: float = 0.0
+    best: BestRef | None = None
+    leaderboard: list[LeaderEntry] = Field(default_factory=list)
+    notebook_key: str | None = None
+    notebook_version: int = 0
+    ledger_key: str | None = None  # head of the chain of record chunks in the artifact store
+    runs: int = 1  # how many workflow runs (continue-as-new generations) this one is
+    hints: list[str] = Field(default_factory=list)  # not yet shown to the proposer
+    paused: bool = False
+    pause_reason: str = ""
+    conversation_key: str | None = None  # llm policy: the transcript lives in the artifact store
+    last: IterationRecord | None = None
+
+
+class RunSpec(Strict):
+    """The workflow's one input. Everything but `problem` has a default; `carried` is set only by
+    continue-as-new."""
+
+    problem: str
+    policy: Literal["search", "llm"] = "search"
+    budget: Budget = Field(default_factory=Budget)
+    compact_every: int = 10
+    population: int = 1
+    seed: int = 0
+    shape: str | None = None  # a shape name of the problem; default: primary on GPU, cpu shape otherwise
+    model: str | None = None  # llm policy: overrides MARATHON_MODEL
+    top_k: int = 8
+    carried: CarriedState | None = None
+
+    @field_validator("problem")
+    @classmethod
+    def _problem_name(cls, v: str) -> str:
+        if not v or not v.replace("_", "").isalnum():
+            raise ValueError(f"problem must be a problem folder name, got {v!r}")
+        return v
+
+    @field_validator("compact_every", "population", "top_k")
+    @classmethod
+    def _at_least_one(cls, v, info):
+        if v < 1:
+            raise ValueError(f"{info.field_name} must be at least 1, got {v}")
+        return v
+
+
+# ---- activity contracts -----------------------------------------------------------------------
+
+
+class Candidate(Strict):
+    candidate_id: str  # sha256(source)[:16]
+    source_key: str
+    knobs: dict | None = None
+    parent: str | None = None
+    rationale: str = ""
+
+
+class ProposeRequest(Strict):
+    problem: str
+    policy: str
+    seed: int
+    iteration: int
+    slot: int = 0
+    shape: str | None = None
+    leaderboard: list[LeaderEntry] = Field(default_factory=list)
+    recent: list[IterationRecord] = Field(default_factory=list)  # this run's records
+    ledger_key: str | None = None
+    notebook_key: str | None = None
+    hints: list[str] = Field(default_factory=list)
+    taken: list[str] = Field(default_factory=list)  # candidate ids proposed by sibling slots this step
+
+
+class Proposal(Strict):
+    candidate: Candidate | None = None  # None: the proposer has nothing new (search space exhausted)
+    note: str = ""
+
+
+class RuleRequest(Strict):
+    problem: str
+    source_key: str
+
+
+class RuleReport(Strict):
+    ok: bool
+    rule: str | None = None
+    detail: str = ""
+
+
+class EvalRequest(Strict):
+    problem: str
+    candidate_id: str
+    source_key: str
+    shape: str | None = None
+
+
+class CompileReport(Strict):
+    ok: bool
+    error: str = ""  # the compiler's message, trimmed, verbatim
+    registers: int | None = None
+    spills: int | None = None
+    shared_bytes: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    tensor_cores: bool | None = None  # wgmma/HGMMA or mma present
+    tma: bool | None = None
+    kernels: list[str] = Field(default_factory=list)
+    interpreter: bool = False
+    log_key: str | None = None
+    seconds: float = 0.0
+
+
+class VerifyReport(Strict):
+    ok: bool
+    stage: Stage = "verify"
+    reason: str = ""
+    rel_err: float | None = None  # worst over seeds x distributions x outputs
+    baseline_rel_err: float | None = None
+    threshold: float | None = None
+    interpreter: bool = False
+    log_key: str | None = None
+    seconds: float = 0.0
+
+
+class Receipt(Strict):
+    device: str
+    driver: str = ""
+    clocks: str = ""
+    torch: str = ""
+    triton: str = ""
+    repetitions: int = 0
+    spread: str = ""  # e.g. "IQR 0.41-0.44 ms"
+    mode: str = ""  # "eager", "cuda-graph", "interpreter"
+
+
+class BenchRequest(Strict):
+    problem: str
+    candidate_id: str
+    source_key: str
+    shape: str | None = None
+    best: BestRef | None = None  # measured interleaved when given
+    fresh_process: bool = False  # re-measure a new best away from the search process
+
+
+class BenchReport(Strict):
+    ok: bool
+    stage: Stage = "benchmark"
+    reason: str = ""
+    time_ms: float | None = None
+    baseline_ms: float | None = None
+    baseline_name: str = ""
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    best_time_ms: float | None = None  # the current best re-timed in the same session, if given
+    interpreter: bool = False
+    receipt: Receipt | None = None
+    log_key: str | None = None
+    gpu_seconds: float = 0.0
+
+
+class ProfileReport(Strict):
+    ok: bool
+    summary: str = ""  # a short text the proposer can use
+    bound: Literal["memory", "compute", "latency", "unknown"] = "unknown"
+    tool: str = ""
+    report_key: str | None = None
+
+
+class CompactRequest(Strict):
+    workflow_id: str
+    problem: str
+    policy: str
+    model: str | None = None
+    run: int
+    records: list[IterationRecord]
+    notebook_key: str | None = None
+    notebook_version: int = 0
+    ledger_key: str | None = None
+    best: BestRef | None = None
+    final: bool = False
+
+
+class CompactResult(Strict):
+    notebook_key: str
+    notebook_version: int
+    ledger_key: str
+    tokens_in: int = 0
+    tokens_out: int = 0
+
+
+# ---- what clients see ---------------------------------------------------------------------------
+
+
+class BestSummary(Strict):
+    candidate_id: str
+    speedup: float
+    time_ms: float
+    baseline_ms: float
+    iteration: int
+    interpreter: bool = False
+
+
+class Status(Strict):
+    workflow_id: str
+    problem: str
+    policy: str
+    iteration: int
+    phase: Phase
+    best: BestSummary | None
+    budget: Budget
+    used: Used
+    runs: int
+    paused: bool
+    pause_reason: str = ""
+    stopping: bool = False
+    last: IterationRecord | None = None
+    notebook_key: str | None = None
+    notebook_version: int = 0
+    ledger_key: str | None = None
+    pending_hints: int = 0
+
+
+class RunResult(Strict):
+    workflow_id: str
+    problem: str
+    iterations: int
+    best: BestSummary | None
+    best_source_key: str | None = None
+    stopped_by: Literal["budget-iterations", "budget-hours", "budget-tokens", "budget-gpu-seconds",
+                        "stop-signal", "exhausted"]
+    runs: int
+    used: Used
+    notebook_key: str | None = None
+    ledger_key: str | None = None
+    reverified: bool | None = None
+
+
+class StopRequest(Strict):
+    reason: str = "operator"
+
+
+class Hint(Strict):
+    text: str
+
+    @field_validator("text")
+    @classmethod
+    def _nonempty(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("hint text is empty")
+        return v[:2000]
