@@ -1,0 +1,1 @@
+"""Activities of the agent worker: proposers, rule checks, compaction, the artifact store."""

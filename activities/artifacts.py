@@ -1,0 +1,94 @@
+"""Content-addressed artifact store: kernel sources, logs, notebooks, prompts, profiles.
+
+Workflow history carries only the sha256 keys this store hands out. Objects are written to a temp
+file and renamed into place, so a crash or a full disk never leaves a half-written object under a key;
+identical content is stored once. The root is a directory (a shared file system when workers sit on
+several hosts): `MARATHON_ARTIFACTS`, default `~/.marathon/artifacts`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class ArtifactStoreError(RuntimeError):
+    """The store cannot be written or read (full, read-only, missing object)."""
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("MARATHON_ARTIFACTS") or Path.home() / ".marathon" / "artifacts")
+
+
+class ArtifactStore:
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root else default_root()
+
+    def _path(self, key: str) -> Path:
+        if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+            raise ArtifactStoreError(f"not an artifact key: {key!r}")
+        return self.root / "objects" / key[:2] / key[2:]
+
+    def path(self, key: str) -> Path:
+        p = self._path(key)
+        if not p.is_file():
+            raise ArtifactStoreError(f"artifact {key[:12]} not found under {self.root}")
+        return p
+
+    def put_bytes(self, data: bytes) -> str:
+        key = hashlib.sha256(data).hexdigest()
+        dest = self._path(key)
+        if dest.is_file():
+            return key
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as e:
+            raise ArtifactStoreError(f"artifact store {self.root} is not writable: {e.strerror or e}") from e
+        return key
+
+    def put_text(self, text: str) -> str:
+        return self.put_bytes(text.encode())
+
+    def put_json(self, obj: Any) -> str:
+        return self.put_bytes(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode())
+
+    def get_bytes(self, key: str) -> bytes:
+        data = self.path(key).read_bytes()
+        if hashlib.sha256(data).hexdigest() != key:
+            raise ArtifactStoreError(f"artifact {key[:12]} is corrupt (content does not match its key)")
+        return data
+
+    def get_text(self, key: str) -> str:
+        return self.get_bytes(key).decode()
+
+    def get_json(self, key: str) -> Any:
+        return json.loads(self.get_bytes(key))
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self._path(key).is_file()
+        except ArtifactStoreError:
+            return False
+
+    def verify_all(self) -> list[str]:
+        """Keys whose content no longer matches (used by the soak test's consistency check)."""
+        bad = []
+        for p in (self.root / "objects").glob("*/*"):
+            key = p.parent.name + p.name
+            if hashlib.sha256(p.read_bytes()).hexdigest() != key:
+                bad.append(key)
+        return bad
