@@ -1,0 +1,107 @@
+"""mla_decode: absorbed multi-head latent attention (DeepSeek-V3 MLA), decode step, batch 1.
+
+Math (per query token t and head h; D = DL + DR, DL = latent width, DR = rope width):
+
+    s[t, h, j] = SCALE * <q[t, h, :], kv_cache[j, :]>          (all D columns: latent part + rope part)
+    p[t, h, :] = softmax_j(s[t, h, :])                          (over all S cache rows)
+    o[t, h, :] = sum_j p[t, h, j] * kv_cache[j, :DL]            (V = the first DL columns of the same row)
+
+The cache is shared by every head (MQA-like), SCALE = 1/sqrt(192) whatever the dims (DeepSeek's
+qk_nope + qk_rope = 128 + 64; see kernel-notes section 2.2: not 1/sqrt(576)).
+
+Several query tokens (Q > 1, e.g. speculative decode / MTP): every query attends to the *full* cache
+(no causal mask among the Q new tokens); the Q tokens are just more rows sharing the same K/V.
+
+Inputs:  q [Q, H, D], kv_cache [S, D]   (bf16 on GPU; fp32 when cpu=True)
+Output:  o [Q, H, DL]                   (bf16 on GPU; fp32 when cpu=True)
+
+The rope width is not a tensor dimension of its own: every shape here uses DL = 8 * DR (512 + 64 on the
+GPU, 128 + 16 on the CPU), so DL = D - D // 9 (`latent_dim`). Kernels read DL from out["o"].shape[-1].
+"""
+
+from __future__ import annotations
+
+import math
+
+from baselines.problem import OutputSpec, Problem, Shape
+
+#: softmax scale, fixed: 1/sqrt(qk_nope + qk_rope) = 1/sqrt(128 + 64)
+SCALE = 1.0 / math.sqrt(192.0)
+
+
+def latent_dim(d: int) -> int:
+    """DL for a cache row of width d = DL + DR with DL = 8 * DR."""
+    if d % 9:
+        raise ValueError(f"row width {d} is not DL + DR with DL = 8 * DR")
+    return d - d // 9
+
+
+def _shape(name: str, Q: int, H: int, S: int, DL: int, DR: int) -> Shape:
+    assert DL == 8 * DR
+    return Shape(name, {"Q": Q, "H": H, "S": S, "DL": DL, "DR": DR})
+
+
+class MLADecode(Problem):
+    name = "mla_decode"
+    description = (
+        "absorbed MLA decode: q[Q,H,576] against one latent cache[S,576] shared by all heads, "
+        "V = cache[:, :512], scale 1/sqrt(192), o[Q,H,512]"
+    )
+    shapes = [
+        _shape("B1 H64 S8192 Q1", 1, 64, 8192, 512, 64),
+        _shape("B1 H64 S8192 Q4", 4, 64, 8192, 512, 64),
+    ]
+    # S = 100 is not a multiple of any block; Q = 2 exercises the several-query path; H*Q = 8 < 16 rows
+    cpu_shape = _shape("Q2 H4 S100 DL128 DR16", 2, 4, 100, 128, 16)
+    # unit: q, cache ~ N(0,1) (logits std ~ 1.7); small: q/10 (FlashMLA's test setting, flat softmax);
+    # peaked: q*4 (logits std ~ 7: a kernel without the running max overflows / loses precision)
+    distributions = ("unit", "small", "peaked")
+    tolerance_floor = 1e-4
+    tolerance_alpha = 2.0
+    outputs = ("o",)
+
+    def make_inputs(self, shape, distribution, seed, device, cpu=False):
+        import torch
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        Q, H, S, DL, DR = (shape[k] for k in ("Q", "H", "S", "DL", "DR"))
+        D = DL + DR
+        q = torch.randn(Q, H, D, generator=g, dtype=torch.float32)
+        cache = torch.randn(S, D, generator=g, dtype=torch.float32)
+        if distribution == "small":
+            q = q / 10.0
+        elif distribution == "peaked":
+            q = q * 4.0
+        elif distribution != "unit":
+            raise ValueError(f"mla_decode has no distribution {distribution!r}")
+        dtype = torch.float32 if cpu else torch.bfloat16
+        return {"q": q.to(dtype).to(device), "kv_cache": cache.to(dtype).to(device)}
+
+    def output_specs(self, shape, cpu=False):
+        return {"o": OutputSpec((shape["Q"], shape["H"], shape["DL"]), "float32" if cpu else "bfloat16")}
+
+    def oracle(self, inputs):
+        from baselines.mla_decode.oracle import mla_decode_fp64
+
+        q, cache = inputs["q"], inputs["kv_cache"]
+        return {"o": mla_decode_fp64(q, cache, latent_dim(cache.shape[-1]), SCALE)}
+
+    def baselines(self):
+        from baselines.mla_decode.baseline import torch_bmm_bf16, torch_bmm_fp32
+
+        return {"torch-bmm": torch_bmm_bf16, "torch-bmm-fp32": torch_bmm_fp32}
+
+    # --- roofline -----------------------------------------------------------------------------
+    def flops(self, shape):
+        """2*Q*H*S*D for the scores (D = DL + DR) + 2*Q*H*S*DL for P @ V; softmax's O(Q*H*S) ignored."""
+        Q, H, S, DL, DR = (shape[k] for k in ("Q", "H", "S", "DL", "DR"))
+        return 2.0 * Q * H * S * (DL + DR + DL)
+
+    def bytes_moved(self, shape):
+        """bf16 (2 B): the cache read once (S*D), q read once (Q*H*D), o written once (Q*H*DL)."""
+        Q, H, S, DL, DR = (shape[k] for k in ("Q", "H", "S", "DL", "DR"))
+        D = DL + DR
+        return 2.0 * (S * D + Q * H * D + Q * H * DL)
+
+
+PROBLEM = MLADecode()
