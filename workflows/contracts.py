@@ -157,6 +157,7 @@ class RunSpec(Strict):
     shape: str | None = None  # a shape name of the problem; default: primary on GPU, cpu shape otherwise
     model: str | None = None  # llm policy: overrides MARATHON_MODEL
     top_k: int = 8
+    heartbeat_seconds: int = 60  # a worker that dies mid-activity is noticed after this long
     carried: CarriedState | None = None
 
     @field_validator("problem")
@@ -166,7 +167,7 @@ class RunSpec(Strict):
             raise ValueError(f"problem must be a problem folder name, got {v!r}")
         return v
 
-    @field_validator("compact_every", "population", "top_k")
+    @field_validator("compact_every", "population", "top_k", "heartbeat_seconds")
     @classmethod
     def _at_least_one(cls, v, info):
         if v < 1:

@@ -1,0 +1,82 @@
+"""Activities of the agent worker (task queue marathon-agent): propose, check rules, compact.
+
+Sync activities: the worker runs them in a thread pool, so file I/O never blocks its event loop.
+"""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.artifacts import ArtifactStore, ArtifactStoreError
+from activities.ledger import append_chunk, read_ledger
+from activities.notebook import summarize
+from workflows.contracts import (Candidate, CompactRequest, CompactResult, Proposal, ProposeRequest,
+                                 RuleReport, RuleRequest)
+
+
+def _store() -> ArtifactStore:
+    return ArtifactStore()
+
+
+def _infra(e: Exception) -> ApplicationError:
+    # Retrying cannot fix a full or read-only store quickly; the workflow pauses with this message.
+    return ApplicationError(str(e), type="ArtifactStoreError", non_retryable=True)
+
+
+@activity.defn(name="propose_candidate")
+def propose_candidate(req: ProposeRequest) -> Proposal:
+    from baselines.registry import get_problem
+
+    if req.policy != "search":
+        raise ApplicationError(f"policy {req.policy!r} is proposed by its own activities, not this one",
+                               non_retryable=True)
+    from activities.search import KnobSearch
+
+    store = _store()
+    try:
+        history = read_ledger(store, req.ledger_key) + list(req.recent)
+        choice = KnobSearch(get_problem(req.problem), req.seed).propose(
+            req.iteration, req.slot, history, set(req.taken))
+        if choice is None:
+            return Proposal(candidate=None, note="search space exhausted: every knob setting was tried")
+        key = store.put_text(choice.source)
+    except ArtifactStoreError as e:
+        raise _infra(e) from e
+    return Proposal(candidate=Candidate(candidate_id=choice.candidate_id, source_key=key,
+                                        knobs=choice.knobs, parent=choice.parent,
+                                        rationale=choice.rationale))
+
+
+@activity.defn(name="check_rules")
+def check_rules(req: RuleRequest) -> RuleReport:
+    from gpu_worker.rules import check_source
+
+    try:
+        source = _store().get_text(req.source_key)
+    except ArtifactStoreError as e:
+        raise _infra(e) from e
+    return check_source(source, req.problem)
+
+
+@activity.defn(name="compact_notebook")
+def compact_notebook(req: CompactRequest) -> CompactResult:
+    store = _store()
+    try:
+        ledger_key = append_chunk(store, req.ledger_key, req.workflow_id, req.run, req.records)
+        all_records = read_ledger(store, ledger_key)
+        version = req.notebook_version + 1
+        text = summarize(req.problem, version, req.notebook_key, req.records, all_records, req.best)
+        tokens_in = tokens_out = 0
+        if req.policy == "llm":
+            from activities.llm_compaction import rewrite_notebook
+
+            text, tokens_in, tokens_out = rewrite_notebook(req, text, store)
+        notebook_key = store.put_text(text)
+    except ArtifactStoreError as e:
+        raise _infra(e) from e
+    return CompactResult(notebook_key=notebook_key, notebook_version=version, ledger_key=ledger_key,
+                         tokens_in=tokens_in, tokens_out=tokens_out)
+
+
+AGENT_ACTIVITIES = [propose_candidate, check_rules, compact_notebook]

@@ -1,0 +1,105 @@
+"""`marathon report ID`: Markdown plus PNG plots from the run's ledger in the artifact store."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from activities.artifacts import ArtifactStore
+from activities.ledger import read_ledger
+from workflows.contracts import IterationRecord
+
+
+async def write_report(client, wid: str, out: Path | None) -> Path:
+    from workflows.cli import HOME, _status_or_result
+
+    st = await _status_or_result(client, wid)
+    store = ArtifactStore()
+    records = read_ledger(store, st.ledger_key)
+    out = out or HOME / "reports" / wid
+    out.mkdir(parents=True, exist_ok=True)
+    plots = _plots(records, out)
+    best_src = None
+    best_key = getattr(st, "best_source_key", None)
+    if best_key is None and st.best is not None:
+        best_key = next((r.source_key for r in records if r.candidate_id == st.best.candidate_id), None)
+    if best_key and store.exists(best_key):
+        best_src = store.get_text(best_key)
+    md = render_markdown(wid, st, records, plots, best_src)
+    path = out / "report.md"
+    path.write_text(md)
+    return path
+
+
+def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[str], best_src: str | None) -> str:
+    interp = any(r.interpreter for r in records)
+    stopped = getattr(st, "stopped_by", None)
+    lines = [f"# Run {wid}: {st.problem}", ""]
+    lines.append(f"- iterations: {len(records)} recorded"
+                 + (f", stopped by {stopped}" if stopped else f", still running (phase {getattr(st, 'phase', '?')})"))
+    lines.append(f"- workflow runs (continue-as-new generations): {st.runs}")
+    u = st.used
+    lines.append(f"- used: {u.seconds / 3600:.3f} h wall, {u.gpu_seconds:.1f} GPU-s, "
+                 f"{u.tokens_in} tokens in / {u.tokens_out} out")
+    if st.best:
+        b = st.best
+        label = " **(interpreter timing on CPU: not a GPU speed)**" if b.interpreter else ""
+        lines.append(f"- best: `{b.candidate_id}` at iteration {b.iteration}: {b.speedup:.3f}x, "
+                     f"{b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms{label}")
+    else:
+        lines.append("- best: none passed")
+    if interp:
+        lines.append("- timings in this run come from the Triton interpreter on the CPU")
+    lines.append("")
+    for p in plots:
+        lines.append(f"![{p}]({p})")
+    rej = Counter((r.stage, (r.reason.splitlines() or [""])[0][:80]) for r in records if r.outcome == "rejected")
+    lines += ["", "## Rejections by stage and reason", "", "| stage | reason | count |", "|---|---|---|"]
+    lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)]
+    lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup | ms | note |", "|---|---|---|---|---|---|"]
+    for r in records:
+        note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
+        sp = f"{r.speedup:.3f}" if r.speedup is not None else "-"
+        ms = f"{r.time_ms:.4g}" if r.time_ms is not None else "-"
+        lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {note.replace('|', '/')} |")
+    if best_src:
+        lines += ["", "## Best kernel", "", "```python", best_src.rstrip(), "```"]
+    return "\n".join(lines) + "\n"
+
+
+def _plots(records: list[IterationRecord], out: Path) -> list[str]:
+    if not records:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    best, xs, ys, ts = 0.0, [], [], []
+    t0 = records[0].started_at
+    for r in records:
+        if r.outcome == "improved" and r.speedup:
+            best = r.speedup
+        xs.append(r.iteration)
+        ys.append(best)
+        ts.append((r.finished_at - t0) / 60)
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    ax[0].step(xs, ys, where="post")
+    ax[0].set_xlabel("iteration")
+    ax[0].set_ylabel("best speedup")
+    ax[1].step(ts, ys, where="post")
+    ax[1].set_xlabel("wall time (min)")
+    fig.tight_layout()
+    fig.savefig(out / "progress.png", dpi=100)
+    plt.close(fig)
+    names = ["progress.png"]
+    rej = Counter(r.stage for r in records if r.outcome == "rejected")
+    if rej:
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.barh(list(rej), list(rej.values()))
+        ax.set_xlabel("rejections")
+        fig.tight_layout()
+        fig.savefig(out / "rejections.png", dpi=100)
+        plt.close(fig)
+        names.append("rejections.png")
+    return names

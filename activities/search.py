@@ -1,0 +1,122 @@
+"""Policy `search`: an evolutionary optimizer over a problem's template knobs.
+
+Each proposal is either a mutation of a parent drawn by tournament from the candidates that passed
+(mostly the fast ones), or, with a small probability or when nothing has passed yet, a fresh sample in
+which every knob value is drawn by its record so far (values that keep failing fade, values seen in
+fast kernels are preferred; untried values get an optimistic prior). No candidate is proposed twice.
+The random stream is seeded by (seed, iteration, slot), so a run is reproducible for its seed whatever
+crashes and retries happen in between.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from baselines.problem import Problem, render
+from workflows.contracts import IterationRecord
+
+EXPLORE = 0.15  # probability of a fresh sample instead of a mutation
+TOURNAMENT = 3
+
+
+def candidate_id(source: str) -> str:
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Choice:
+    knobs: dict[str, Any]
+    source: str
+    candidate_id: str
+    parent: str | None
+    rationale: str
+
+
+class KnobSearch:
+    def __init__(self, problem: Problem, seed: int) -> None:
+        self.template = problem.template()
+        self.space = problem.knob_space()
+        self.default = problem.default_knobs()
+        self.seed = seed
+
+    def propose(self, iteration: int, slot: int, history: list[IterationRecord],
+                taken: set[str]) -> Choice | None:
+        rng = random.Random(f"{self.seed}:{iteration}:{slot}")
+        tried = {r.candidate_id for r in history} | set(taken)
+        passed = [r for r in history if r.outcome in ("passed", "improved") and r.knobs and r.speedup]
+        if not history and not taken:
+            return self._choice(self.default, None, "the starting kernel as written")
+        stats = self._value_stats(history)
+        for _ in range(200):
+            if passed and rng.random() > EXPLORE:
+                parent = max(rng.sample(passed, min(TOURNAMENT, len(passed))), key=lambda r: r.speedup)
+                knobs, what = self._mutate(parent.knobs, rng, stats)
+                c = self._choice(knobs, parent.candidate_id,
+                                 f"mutate {parent.candidate_id} ({parent.speedup:.3f}x): {what}")
+            else:
+                knobs = {k: self._draw(k, rng, stats) for k in self.space}
+                c = self._choice(knobs, None, "fresh sample weighted by each knob value's record")
+            if c.candidate_id not in tried:
+                return c
+        return self._first_untried(rng, tried)
+
+    def _mutate(self, knobs: dict, rng: random.Random, stats) -> tuple[dict, str]:
+        child = {**self.default, **{k: v for k, v in knobs.items() if k in self.space}}
+        names = sorted(self.space)
+        changed = []
+        for name in rng.sample(names, 1 if rng.random() < 0.7 else min(2, len(names))):
+            values = self.space[name]
+            i = values.index(child[name]) if child[name] in values else 0
+            if rng.random() < 0.7 and len(values) > 1:  # a neighbouring value: small steps in ordered knobs
+                j = min(len(values) - 1, max(0, i + rng.choice((-1, 1))))
+                new = values[j]
+            else:
+                new = self._draw(name, rng, stats)
+            changed.append(f"{name} {child[name]}->{new}")
+            child[name] = new
+        return child, ", ".join(changed)
+
+    def _value_stats(self, history: list[IterationRecord]) -> dict[tuple[str, str], list[float]]:
+        """(knob, repr(value)) -> outcomes: speedup for a pass, 0 for a rejection."""
+        out: dict[tuple[str, str], list[float]] = {}
+        for r in history:
+            if not r.knobs:
+                continue
+            score = r.speedup if r.outcome in ("passed", "improved") and r.speedup else 0.0
+            for k, v in r.knobs.items():
+                out.setdefault((k, repr(v)), []).append(score)
+        return out
+
+    def _draw(self, name: str, rng: random.Random, stats) -> Any:
+        values = self.space[name]
+        best = max((max(s) for s in stats.values() if s), default=1.0) or 1.0
+        weights = []
+        for v in values:
+            s = stats.get((name, repr(v)))
+            # untried: optimistic (as good as the best seen); tried: mean relative to the best, floored
+            weights.append(1.0 if not s else max(0.05, sum(s) / len(s) / best))
+        return rng.choices(values, weights=weights)[0]
+
+    def _first_untried(self, rng: random.Random, tried: set[str]) -> Choice | None:
+        names = sorted(self.space)
+        combos = list(itertools.product(*(self.space[n] for n in names)))
+        rng.shuffle(combos)
+        for combo in combos[:100_000]:
+            c = self._choice(dict(zip(names, combo)), None, "systematic: first untried point")
+            if c.candidate_id not in tried:
+                return c
+        return None
+
+    def _choice(self, knobs: dict, parent: str | None, why: str) -> Choice:
+        source = render(self.template, knobs)
+        return Choice(knobs=dict(sorted({**self.default, **knobs}.items())), source=source,
+                      candidate_id=candidate_id(source), parent=parent, rationale=why)
+
+
+def space_size(space: dict[str, list]) -> int:
+    return math.prod(len(v) for v in space.values())

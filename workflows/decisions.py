@@ -1,0 +1,71 @@
+"""The loop's decisions as plain functions: budgets, acceptance, leaderboard, when to compact.
+Deterministic and free of I/O, so the workflow can call them and tests need no server."""
+
+from __future__ import annotations
+
+from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, LeaderEntry, Used)
+
+
+def limit_reached(budget: Budget, used: Used) -> str | None:
+    """The first exhausted budget, as a RunResult.stopped_by value, or None."""
+    if budget.iterations is not None and used.iterations >= budget.iterations:
+        return "budget-iterations"
+    if budget.hours is not None and used.seconds >= budget.hours * 3600:
+        return "budget-hours"
+    if budget.tokens is not None and used.tokens >= budget.tokens:
+        return "budget-tokens"
+    if budget.gpu_seconds is not None and used.gpu_seconds >= budget.gpu_seconds:
+        return "budget-gpu-seconds"
+    return None
+
+
+def iterations_this_step(budget: Budget, used: Used, population: int) -> int:
+    """How many candidates the next step evaluates in parallel: the population, capped by what is
+    left of the iteration budget so the last step never overshoots it."""
+    if budget.iterations is None:
+        return population
+    return max(0, min(population, budget.iterations - used.iterations))
+
+
+def check_budget_change(budget: Budget, change: BudgetChange, used: Used) -> None:
+    """Raise ValueError with a clear message if `change` cannot apply; the update validator calls it,
+    so a rejected change is never recorded."""
+    if change.iterations is not None and change.iterations < used.iterations:
+        raise ValueError(f"iterations {change.iterations} is below the {used.iterations} already run")
+    if change.hours is not None and change.hours * 3600 < used.seconds:
+        raise ValueError(f"hours {change.hours} is below the {used.seconds / 3600:.3f} h already used")
+    if change.tokens is not None and change.tokens < used.tokens:
+        raise ValueError(f"tokens {change.tokens} is below the {used.tokens} already used")
+    if change.gpu_seconds is not None and change.gpu_seconds < used.gpu_seconds:
+        raise ValueError(f"gpu_seconds {change.gpu_seconds} is below the {used.gpu_seconds:.1f} already used")
+
+
+def apply_budget_change(budget: Budget, change: BudgetChange) -> Budget:
+    return budget.model_copy(update=change.model_dump(exclude_unset=True))
+
+
+def improves_on(report: BenchReport, best: BestRef | None) -> bool:
+    """A new best only when the speedup's 95% interval lies above the current best's speedup:
+    a lucky single measurement cannot take the crown. The first passing candidate is the first best."""
+    if not report.ok or report.speedup is None:
+        return False
+    if best is None:
+        return True
+    low = report.speedup_ci[0] if report.speedup_ci else report.speedup
+    return low > best.speedup
+
+
+def update_leaderboard(board: list[LeaderEntry], entry: LeaderEntry, k: int) -> list[LeaderEntry]:
+    """Top-k by speedup, one entry per candidate (its latest measurement), ties broken by iteration."""
+    rest = [e for e in board if e.candidate_id != entry.candidate_id]
+    return sorted(rest + [entry], key=lambda e: (-e.speedup, e.iteration))[:k]
+
+
+def time_to_compact(iterations_this_run: int, compact_every: int, history_suggests: bool) -> bool:
+    return iterations_this_run >= compact_every or history_suggests
+
+
+def trim(text: str, limit: int = 400) -> str:
+    """Reasons stay short in history; the full log lives in the artifact store."""
+    text = text.strip()
+    return text if len(text) <= limit else text[: limit - 15] + " ...[trimmed]"

@@ -1,0 +1,388 @@
+"""KernelOptimization: the durable loop. propose -> check rules -> compile -> verify -> benchmark ->
+record, and every `compact_every` iterations: compact the notebook and continue as new.
+
+Deterministic: it decides and never does I/O. Activities are called by name with their pydantic
+contracts, so this module imports nothing heavy (the sandbox re-imports it for every run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts import (
+        AGENT_QUEUE, GPU_QUEUE, WORKFLOW_TYPE, BenchReport, BenchRequest, BestRef, BestSummary,
+        BudgetChange, Budget, CarriedState, CompactRequest, CompactResult, CompileReport, EvalRequest,
+        Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RuleReport, RuleRequest,
+        RunResult, RunSpec, Status, StopRequest, VerifyReport,
+    )
+    from workflows import decisions
+
+PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
+ITERATION = SearchAttributeKey.for_int("MarathonIteration")
+BEST_SPEEDUP = SearchAttributeKey.for_float("MarathonBestSpeedup")
+PHASE = SearchAttributeKey.for_keyword("MarathonPhase")
+SEARCH_ATTRIBUTES = [PROBLEM, ITERATION, BEST_SPEEDUP, PHASE]
+
+# Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
+# run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
+_RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1),
+                     maximum_interval=timedelta(seconds=30))
+
+
+class _Rejected(Exception):
+    """A candidate fell out of the pipeline; carries its record fields."""
+
+    def __init__(self, stage: str, reason: str, **extra) -> None:
+        super().__init__(reason)
+        self.stage, self.reason, self.extra = stage, reason, extra
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class KernelOptimization:
+    @workflow.init
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec.model_copy(update={"carried": None})
+        self.st: CarriedState = spec.carried.model_copy(deep=True) if spec.carried else CarriedState()
+        self.phase: Phase = "starting"
+        self.records: list[IterationRecord] = []  # this run's, flushed to the ledger at compaction
+        self.stop: StopRequest | None = None
+        self.iterations_this_run = 0
+        self.finished = False
+
+    # ---- the loop ------------------------------------------------------------------------------
+    @workflow.run
+    async def run(self, spec: RunSpec) -> RunResult:
+        if spec.carried is None:
+            self.st.started_at = workflow.now().timestamp()
+        self._publish()
+        stopped_by = None
+        while True:
+            self._account_time()
+            if self.stop:
+                stopped_by = "stop-signal"
+                break
+            stopped_by = decisions.limit_reached(self.spec.budget, self.st.used)
+            if stopped_by:
+                break
+            if self.st.paused:
+                self._set_phase("paused")
+                await workflow.wait_condition(lambda: not self.st.paused or self.stop is not None)
+                continue
+            try:
+                exhausted = await self._step()
+            except _Paused as p:
+                self._pause(p.reason)
+                continue
+            if exhausted:
+                stopped_by = "exhausted"
+                break
+            if decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
+                                         workflow.info().is_continue_as_new_suggested()):
+                await self._compact(final=False)
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                self._account_time()
+                workflow.continue_as_new(self.spec.model_copy(update={"carried": self._carry()}))
+        return await self._finish(stopped_by)
+
+    async def _step(self) -> bool:
+        """One step: `population` candidates evaluated in parallel, each its own iteration number.
+        Returns True when the proposer has nothing new left to try."""
+        n = decisions.iterations_this_step(self.spec.budget, self.st.used, self.spec.population)
+        first = self.st.iteration + 1
+        hints, self.st.hints = self.st.hints, []
+        try:
+            proposals = await self._propose(first, n, hints)
+        except _Paused:
+            self.st.hints = hints + self.st.hints  # not shown to anyone yet
+            raise
+        if all(p.candidate is None for p in proposals):
+            return True
+        self._set_phase("checking")
+        best_before = self.st.best
+        outcomes = await asyncio.gather(*(self._evaluate(first + i, i, p, best_before)
+                                          for i, p in enumerate(proposals)), return_exceptions=True)
+        # An infrastructure failure in any slot pauses the step as a whole once every slot has
+        # settled: nothing is recorded, and the same iteration numbers are tried again on resume.
+        for o in outcomes:
+            if isinstance(o, BaseException):
+                raise o
+        # Record in iteration order so numbering and acceptance are the same on every replay.
+        self._set_phase("recording")
+        for rec in outcomes:
+            await self._record(rec)
+        return False
+
+    async def _propose(self, first: int, n: int, hints: list[str]) -> list[Proposal]:
+        self._set_phase("proposing")
+        out: list[Proposal] = []
+        for slot in range(n):  # sequential: sibling slots must not propose the same candidate
+            req = ProposeRequest(
+                problem=self.spec.problem, policy=self.spec.policy, seed=self.spec.seed,
+                iteration=first + slot, slot=slot, shape=self.spec.shape,
+                leaderboard=self.st.leaderboard, recent=self.records[-50:], ledger_key=self.st.ledger_key,
+                notebook_key=self.st.notebook_key, hints=hints,
+                taken=[p.candidate.candidate_id for p in out if p.candidate])
+            out.append(await self._agent("propose_candidate", req, Proposal, minutes=10))
+        return out
+
+    async def _evaluate(self, iteration: int, slot: int, prop: Proposal, best: BestRef | None
+                        ) -> IterationRecord:
+        started = workflow.now().timestamp()
+        cand = prop.candidate
+        if cand is None:
+            return IterationRecord(iteration=iteration, slot=slot, candidate_id="-", source_key="-",
+                                   outcome="rejected", stage="propose", reason=prop.note or "no proposal",
+                                   started_at=started, finished_at=started)
+        base = dict(iteration=iteration, slot=slot, candidate_id=cand.candidate_id,
+                    source_key=cand.source_key, knobs=cand.knobs, rationale=cand.rationale,
+                    started_at=started)
+        ev = EvalRequest(problem=self.spec.problem, candidate_id=cand.candidate_id,
+                         source_key=cand.source_key, shape=self.spec.shape)
+        try:
+            rules = await self._agent("check_rules", RuleRequest(problem=self.spec.problem,
+                                                                  source_key=cand.source_key), RuleReport)
+            if not rules.ok:
+                raise _Rejected("rules", f"{rules.rule}: {rules.detail}")
+            self._set_phase("compiling")
+            comp = await self._gpu("compile_candidate", ev, CompileReport, minutes=15)
+            if not comp.ok:
+                raise _Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
+            self._set_phase("verifying")
+            ver = await self._gpu("verify_candidate", ev, VerifyReport, minutes=20)
+            if not ver.ok:
+                raise _Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
+                                interpreter=ver.interpreter)
+            self._set_phase("benchmarking")
+            bench = await self._gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best),
+                                    BenchReport, minutes=20)
+            gpu_s = bench.gpu_seconds
+            if not bench.ok:
+                raise _Rejected(bench.stage, bench.reason, log_key=bench.log_key,
+                                interpreter=bench.interpreter, gpu_seconds=gpu_s)
+            outcome = "passed"
+            if decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
+                # A new best is re-measured in a fresh process before it is believed.
+                again = await self._gpu("benchmark_candidate",
+                                        BenchRequest(**ev.model_dump(), best=best, fresh_process=True),
+                                        BenchReport, minutes=20)
+                gpu_s += again.gpu_seconds
+                if again.ok and decisions.improves_on(again, best):
+                    bench = again
+                    outcome = "improved"
+            elif decisions.improves_on(bench, best):
+                outcome = "improved"
+            return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms,
+                                   baseline_ms=bench.baseline_ms, speedup=bench.speedup,
+                                   speedup_ci=bench.speedup_ci, rel_err=ver.rel_err,
+                                   interpreter=bench.interpreter, gpu_seconds=gpu_s,
+                                   log_key=bench.log_key, finished_at=workflow.now().timestamp())
+        except _Rejected as r:
+            return IterationRecord(**base, outcome="rejected", stage=r.stage,
+                                   reason=decisions.trim(r.reason), finished_at=workflow.now().timestamp(),
+                                   **r.extra)
+
+    async def _record(self, rec: IterationRecord) -> None:
+        # Acceptance is decided here, in iteration order, against the best as it stands now: two
+        # parallel slots that both beat the old best cannot both be crowned.
+        if rec.outcome == "improved" and self.st.best is not None:
+            low = rec.speedup_ci[0] if rec.speedup_ci else rec.speedup
+            if low is None or low <= self.st.best.speedup:
+                rec = rec.model_copy(update={"outcome": "passed"})
+        if rec.outcome == "improved":
+            self.st.best = BestRef(candidate_id=rec.candidate_id, source_key=rec.source_key,
+                                   speedup=rec.speedup, time_ms=rec.time_ms, baseline_ms=rec.baseline_ms,
+                                   iteration=rec.iteration, interpreter=rec.interpreter, knobs=rec.knobs)
+        if rec.outcome in ("improved", "passed") and rec.speedup is not None:
+            self.st.leaderboard = decisions.update_leaderboard(
+                self.st.leaderboard,
+                LeaderEntry(candidate_id=rec.candidate_id, source_key=rec.source_key, speedup=rec.speedup,
+                            time_ms=rec.time_ms, iteration=rec.iteration, knobs=rec.knobs),
+                self.spec.top_k)
+        assert rec.iteration == self.st.iteration + 1, "iterations are recorded contiguously"
+        self.st.iteration = rec.iteration
+        self.st.used.iterations += 1
+        self.st.used.gpu_seconds += rec.gpu_seconds
+        self.st.last = rec
+        self.records.append(rec)
+        self.iterations_this_run += 1
+        self._account_time()
+        self._publish()
+
+    # ---- compaction and the end ----------------------------------------------------------------
+    async def _compact(self, final: bool) -> None:
+        self._set_phase("compacting")
+        req = CompactRequest(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
+                             policy=self.spec.policy, model=self.spec.model, run=self.st.runs,
+                             records=self.records, notebook_key=self.st.notebook_key,
+                             notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
+                             best=self.st.best, final=final)
+        while True:
+            try:
+                res = await self._agent("compact_notebook", req, CompactResult, minutes=10)
+                break
+            except _Paused as p:
+                # Compaction must happen before continue-as-new; wait for the operator to fix it.
+                self._pause(p.reason)
+                await workflow.wait_condition(lambda: not self.st.paused)
+                self._set_phase("compacting")
+        self.st.notebook_key, self.st.notebook_version = res.notebook_key, res.notebook_version
+        self.st.ledger_key = res.ledger_key
+        self.st.used.tokens_in += res.tokens_in
+        self.st.used.tokens_out += res.tokens_out
+        self.records = []
+
+    async def _finish(self, stopped_by: str) -> RunResult:
+        reverified = None
+        if self.st.best is not None and stopped_by == "stop-signal":
+            self._set_phase("reverifying")
+            reverified = await self._reverify_best()
+        if self.records or self.st.ledger_key is None:
+            await self._compact(final=True)
+        self._account_time()
+        self.finished = True
+        self._set_phase("done")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return RunResult(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
+                         iterations=self.st.iteration, best=self._best_summary(),
+                         best_source_key=self.st.best.source_key if self.st.best else None,
+                         stopped_by=stopped_by, runs=self.st.runs, used=self.st.used,
+                         notebook_key=self.st.notebook_key, ledger_key=self.st.ledger_key,
+                         reverified=reverified)
+
+    async def _reverify_best(self) -> bool:
+        b = self.st.best
+        ev = EvalRequest(problem=self.spec.problem, candidate_id=b.candidate_id, source_key=b.source_key,
+                         shape=self.spec.shape)
+        try:
+            ver = await self._gpu("verify_candidate", ev, VerifyReport, minutes=20)
+            return ver.ok
+        except _Paused:
+            return False
+
+    def _carry(self) -> CarriedState:
+        st = self.st.model_copy(deep=True)
+        st.runs += 1
+        return st
+
+    # ---- activity calls ------------------------------------------------------------------------
+    async def _agent(self, name: str, arg, result_type, minutes: int = 2):
+        return await self._call(name, arg, result_type, AGENT_QUEUE, minutes)
+
+    async def _gpu(self, name: str, arg, result_type, minutes: int):
+        return await self._call(name, arg, result_type, GPU_QUEUE, minutes)
+
+    async def _call(self, name: str, arg, result_type, queue: str, minutes: int):
+        try:
+            return await workflow.execute_activity(
+                name, arg, result_type=result_type, task_queue=queue,
+                start_to_close_timeout=timedelta(minutes=minutes),
+                heartbeat_timeout=timedelta(seconds=self.spec.heartbeat_seconds),
+                retry_policy=_RETRY, summary=f"{name} #{self.st.iteration + 1}")
+        except ActivityError as e:
+            cause = e.cause
+            msg = str(cause) if cause is not None else str(e)
+            raise _Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+
+    # ---- operator controls ---------------------------------------------------------------------
+    @workflow.update
+    def set_budget(self, change: BudgetChange) -> Budget:
+        self.spec = self.spec.model_copy(update={"budget": decisions.apply_budget_change(self.spec.budget,
+                                                                                          change)})
+        self._publish()
+        return self.spec.budget
+
+    @set_budget.validator
+    def _check_budget(self, change: BudgetChange) -> None:
+        if self.finished:
+            raise ValueError("the run has finished")
+        decisions.check_budget_change(self.spec.budget, change, self.st.used)
+
+    @workflow.signal
+    def stop(self, req: StopRequest) -> None:
+        self.stop = req
+
+    @workflow.signal
+    def pause(self) -> None:
+        self._pause("paused by operator")
+
+    @workflow.signal
+    def resume(self) -> None:
+        self.st.paused, self.st.pause_reason = False, ""
+
+    @workflow.signal
+    def hint(self, h: Hint) -> None:
+        self.st.hints.append(h.text)
+
+    @workflow.query
+    def status(self) -> Status:
+        return Status(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
+                      policy=self.spec.policy, iteration=self.st.iteration, phase=self.phase,
+                      best=self._best_summary(), budget=self.spec.budget, used=self.st.used,
+                      runs=self.st.runs, paused=self.st.paused, pause_reason=self.st.pause_reason,
+                      stopping=self.stop is not None, last=self.st.last, notebook_key=self.st.notebook_key,
+                      notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
+                      pending_hints=len(self.st.hints))
+
+    @workflow.query
+    def leaderboard(self) -> list[LeaderEntry]:
+        return self.st.leaderboard
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _pause(self, reason: str) -> None:
+        self.st.paused, self.st.pause_reason = True, reason
+        if self.phase != "starting":
+            self._set_phase("paused")
+
+    def _account_time(self) -> None:
+        self.st.used.seconds = workflow.now().timestamp() - self.st.started_at
+
+    def _best_summary(self) -> BestSummary | None:
+        b = self.st.best
+        if b is None:
+            return None
+        return BestSummary(candidate_id=b.candidate_id, speedup=b.speedup, time_ms=b.time_ms,
+                           baseline_ms=b.baseline_ms, iteration=b.iteration, interpreter=b.interpreter)
+
+    def _set_phase(self, phase: Phase) -> None:
+        # The search attribute follows the coarse phase (one event per change); `status` is exact.
+        self.phase = phase
+        if phase in ("paused", "compacting", "done", "reverifying", "proposing"):
+            workflow.upsert_search_attributes([PHASE.value_set(phase)])
+
+    def _publish(self) -> None:
+        """Web UI: search attributes and the live leaderboard as current details."""
+        attrs = [PROBLEM.value_set(self.spec.problem), ITERATION.value_set(self.st.iteration),
+                 PHASE.value_set(self.phase)]
+        if self.st.best is not None:
+            attrs.append(BEST_SPEEDUP.value_set(self.st.best.speedup))
+        workflow.upsert_search_attributes(attrs)
+        workflow.set_current_details(self._details())
+
+    def _details(self) -> str:
+        b = self.st.best
+        label = " (interpreter timing)" if b and b.interpreter else ""
+        lines = [f"## {self.spec.problem}: iteration {self.st.iteration}, run {self.st.runs}",
+                 f"budget {self.spec.budget.model_dump(exclude_none=True)}, used {self.st.used.iterations} "
+                 f"iterations, {self.st.used.seconds / 3600:.2f} h, {self.st.used.gpu_seconds:.0f} GPU-s, "
+                 f"{self.st.used.tokens} tokens",
+                 f"best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms){label}" if b else "best: none yet",
+                 "", "| # | candidate | speedup | ms | iteration |", "|---|---|---|---|---|"]
+        for i, e in enumerate(self.st.leaderboard, 1):
+            lines.append(f"| {i} | {e.candidate_id} | {e.speedup:.3f} | {e.time_ms:.4g} | {e.iteration} |")
+        if self.st.last is not None:
+            r = self.st.last
+            lines += ["", f"last: #{r.iteration} {r.outcome}" + (f" at {r.stage}: {r.reason[:120]}"
+                                                                 if r.outcome == "rejected" else "")]
+        return "\n".join(lines)[:19000]
+
+
+class _Paused(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
