@@ -1,0 +1,207 @@
+"""Starting kernel for KDA forward: chunked Triton, two launches, written from the math (docs/kda.md).
+
+Launch 1, `_kda_prep`, one program per (chunk, batch*head), all chunks in parallel. With G = chunk-local cumsum
+of g (so every exponent below is bounded by one chunk's decay, never by T):
+    A_qk[i,j] = sum_d (scale q_id) k_jd e^{G_id - G_jd}  (j <= i)
+    A_kk[i,j] = beta_i sum_d k_id k_jd e^{G_id - G_jd}   (j < i)
+    X = (I + A_kk)^-1 ;  w = X (beta * k * e^G) ;  u = X (beta * v)
+  and stores w, u, qg = scale q e^G, kg = k e^{G_last - G}, A_qk and e^{G_last} (all exponents <= 0).
+  The pairwise decays are never formed per pair. Two factorisations e^{G_i - G_j} = e^{G_i - G_a} e^{G_a - G_j}:
+  * "levels" (any gate): a binary split of the chunk. At level b (b = C/2, ..., 1) the pairs with i in the
+    upper and j in the lower half of the same 2b-block use anchor a = first row of the upper half, so both
+    exponents are <= 0 (only underflow, which is exact enough: the true product is smaller still).
+    Every pair j < i lies in exactly one level, so A = sum over log2(C) levels of masked tensor-core products.
+  * "fast" (FAST knob; taken per chunk only when max_d (G_0d - G_last,d) <= BOUND): anchor row 0,
+    A = (q e^{G - G_0}) (k e^{G_0 - G})^T in one product; the second factor is <= e^BOUND (finite in fp32 and
+    bf16), the first <= 1; the upper triangle is discarded with tl.where after the dot. Chunks with a larger
+    decay span fall back to the levels path, so the result is safe under any gate.
+  The unit lower-triangular solve: the 16x16 diagonal blocks are inverted together by 16-step forward
+  substitution on a [NC, 16, 16] view, then X = (I + N)^-1 Xd with N = Xd L_off nilpotent (N^NC = 0), by a
+  Horner sum of NC - 1 products (SOLVE_PREC precision).
+Launch 2, `_kda_state`, one program per (V block, batch*head), sequential over chunks, fp32 state S [K, BV]:
+    v_new = u - w S ;  o = qg S + A_qk v_new ;  S <- diag(e^{G_last}) S + kg^T v_new
+Tail chunks (T not a multiple of C) load zeros past T (g = 0 there, so G stays at the last valid row).
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+KNOBS = {"BOUND": 80.0, "BV": 32, "CHUNK": 64, "FAST": True, "SOLVE_PREC": "tf32x3", "num_stages": 2, "num_warps_prep": 8, "num_warps_state": 4}
+
+
+@triton.jit
+def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+              w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
+              T, H, NT, scale,
+              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, LOG2C: tl.constexpr,
+              FAST: tl.constexpr, BOUND: tl.constexpr, SOLVE_PREC: tl.constexpr):
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    NC: tl.constexpr = C // BC
+
+    ri = tl.arange(0, C)
+    rk = tl.arange(0, K)
+    rv = tl.arange(0, V)
+    t = n * C + ri
+    valid = t < T
+    # inputs [B, T, H, D]
+    in_k = ((b * T + t) * H + h)[:, None] * K + rk[None, :]
+    in_v = ((b * T + t) * H + h)[:, None] * V + rv[None, :]
+    m_k = valid[:, None]
+    g = tl.load(g_ptr + in_k, mask=m_k, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + in_k, mask=m_k, other=0.0).to(tl.float32) * scale
+    k = tl.load(k_ptr + in_k, mask=m_k, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + (b * T + t) * H + h, mask=valid, other=0.0).to(tl.float32)
+
+    G = tl.cumsum(g, axis=0)                                   # chunk-local, <= 0, non-increasing
+    G0 = tl.sum(tl.where(ri[:, None] == 0, G, 0.0), axis=0)    # [K]
+    GL = tl.sum(tl.where(ri[:, None] == C - 1, G, 0.0), axis=0)  # last row (padded rows carry g = 0)
+
+    causal = ri[:, None] >= ri[None, :]
+    strict = ri[:, None] > ri[None, :]
+    diag = tl.sum(q * k, axis=1)                               # A_qk[i, i]: no decay
+
+    use_fast = False
+    if FAST:
+        use_fast = tl.max(G0 - GL, axis=0) <= BOUND
+    if use_fast:
+        F0 = tl.exp(G - G0[None, :])                           # <= 1
+        kb = k * tl.exp(G0[None, :] - G)                       # <= e^BOUND
+        a_qk = tl.where(causal, tl.dot(q * F0, tl.trans(kb)), 0.0)
+        a_kk = tl.where(strict, tl.dot(k * F0, tl.trans(kb)), 0.0)
+    else:
+        a_qk = tl.where(ri[:, None] == ri[None, :], diag[:, None], 0.0)
+        a_kk = tl.zeros([C, C], dtype=tl.float32)
+        for lvl in tl.static_range(LOG2C):
+            HB: tl.constexpr = C // (2 << lvl)                 # half-block size b
+            NB: tl.constexpr = C // (2 * HB)
+            G3 = tl.reshape(G, (NB, 2 * HB, K))
+            sel = (tl.arange(0, 2 * HB) == HB)[None, :, None]
+            ga = tl.sum(tl.where(sel, G3, 0.0), axis=1)        # [NB, K]: G at each block's anchor row
+            Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, K)), (C, K))
+            upper = (ri % (2 * HB)) >= HB
+            F = tl.exp(tl.where(upper[:, None], G - Ga, Ga - G))  # exponent <= 0 on every row
+            qa = tl.where(upper[:, None], q * F, 0.0)
+            ka = tl.where(upper[:, None], k * F, 0.0)
+            kb = tl.where(upper[:, None], 0.0, k * F)
+            same = (ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))
+            a_qk += tl.where(same, tl.dot(qa, tl.trans(kb)), 0.0)
+            a_kk += tl.where(same, tl.dot(ka, tl.trans(kb)), 0.0)
+
+    # ---- X = (I + diag(beta) A_kk)^-1 -----------------------------------------------------------------
+    L = a_kk * beta[:, None]
+    same16 = (ri[:, None] // BC) == (ri[None, :] // BC)
+    L4 = tl.reshape(L, (NC, BC, NC, BC))
+    blk = (tl.arange(0, NC)[:, None, None, None] == tl.arange(0, NC)[None, None, :, None])
+    Ld3 = tl.sum(tl.where(blk, L4, 0.0), axis=2)               # [NC, BC, BC] diagonal blocks
+    r16 = tl.arange(0, BC)
+    X3 = tl.where(r16[:, None] == r16[None, :], 1.0, 0.0)[None, :, :] + tl.zeros([NC, BC, BC], dtype=tl.float32)
+    for s in range(1, BC):
+        rsel = (r16 == s)[None, :, None]
+        li = tl.sum(tl.where(rsel, Ld3, 0.0), axis=1)          # [NC, BC]: row s of each block
+        contrib = tl.sum(li[:, :, None] * X3, axis=1)          # [NC, BC]: sum_j L[s, j] X[j, :]
+        X3 = tl.where(rsel, X3 - contrib[:, None, :], X3)
+    Xd = tl.reshape(tl.where(blk, tl.broadcast_to(X3[:, :, None, :], (NC, BC, NC, BC)), 0.0), (C, C))
+    eye = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0)
+    if NC > 1:
+        Lo = tl.where(same16, 0.0, L)
+        N = tl.dot(Xd, Lo, input_precision=SOLVE_PREC)
+        Y = eye - N
+        for _i in tl.static_range(NC - 2):
+            Y = eye - tl.dot(N, Y, input_precision=SOLVE_PREC)
+        X = tl.dot(Y, Xd, input_precision=SOLVE_PREC)
+    else:
+        X = Xd
+
+    eG = tl.exp(G)
+    v = tl.load(v_ptr + in_v, mask=m_k, other=0.0).to(tl.float32)
+    w = tl.dot(X, k * eG * beta[:, None])
+    u = tl.dot(X, v * beta[:, None])
+
+    # ---- stores: intermediates are [B, H, T, *] ---------------------------------------------------------
+    DT = w_ptr.dtype.element_ty
+    mid_k = (bh * T + t)[:, None] * K + rk[None, :]
+    mid_v = (bh * T + t)[:, None] * V + rv[None, :]
+    tl.store(w_ptr + mid_k, w.to(DT), mask=m_k)
+    tl.store(u_ptr + mid_v, u.to(DT), mask=m_k)
+    tl.store(qg_ptr + mid_k, (q * eG).to(DT), mask=m_k)
+    tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(DT), mask=m_k)
+    tl.store(a_ptr + (bh * T + t)[:, None] * C + ri[None, :], tl.where(causal, a_qk, 0.0).to(DT), mask=m_k)
+    tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+
+
+@triton.jit
+def _kda_state(w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
+               T, H, NT,
+               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+               HAS_H0: tl.constexpr, HAS_HT: tl.constexpr):
+    vb = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    ri = tl.arange(0, C)
+    rk = tl.arange(0, K)
+    rv = vb * BV + tl.arange(0, BV)
+    DT = w_ptr.dtype.element_ty
+
+    s_off = bh * K * V + rk[:, None] * V + rv[None, :]
+    if HAS_H0:
+        S = tl.load(h0_ptr + s_off).to(tl.float32)
+    else:
+        S = tl.zeros([K, BV], dtype=tl.float32)
+    for n in range(NT):
+        t = n * C + ri
+        m = (t < T)[:, None]
+        mid_k = (bh * T + t)[:, None] * K + rk[None, :]
+        mid_v = (bh * T + t)[:, None] * V + rv[None, :]
+        w = tl.load(w_ptr + mid_k, mask=m, other=0.0)
+        qg = tl.load(qg_ptr + mid_k, mask=m, other=0.0)
+        kg = tl.load(kg_ptr + mid_k, mask=m, other=0.0)
+        u = tl.load(u_ptr + mid_v, mask=m, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + (bh * T + t)[:, None] * C + ri[None, :], mask=m, other=0.0)
+        gl = tl.load(gl_ptr + (bh * NT + n) * K + rk)
+        Sd = S.to(DT)
+        vn = u - tl.dot(w, Sd)
+        vnd = vn.to(DT)
+        o = tl.dot(qg, Sd) + tl.dot(a, vnd)
+        S = S * gl[:, None] + tl.dot(tl.trans(kg), vnd)
+        o_off = ((b * T + t) * H + h)[:, None] * V + rv[None, :]
+        tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=m)
+    if HAS_HT:
+        tl.store(ht_ptr + s_off, S)
+
+
+def run(inputs, out):
+    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    h0 = inputs.get("initial_state")
+    o = out["o"]
+    ht = out.get("final_state")
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    C = KNOBS["CHUNK"]
+    BC = 16
+    BV = min(KNOBS["BV"], V)
+    NT = triton.cdiv(T, C)
+    scale = K ** -0.5
+    dt = q.dtype
+    dev = q.device
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    w = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    qg = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    kg = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    u = torch.empty(B, H, T, V, dtype=dt, device=dev)
+    a = torch.empty(B, H, T, C, dtype=dt, device=dev)
+    gl = torch.empty(B, H, NT, K, dtype=torch.float32, device=dev)
+    _kda_prep[(NT, B * H)](
+        q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
+        K=K, V=V, C=C, BC=BC, LOG2C=int(math.log2(C)), FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
+        SOLVE_PREC=KNOBS["SOLVE_PREC"], num_warps=KNOBS["num_warps_prep"], num_stages=1)
+    _kda_state[(triton.cdiv(V, BV), B * H)](
+        w, u, qg, kg, a, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
+        T, H, NT, K=K, V=V, C=C, BV=BV, HAS_H0=h0 is not None, HAS_HT=ht is not None,
+        num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
