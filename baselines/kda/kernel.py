@@ -176,7 +176,8 @@ def _kda_state(w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr, o_ptr, h0_ptr, ht_pt
         tl.store(ht_ptr + s_off, S)
 
 
-def run(inputs, out):
+def forward(inputs, out, prep=True, state=True):
+    """Both launches; `prep`/`state` False skips one (for timing the parts separately only)."""
     q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
     h0 = inputs.get("initial_state")
     o = out["o"]
@@ -197,11 +198,17 @@ def run(inputs, out):
     u = torch.empty(B, H, T, V, dtype=dt, device=dev)
     a = torch.empty(B, H, T, C, dtype=dt, device=dev)
     gl = torch.empty(B, H, NT, K, dtype=torch.float32, device=dev)
-    _kda_prep[(NT, B * H)](
-        q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
-        K=K, V=V, C=C, BC=BC, LOG2C=int(math.log2(C)), FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
-        SOLVE_PREC=KNOBS["SOLVE_PREC"], num_warps=KNOBS["num_warps_prep"], num_stages=1)
-    _kda_state[(triton.cdiv(V, BV), B * H)](
-        w, u, qg, kg, a, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
-        T, H, NT, K=K, V=V, C=C, BV=BV, HAS_H0=h0 is not None, HAS_HT=ht is not None,
-        num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
+    if prep:
+        _kda_prep[(NT, B * H)](
+            q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
+            K=K, V=V, C=C, BC=BC, LOG2C=int(math.log2(C)), FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
+            SOLVE_PREC=KNOBS["SOLVE_PREC"], num_warps=KNOBS["num_warps_prep"], num_stages=1)
+    if state:
+        _kda_state[(triton.cdiv(V, BV), B * H)](
+            w, u, qg, kg, a, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
+            T, H, NT, K=K, V=V, C=C, BV=BV, HAS_H0=h0 is not None, HAS_HT=ht is not None,
+            num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
+
+
+def run(inputs, out):
+    forward(inputs, out)
