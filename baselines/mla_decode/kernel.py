@@ -92,6 +92,7 @@ def _mla_decode_combine(
 
 
 _SCRATCH: dict = {}
+LAUNCHED: dict = {}  # the last compiled kernels (register / spill / shared-memory reports)
 
 
 def _scratch(device, m, splits, dl):
@@ -117,13 +118,13 @@ def run(inputs, out):
     # each split covers a whole number of BLOCK_N tiles; trailing splits may be empty (lse = -inf)
     split_len = triton.cdiv(triton.cdiv(S, splits), bn) * bn
     po, plse = _scratch(q.device, M, splits, DL)
-    _mla_decode_partial[(triton.cdiv(M, bh), splits)](
+    LAUNCHED["partial"] = _mla_decode_partial[(triton.cdiv(M, bh), splits)](
         q, cache, po, plse, M, S, split_len, D, cache.stride(0), SCALE * LOG2E,
         NUM_SPLITS=splits, DL=DL, DR=DR, BLOCK_H=bh, BLOCK_N=bn,
         num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
     )
     block_s = triton.next_power_of_2(splits)
     block_d = min(DL, max(16, 4096 // block_s))
-    _mla_decode_combine[(M, DL // block_d)](
+    LAUNCHED["combine"] = _mla_decode_combine[(M, DL // block_d)](
         po, plse, o, DL, NUM_SPLITS=splits, DL=DL, BLOCK_S=block_s, BLOCK_D=block_d, num_warps=4,
     )

@@ -95,6 +95,9 @@ def _mla_prefill_fwd(
     tl.store(o_base + tl.arange(0, DV)[None, :], acc.to(o_ptr.dtype.element_ty), mask=mmask[:, None])
 
 
+LAUNCHED: dict = {}  # the last compiled kernel (register / spill / shared-memory reports)
+
+
 def run(inputs, out):
     q, cache, o = inputs["q"], inputs["kv_cache"], out["o"]
     N, H, D = q.shape
@@ -104,7 +107,7 @@ def run(inputs, out):
     assert DL & (DL - 1) == 0 and DR & (DR - 1) == 0, "latent and rope widths must be powers of two"
     bm, bn, sdv = KNOBS["BLOCK_M"], KNOBS["BLOCK_N"], KNOBS["SPLIT_DV"]
     grid = (H * sdv, triton.cdiv(N, bm))
-    _mla_prefill_fwd[grid](
+    LAUNCHED["fwd"] = _mla_prefill_fwd[grid](
         q, cache, o, N, H, q.stride(0), q.stride(1), cache.stride(0), o.stride(0), o.stride(1),
         SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_M=bm, BLOCK_N=bn,
         num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
