@@ -1,0 +1,59 @@
+"""Harness canaries (softmax): a correct slow kernel, a correct faster one, a wrong one and a cheating
+one. The self-test evaluates all four through the real compile/verify/benchmark path and checks the
+classification (slow and fast pass, wrong fails verification, cheat is rejected with input-mutation);
+on CUDA it also checks the ranking (fast's speedup interval lies above slow's). A failed self-test makes
+the GPU worker refuse work."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+CANARIES = ("slow", "fast", "wrong", "cheat")
+
+
+def canary_source(name: str) -> str:
+    return (HERE / f"{name}.py").read_text()
+
+
+def run_canaries(ev, hb=None) -> dict:
+    from workflows.contracts import BenchRequest, EvalRequest
+
+    t0 = time.monotonic()
+    results, problems = {}, []
+    for name in CANARIES:
+        src = canary_source(name)
+        key = ev.store.put_text(src)
+        cid = "canary-" + hashlib.sha256(src.encode()).hexdigest()[:10]
+        req = EvalRequest(problem="softmax", candidate_id=cid, source_key=key)
+        comp = ev.compile(req, hb)
+        ver = ev.verify(req, hb) if comp.ok else None
+        r = {"compile_ok": comp.ok, "verify_ok": bool(ver and ver.ok),
+             "reason": (ver.reason if ver else comp.error)[:300], "rel_err": ver.rel_err if ver else None}
+        if ev.cuda and ver is not None and ver.ok:
+            b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=cid, source_key=key), hb)
+            r.update(bench_ok=b.ok, time_ms=b.time_ms, speedup=b.speedup, ci=b.speedup_ci, bench_reason=b.reason)
+        results[name] = r
+    if not (results["slow"]["verify_ok"] and results["fast"]["verify_ok"]):
+        problems.append("a correct canary was rejected: slow=%r fast=%r" % (results["slow"]["reason"], results["fast"]["reason"]))
+    if results["wrong"]["verify_ok"]:
+        problems.append("the wrong canary passed verification")
+    elif not results["wrong"]["reason"].startswith(("wrong", "non-finite")):
+        problems.append(f"the wrong canary was rejected for another reason: {results['wrong']['reason']}")
+    if results["cheat"]["verify_ok"]:
+        problems.append("the cheating canary (input mutation) passed verification")
+    elif "input-mutation" not in results["cheat"]["reason"]:
+        problems.append(f"the cheating canary was rejected for another reason: {results['cheat']['reason']}")
+    ranking = "skipped (interpreter: timings are not speed)"
+    if ev.cuda and not problems:
+        s, f = results["slow"], results["fast"]
+        if not (s.get("bench_ok") and f.get("bench_ok")):
+            problems.append(f"benchmark failed on a correct canary: {s.get('bench_reason')} / {f.get('bench_reason')}")
+        elif not (f["ci"][0] > s["ci"][1]):
+            problems.append(f"ranking: fast canary speedup {f['ci']} does not beat slow canary {s['ci']}")
+        else:
+            ranking = f"fast {f['speedup']:.2f}x (CI {f['ci'][0]:.2f}-{f['ci'][1]:.2f}) > slow {s['speedup']:.2f}x"
+    return {"ok": not problems, "problems": problems, "canaries": results, "ranking": ranking,
+            "interpreter": ev.interpreter, "seconds": round(time.monotonic() - t0, 1)}

@@ -1,0 +1,565 @@
+"""The sandbox child process: `python -m gpu_worker.child FD_IN FD_OUT TMPDIR ROLE`.
+
+ROLE is `candidate` (untrusted code is loaded into it, one candidate per process, then it exits) or
+`reference` (trusted: oracle, baseline, ceilings, receipts; never loads candidate code).
+
+The parent talks to the child through two pipes (pickled dicts via multiprocessing.connection); the
+child's own stdout/stderr go to TMPDIR/log.txt, so whatever the candidate prints cannot forge a reply.
+Everything the harness needs to time or hash (events, synchronize, perf_counter, sha256, Tensor methods)
+is captured here *before* the candidate loads and re-checked for identity after every call.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+
+
+def _redirect(tmp: str) -> None:
+    fd = os.open(os.path.join(tmp, "log.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+
+
+def main(argv: list[str]) -> int:
+    fd_in, fd_out, tmp, role = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    _redirect(tmp)
+    from multiprocessing.connection import Connection
+
+    import pickle
+
+    class _Out:  # plain pickle: torch's ForkingPickler reductions would share memory through sockets
+        def __init__(self, c):
+            self.c = c
+
+        def send(self, obj):
+            self.c.send_bytes(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+    class _In:
+        def __init__(self, c):
+            self.c = c
+
+        def recv(self):
+            return pickle.loads(self.c.recv_bytes())
+
+    cin = _In(Connection(fd_in, writable=False))
+    cout = _Out(Connection(fd_out, readable=False))
+    t0 = time.perf_counter()
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+
+    server = Server(tmp, role)
+    cout.send({"ready": True, "cuda": server.cuda, "pid": os.getpid(), "import_s": time.perf_counter() - t0})
+    while True:
+        try:
+            msg = cin.recv()
+        except EOFError:
+            return 0
+        cmd = msg.pop("cmd")
+        if cmd == "exit":
+            cout.send({"ok": True})
+            return 0
+        try:
+            reply = getattr(server, "cmd_" + cmd)(**msg)
+            reply.setdefault("ok", True)
+        except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
+            reply = server.describe_failure(e)
+        reply["violations"] = server.violations()
+        try:
+            cout.send(reply)
+        except Exception as e:  # unpicklable reply
+            cout.send({"ok": False, "kind": "exception", "error": f"reply could not be sent: {e}",
+                       "violations": server.violations()})
+        if reply.get("fatal"):
+            return 3
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, tmp: str, role: str):
+        import hashlib
+
+        import torch
+
+        self.tmp, self.role = tmp, role
+        self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+        self.device = "cuda" if self.cuda else "cpu"
+        self.module = None
+        self.problem = None
+        self.shape = None
+        self.cpu_mode = not self.cuda
+        self.sets: list = []  # timing input/output sets
+        self.flush = None
+        # trusted references, captured before any candidate code exists in this process
+        self.T = {
+            "perf": time.perf_counter,
+            "sha": hashlib.sha256,
+            "fill_": torch.Tensor.fill_,
+            "copy_": torch.Tensor.copy_,
+            "clone": torch.Tensor.clone,
+            "to": torch.Tensor.to,
+            "zero_": torch.Tensor.zero_,
+            "contiguous": torch.Tensor.contiguous,
+            "view": torch.Tensor.view,
+            "empty": torch.empty,
+        }
+        self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view")]
+        self.watch += [(torch, "empty"), (time, "perf_counter")]
+        if self.cuda:
+            self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
+                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph)
+            self.watch += [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
+                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph")]
+        self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def violations(self):
+        if self.role != "candidate":
+            return []
+        from gpu_worker import guard
+
+        out = list(guard.VIOLATIONS)
+        for o, n in self.watch:
+            if getattr(o, n) is not self.saved[(id(o), n)]:
+                out.append(("escape", f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
+        return out
+
+    def describe_failure(self, e: BaseException) -> dict:
+        from gpu_worker import guard
+
+        tb = traceback.format_exc()
+        print(tb, flush=True)
+        text = f"{type(e).__name__}: {e}"
+        kind, fatal = "exception", False
+        low = text.lower()
+        if isinstance(e, guard.GuardViolation):
+            kind = "violation"
+        elif "out of memory" in low or type(e).__name__ == "OutOfMemoryError":
+            kind, fatal = "oom", True
+        elif "illegal memory access" in low or "misaligned address" in low or "cuda error" in low \
+                or "illegal instruction" in low or "unspecified launch failure" in low:
+            kind, fatal = "cuda-error", True
+        elif type(e).__name__ in ("CompilationError", "CompileTimeAssertionFailure") or "triton" in type(e).__module__:
+            kind = "compile-error"
+        return {"ok": False, "kind": kind, "error": text[-4000:], "traceback": tb[-6000:], "fatal": fatal}
+
+    def _sync(self):
+        if self.cuda:
+            self.T["sync"]()
+
+    def _shape(self, problem, shape_name: str | None):
+        if shape_name is None:
+            return problem.shapes[0] if self.cuda else problem.cpu_shape
+        for s in list(problem.shapes) + [problem.cpu_shape]:
+            if s.name == shape_name:
+                return s
+        raise ValueError(f"problem {problem.name} has no shape {shape_name!r}")
+
+    def _inputs(self, dist: str, seed: int) -> dict:
+        import torch
+
+        inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
+        return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+
+    def _hash(self, inputs: dict) -> str:
+        import torch
+
+        h = self.T["sha"]()
+        for k in sorted(inputs):
+            v = inputs[k]
+            h.update(k.encode())
+            if isinstance(v, torch.Tensor):
+                c = self.T["contiguous"](self.T["to"](v.detach(), "cpu"))
+                h.update(f"{c.dtype}{tuple(c.shape)}".encode())
+                h.update(self.T["view"](c.reshape(-1), torch.uint8).numpy().tobytes())
+            else:
+                h.update(repr(v).encode())
+        return h.hexdigest()
+
+    def _outputs(self) -> dict:
+        import torch
+
+        outs = {}
+        for name, spec in self.output_specs(self.shape, cpu=self.cpu_mode).items():
+            t = self.T["empty"](spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
+            if t.is_floating_point():
+                self.T["fill_"](t, float("nan"))
+            else:
+                self.T["fill_"](t, -12345)
+            outs[name] = t
+        return outs
+
+    def _setup_problem(self, problem: str, shape: str | None):
+        from baselines.registry import get_problem
+
+        p = get_problem(problem)
+        self.problem = p
+        self.shape = self._shape(p, shape)
+        self.make_inputs = p.make_inputs
+        self.output_specs = p.output_specs
+        self.outputs = tuple(p.outputs)
+        return p
+
+    # --- candidate role --------------------------------------------------------------------------
+    def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list,
+                 banned_ops: tuple = ()):
+        import importlib.util
+
+        from gpu_worker import guard
+
+        assert self.role == "candidate"
+        self._setup_problem(problem, shape)
+        self.banned_ops = tuple(banned_ops)
+        # hide the project's modules: a run-time import of them must go through the (refused) import system
+        for name in [m for m in sys.modules if m.split(".")[0] in ("baselines", "activities", "workflows")]:
+            del sys.modules[name]
+        path = os.path.join(self.tmp, "candidate.py")
+        with open(path, "w") as f:
+            f.write(source)
+        before = set(sys.modules)
+        guard.install(write_roots=[self.tmp] + list(write_roots), trusted_roots=list(trusted_roots))
+        spec = importlib.util.spec_from_file_location("candidate", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        guard.audit_modules(before)
+        self.before_modules = before
+        if not callable(getattr(mod, "run", None)):
+            return {"ok": False, "kind": "contract", "error": "candidate defines no callable run(inputs, out)"}
+        self.module = mod
+        self.kernels = self._kernel_objects()
+        return {"kernels": sorted(self.kernels)}
+
+    def _kernel_objects(self) -> dict:
+        """name -> JITFunction-like object for every Triton kernel the module defines."""
+        found = {}
+        for name, obj in vars(self.module).items():
+            f, depth = obj, 0
+            while hasattr(f, "fn") and depth < 4 and not hasattr(f, "device_caches"):
+                f, depth = f.fn, depth + 1
+            if hasattr(f, "device_caches") or type(obj).__name__ in ("InterpretedFunction", "Autotuner", "Heuristics", "JITFunction"):
+                found[getattr(getattr(f, "fn", f), "__name__", name)] = f
+        return found
+
+    def _call(self, inputs, outs, guarded: bool):
+        from gpu_worker import guard
+
+        if guarded:
+            with guard.dispatch_guard(self.banned_ops):
+                self.module.run(inputs, outs)
+        else:
+            self.module.run(inputs, outs)
+        self._sync()
+        guard.audit_modules(self.before_modules)
+
+    def cmd_compile(self, dist: str):
+        """CUDA: compile every kernel the candidate launches without running it (Triton's warmup path,
+        so compilation uses CPU cores, not the GPU), then report the compiler's view of each kernel.
+        Interpreter: run once, which is where an interpreted kernel's errors surface."""
+        inputs = self._inputs(dist, 0)
+        outs = self._outputs()
+        t0 = time.perf_counter()
+        if self.cuda:
+            from triton.runtime.jit import JITFunction
+
+            orig = JITFunction.run
+
+            def warm_run(self_, *args, **kwargs):
+                kwargs["warmup"] = True
+                return orig(self_, *args, **kwargs)
+
+            JITFunction.run = warm_run
+            try:
+                self._call(inputs, outs, guarded=True)
+            finally:
+                JITFunction.run = orig
+        else:
+            self._call(inputs, outs, guarded=True)
+        secs = time.perf_counter() - t0
+        return {"seconds": secs, "kernels": self._compiled_info()}
+
+    def _compiled_info(self) -> list[dict]:
+        info = []
+        for name, f in self.kernels.items():
+            caches = getattr(f, "device_caches", None)
+            if not caches:
+                info.append({"name": name})
+                continue
+            for dev_entry in caches.values():
+                kernel_cache = dev_entry[0] if isinstance(dev_entry, tuple) else dev_entry
+                for k in list(kernel_cache.values()):
+                    md = k.metadata
+                    d = {"name": getattr(md, "name", name), "num_warps": getattr(md, "num_warps", None),
+                         "num_stages": getattr(md, "num_stages", None), "shared": getattr(md, "shared", None)}
+                    try:
+                        k._init_handles()
+                        d["registers"] = int(k.n_regs)
+                        d["spills"] = int(k.n_spills)
+                    except Exception as e:  # noqa: BLE001
+                        d["handles_error"] = str(e)[:200]
+                    asm = getattr(k, "asm", {}) or {}
+                    ptx = asm.get("ptx") or ""
+                    d["ptx_wgmma"] = "wgmma" in ptx
+                    d["ptx_mma"] = "mma.sync" in ptx or "wgmma" in ptx or "tcgen05.mma" in ptx
+                    d["ptx_tma"] = "cp.async.bulk.tensor" in ptx
+                    cubin = asm.get("cubin")
+                    if isinstance(cubin, (bytes, bytearray)):
+                        p = os.path.join(self.tmp, f"{d['name']}-{len(info)}.cubin")
+                        with open(p, "wb") as fh:
+                            fh.write(cubin)
+                        d["cubin_path"] = p
+                    info.append(d)
+        return info
+
+    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True):
+        """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
+        outputs and the inputs' hashes before and after. Then a determinism rerun on fresh buffers and a
+        stale-output probe (same buffers, new contents)."""
+        results = []
+        first = None
+        for dist, seed in cases:
+            inputs = self._inputs(dist, seed)
+            h0 = self._hash(inputs)
+            outs = self._outputs()
+            self._call(inputs, outs, guarded=True)
+            h1 = self._hash(inputs)
+            results.append({"dist": dist, "seed": seed, "hash_before": h0, "hash_after": h1,
+                            "outputs": {k: self.T["to"](v, "cpu") for k, v in outs.items()},
+                            "out_type_ok": all(type(v) is __import__("torch").Tensor for v in outs.values())})
+            if first is None:
+                first = (inputs, outs)
+        reply = {"cases": results}
+        if determinism and first:
+            dist, seed = cases[0]
+            inputs = {k: (self.T["clone"](v) if hasattr(v, "clone") else v) for k, v in self._inputs(dist, seed).items()}
+            outs = self._outputs()
+            self._call(inputs, outs, guarded=True)
+            reply["rerun"] = {k: self.T["to"](v, "cpu") for k, v in outs.items()}
+        if stale and len(cases) > 1 and first:
+            # the first case's input buffers (same pointers) now hold the second case's contents
+            inputs0, _ = first
+            dist, seed = cases[1]
+            fresh = self._inputs(dist, seed)
+            same_shapes = all(getattr(fresh[k], "shape", None) == getattr(inputs0[k], "shape", None) for k in fresh)
+            if same_shapes:
+                for k, v in fresh.items():
+                    if hasattr(v, "copy_"):
+                        self.T["copy_"](inputs0[k], v)
+                    else:
+                        inputs0[k] = v
+                outs = self._outputs()
+                self._call(inputs0, outs, guarded=True)
+                reply["stale"] = {"case": 1, "outputs": {k: self.T["to"](v, "cpu") for k, v in outs.items()}}
+        return reply
+
+    # --- timing (both roles) -----------------------------------------------------------------------
+    def _prepare_timing(self, rotate: int, dist: str):
+        import torch
+
+        if len(self.sets) == rotate:
+            return
+        self.sets = []
+        for i in range(rotate):
+            self.sets.append((self._inputs(dist, 1000 + i), self._outputs()))
+        if self.cuda:
+            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+            nbytes = max(2 * l2, 256 << 20)
+            self.flush = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
+            self.flush_bytes = nbytes
+
+    def _fn(self):
+        if self.role == "candidate":
+            return self.module.run
+        base = self.baseline
+
+        def run_baseline(inputs, out):
+            base(inputs)
+
+        return run_baseline
+
+    def cmd_time(self, reps: int, warmup: int = 3, rotate: int = 3, mode: str = "eager", dist: str | None = None):
+        """Time `reps` calls. CUDA: per repetition an L2 flush (>= 2x L2), the next rotated input set
+        (distinct buffers, distinct contents), events around the call, a device-wide synchronize after.
+        Returns per-repetition milliseconds (events) and host wall-clock."""
+        dist = dist or self.problem.distributions[0]
+        self._prepare_timing(rotate, dist)
+        fn = self._fn()
+        T = self.T
+        perf = T["perf"]
+        times, walls = [], []
+        if not self.cuda:
+            for i in range(warmup):
+                fn(*self.sets[i % rotate])
+            for i in range(reps):
+                inp, out = self.sets[i % rotate]
+                t0 = perf()
+                fn(inp, out)
+                times.append((perf() - t0) * 1e3)
+            walls = list(times)
+            return {"times": times, "walls": walls, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu"}
+        for i in range(max(warmup, 1)):
+            fn(*self.sets[i % rotate])
+        T["sync"]()
+        graphs = None
+        used_mode = mode
+        if mode == "cuda-graph":
+            graphs = self._capture(fn)
+            if graphs is None:
+                used_mode = "eager"
+        start, end = T["Event"](enable_timing=True), T["Event"](enable_timing=True)
+        for i in range(reps):
+            inp, out = self.sets[i % rotate]
+            T["zero_"](self.flush)
+            T["sync"]()
+            t0 = perf()
+            T["record"](start)
+            if graphs:
+                graphs[i % rotate].replay()
+            else:
+                fn(inp, out)
+            T["record"](end)
+            T["sync"]()
+            walls.append((perf() - t0) * 1e3)
+            times.append(T["elapsed"](start, end))
+        return {"times": times, "walls": walls, "mode": used_mode}
+
+    def _capture(self, fn):
+        import torch
+
+        graphs = []
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for inp, out in self.sets:
+                    fn(inp, out)
+            torch.cuda.current_stream().wait_stream(s)
+            self.T["sync"]()
+            for inp, out in self.sets:
+                g = self.T["graph"]()
+                with torch.cuda.graph(g):
+                    fn(inp, out)
+                graphs.append(g)
+            self.T["sync"]()
+            return graphs
+        except Exception as e:  # noqa: BLE001 - capture refusal means eager timing
+            print(f"cuda-graph capture failed, timing eagerly: {e}", flush=True)
+            return None
+
+    def cmd_profile(self, reps: int = 5, rotate: int = 3, dist: str | None = None):
+        """torch.profiler over `reps` calls (no flush inside the window): kernel names and the device time
+        per call, for the cross-check against the event timing."""
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        dist = dist or self.problem.distributions[0]
+        self._prepare_timing(rotate, dist)
+        fn = self._fn()
+        for i in range(2):
+            fn(*self.sets[i % rotate])
+        self._sync()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        with profile(activities=acts) as prof:
+            for i in range(reps):
+                fn(*self.sets[i % rotate])
+            self._sync()
+        kernels: dict[str, float] = {}
+        for ev in prof.events():
+            dev_type = str(getattr(ev, "device_type", ""))
+            if self.cuda and "CUDA" in dev_type and getattr(ev, "device_time", None) is not None:
+                if ev.name.startswith(("Memcpy", "Memset")) and "Triton" not in ev.name:
+                    pass
+                kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time / 1e3  # us -> ms
+        total = sum(kernels.values()) / reps
+        return {"kernels": {k: v / reps for k, v in kernels.items()}, "kernel_ms_per_call": total}
+
+    # --- reference role --------------------------------------------------------------------------
+    def cmd_setup(self, problem: str, shape: str | None):
+        assert self.role == "reference"
+        p = self._setup_problem(problem, shape)
+        bases = p.baselines()
+        self.baseline_name, self.baseline = next(iter(bases.items()))
+        return {"baseline": self.baseline_name, "shape": self.shape.name, "cuda": self.cuda}
+
+    def cmd_reference(self, cases: list):
+        import torch
+
+        from baselines.problem import rel_rms
+
+        out = []
+        for dist, seed in cases:
+            inputs = self._inputs(dist, seed)
+            h = self._hash(inputs)
+            ref = self.problem.oracle(inputs)
+            base = self.baseline(inputs)
+            self._sync()
+            errs = [rel_rms(ref[k], base[k]) for k in self.outputs]
+            out.append({"dist": dist, "seed": seed, "hash": h,
+                        "oracle": {k: ref[k].detach().to("cpu", torch.float64) for k in self.outputs},
+                        "baseline_err": max(errs)})
+        return {"cases": out}
+
+    def cmd_ceilings(self):
+        """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)
+        and bf16 matmul rate. CUDA only."""
+        import torch
+
+        if not self.cuda:
+            return {"bandwidth": None, "flops": None}
+        n = 1 << 28  # 1 GiB of fp32
+        a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+        b = torch.empty_like(a)
+        for _ in range(3):
+            b.copy_(a)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(10):
+            s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        ts.sort()
+        bw = 2 * 4 * n / (ts[0] / 1e3)
+        del a, b
+        m = 8192
+        x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            x @ y
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            s.record(); x @ y; e.record(); torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        ts.sort()
+        fl = 2 * m ** 3 / (ts[0] / 1e3)
+        return {"bandwidth": bw, "flops": fl}
+
+    def cmd_receipt(self):
+        import subprocess
+
+        import torch
+        import triton
+
+        d = {"torch": torch.__version__, "triton": triton.__version__, "device": "cpu (Triton interpreter)",
+             "driver": "", "clocks": ""}
+        if self.cuda:
+            d["device"] = torch.cuda.get_device_name(0)
+            try:
+                q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw",
+                                    "--format=csv,noheader", "-i", "0"], capture_output=True, text=True, timeout=10)
+                f = [x.strip() for x in q.stdout.strip().split(",")]
+                d["driver"] = f[0]
+                d["clocks"] = f"sm {f[1]} (max {f[3]}), mem {f[2]}, {f[4]} C, {f[5]}"
+            except Exception as e:  # noqa: BLE001
+                d["clocks"] = f"nvidia-smi unavailable: {e}"
+        return d
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

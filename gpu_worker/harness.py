@@ -1,0 +1,537 @@
+"""The evaluator: compile, verify, benchmark, profile and self-test candidates, independent of Temporal.
+
+Process layout (why the numbers can be trusted):
+
+* this process (the worker) owns statistics, thresholds and decisions; it never loads candidate code;
+* one *reference* child per (problem, shape) computes the oracle and the primary baseline's outputs and
+  times the baseline; it is trusted code only;
+* every candidate is loaded into a fresh *candidate* child (single use) whose guard was installed before
+  the candidate's module executed. Timing inside that child uses event/synchronize/perf_counter objects
+  captured before the load and re-checked for identity after every call; a new best is additionally
+  re-measured in another fresh child and cross-checked against torch.profiler's kernel time.
+
+All rejections are returned as reports; only infrastructure failures (artifact store) raise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import subprocess
+import threading
+import time
+from collections import OrderedDict
+from typing import Callable
+
+from activities.artifacts import ArtifactStore
+from gpu_worker.rules import PROBLEM_OPS, check_source
+from gpu_worker.sandbox import Sandbox, SandboxFailure, SandboxPool
+from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, Receipt,
+                                 VerifyReport)
+
+Heartbeat = Callable[[], None] | None
+
+#: seeds of verification inputs come from this pool (a candidate sees 3 of them, chosen by its id), so
+#: inputs differ between candidates while the oracle cache still hits
+SEED_POOL = 16
+N_SEEDS = 3
+LOG_LIMIT = 12000
+
+
+def cuda_available() -> bool:
+    if os.environ.get("MARATHON_FORCE_INTERPRETER") == "1":
+        return False
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _aten_ops(problem: str) -> tuple[str, ...]:
+    for key, ops in PROBLEM_OPS.items():
+        if problem == key or problem.startswith(key + "_"):
+            return tuple(o for o in ops if o.startswith("_") or o in ("softmax", "log_softmax", "logsumexp"))
+    return ()
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of median(base) / median(cand) (the speedup)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    b = np.asarray(base, dtype=float)
+    c = np.asarray(cand, dtype=float)
+    bi = rng.integers(0, len(b), size=(n, len(b)))
+    ci = rng.integers(0, len(c), size=(n, len(c)))
+    ratios = np.median(b[bi], axis=1) / np.median(c[ci], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+class Rejection(Exception):
+    def __init__(self, stage: str, reason: str, log: str = ""):
+        super().__init__(reason)
+        self.stage, self.reason, self.log = stage, reason, log
+
+
+class Evaluator:
+    def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None, spares: int = 1,
+                 timeouts: dict | None = None):
+        self.store = store or ArtifactStore()
+        self.interpreter = (not cuda_available()) if interpreter is None else interpreter
+        self.cuda = not self.interpreter
+        self.pool = SandboxPool(self.interpreter, spares=spares)
+        self.gpu_lock = threading.Lock()  # timing, verification and profiling never share the GPU
+        self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
+        self._refs_lock = threading.Lock()
+        self._oracle: OrderedDict = OrderedDict()
+        self._oracle_lock = threading.Lock()
+        self.ceilings: dict | None = None
+        scale = 1.0 if self.cuda else 3.0
+        self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
+                         "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
+        self.selftest_result: dict | None = None
+
+    def close(self):
+        self.pool.close()
+        with self._refs_lock:
+            for sb, _, _ in self._refs.values():
+                sb.close(graceful=True)
+            self._refs.clear()
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def _problem(self, name: str):
+        from baselines.registry import get_problem
+
+        return get_problem(name)
+
+    def _shape(self, problem, shape_name):
+        if shape_name is None:
+            return problem.shapes[0] if self.cuda else problem.cpu_shape
+        for s in list(problem.shapes) + [problem.cpu_shape]:
+            if s.name == shape_name:
+                return s
+        raise Rejection("verify", f"problem {problem.name} has no shape {shape_name!r}; shapes: "
+                        + ", ".join(s.name for s in list(problem.shapes) + [problem.cpu_shape]))
+
+    def _source(self, key: str) -> str:
+        return self.store.get_text(key)  # ArtifactStoreError propagates: infrastructure
+
+    def _log(self, text: str) -> str | None:
+        if not text:
+            return None
+        if len(text) > LOG_LIMIT:
+            text = text[:2000] + "\n...[trimmed]...\n" + text[-(LOG_LIMIT - 2000):]
+        return self.store.put_text(text)  # ArtifactStoreError propagates: infrastructure
+
+    def cases(self, problem, candidate_id: str) -> list[tuple[str, int]]:
+        rng = random.Random(candidate_id)
+        seeds = sorted(rng.sample(range(SEED_POOL), N_SEEDS))
+        return [(d, s) for s in seeds for d in problem.distributions]
+
+    def _ref(self, problem, shape, hb) -> tuple[Sandbox, threading.Lock, dict]:
+        key = (problem.name, shape.name)
+        with self._refs_lock:
+            entry = self._refs.get(key)
+            if entry and not entry[0].alive():
+                entry = None
+            if entry is None:
+                sb = Sandbox("reference", self.interpreter)
+                entry = (sb, threading.Lock(), {})
+                self._refs[key] = entry
+        sb, lock, info = entry
+        if not info:
+            with lock:
+                if not info:
+                    r = sb.call("setup", self.timeouts["load"], hb, problem=problem.name, shape=shape.name)
+                    if not r.get("ok"):
+                        sb.close()
+                        raise RuntimeError(f"reference process for {problem.name} failed: {r.get('error')}")
+                    info.update(r)
+        return entry
+
+    def _ref_call(self, problem, shape, hb, cmd, timeout, **kw) -> dict:
+        sb, lock, _ = self._ref(problem, shape, hb)
+        with lock:
+            r = sb.call(cmd, timeout, hb, **kw)
+        if not r.get("ok"):
+            raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
+        return r
+
+    def reference(self, problem, shape, cases, hb) -> list[dict]:
+        out, missing = {}, []
+        with self._oracle_lock:
+            for c in cases:
+                k = (problem.name, shape.name, c[0], c[1])
+                if k in self._oracle:
+                    self._oracle.move_to_end(k)
+                    out[c] = self._oracle[k]
+                else:
+                    missing.append(c)
+        if missing:
+            r = self._ref_call(problem, shape, hb, "reference", self.timeouts["reference"], cases=missing)
+            with self._oracle_lock:
+                for c, res in zip(missing, r["cases"]):
+                    self._oracle[(problem.name, shape.name, c[0], c[1])] = res
+                    out[c] = res
+                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "24")):
+                    self._oracle.popitem(last=False)
+        return [out[c] for c in cases]
+
+    def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> dict:
+        from gpu_worker.sandbox import triton_cache_dir
+
+        r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
+                    write_roots=[], trusted_roots=[str(triton_cache_dir())], banned_ops=_aten_ops(problem.name))
+        self._check_reply(r, "compile", sb)
+        return r
+
+    @staticmethod
+    def _check_reply(r: dict, stage: str, sb: Sandbox):
+        if r.get("violations"):
+            rule, detail = r["violations"][0]
+            raise Rejection("rules", f"{rule}: {detail} (run-time guard)", sb.log_tail())
+        if not r.get("ok"):
+            kind = r.get("kind", "exception")
+            st = {"cuda-error": "sandbox", "oom": "sandbox", "contract": "rules"}.get(kind, stage)
+            raise Rejection(st, f"{kind}: {r.get('error', '')}", (r.get("traceback") or "") + "\n" + sb.log_tail())
+
+    def _rules(self, source: str, problem: str):
+        rep = check_source(source, problem)
+        if not rep.ok:
+            raise Rejection("rules", f"{rep.rule}: {rep.detail}")
+
+    # --- compile ---------------------------------------------------------------------------------
+    def compile(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
+        t0 = time.monotonic()
+        source = self._source(req.source_key)
+        try:
+            problem = self._problem(req.problem)
+            shape = self._shape(problem, req.shape)
+            self._rules(source, req.problem)
+            with self.pool.acquire() as sb:
+                self._load(sb, source, problem, shape, hb)
+                r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
+                self._check_reply(r, "compile", sb)
+                kernels = r["kernels"]
+                sass = self._sass(kernels)
+                log = sb.log_tail()
+        except Rejection as rej:
+            return CompileReport(ok=False, error=rej.reason[:4000], interpreter=self.interpreter,
+                                 log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
+        except SandboxFailure as f:
+            return CompileReport(ok=False, error=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
+                                 log_key=self._log(f.log), seconds=time.monotonic() - t0)
+
+        def mx(key):
+            vals = [k[key] for k in kernels if k.get(key) is not None]
+            return max(vals) if vals else None
+
+        tc = tma = None
+        if self.cuda and kernels:
+            tc = any(k.get("ptx_mma") for k in kernels) or sass.get("hgmma", False)
+            tma = any(k.get("ptx_tma") for k in kernels) or sass.get("tma", False)
+        lines = [f"{k.get('name')}: regs={k.get('registers')} spills={k.get('spills')} shared={k.get('shared')} "
+                 f"warps={k.get('num_warps')} stages={k.get('num_stages')} wgmma={k.get('ptx_wgmma')} "
+                 f"tma={k.get('ptx_tma')}" for k in kernels]
+        if sass.get("text"):
+            lines.append(sass["text"])
+        return CompileReport(
+            ok=True, registers=mx("registers"), spills=mx("spills"), shared_bytes=mx("shared"),
+            num_warps=mx("num_warps"), num_stages=mx("num_stages"), tensor_cores=tc, tma=tma,
+            kernels=sorted({k["name"] for k in kernels if k.get("name")}), interpreter=self.interpreter,
+            log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
+
+    def _sass(self, kernels: list[dict]) -> dict:
+        """SASS via cuobjdump where available: HGMMA (wgmma) and UTMA* (TMA) instructions."""
+        exe = shutil.which("cuobjdump")
+        out = {"hgmma": False, "tma": False, "text": ""}
+        if not exe:
+            return out
+        texts = []
+        for k in kernels:
+            p = k.get("cubin_path")
+            if not p or not os.path.exists(p):
+                continue
+            try:
+                s = subprocess.run([exe, "-sass", p], capture_output=True, text=True, timeout=60).stdout
+            except Exception:  # noqa: BLE001
+                continue
+            h = "HGMMA" in s
+            t = "UTMALDG" in s or "UTMASTG" in s or "UBLKCP" in s
+            out["hgmma"] |= h
+            out["tma"] |= t
+            texts.append(f"SASS {k.get('name')}: HGMMA={h} TMA={t} instructions={s.count(chr(10))}")
+        out["text"] = "\n".join(texts)
+        return out
+
+    # --- verify ----------------------------------------------------------------------------------
+    def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
+        t0 = time.monotonic()
+        source = self._source(req.source_key)
+        try:
+            problem = self._problem(req.problem)
+            shape = self._shape(problem, req.shape)
+            self._rules(source, req.problem)
+            res = self._verify(source, problem, shape, req.candidate_id, hb)
+            return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
+                                threshold=res["threshold"], interpreter=self.interpreter,
+                                log_key=self._log(res["log"]), seconds=time.monotonic() - t0)
+        except Rejection as rej:
+            return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
+                                rel_err=getattr(rej, "rel_err", None), threshold=getattr(rej, "threshold", None),
+                                log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
+        except SandboxFailure as f:
+            return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
+                                log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
+
+    def _verify(self, source, problem, shape, candidate_id, hb) -> dict:
+        from baselines.problem import rel_rms
+
+        cases = self.cases(problem, candidate_id)
+        with self.pool.acquire() as sb:
+            self._load(sb, source, problem, shape, hb)
+            lock = self.gpu_lock if self.cuda else _NullLock()
+            with lock:
+                refs = self.reference(problem, shape, cases, hb)
+                r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
+            self._check_reply(r, "verify", sb)
+            log_tail = sb.log_tail()
+        worst, base_worst, lines = 0.0, 0.0, []
+        thresholds = []
+        for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
+            if got["hash_before"] != ref["hash"]:
+                raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
+            if got["hash_after"] != got["hash_before"]:
+                raise Rejection("verify", f"input-mutation: the candidate modified its inputs ({dist}, seed {seed})")
+            if not got["out_type_ok"]:
+                raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
+            base_err = ref["baseline_err"]
+            thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
+                else problem.tolerance_floor
+            thresholds.append(thr)
+            base_worst = max(base_worst, base_err)
+            for name in problem.outputs:
+                o, t = got["outputs"][name], ref["oracle"][name]
+                err = rel_rms(t, o)
+                lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
+                if math.isnan(err):
+                    import torch
+
+                    nan = int((~torch.isfinite(o.double())).sum())
+                    rej = Rejection("verify", f"non-finite: {nan} of {o.numel()} elements of {name!r} are NaN/Inf "
+                                    f"({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements show as NaN",
+                                    "\n".join(lines))
+                    raise rej
+                if float(t.std()) > 0 and float(o.double().std()) == 0.0:
+                    raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
+                if err > thr:
+                    rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
+                                    f"({dist}, seed {seed}; baseline's own error {base_err:.3e})", "\n".join(lines))
+                    rej.rel_err, rej.threshold = err, thr
+                    raise rej
+                worst = max(worst, err)
+        thr_min = min(thresholds)
+        if "rerun" in r:
+            for name in problem.outputs:
+                d = rel_rms(r["cases"][0]["outputs"][name].double(), r["rerun"][name])
+                lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
+                if not (d <= 0.1 * thr_min):
+                    raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
+                                    "\n".join(lines))
+        if "stale" in r:
+            ref1 = refs[r["stale"]["case"]]
+            for name in problem.outputs:
+                e = rel_rms(ref1["oracle"][name], r["stale"]["outputs"][name])
+                lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
+                if not (e <= thresholds[r['stale']['case']]):
+                    raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
+                                    f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
+        lines.append(log_tail)
+        return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
+
+    # --- benchmark -------------------------------------------------------------------------------
+    def ensure_ceilings(self, problem, shape, hb) -> dict | None:
+        if not self.cuda:
+            return None
+        if self.ceilings is None:
+            with self.gpu_lock:
+                if self.ceilings is None:
+                    self.ceilings = self._ref_call(problem, shape, hb, "ceilings", 300)
+        return self.ceilings
+
+    def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
+        t_start = time.monotonic()
+        source = self._source(req.source_key)
+        best_source = self._source(req.best.source_key) if req.best else None
+        gpu_s = 0.0
+        try:
+            problem = self._problem(req.problem)
+            shape = self._shape(problem, req.shape)
+            self._rules(source, req.problem)
+            ref_sb, ref_lock, ref_info = self._ref(problem, shape, hb)
+            ceil = self.ensure_ceilings(problem, shape, hb)
+            sbs = []
+            try:
+                cand = self.pool.acquire()
+                sbs.append(cand)
+                self._load(cand, source, problem, shape, hb)
+                best = None
+                if best_source:
+                    best = self.pool.acquire()
+                    sbs.append(best)
+                    self._load(best, best_source, problem, shape, hb)
+                lock = self.gpu_lock if self.cuda else _NullLock()
+                with lock, ref_lock:
+                    g0 = time.monotonic()
+                    res = self._interleave(problem, cand, ref_sb, best, hb)
+                    receipt = ref_sb.call("receipt", 60, hb)
+                    prof = None
+                    if req.fresh_process and self.cuda:
+                        prof = self._crosscheck(source, problem, shape, hb)
+                    gpu_s = time.monotonic() - g0
+                cand_log = cand.log_tail()
+            finally:
+                for s in sbs:
+                    s.close()
+            ct, bt = res["cand"], res["base"]
+            t_ms, b_ms = median(ct), median(bt)
+            ci = bootstrap_ratio_ci(bt, ct)
+            rec = Receipt(device=receipt.get("device", "?"), driver=receipt.get("driver", ""),
+                          clocks=receipt.get("clocks", ""), torch=receipt.get("torch", ""),
+                          triton=receipt.get("triton", ""), repetitions=len(ct),
+                          spread=f"IQR {quantile(ct, .25):.4g}-{quantile(ct, .75):.4g} ms (baseline "
+                                 f"{quantile(bt, .25):.4g}-{quantile(bt, .75):.4g} ms)",
+                          mode="interpreter" if self.interpreter else res["mode"])
+            lines = [f"candidate times (ms): {[round(x, 5) for x in ct]}",
+                     f"baseline  times (ms): {[round(x, 5) for x in bt]}",
+                     f"wall medians: candidate {median(res['cand_wall']):.4g} ms, baseline {median(res['base_wall']):.4g} ms",
+                     f"receipt: {rec.model_dump()}"]
+            if self.cuda:
+                floor = problem.floor_ms(shape, 1.1 * ceil["bandwidth"], 1.1 * ceil["flops"])
+                lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
+                             f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
+                if t_ms < floor:
+                    raise Rejection("benchmark", f"impossible: {t_ms:.4g} ms is below the physical floor {floor:.4g} ms "
+                                    f"(min bytes / measured bandwidth, FLOPs / measured matmul rate)", "\n".join(lines))
+                wall = median(res["cand_wall"])
+                if wall > 2.0 * t_ms + 0.1:
+                    raise Rejection("benchmark", f"timing mismatch: host wall-clock {wall:.4g} ms vs events {t_ms:.4g} ms "
+                                    "(work outside the timed stream?)", "\n".join(lines))
+            else:
+                lines.append("physical floor: not checked (no GPU; interpreter timings say nothing about speed)")
+            if prof is not None:
+                lines.append(f"profiler cross-check: {prof['text']}")
+                if not prof["ok"]:
+                    raise Rejection("benchmark", f"profiler cross-check failed: {prof['text']}", "\n".join(lines))
+            elif req.fresh_process:
+                lines.append("profiler cross-check: skipped under the interpreter (no device kernels)")
+            lines.append(cand_log)
+            return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info.get("baseline", ""),
+                               speedup=b_ms / t_ms if t_ms > 0 else None, speedup_ci=ci,
+                               best_time_ms=median(res["best"]) if res.get("best") else None,
+                               interpreter=self.interpreter, receipt=rec, log_key=self._log("\n".join(lines)),
+                               gpu_seconds=gpu_s if self.cuda else 0.0)
+        except Rejection as rej:
+            return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
+                               log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s)
+        except SandboxFailure as f:
+            return BenchReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
+                               log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s)
+
+    def _plan(self):
+        if self.cuda:
+            return {"blocks": int(os.environ.get("MARATHON_BENCH_BLOCKS", "5")),
+                    "reps": int(os.environ.get("MARATHON_BENCH_REPS", "20")), "warmup": 3, "rotate": 3}
+        return {"blocks": 2, "reps": 2, "warmup": 1, "rotate": 2}
+
+    def _interleave(self, problem, cand, ref, best, hb) -> dict:
+        """A/B(/C) blocks in one session: candidate, baseline, (current best), repeated."""
+        plan = self._plan()
+        mode = "eager"
+        if self.cuda:
+            probe = ref.call("time", self.timeouts["time"], hb, reps=5, warmup=3, rotate=plan["rotate"], mode="eager")
+            if not probe.get("ok"):
+                raise RuntimeError(f"baseline timing failed: {probe.get('error')}")
+            if median(probe["times"]) < 0.05:
+                mode = "cuda-graph"  # microsecond kernels: launch overhead would dominate eager timing
+        out = {"cand": [], "base": [], "best": [], "cand_wall": [], "base_wall": [], "mode": mode}
+        for b in range(plan["blocks"]):
+            warm = plan["warmup"] if b == 0 else 1
+            for who, sb in (("cand", cand), ("base", ref), ("best", best)):
+                if sb is None:
+                    continue
+                r = sb.call("time", self.timeouts["time"], hb, reps=plan["reps"], warmup=warm, rotate=plan["rotate"],
+                            mode=mode)
+                if who == "base":
+                    if not r.get("ok"):
+                        raise RuntimeError(f"baseline timing failed: {r.get('error')}")
+                else:
+                    self._check_reply(r, "benchmark", sb)
+                out[who] += r["times"]
+                if who in ("cand", "base"):
+                    out[who + "_wall"] += r["walls"]
+                    if who == "cand":
+                        out["mode"] = r.get("mode", mode)
+        return out
+
+    def _crosscheck(self, source, problem, shape, hb) -> dict:
+        """Fresh process: event timing again plus torch.profiler kernel time; the candidate's kernels must
+        appear in the trace and the two times must agree."""
+        with self.pool.acquire() as sb:
+            ld = self._load(sb, source, problem, shape, hb)
+            t = sb.call("time", self.timeouts["time"], hb, reps=20, warmup=3, rotate=3, mode="eager")
+            self._check_reply(t, "benchmark", sb)
+            p = sb.call("profile", self.timeouts["profile"], hb, reps=10, rotate=3)
+            self._check_reply(p, "benchmark", sb)
+        ev = median(t["times"])
+        names = ld.get("kernels", [])
+        seen = [k for k in p["kernels"] if any(n in k for n in names)]
+        foreign = [k for k in p["kernels"] if any(s in k.lower() for s in ("gemm", "cublas", "cutlass", "xmma", "flash", "sdpa", "softmax_warp", "cunn_softmax"))
+                   and not any(n in k for n in names)]
+        kt = p["kernel_ms_per_call"]
+        ok = bool(seen) and not foreign and (kt <= 1.15 * ev + 0.005) and (kt >= 0.5 * ev or ev - kt < 0.02)
+        text = (f"fresh-process events {ev:.4g} ms vs profiler kernel time {kt:.4g} ms/call; candidate kernels in "
+                f"trace: {seen or 'NONE'}; library kernels: {foreign or 'none'}")
+        return {"ok": ok, "text": text, "event_ms": ev, "kernel_ms": kt}
+
+    # --- profile ---------------------------------------------------------------------------------
+    def profile(self, req: EvalRequest, hb: Heartbeat = None) -> ProfileReport:
+        from gpu_worker.profile import profile_candidate
+
+        return profile_candidate(self, req, hb)
+
+    # --- self-test -------------------------------------------------------------------------------
+    def selftest(self, hb: Heartbeat = None) -> dict:
+        from gpu_worker.canaries import run_canaries
+
+        self.selftest_result = run_canaries(self, hb)
+        return self.selftest_result
+
+
+class _NullLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

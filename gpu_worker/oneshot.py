@@ -1,0 +1,39 @@
+"""Run one candidate a few times under the sandbox guard, for external profilers (ncu):
+`python -m gpu_worker.oneshot CANDIDATE.py PROBLEM SHAPE TMPDIR`."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+
+def main(argv):
+    path, problem, shape_name, tmp = argv
+    import torch
+
+    from baselines.registry import get_problem
+    from gpu_worker import guard
+    from gpu_worker.sandbox import triton_cache_dir
+
+    p = get_problem(problem)
+    cuda = torch.cuda.is_available()
+    shapes = list(p.shapes) + [p.cpu_shape]
+    shape = next((s for s in shapes if s.name == shape_name), p.shapes[0] if cuda else p.cpu_shape)
+    dev = "cuda" if cuda else "cpu"
+    inputs = {k: (v.to(dev) if hasattr(v, "to") else v)
+              for k, v in p.make_inputs(shape, p.distributions[0], 0, "cpu", cpu=not cuda).items()}
+    outs = {n: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=dev)
+            for n, s in p.output_specs(shape, cpu=not cuda).items()}
+    guard.install([tmp], [str(triton_cache_dir())])
+    spec = importlib.util.spec_from_file_location("candidate", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for _ in range(4):
+        mod.run(inputs, outs)
+    if cuda:
+        torch.cuda.synchronize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

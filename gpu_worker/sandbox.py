@@ -1,0 +1,236 @@
+"""Parent side of the sandbox: spawn, talk to, watch and kill `gpu_worker.child` processes.
+
+Each child runs in its own session (process group), its own temp directory (also its TMPDIR and
+TRITON_HOME), with a wall-clock limit per command, a host-memory limit (RSS polled from /proc, plus
+RLIMIT_AS in interpreter mode where no CUDA mappings need the address space) and no core dumps.
+A hang, a crash (segfault, abort), CUDA errors, OOM or a Python exception all come back as a
+`SandboxFailure` carrying the kind and the log tail; the caller turns it into a rejection and the
+worker keeps serving. Candidate children are single-use; `SandboxPool` keeps warm spares (torch and
+Triton already imported) so the next candidate does not pay the import.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+class SandboxFailure(Exception):
+    def __init__(self, kind: str, reason: str, log: str = ""):
+        super().__init__(f"{kind}: {reason}")
+        self.kind, self.reason, self.log = kind, reason, log
+
+
+def work_root() -> Path:
+    root = Path(os.environ.get("MARATHON_GPU_WORKDIR") or Path(tempfile.gettempdir()) / f"marathon-gpu-{os.getuid()}")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def triton_cache_dir() -> Path:
+    d = work_root() / "triton-cache"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+class Sandbox:
+    def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None):
+        self.role = role
+        self.interpreter = interpreter
+        self.mem_limit = int((mem_limit_gb or float(os.environ.get("MARATHON_SANDBOX_MEM_GB", "24"))) * (1 << 30))
+        self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root())
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["TMPDIR"] = self.tmp
+        env["TRITON_HOME"] = self.tmp
+        env["TRITON_CACHE_DIR"] = str(triton_cache_dir())
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env["PYTHONUNBUFFERED"] = "1"
+        if interpreter:
+            env["TRITON_INTERPRET"] = "1"
+        else:
+            env.pop("TRITON_INTERPRET", None)
+        mem = self.mem_limit
+        cpu_only = interpreter
+
+        def limits():
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if cpu_only:
+                resource.setrlimit(resource.RLIMIT_AS, (mem * 2, mem * 2))
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpu_worker.child", str(r1), str(w2), self.tmp, role],
+            pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=self.tmp, env=env, start_new_session=True, preexec_fn=limits,
+        )
+        os.close(r1)
+        os.close(w2)
+        self._send = Connection(w1, readable=False)
+        self._recv = Connection(r2, writable=False)
+        self.ready: dict | None = None
+        self.closed = False
+        self.started = time.time()
+
+    # -------------------------------------------------------------------------------------------
+    def log_tail(self, n: int = 6000) -> str:
+        try:
+            data = Path(self.tmp, "log.txt").read_bytes()
+        except OSError:
+            return ""
+        return data[-n:].decode(errors="replace")
+
+    def _wait(self, timeout: float, heartbeat: Callable[[], None] | None, what: str) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            if heartbeat:
+                heartbeat()
+            try:
+                if self._recv.poll(0.25):
+                    return pickle.loads(self._recv.recv_bytes())
+            except (EOFError, OSError):
+                pass
+            rc = self.proc.poll()
+            if rc is not None:
+                # drain a reply that raced the exit
+                try:
+                    if self._recv.poll(0):
+                        return pickle.loads(self._recv.recv_bytes())
+                except (EOFError, OSError):
+                    pass
+                self.close()
+                if rc < 0:
+                    try:
+                        name = signal.Signals(-rc).name
+                    except ValueError:
+                        name = str(-rc)
+                    raise SandboxFailure("crash", f"sandbox process died with {name} during {what}", self.log_tail())
+                raise SandboxFailure("crash", f"sandbox process exited with status {rc} during {what}", self.log_tail())
+            if _rss_bytes(self.proc.pid) > self.mem_limit:
+                self.close()
+                raise SandboxFailure("memory", f"host memory limit {self.mem_limit >> 30} GiB exceeded during {what}",
+                                     self.log_tail())
+            if time.monotonic() > deadline:
+                self.close()
+                raise SandboxFailure("timeout", f"no answer within {timeout:.0f} s during {what} (hang?); process killed",
+                                     self.log_tail())
+
+    def wait_ready(self, timeout: float = 180, heartbeat=None) -> dict:
+        if self.ready is None:
+            self.ready = self._wait(timeout, heartbeat, "start-up")
+        return self.ready
+
+    def call(self, cmd: str, timeout: float, heartbeat=None, **kw) -> dict:
+        if self.closed:
+            raise SandboxFailure("crash", "sandbox already closed")
+        self.wait_ready(heartbeat=heartbeat)
+        try:
+            self._send.send_bytes(pickle.dumps({"cmd": cmd, **kw}, protocol=pickle.HIGHEST_PROTOCOL))
+        except (OSError, BrokenPipeError) as e:
+            self.close()
+            raise SandboxFailure("crash", f"sandbox pipe broken before {cmd}: {e}", self.log_tail())
+        reply = self._wait(timeout, heartbeat, cmd)
+        if reply.get("fatal"):
+            # CUDA context is unusable after an illegal access or OOM: this process is done
+            self.close(graceful=False)
+        return reply
+
+    def alive(self) -> bool:
+        return not self.closed and self.proc.poll() is None
+
+    def close(self, graceful: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if graceful and self.proc.poll() is None:
+                try:
+                    self._send.send_bytes(pickle.dumps({"cmd": "exit"}))
+                    self.proc.wait(timeout=5)
+                except Exception:  # noqa: BLE001
+                    pass
+            if self.proc.poll() is None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001
+            pass
+        finally:
+            for c in (self._send, self._recv):
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001
+                    pass
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class SandboxPool:
+    """Warm spare candidate processes. `acquire()` hands out one (single use) and starts a replacement."""
+
+    def __init__(self, interpreter: bool, spares: int = 1):
+        self.interpreter = interpreter
+        self.spares = spares
+        self._lock = threading.Lock()
+        self._idle: list[Sandbox] = []
+        self._closed = False
+        self.fill()
+
+    def fill(self) -> None:
+        with self._lock:
+            self._idle = [s for s in self._idle if s.alive()]
+            while not self._closed and len(self._idle) < self.spares:
+                self._idle.append(Sandbox("candidate", self.interpreter))
+
+    def acquire(self) -> Sandbox:
+        with self._lock:
+            sb = None
+            while self._idle:
+                cand = self._idle.pop(0)
+                if cand.alive():
+                    sb = cand
+                    break
+                cand.close()
+        if sb is None:
+            sb = Sandbox("candidate", self.interpreter)
+        threading.Thread(target=self.fill, daemon=True).start()
+        return sb
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for s in idle:
+            s.close()

@@ -1,0 +1,47 @@
+"""Build the GPU worker: `build_gpu_worker(client)` returns a temporalio Worker on GPU_QUEUE.
+
+Concurrency: compile activities run on CPU cores ahead of the GPU; everything that touches the GPU
+(verification, timing, profiling) takes the evaluator's GPU lock, so at most one timed job runs on
+the device at a time. On CUDA the worker accepts 4 concurrent activities (compiles overlap a timed
+job); under the interpreter 2.
+
+Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
+the worker is built; if they fail, this raises and no worker is built, and activities refuse work.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+from temporalio.worker import Worker
+
+from workflows.contracts import GPU_QUEUE
+
+
+def gpu_activities() -> list:
+    from gpu_worker import activities as a
+
+    return [a.compile_candidate, a.verify_candidate, a.benchmark_candidate, a.profile_candidate, a.gpu_selftest]
+
+
+class SelfTestFailed(RuntimeError):
+    pass
+
+
+def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
+                     max_concurrent: int | None = None) -> Worker:
+    from gpu_worker.activities import evaluator
+
+    ev = evaluator()
+    if selftest is None:
+        env = os.environ.get("MARATHON_GPU_SELFTEST")
+        selftest = ev.cuda if env is None else env == "1"
+    if selftest:
+        res = ev.selftest()
+        if not res["ok"]:
+            raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
+    n = max_concurrent or (4 if ev.cuda else 2)
+    return Worker(client, task_queue=task_queue, activities=gpu_activities(),
+                  activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
+                  max_concurrent_activities=n)
