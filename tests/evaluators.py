@@ -1,0 +1,82 @@
+"""A synthetic GPU evaluator for orchestration tests and the overhead benchmark: the same activity
+names and contracts as gpu_worker, no kernels run. Its "time" is a deterministic function of the
+knobs, so the search policy has a real landscape to climb; a knob setting can be marked failing."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from temporalio import activity
+
+from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport,
+                                 Receipt, VerifyReport)
+
+DELAY_S = 0.0  # raised by tests that need an activity to be in flight when something is killed
+
+
+def synthetic_ms(source: str) -> float:
+    # A landscape over softmax's knobs: bigger blocks and more warps help, up to a point.
+    import ast
+    import re
+
+    m = re.search(r"^KNOBS = (\{.*\})$", source, re.M)
+    k = ast.literal_eval(m.group(1)) if m else {}
+    t = 1.0
+    t *= {64: 1.6, 128: 1.3, 256: 1.0, 512: 0.85, 1024: 0.8, 2048: 0.9}.get(k.get("BLOCK_N"), 1.0)
+    t *= {1: 1.4, 2: 1.1, 4: 1.0, 8: 0.95}.get(k.get("num_warps"), 1.0)
+    t *= 0.9 if k.get("VARIANT") == "single" else 1.0
+    t *= {1: 1.0, 2: 0.97, 4: 1.02}.get(k.get("ROWS"), 1.0)
+    return t
+
+
+def _fails(source: str) -> bool:
+    # ~1 in 8 knob settings "fail verification", chosen by hash so it is stable across retries
+    return hashlib.sha256(source.encode()).digest()[0] < 32
+
+
+def _source(key: str) -> str:
+    from activities.artifacts import ArtifactStore
+
+    return ArtifactStore().get_text(key)
+
+
+@activity.defn(name="compile_candidate")
+def compile_candidate(req: EvalRequest) -> CompileReport:
+    if DELAY_S:
+        _sleep_heartbeating(DELAY_S)
+    return CompileReport(ok=True, interpreter=True)
+
+
+@activity.defn(name="verify_candidate")
+def verify_candidate(req: EvalRequest) -> VerifyReport:
+    if _fails(_source(req.source_key)):
+        return VerifyReport(ok=False, reason="synthetic: rel err 0.3 > threshold 1e-5", rel_err=0.3,
+                            interpreter=True)
+    return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, interpreter=True)
+
+
+@activity.defn(name="benchmark_candidate")
+def benchmark_candidate(req: BenchRequest) -> BenchReport:
+    if DELAY_S:
+        _sleep_heartbeating(DELAY_S)
+    t = synthetic_ms(_source(req.source_key))
+    s = 1.0 / t
+    return BenchReport(ok=True, time_ms=t, baseline_ms=1.0, baseline_name="synthetic", speedup=s,
+                       speedup_ci=(s * 0.99, s * 1.01), interpreter=True, gpu_seconds=0.01,
+                       receipt=Receipt(device="synthetic", mode="interpreter"))
+
+
+@activity.defn(name="profile_candidate")
+def profile_candidate(req: EvalRequest) -> ProfileReport:
+    return ProfileReport(ok=True, summary="synthetic", tool="none")
+
+
+def _sleep_heartbeating(seconds: float) -> None:
+    end = time.time() + seconds
+    while time.time() < end:
+        activity.heartbeat()
+        time.sleep(0.1)
+
+
+SYNTHETIC_GPU_ACTIVITIES = [compile_candidate, verify_candidate, benchmark_candidate, profile_candidate]

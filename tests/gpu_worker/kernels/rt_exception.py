@@ -1,0 +1,2 @@
+def run(inputs, out):
+    raise ValueError("candidate blew up on purpose")

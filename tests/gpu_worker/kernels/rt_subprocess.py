@@ -1,0 +1,5 @@
+import subprocess
+
+
+def run(inputs, out):
+    subprocess.run(["true"])

@@ -1,0 +1,134 @@
+"""The KernelOptimization workflow against the real dev server: continue-as-new, controls, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from activities.ledger import read_ledger
+from tests import evaluators
+from tests.workflows.helpers import assert_contiguous, run_id, workers
+from workflows.contracts import AGENT_QUEUE, BudgetChange, Hint, RunResult, RunSpec, StopRequest
+from workflows.optimization import KernelOptimization
+
+
+async def _start(client, spec: RunSpec, prefix: str):
+    return await client.start_workflow(KernelOptimization.run, spec, id=run_id(prefix), task_queue=AGENT_QUEUE)
+
+
+async def _until(pred, handle, timeout=60.0):
+    async def poll():
+        while True:
+            st = await handle.query(KernelOptimization.status)
+            if pred(st):
+                return st
+            await asyncio.sleep(0.1)
+    return await asyncio.wait_for(poll(), timeout)
+
+
+async def test_continue_as_new_keeps_iterations_contiguous(env, store):
+    spec = RunSpec(problem="softmax", budget={"iterations": 23}, compact_every=5)
+    async with workers(env.client):
+        h = await _start(env.client, spec, "can")
+        res = await h.result()
+    assert isinstance(res, RunResult)
+    assert res.stopped_by == "budget-iterations"
+    assert res.runs == 5  # compactions after 5, 10, 15, 20; 21-23 finish in the fifth run
+    assert_contiguous(store, res, 23)
+    recs = read_ledger(store, res.ledger_key)
+    assert len({r.candidate_id for r in recs}) == 23, "the search never proposes a candidate twice"
+    assert res.best is not None and res.best.speedup == max(r.speedup for r in recs if r.speedup)
+    # the notebook is versioned: one version per compaction, each naming its predecessor
+    text = store.get_text(res.notebook_key)
+    assert text.startswith("# Notebook: softmax, version 5")
+    assert "previous version: " in text and "none" not in text.splitlines()[1]
+
+
+async def test_search_is_reproducible_for_a_seed(env, store):
+    async def candidates(seed):
+        spec = RunSpec(problem="softmax", budget={"iterations": 8}, compact_every=4, seed=seed)
+        h = await _start(env.client, spec, f"seed{seed}")
+        res = await h.result()
+        return [r.candidate_id for r in read_ledger(store, res.ledger_key)]
+
+    async with workers(env.client):
+        a, b, c = await candidates(1), await candidates(1), await candidates(2)
+    assert a == b
+    assert a != c
+
+
+async def test_population_evaluates_in_parallel_with_unique_numbers(env, store):
+    spec = RunSpec(problem="softmax", budget={"iterations": 10}, compact_every=4, population=3)
+    async with workers(env.client):
+        res = await (await _start(env.client, spec, "pop")).result()
+    assert_contiguous(store, res, 10)  # the last step is capped at the one iteration left
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.slot for r in recs[:3]] == [0, 1, 2]
+    assert len({r.candidate_id for r in recs}) == 10
+
+
+async def test_set_budget_validator_rejects_before_recording(env, store):
+    evaluators.DELAY_S = 0.3
+    try:
+        async with workers(env.client):
+            h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 50}), "budget")
+            await _until(lambda s: s.iteration >= 2, h)
+            for bad, msg in (({"iterations": 0}, "must be positive"), ({"hours": -1}, "must be positive"),
+                             ({"iterations": 1}, "below"), ({"bogus": 3}, "bogus"), ({}, "at least one")):
+                with pytest.raises(WorkflowUpdateFailedError) as e:
+                    await h.execute_update("set_budget", bad)
+                assert msg in str(e.value.cause), (bad, str(e.value.cause))
+            budget = await h.execute_update(KernelOptimization.set_budget, BudgetChange(iterations=6, hours=2))
+            assert budget.iterations == 6 and budget.hours == 2
+            res = await h.result()
+        assert res.iterations == 6 and res.stopped_by == "budget-iterations"
+        # rejected updates left no trace in history: only the accepted one was recorded
+        hist = await h.fetch_history()
+        accepted = [e for e in hist.events if e.HasField("workflow_execution_update_accepted_event_attributes")]
+        assert len(accepted) == 1
+    finally:
+        evaluators.DELAY_S = 0.0
+
+
+async def test_pause_resume_hint_stop(env, store):
+    evaluators.DELAY_S = 0.2
+    try:
+        async with workers(env.client):
+            h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 200}), "ctl")
+            await _until(lambda s: s.iteration >= 2, h)
+            await h.signal(KernelOptimization.pause)
+            st = await _until(lambda s: s.phase == "paused", h)
+            assert st.paused and st.pause_reason == "paused by operator"
+            frozen = st.iteration
+            await asyncio.sleep(1.5)
+            assert (await h.query(KernelOptimization.status)).iteration == frozen
+            await h.signal(KernelOptimization.hint, Hint(text="try BLOCK_N=2048 please"))
+            await h.signal(KernelOptimization.resume)
+            st = await _until(lambda s: s.iteration >= frozen + 2, h)
+            await h.signal(KernelOptimization.stop, StopRequest(reason="test"))
+            res = await h.result()
+            board = await h.query(KernelOptimization.leaderboard)
+        assert res.stopped_by == "stop-signal"
+        assert res.reverified is True
+        recs = read_ledger(store, res.ledger_key)
+        hinted = recs[frozen]  # the first iteration after the hint
+        assert hinted.knobs["BLOCK_N"] == 2048 and hinted.rationale.startswith("hint: BLOCK_N=2048")
+        assert_contiguous(store, res, res.iterations)
+        assert board == sorted(board, key=lambda e: -e.speedup) and len(board) <= 8
+    finally:
+        evaluators.DELAY_S = 0.0
+
+
+async def test_status_and_search_attributes(env, store):
+    async with workers(env.client):
+        h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 4}, compact_every=2), "sa")
+        res = await h.result()
+        st = await h.query(KernelOptimization.status)
+    assert st.iteration == 4 and st.phase == "done" and st.runs == res.runs == 2
+    assert st.best.candidate_id == res.best.candidate_id
+    desc = await h.describe()
+    sa = {k.name: v for k, v in desc.typed_search_attributes.search_attributes}
+    assert sa["MarathonProblem"] == "softmax" and sa["MarathonIteration"] == 4
+    assert sa["MarathonPhase"] == "done" and sa["MarathonBestSpeedup"] == pytest.approx(res.best.speedup)
