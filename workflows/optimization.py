@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from pydantic import ValidationError
     from workflows import decisions
+    from workflows.llm_loop import llm_step
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
 ITERATION = SearchAttributeKey.for_int("MarathonIteration")
@@ -97,6 +98,8 @@ class KernelOptimization:
     async def _step(self) -> bool:
         """One step: `population` candidates evaluated in parallel, each its own iteration number.
         Returns True when the proposer has nothing new left to try."""
+        if self.spec.policy == "llm":
+            return await llm_step(self)
         n = decisions.iterations_this_step(self.spec.budget, self.st.used, self.spec.population)
         first = self.st.iteration + 1
         hints, self.st.hints = self.st.hints, []
