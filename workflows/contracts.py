@@ -86,6 +86,8 @@ class Used(Strict):
     tokens_out: int = 0
     gpu_seconds: float = 0.0
     cost_usd: float = 0.0
+    turns: int = 0  # llm policy: model turns
+    tool_calls: int = 0  # llm policy: tool calls the model made (each one activity)
 
     @property
     def tokens(self) -> int:
@@ -136,6 +138,18 @@ class IterationRecord(Strict):
     finished_at: float = 0.0
 
 
+class ToolResult(Strict):
+    """llm policy: what one tool call gave back, fed to the model in the next turn. Long content lives
+    in the artifact store (`content_key`); `content` is short."""
+
+    call_id: str
+    name: str
+    content: str = ""
+    content_key: str | None = None
+    error: bool = False
+    implicit: bool = False  # answers a reply that had no tool call (fed back as a user message)
+
+
 class CarriedState(Strict):
     """Everything a run hands to the next one on continue-as-new: counters, keys, the leaderboard."""
 
@@ -153,6 +167,7 @@ class CarriedState(Strict):
     paused: bool = False
     pause_reason: str = ""
     conversation_key: str | None = None  # llm policy: the transcript lives in the artifact store
+    pending_tool_results: list[ToolResult] = Field(default_factory=list)  # llm: for the next turn
     last: IterationRecord | None = None
 
 
@@ -168,6 +183,7 @@ class RunSpec(Strict):
     seed: int = 0
     shape: str | None = None  # a shape name of the problem; default: primary on GPU, cpu shape otherwise
     model: str | None = None  # llm policy: overrides MARATHON_MODEL
+    context_tokens: int = 24000  # llm policy: cap on a turn's prompt size (estimated tokens)
     top_k: int = 8
     heartbeat_seconds: int = 60  # a worker that dies mid-activity is noticed after this long
     carried: CarriedState | None = None
@@ -179,7 +195,7 @@ class RunSpec(Strict):
             raise ValueError(f"problem must be a problem folder name, got {v!r}")
         return v
 
-    @field_validator("compact_every", "population", "top_k", "heartbeat_seconds")
+    @field_validator("compact_every", "population", "top_k", "heartbeat_seconds", "context_tokens")
     @classmethod
     def _at_least_one(cls, v, info):
         if v < 1:
@@ -391,3 +407,60 @@ class Hint(Strict):
         if not v:
             raise ValueError("hint text is empty")
         return v[:2000]
+
+
+# ---- llm policy: one model turn, its tool calls ------------------------------------------------
+
+
+class ToolCall(Strict):
+    """One tool call the model made. A kernel source in the arguments is replaced by `source_key`
+    (the artifact store holds it); `error` set means it is answered with that error, not executed."""
+
+    call_id: str
+    name: str
+    args: dict = Field(default_factory=dict)
+    source_key: str | None = None
+    candidate_id: str | None = None
+    rules_error: str | None = None  # the static rules reject the source: answered without the GPU
+    error: str | None = None
+    implicit: bool = False  # code found in a reply without tool calls: treated as a submission
+
+
+class LlmTurnRequest(Strict):
+    workflow_id: str
+    problem: str
+    shape: str | None = None
+    model: str | None = None
+    turn: int
+    iteration: int  # last recorded iteration
+    conversation_key: str | None = None
+    notebook_key: str | None = None
+    best: BestRef | None = None
+    leaderboard: list[LeaderEntry] = Field(default_factory=list)
+    recent: list[IterationRecord] = Field(default_factory=list)
+    baseline_ms: float | None = None
+    budget: Budget
+    used: Used
+    hints: list[str] = Field(default_factory=list)
+    tool_results: list[ToolResult] = Field(default_factory=list)  # answers to the previous turn
+    context_tokens: int = 24000
+
+
+class LlmTurnResult(Strict):
+    conversation_key: str
+    prompt_key: str
+    text: str = ""  # the reply's prose, trimmed
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    feedback: str = ""  # set when the reply had nothing to execute: fed back next turn
+    tokens_in: int = 0
+    tokens_out: int = 0
+    latency_s: float = 0.0
+    cost_usd: float = 0.0
+    model: str = ""
+
+
+class LlmToolRequest(Strict):
+    problem: str
+    call: ToolCall
+    notebook_key: str | None = None
+    best: BestRef | None = None
