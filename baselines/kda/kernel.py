@@ -33,10 +33,28 @@ KNOBS = {"BOUND": 80.0, "BV": 32, "CHUNK": 64, "FAST": True, "SOLVE_PREC": "tf32
 
 
 @triton.jit
+def _level(G, q, k, ri, C: tl.constexpr, K: tl.constexpr, HB: tl.constexpr):
+    """Pairs (i upper half, j lower half) of each 2*HB-row block, anchored at the upper half's first row:
+    e^{G_i - G_j} = e^{G_i - G_a} e^{G_a - G_j}, both exponents <= 0."""
+    NB: tl.constexpr = C // (2 * HB)
+    G3 = tl.reshape(G, (NB, 2 * HB, K))
+    sel = (tl.arange(0, 2 * HB) == HB)[None, :, None]
+    ga = tl.sum(tl.where(sel, G3, 0.0), axis=1)                  # [NB, K]: G at each block's anchor row
+    Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, K)), (C, K))
+    upper = (ri % (2 * HB)) >= HB
+    F = tl.exp(tl.where(upper[:, None], G - Ga, Ga - G))        # exponent <= 0 on every row
+    qa = tl.where(upper[:, None], q * F, 0.0)
+    ka = tl.where(upper[:, None], k * F, 0.0)
+    kb = tl.where(upper[:, None], 0.0, k * F)
+    same = (ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))
+    return tl.where(same, tl.dot(qa, tl.trans(kb)), 0.0), tl.where(same, tl.dot(ka, tl.trans(kb)), 0.0)
+
+
+@triton.jit
 def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
               w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
               T, H, NT, scale,
-              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, LOG2C: tl.constexpr,
+              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BC: tl.constexpr,
               FAST: tl.constexpr, BOUND: tl.constexpr, SOLVE_PREC: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -77,21 +95,26 @@ def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     else:
         a_qk = tl.where(ri[:, None] == ri[None, :], diag[:, None], 0.0)
         a_kk = tl.zeros([C, C], dtype=tl.float32)
-        for lvl in tl.static_range(LOG2C):
-            HB: tl.constexpr = C // (2 << lvl)                 # half-block size b
-            NB: tl.constexpr = C // (2 * HB)
-            G3 = tl.reshape(G, (NB, 2 * HB, K))
-            sel = (tl.arange(0, 2 * HB) == HB)[None, :, None]
-            ga = tl.sum(tl.where(sel, G3, 0.0), axis=1)        # [NB, K]: G at each block's anchor row
-            Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, K)), (C, K))
-            upper = (ri % (2 * HB)) >= HB
-            F = tl.exp(tl.where(upper[:, None], G - Ga, Ga - G))  # exponent <= 0 on every row
-            qa = tl.where(upper[:, None], q * F, 0.0)
-            ka = tl.where(upper[:, None], k * F, 0.0)
-            kb = tl.where(upper[:, None], 0.0, k * F)
-            same = (ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))
-            a_qk += tl.where(same, tl.dot(qa, tl.trans(kb)), 0.0)
-            a_kk += tl.where(same, tl.dot(ka, tl.trans(kb)), 0.0)
+        # levels b = C/2 .. 1, unrolled by hand (constexpr shapes per level)
+        if C >= 64:
+            s_qk, s_kk = _level(G, q, k, ri, C, K, 32)
+            a_qk += s_qk
+            a_kk += s_kk
+        s_qk, s_kk = _level(G, q, k, ri, C, K, 16)
+        a_qk += s_qk
+        a_kk += s_kk
+        s_qk, s_kk = _level(G, q, k, ri, C, K, 8)
+        a_qk += s_qk
+        a_kk += s_kk
+        s_qk, s_kk = _level(G, q, k, ri, C, K, 4)
+        a_qk += s_qk
+        a_kk += s_kk
+        s_qk, s_kk = _level(G, q, k, ri, C, K, 2)
+        a_qk += s_qk
+        a_kk += s_kk
+        s_qk, s_kk = _level(G, q, k, ri, C, K, 1)
+        a_qk += s_qk
+        a_kk += s_kk
 
     # ---- X = (I + diag(beta) A_kk)^-1 -----------------------------------------------------------------
     L = a_kk * beta[:, None]
@@ -201,7 +224,7 @@ def forward(inputs, out, prep=True, state=True):
     if prep:
         _kda_prep[(NT, B * H)](
             q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
-            K=K, V=V, C=C, BC=BC, LOG2C=int(math.log2(C)), FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
+            K=K, V=V, C=C, BC=BC, FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
             SOLVE_PREC=KNOBS["SOLVE_PREC"], num_warps=KNOBS["num_warps_prep"], num_stages=1)
     if state:
         _kda_state[(triton.cdiv(V, BV), B * H)](
