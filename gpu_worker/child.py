@@ -141,7 +141,7 @@ class Server:
         low = text.lower()
         if isinstance(e, guard.GuardViolation):
             kind = "violation"
-        elif "out of memory" in low or type(e).__name__ == "OutOfMemoryError":
+        elif "out of memory" in low or "can't allocate memory" in low or type(e).__name__ == "OutOfMemoryError":
             kind, fatal = "oom", True
         elif "illegal memory access" in low or "misaligned address" in low or "cuda error" in low \
                 or "illegal instruction" in low or "unspecified launch failure" in low:

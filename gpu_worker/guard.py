@@ -113,6 +113,20 @@ def _hook(event: str, args):
             _violate("escape", f"{event} refused")
 
 
+class _ImportBlocker:
+    """First entry of sys.meta_path: importlib.import_module and friends bypass the `import` audit
+    event (it is raised only by the C import path), but every import consults sys.meta_path."""
+
+    def find_spec(self, name, path=None, target=None):
+        if _STATE["active"] and name.split(".")[0] in BANNED_TOP and not _caller_trusted():
+            VIOLATIONS.append(("forbidden-import", f"run-time import of {name!r}"))
+            raise ImportError(f"[forbidden-import] run-time import of {name!r} refused by the sandbox")
+        return None
+
+    def find_module(self, name, path=None):  # pragma: no cover - legacy protocol
+        return None
+
+
 _INSTALLED = False
 
 
@@ -131,6 +145,7 @@ def install(write_roots: list[str], trusted_roots: list[str]) -> None:
     ) + (here + "/", os.path.join(os.path.dirname(here), "baselines") + "/")
     _STATE["stdlib"] = os.path.realpath(sysconfig.get_paths()["stdlib"])
     if not _INSTALLED:
+        sys.meta_path.insert(0, _ImportBlocker())
         sys.addaudithook(_hook)
         _INSTALLED = True
     _STATE["active"] = True

@@ -96,7 +96,7 @@ class Rejection(Exception):
 
 class Evaluator:
     def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None, spares: int = 1,
-                 timeouts: dict | None = None):
+                 timeouts: dict | None = None, static_rules: bool = True):
         self.store = store or ArtifactStore()
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
@@ -111,6 +111,7 @@ class Evaluator:
         self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
         self.selftest_result: dict | None = None
+        self.static_rules = static_rules  # False only in tests of the run-time guard
 
     def close(self):
         self.pool.close()
@@ -217,6 +218,8 @@ class Evaluator:
             raise Rejection(st, f"{kind}: {r.get('error', '')}", (r.get("traceback") or "") + "\n" + sb.log_tail())
 
     def _rules(self, source: str, problem: str):
+        if not self.static_rules:
+            return
         rep = check_source(source, problem)
         if not rep.ok:
             raise Rejection("rules", f"{rep.rule}: {rep.detail}")

@@ -46,6 +46,15 @@ def triton_cache_dir() -> Path:
     return d
 
 
+def default_mem_gb() -> float:
+    """Half the host's memory, at most 32 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    except (ValueError, OSError):
+        total = 16.0
+    return max(2.0, min(32.0, total / 2))
+
+
 def _rss_bytes(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -61,7 +70,8 @@ class Sandbox:
     def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None):
         self.role = role
         self.interpreter = interpreter
-        self.mem_limit = int((mem_limit_gb or float(os.environ.get("MARATHON_SANDBOX_MEM_GB", "24"))) * (1 << 30))
+        self.mem_limit = int((mem_limit_gb or float(os.environ.get("MARATHON_SANDBOX_MEM_GB", "0")) or default_mem_gb())
+                             * (1 << 30))
         self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root())
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()

@@ -1,0 +1,256 @@
+"""The whole evaluation protocol on CPU: Triton interpreter, CPU torch, real sandbox processes.
+
+Every cheating family has a kernel that must be rejected with the right reason; honest variants pass;
+sandbox failures (hang, crash, exception, memory, forbidden import via importlib, subprocess, socket,
+writes outside the temp dir, timer patching) are contained and the evaluator keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from workflows.contracts import BenchRequest, BestRef, EvalRequest
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from activities.artifacts import ArtifactStore
+
+    root = tmp_path_factory.mktemp("artifacts")
+    os.environ["MARATHON_ARTIFACTS"] = str(root)
+    return ArtifactStore(root)
+
+
+@pytest.fixture(scope="module")
+def ev(store):
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=store, interpreter=True, spares=2, timeouts={"verify": 40, "compile": 60})
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def ev_raw(store):
+    """Static rules off: proves the run-time guard on its own."""
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=store, interpreter=True, spares=1, static_rules=False, timeouts={"verify": 25, "compile": 25})
+    yield e
+    e.close()
+
+
+def req(store, source: str, problem="softmax") -> EvalRequest:
+    key = store.put_text(source)
+    return EvalRequest(problem=problem, candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16], source_key=key)
+
+
+def kernel(name: str) -> str:
+    return (KERNELS / f"{name}.py").read_text()
+
+
+def canary(name: str) -> str:
+    from gpu_worker.canaries import canary_source
+
+    return canary_source(name)
+
+
+# --- honest kernels ------------------------------------------------------------------------------
+
+def test_template_compiles_verifies_and_benchmarks(ev, store):
+    from baselines.registry import get_problem
+
+    r = req(store, get_problem("softmax").template())
+    c = ev.compile(r)
+    assert c.ok and c.interpreter and set(c.kernels) == {"_softmax_online", "_softmax_single"}
+    v = ev.verify(r)
+    assert v.ok, v.reason
+    assert v.interpreter and v.rel_err < v.threshold and v.threshold >= 1e-5
+    assert v.baseline_rel_err is not None and v.log_key and "seed" in store.get_text(v.log_key)
+    best = BestRef(candidate_id="x", source_key=store.put_text(canary("fast")), speedup=1.0, time_ms=1.0,
+                   baseline_ms=1.0, iteration=1, interpreter=True)
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key,
+                                  best=best, fresh_process=True))
+    assert b.ok, b.reason
+    assert b.interpreter and b.receipt.mode == "interpreter" and b.receipt.repetitions >= 4
+    assert b.time_ms > 0 and b.baseline_ms > 0 and b.best_time_ms > 0
+    assert b.baseline_name == "torch.softmax"
+    lo, hi = b.speedup_ci
+    assert lo <= b.speedup * 1.0001 and hi >= b.speedup * 0.9999
+    log = store.get_text(b.log_key)
+    assert "physical floor: not checked" in log and "profiler cross-check: skipped" in log
+
+
+@pytest.mark.parametrize("name", ["slow", "fast"])
+def test_honest_canaries_pass(ev, store, name):
+    v = ev.verify(req(store, canary(name)))
+    assert v.ok, v.reason
+
+
+def test_named_shape_and_unknown_shape(ev, store):
+    r = req(store, canary("fast"))
+    v = ev.verify(r.model_copy(update={"shape": "M64 N300"}))
+    assert v.ok, v.reason
+    v = ev.verify(r.model_copy(update={"shape": "nonexistent"}))
+    assert not v.ok and "no shape" in v.reason
+
+
+# --- cheating families: each rejected with the right reason ---------------------------------------
+
+@pytest.mark.parametrize("source,stage,reason", [
+    ("canary:wrong", "verify", ("wrong", "non-finite")),               # precision/overflow: wide inputs
+    ("canary:cheat", "verify", ("input-mutation",)),                   # family 2: mutates inputs
+    ("unwritten", "verify", ("non-finite",)),                          # family 11: skipped elements (NaN poison)
+    ("shape_cache", "verify", ("wrong", "output-cache")),              # family 6/10: cached result replayed
+    ("zeros", "verify", ("wrong", "degenerate")),                      # family 9: zero output
+    ("nondeterministic", "verify", ("nondeterministic",)),             # family 11: differs on rerun
+])
+def test_cheating_families_rejected(ev, store, source, stage, reason):
+    text = canary(source.split(":")[1]) if source.startswith("canary:") else kernel(source)
+    v = ev.verify(req(store, text))
+    assert not v.ok
+    assert v.stage == stage, v
+    assert v.reason.startswith(reason), v.reason
+    assert v.log_key is not None
+
+
+def test_static_rules_reject_library_softmax(ev, store):
+    v = ev.verify(req(store, kernel("rt_library")))
+    assert not v.ok and v.stage == "rules" and v.reason.startswith("library-kernel")
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id="lib", source_key=store.put_text(kernel("rt_library"))))
+    assert not b.ok and b.stage == "rules"
+
+
+def test_compile_error_returned_verbatim(ev, store):
+    c = ev.compile(req(store, kernel("syntax_error_kernel")))
+    assert not c.ok
+    assert "arange" in c.error or "constexpr" in c.error, c.error
+    assert c.log_key
+
+
+# --- run-time guard, static rules off -------------------------------------------------------------
+
+@pytest.mark.parametrize("name,rule", [
+    ("rt_library", "library-kernel"),        # torch.softmax reaches aten::_softmax under the dispatch guard
+    ("rt_importlib", "forbidden-import"),   # importlib.import_module("baselines...")
+    ("rt_subprocess", "thread"),
+    ("rt_socket", "thread"),
+    ("rt_write", "escape"),
+    ("rt_timer", "escape"),                 # time.perf_counter replaced at import
+])
+def test_runtime_guard(ev_raw, store, name, rule):
+    v = ev_raw.verify(req(store, kernel(name)))
+    assert not v.ok
+    assert v.stage == "rules", v
+    assert v.reason.startswith(rule), v.reason
+    assert "run-time guard" in v.reason
+    assert not Path("/tmp/marathon-escape.txt").exists()
+
+
+@pytest.mark.parametrize("name,stage,words", [
+    ("rt_hang", "sandbox", ("timeout",)),
+    ("rt_crash", "sandbox", ("crash", "SIGSEGV")),
+    ("rt_exception", "verify", ("exception", "blew up on purpose")),
+])
+def test_sandbox_failures_contained(ev_raw, store, name, stage, words):
+    v = ev_raw.verify(req(store, kernel(name)))
+    assert not v.ok and v.stage == stage, v
+    for w in words:
+        assert w in v.reason, v.reason
+
+
+def test_memory_limit_contained(store, monkeypatch):
+    from gpu_worker.harness import Evaluator
+
+    monkeypatch.setenv("MARATHON_SANDBOX_MEM_GB", "3")
+    e = Evaluator(store=store, interpreter=True, spares=0, static_rules=False, timeouts={"verify": 60})
+    try:
+        v = e.verify(req(store, kernel("rt_memory")))
+    finally:
+        e.close()
+    assert not v.ok
+    assert ("oom" in v.reason or "memory" in v.reason), v.reason
+
+
+def test_still_serving_after_failures(ev_raw, store):
+    v = ev_raw.verify(req(store, canary("fast")))
+    assert v.ok, v.reason
+
+
+# --- activities, Temporal side --------------------------------------------------------------------
+
+def test_activities_in_activity_environment(ev, store):
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+
+    acts.set_evaluator(ev)
+    env = ActivityEnvironment()
+    r = req(store, canary("fast"))
+    c = env.run(acts.compile_candidate, r)
+    assert c.ok
+    v = env.run(acts.verify_candidate, r)
+    assert v.ok and v.interpreter
+    bad = env.run(acts.verify_candidate, req(store, canary("wrong")))
+    assert not bad.ok and bad.stage == "verify"
+
+
+def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.artifacts import ArtifactStoreError
+    from gpu_worker import activities as acts
+
+    acts.set_evaluator(ev)
+    r = req(store, canary("wrong"))
+
+    def broken(data):
+        raise ArtifactStoreError("artifact store /x is not writable: read-only file system")
+
+    monkeypatch.setattr(store, "put_bytes", broken)
+    with pytest.raises(ApplicationError) as ei:
+        ActivityEnvironment().run(acts.verify_candidate, r)
+    assert ei.value.non_retryable and "not writable" in str(ei.value)
+
+
+def test_selftest_canaries_and_refusal(ev):
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+
+    acts.set_evaluator(ev)
+    res = ActivityEnvironment().run(acts.gpu_selftest)
+    assert res["ok"], res
+    assert res["canaries"]["slow"]["verify_ok"] and res["canaries"]["fast"]["verify_ok"]
+    assert not res["canaries"]["wrong"]["verify_ok"] and not res["canaries"]["cheat"]["verify_ok"]
+    # a failed self-test makes the worker refuse work
+    ev.selftest_result = {"ok": False, "problems": ["the wrong canary passed verification"]}
+    try:
+        with pytest.raises(ApplicationError) as ei:
+            ActivityEnvironment().run(acts.compile_candidate, EvalRequest(problem="softmax", candidate_id="c",
+                                                                          source_key="0" * 64))
+        assert ei.value.non_retryable and "self-test failed" in str(ei.value)
+    finally:
+        ev.selftest_result = res
+
+
+def test_worker_builds(ev):
+    from gpu_worker import activities as acts
+    from gpu_worker.worker import gpu_activities
+
+    names = [f.__temporal_activity_definition.name for f in gpu_activities()]
+    assert names == ["compile_candidate", "verify_candidate", "benchmark_candidate", "profile_candidate", "gpu_selftest"]
+    acts.set_evaluator(ev)
+
+
+def test_profile_interpreter(ev, store):
+    p = ev.profile(req(store, canary("fast")))
+    assert p.ok and "interpreter" in p.summary and p.bound == "unknown"
