@@ -96,7 +96,7 @@ async def register_search_attributes(client) -> None:
 
     kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
              "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT,
-             "FLOAT": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
+             "DOUBLE": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
     have = await client.operator_service.list_search_attributes(
         ListSearchAttributesRequest(namespace=client.namespace))
     missing = {k.name: kinds[k.indexed_value_type.name] for k in SEARCH_ATTRIBUTES
@@ -107,7 +107,7 @@ async def register_search_attributes(client) -> None:
 
 
 def _handle(client, wid: str):
-    return client.get_workflow_handle(wid)
+    return client.get_workflow_handle(wid, result_type=RunResult)
 
 
 async def _status(client, wid: str) -> Status:
@@ -142,7 +142,7 @@ def dev_server_args(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", he
                     extra: list[str] | None = None) -> list[str]:
     from workflows.optimization import SEARCH_ATTRIBUTES
 
-    types = {"KEYWORD": "Keyword", "INT": "Int", "FLOAT": "Double"}
+    types = {"KEYWORD": "Keyword", "INT": "Int", "DOUBLE": "Double"}
     argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(db), "--port", str(port),
             "--ip", ip, "--log-level", "warn"]
     argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
@@ -364,7 +364,7 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             print(f"{st.iteration:>5} {phase:<13} {_fmt_best(st.best):<44} {_fmt_last(st.last)}", file=out,
                   flush=True)
         await asyncio.sleep(interval)
-    return await h.result(result_type=RunResult)
+    return await h.result()
 
 
 async def cmd_watch(args) -> int:
@@ -431,7 +431,7 @@ async def _status_or_result(client, wid: str):
         raise UsageError(f"no run {wid!r}: {e.message}")
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return await _status(client, wid)
-    return await h.result(result_type=RunResult)
+    return await h.result()
 
 
 async def cmd_demo(args) -> int:
