@@ -82,6 +82,14 @@ def main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
+def compared_outputs(problem, shape, cpu: bool) -> tuple:
+    """The outputs compared with the oracle for this shape (a problem may drop some per shape)."""
+    if hasattr(problem, "compared_outputs"):
+        return tuple(problem.compared_outputs(shape))
+    specs = problem.output_specs(shape, cpu=cpu)
+    return tuple(n for n in problem.outputs if n in specs)
+
+
 class Server:
     def __init__(self, tmp: str, role: str):
         import hashlib
@@ -169,6 +177,9 @@ class Server:
         return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
 
     def _hash(self, inputs: dict) -> str:
+        """Fingerprint of the inputs (shape, dtype, fp64 sum and sum of squares, a strided sample), computed
+        on the device: it shows that the candidate and reference processes generated the same inputs.
+        Mutation is checked exactly, against a pristine copy (see `_pristine` / `_mutated`)."""
         import torch
 
         h = self.T["sha"]()
@@ -176,12 +187,36 @@ class Server:
             v = inputs[k]
             h.update(k.encode())
             if isinstance(v, torch.Tensor):
-                c = self.T["contiguous"](self.T["to"](v.detach(), "cpu"))
-                h.update(f"{c.dtype}{tuple(c.shape)}".encode())
-                h.update(self.T["view"](c.reshape(-1), torch.uint8).numpy().tobytes())
+                d = v.detach().reshape(-1)
+                f = d.double()
+                step = max(1, d.numel() // 4096)
+                sample = self.T["to"](d[::step].double(), "cpu").numpy().tobytes()
+                h.update(f"{v.dtype}{tuple(v.shape)}{float(f.sum())!r}{float((f * f).sum())!r}".encode())
+                h.update(sample)
             else:
                 h.update(repr(v).encode())
         return h.hexdigest()
+
+    def _pristine(self, inputs: dict) -> dict:
+        import torch
+
+        return {k: self.T["clone"](v) for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+
+    def _mutated(self, inputs: dict, pristine: dict) -> list[str]:
+        """Names of inputs that differ bitwise from the copy taken before the call."""
+        import torch
+
+        bad = []
+        for k, ref in pristine.items():
+            v = inputs[k]
+            if v.shape != ref.shape or v.dtype != ref.dtype:
+                bad.append(k)
+                continue
+            a = self.T["view"](self.T["contiguous"](v).reshape(-1), torch.uint8)
+            b = self.T["view"](ref.reshape(-1), torch.uint8)
+            if not bool(torch.equal(a, b)):
+                bad.append(k)
+        return bad
 
     def _outputs(self) -> dict:
         import torch
@@ -204,7 +239,7 @@ class Server:
         self.shape = self._shape(p, shape)
         self.make_inputs = p.make_inputs
         self.output_specs = p.output_specs
-        self.outputs = tuple(p.outputs)
+        self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
         return p
 
     # --- candidate role --------------------------------------------------------------------------
@@ -326,10 +361,12 @@ class Server:
         for dist, seed in cases:
             inputs = self._inputs(dist, seed)
             h0 = self._hash(inputs)
+            pristine = self._pristine(inputs)
             outs = self._outputs()
             self._call(inputs, outs, guarded=True)
-            h1 = self._hash(inputs)
-            results.append({"dist": dist, "seed": seed, "hash_before": h0, "hash_after": h1,
+            mutated = self._mutated(inputs, pristine)
+            del pristine
+            results.append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
                             "outputs": {k: self.T["to"](v, "cpu") for k, v in outs.items()},
                             "out_type_ok": all(type(v) is __import__("torch").Tensor for v in outs.values())})
             if first is None:

@@ -101,7 +101,7 @@ class Evaluator:
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
         self.pool = SandboxPool(self.interpreter, spares=spares)
-        self.gpu_lock = threading.Lock()  # timing, verification and profiling never share the GPU
+        self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self._refs_lock = threading.Lock()
         self._oracle: OrderedDict = OrderedDict()
@@ -195,7 +195,7 @@ class Evaluator:
                 for c, res in zip(missing, r["cases"]):
                     self._oracle[(problem.name, shape.name, c[0], c[1])] = res
                     out[c] = res
-                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "24")):
+                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "40")):
                     self._oracle.popitem(last=False)
         return [out[c] for c in cases]
 
@@ -320,13 +320,17 @@ class Evaluator:
                 r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
             self._check_reply(r, "verify", sb)
             log_tail = sb.log_tail()
+        from gpu_worker.child import compared_outputs
+
+        names = compared_outputs(problem, shape, self.interpreter)
         worst, base_worst, lines = 0.0, 0.0, []
         thresholds = []
         for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
             if got["hash_before"] != ref["hash"]:
                 raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
-            if got["hash_after"] != got["hash_before"]:
-                raise Rejection("verify", f"input-mutation: the candidate modified its inputs ({dist}, seed {seed})")
+            if got["mutated"]:
+                raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got['mutated']} "
+                                f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
             if not got["out_type_ok"]:
                 raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
             base_err = ref["baseline_err"]
@@ -334,7 +338,7 @@ class Evaluator:
                 else problem.tolerance_floor
             thresholds.append(thr)
             base_worst = max(base_worst, base_err)
-            for name in problem.outputs:
+            for name in names:
                 o, t = got["outputs"][name], ref["oracle"][name]
                 err = rel_rms(t, o)
                 lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
@@ -356,7 +360,7 @@ class Evaluator:
                 worst = max(worst, err)
         thr_min = min(thresholds)
         if "rerun" in r:
-            for name in problem.outputs:
+            for name in names:
                 d = rel_rms(r["cases"][0]["outputs"][name].double(), r["rerun"][name])
                 lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
                 if not (d <= 0.1 * thr_min):
@@ -364,7 +368,7 @@ class Evaluator:
                                     "\n".join(lines))
         if "stale" in r:
             ref1 = refs[r["stale"]["case"]]
-            for name in problem.outputs:
+            for name in names:
                 e = rel_rms(ref1["oracle"][name], r["stale"]["outputs"][name])
                 lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
                 if not (e <= thresholds[r['stale']['case']]):
@@ -530,6 +534,31 @@ class Evaluator:
 
         self.selftest_result = run_canaries(self, hb)
         return self.selftest_result
+
+
+class TimedLock:
+    """A lock that accumulates how long it was held (the GPU busy time of a search run)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.busy_s = 0.0
+        self._t = 0.0
+
+    def acquire(self):
+        self._lock.acquire()
+        self._t = time.monotonic()
+
+    def release(self):
+        self.busy_s += time.monotonic() - self._t
+        self._lock.release()
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
 
 
 class _NullLock:
