@@ -1,0 +1,59 @@
+#!/bin/sh
+# Runs once in the kernel-marathon image after the server is up (compose service temporal-init, the
+# Kubernetes Job marathon-init): waits for the frontend, creates the namespace if it is missing, and
+# registers the Marathon* search attributes with the project's own idempotent function
+# (workflows/cli.py register_search_attributes), so the names and types cannot drift from the code:
+#   MarathonProblem Keyword, MarathonIteration Int, MarathonBestSpeedup Double, MarathonPhase Keyword.
+# Connection settings come from TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE (and the rest of the temporal
+# envconfig variables), like every marathon command.
+set -eu
+ADDRESS="${TEMPORAL_ADDRESS:-localhost:7233}"
+NAMESPACE="${TEMPORAL_NAMESPACE:-default}"
+RETENTION="${MARATHON_NAMESPACE_RETENTION:-30d}"
+
+echo "init: waiting for Temporal at $ADDRESS"
+i=0
+until temporal operator cluster health --address "$ADDRESS" >/dev/null 2>&1; do
+  i=$((i + 1))
+  if [ "$i" -ge 90 ]; then
+    echo "init: Temporal at $ADDRESS is not healthy after 180 s" >&2
+    exit 1
+  fi
+  sleep 2
+done
+
+if [ "${MARATHON_CREATE_NAMESPACE:-1}" = "1" ]; then
+  if temporal operator namespace describe --address "$ADDRESS" --namespace "$NAMESPACE" >/dev/null 2>&1; then
+    echo "init: namespace $NAMESPACE exists"
+  else
+    echo "init: creating namespace $NAMESPACE (retention $RETENTION)"
+    temporal operator namespace create --address "$ADDRESS" --namespace "$NAMESPACE" --retention "$RETENTION"
+  fi
+fi
+
+python - <<'PY'
+import asyncio
+import sys
+
+from workflows.cli import register_search_attributes
+from workflows.client import connect
+
+
+async def main() -> int:
+    client = await connect(timeout=30)
+    last = None
+    for _ in range(30):  # a namespace created a moment ago may not be visible to every frontend yet
+        try:
+            await register_search_attributes(client)
+            print(f"init: search attributes registered in namespace {client.namespace}")
+            return 0
+        except Exception as e:  # noqa: BLE001 - report the last error after the retries
+            last = e
+            await asyncio.sleep(2)
+    print(f"init: cannot register search attributes: {last}", file=sys.stderr)
+    return 1
+
+
+sys.exit(asyncio.run(main()))
+PY
+temporal operator search-attribute list --address "$ADDRESS" --namespace "$NAMESPACE" | grep Marathon
