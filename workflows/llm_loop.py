@@ -1,9 +1,228 @@
-"""Policy `llm`: one model turn and its tool calls, each an activity (filled in by the llm policy work)."""
+"""Policy `llm`: one model turn and its tool calls, each an activity.
+
+`llm_step(wf)` is the KernelOptimization loop's step for this policy: it asks the model for its next
+move (`llm_turn`), then executes every tool call the model made, in order, each as its own activity:
+a submission goes through the same rules -> compile -> verify -> benchmark pipeline as a search
+candidate and takes the next global iteration number; compile/check/benchmark/profile call the GPU
+worker without recording an iteration; the reading tools call `llm_tool`. The answers wait in carried
+state (`pending_tool_results`) for the next turn, so a continue-as-new between turns loses nothing; the
+conversation itself lives in the artifact store and only its key is carried.
+
+Deterministic: no I/O here, only activity calls and arithmetic on state.
+"""
 
 from __future__ import annotations
 
-from temporalio.exceptions import ApplicationError
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import decisions
+    from workflows.contracts import (
+        AGENT_QUEUE, BenchReport, BenchRequest, Candidate, CompileReport, EvalRequest, IterationRecord,
+        LlmToolRequest, LlmTurnRequest, LlmTurnResult, ProfileReport, Proposal, ToolCall, ToolResult,
+        VerifyReport,
+    )
+
+# The model's endpoint is retried by Temporal, not by the client: many attempts for rate limits and
+# server errors (429s carry their own delay), none for client errors (they are non-retryable).
+TURN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                         maximum_interval=timedelta(seconds=120), maximum_attempts=25)
+IDLE_TURNS_EXHAUST = 6  # consecutive turns with nothing to execute: the model has given up
+
+_ANSWER_CHARS = 2500
+
+
+def _paused_type():
+    from workflows.optimization import _Paused  # the module that imports this one; loaded by now
+
+    return _Paused
+
+
+async def _turn(wf, req: LlmTurnRequest) -> LlmTurnResult:
+    try:
+        return await workflow.execute_activity(
+            "llm_turn", req, result_type=LlmTurnResult, task_queue=AGENT_QUEUE,
+            start_to_close_timeout=timedelta(minutes=20),
+            heartbeat_timeout=timedelta(seconds=wf.spec.heartbeat_seconds),
+            retry_policy=TURN_RETRY, summary=f"llm turn {req.turn}")
+    except ActivityError as e:
+        cause = e.cause
+        msg = str(cause) if cause is not None else str(e)
+        raise _paused_type()(f"llm_turn failed: {decisions.trim(msg, 600)}") from e
+
+
+def _baseline_ms(wf) -> float | None:
+    if wf.st.best is not None:
+        return wf.st.best.baseline_ms
+    for r in reversed(wf.records):
+        if r.baseline_ms:
+            return r.baseline_ms
+    if wf.st.last is not None and wf.st.last.baseline_ms:
+        return wf.st.last.baseline_ms
+    return None
 
 
 async def llm_step(wf) -> bool:
-    raise ApplicationError("policy 'llm' is not available yet", non_retryable=True)
+    """One turn and its tool calls. True only when the model has stopped acting (several turns in a
+    row with no tool call and no code)."""
+    wf._set_phase("proposing")
+    hints, wf.st.hints = wf.st.hints, []
+    pending = list(wf.st.pending_tool_results)
+    turn = wf.st.used.turns + 1
+    req = LlmTurnRequest(
+        workflow_id=workflow.info().workflow_id, problem=wf.spec.problem, shape=wf.spec.shape,
+        model=wf.spec.model, turn=turn, iteration=wf.st.iteration, conversation_key=wf.st.conversation_key,
+        notebook_key=wf.st.notebook_key, best=wf.st.best, leaderboard=wf.st.leaderboard,
+        recent=wf.records[-8:], baseline_ms=_baseline_ms(wf), budget=wf.spec.budget, used=wf.st.used,
+        hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens)
+    try:
+        res = await _turn(wf, req)
+    except BaseException:
+        wf.st.hints = hints + wf.st.hints  # nobody has read them yet
+        raise
+    # The turn happened: its answers were delivered, its cost is spent.
+    wf.st.conversation_key = res.conversation_key
+    wf.st.pending_tool_results = []
+    u = wf.st.used
+    u.turns += 1
+    u.tokens_in += res.tokens_in
+    u.tokens_out += res.tokens_out
+    u.cost_usd += res.cost_usd
+    u.tool_calls += len(res.tool_calls)
+    wf._publish()
+
+    if not res.tool_calls:
+        wf._llm_idle = getattr(wf, "_llm_idle", 0) + 1
+        return wf._llm_idle >= IDLE_TURNS_EXHAUST
+    wf._llm_idle = 0
+
+    results: list[ToolResult] = []
+    try:
+        for call in res.tool_calls:
+            results.append(await _execute(wf, call))
+    except _paused_type() as p:
+        # Infrastructure failed under a tool: answer it and the rest, keep what ran, pause the run.
+        done = {r.call_id for r in results}
+        for call in res.tool_calls:
+            if call.call_id not in done:
+                results.append(ToolResult(call_id=call.call_id, name=call.name, error=True, implicit=call.implicit,
+                                          content=f"not completed: {p.reason}; the run paused and resumed. "
+                                                  f"Try again."))
+        wf.st.pending_tool_results = results
+        raise
+    wf.st.pending_tool_results = results
+    return False
+
+
+def _known_sources(wf, call: ToolCall) -> str | None:
+    """candidate_id -> source key, from what the workflow has seen: this run's records, the
+    leaderboard, the best."""
+    cid = call.candidate_id
+    if not cid:
+        return None
+    if wf.st.best is not None and wf.st.best.candidate_id == cid:
+        return wf.st.best.source_key
+    for e in wf.st.leaderboard:
+        if e.candidate_id == cid:
+            return e.source_key
+    for r in reversed(wf.records):
+        if r.candidate_id == cid and r.source_key != "-":
+            return r.source_key
+    return None
+
+
+def _answer(call: ToolCall, text: str, error: bool = False, key: str | None = None) -> ToolResult:
+    return ToolResult(call_id=call.call_id, name=call.name, content=decisions.trim(text, _ANSWER_CHARS),
+                      error=error, implicit=call.implicit, content_key=key)
+
+
+async def _execute(wf, call: ToolCall) -> ToolResult:
+    if call.error:
+        return _answer(call, call.error, error=True)
+    if call.name == "submit_kernel":
+        return await _submit(wf, call)
+    if call.source_key is None and call.candidate_id:
+        key = _known_sources(wf, call)
+        if key is None:
+            return _answer(call, f"unknown candidate_id {call.candidate_id!r}: give the full `source` instead",
+                           error=True)
+        call = call.model_copy(update={"source_key": key})
+    if call.name in ("compile", "check", "benchmark", "profile"):
+        return await _gpu_tool(wf, call)
+    res = await wf._agent("llm_tool", LlmToolRequest(problem=wf.spec.problem, call=call,
+                                                     notebook_key=wf.st.notebook_key, best=wf.st.best),
+                          ToolResult, minutes=2)
+    return res.model_copy(update={"implicit": call.implicit})
+
+
+async def _submit(wf, call: ToolCall) -> ToolResult:
+    limit = decisions.limit_reached(wf.spec.budget, wf.st.used)
+    if limit or wf.stop is not None:
+        why = "the run is stopping" if wf.stop is not None else f"the budget is used up ({limit})"
+        return _answer(call, f"not evaluated: {why}", error=True)
+    for r in reversed(wf.records):
+        if r.candidate_id == call.candidate_id:
+            return _answer(call, f"this exact source was already evaluated as iteration {r.iteration}: "
+                                 + _describe(r) + ". Change something before submitting again.", error=True)
+    rationale = str(call.args.get("rationale") or "")[:300]
+    cand = Candidate(candidate_id=call.candidate_id, source_key=call.source_key, rationale=rationale)
+    wf._set_phase("checking")
+    rec = await wf._evaluate(wf.st.iteration + 1, 0, Proposal(candidate=cand), wf.st.best)
+    wf._set_phase("recording")
+    await wf._record(rec)
+    rec = wf.st.last  # as recorded: acceptance may have turned "improved" into "passed"
+    b = wf.st.best
+    best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
+    return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.")
+
+
+def _describe(r: IterationRecord) -> str:
+    if r.outcome == "rejected":
+        return f"rejected at {r.stage}: {r.reason}"
+    interp = " (interpreter timing)" if r.interpreter else ""
+    ci = f" [95% CI {r.speedup_ci[0]:.3f}-{r.speedup_ci[1]:.3f}]" if r.speedup_ci else ""
+    return (f"{r.outcome}: {r.speedup:.3f}x{ci}, {r.time_ms:.4g} ms vs baseline {r.baseline_ms:.4g} ms, "
+            f"rel err {r.rel_err:.2g}{interp}" if r.rel_err is not None else
+            f"{r.outcome}: {r.speedup:.3f}x{ci}, {r.time_ms:.4g} ms{interp}")
+
+
+async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
+    if call.rules_error:
+        return _answer(call, f"rejected by the rules before running: {call.rules_error}", error=True)
+    ev = EvalRequest(problem=wf.spec.problem, candidate_id=call.candidate_id or "-", source_key=call.source_key,
+                     shape=wf.spec.shape)
+    if call.name == "compile":
+        wf._set_phase("compiling")
+        c = await wf._gpu("compile_candidate", ev, CompileReport, minutes=15)
+        if not c.ok:
+            return _answer(call, f"compile failed: {c.error}", error=True)
+        facts = {k: getattr(c, k) for k in ("registers", "spills", "shared_bytes", "num_warps", "num_stages",
+                                            "tensor_cores", "tma") if getattr(c, k) is not None}
+        return _answer(call, f"compiled{' (interpreter)' if c.interpreter else ''}: kernels "
+                             f"{', '.join(c.kernels) or '-'}; {facts}")
+    if call.name == "check":
+        wf._set_phase("verifying")
+        v = await wf._gpu("verify_candidate", ev, VerifyReport, minutes=20)
+        if not v.ok:
+            return _answer(call, f"incorrect ({v.stage}): {v.reason}", error=True)
+        return _answer(call, f"correct: worst rel err {v.rel_err:.3g} (threshold {v.threshold:.3g})"
+                       if v.rel_err is not None and v.threshold is not None else "correct")
+    if call.name == "benchmark":
+        wf._set_phase("benchmarking")
+        b = await wf._gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=wf.st.best), BenchReport,
+                          minutes=20)
+        wf.st.used.gpu_seconds += b.gpu_seconds
+        if not b.ok:
+            return _answer(call, f"benchmark failed ({b.stage}): {b.reason}", error=True)
+        ci = f" [95% CI {b.speedup_ci[0]:.3f}-{b.speedup_ci[1]:.3f}]" if b.speedup_ci else ""
+        vs = f"; current best re-timed {b.best_time_ms:.4g} ms" if b.best_time_ms else ""
+        return _answer(call, f"{b.time_ms:.4g} ms vs baseline {b.baseline_name} {b.baseline_ms:.4g} ms: "
+                             f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}. "
+                             f"Not submitted: use submit_kernel to make it count.")
+    wf._set_phase("benchmarking")
+    p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)
+    return _answer(call, f"profile ({p.tool}, {p.bound}-bound): {p.summary}", error=not p.ok)

@@ -1,0 +1,78 @@
+"""Policy `llm`: the model rewrites the notebook at each compaction.
+
+`rewrite_notebook` runs inside the `compact_notebook` activity. It gives the model the previous
+notebook, the deterministic summary of every record so far and the records since the last compaction,
+and asks for a rewritten notebook: strategies tried and why they failed, what the profiler said, what
+to try next. The version header (`# Notebook: ..., version N` / `previous version: KEY`) and the facts
+from the records are always the deterministic ones, so the chain stays readable with `marathon
+notebook ID` whatever the model writes. If the endpoint fails in any way, the deterministic summary is
+the new version (with a line saying why), and the run carries on.
+"""
+
+from __future__ import annotations
+
+from activities.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.contracts import CompactRequest
+
+NOTEBOOK_SYSTEM = """You keep the engineering notebook of a long GPU-kernel optimization run. The \
+notebook is the run's only long-term memory: the next turns see it instead of the full history. \
+Rewrite it from the previous notebook and the new records. Keep what still matters, drop what does \
+not. Sections: what works (with numbers), strategies tried and why they failed (compile errors, wrong \
+results, slower), what the profiler said, open ideas to try next. Markdown, at most about 900 words. \
+Do not invent measurements: use the numbers given."""
+
+
+def _record_lines(req: CompactRequest) -> list[str]:
+    out = []
+    for r in req.records[-60:]:
+        what = (f"{r.speedup:.3f}x {r.time_ms:.4g} ms" if r.speedup is not None else
+                f"rejected at {r.stage}: {(r.reason.splitlines() or [''])[0][:200]}")
+        out.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; rationale: {r.rationale[:160]}")
+    return out
+
+
+def _header_and_facts(deterministic_text: str) -> tuple[str, str]:
+    lines = deterministic_text.splitlines()
+    header = "\n".join(lines[:2])
+    facts = []
+    for ln in lines[2:]:
+        if ln.startswith("## What failed") or ln.startswith("## What the measurements") or ln.startswith("## Since"):
+            break
+        facts.append(ln)
+    return header, "\n".join(facts).strip()
+
+
+def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
+    """(notebook text, tokens in, tokens out). Never raises for an endpoint failure."""
+    from activities.llm import chat, endpoint
+
+    previous = ""
+    if req.notebook_key:
+        try:
+            previous = store.get_text(req.notebook_key)
+        except ArtifactStoreError:
+            previous = ""
+    header, facts = _header_and_facts(deterministic_text)
+    user = "\n\n".join([
+        f"Problem: {req.problem}. Run {req.run}. This will be notebook version "
+        f"{req.notebook_version + 1}{' (the final one: the run is ending)' if req.final else ''}.",
+        "# Previous notebook\n" + (previous or "(none: this is the first version)"),
+        "# Summary computed from all records so far\n" + deterministic_text,
+        "# Records since the last compaction\n" + ("\n".join(_record_lines(req)) or "(none)"),
+        "Write the new notebook now (without the version header; it is added for you)."])
+    try:
+        ep = endpoint(req.model)
+        reply = chat([{"role": "system", "content": NOTEBOOK_SYSTEM}, {"role": "user", "content": user}], ep)
+    except Exception as e:  # noqa: BLE001 - any failure: the deterministic notebook is the fallback
+        reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        return (deterministic_text.rstrip() + f"\n\n> The model did not rewrite this version ({reason}); "
+                f"it is the deterministic summary of the records.\n", 0, 0)
+    body = reply.content.strip()
+    # A model that repeats the header must not confuse the version chain.
+    kept = [ln for ln in body.splitlines() if not ln.startswith("# Notebook:") and not ln.startswith("previous version:")]
+    body = "\n".join(kept).strip()
+    if not body:
+        return (deterministic_text.rstrip() + "\n\n> The model returned an empty notebook; this version is "
+                "the deterministic summary of the records.\n", reply.tokens_in, reply.tokens_out)
+    text = f"{header}\n\n{facts}\n\n{body}\n"
+    return text, reply.tokens_in, reply.tokens_out
