@@ -1,33 +1,35 @@
 #!/bin/sh
-# Runs once in the kernel-marathon image after the server is up (compose service temporal-init, the
-# Kubernetes Job marathon-init): waits for the frontend, creates the namespace if it is missing, and
+# Runs once in the kernel-marathon image (installed there as /usr/local/bin/marathon-init-temporal)
+# after the server is up (compose service temporal-init, the Kubernetes Job marathon-init): waits for the frontend, creates the namespace if it is missing, and
 # registers the Marathon* search attributes with the project's own idempotent function
 # (workflows/cli.py register_search_attributes), so the names and types cannot drift from the code:
 #   MarathonProblem Keyword, MarathonIteration Int, MarathonBestSpeedup Double, MarathonPhase Keyword.
-# Connection settings come from TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE (and the rest of the temporal
-# envconfig variables), like every marathon command.
+# Connection settings come from the temporal envconfig profile and the TEMPORAL_* variables
+# (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS*), which both the temporal CLI
+# and the marathon code read. MARATHON_CREATE_NAMESPACE=0 skips the namespace step (Temporal Cloud,
+# or a cluster whose namespaces are managed elsewhere).
 set -eu
-ADDRESS="${TEMPORAL_ADDRESS:-localhost:7233}"
 NAMESPACE="${TEMPORAL_NAMESPACE:-default}"
 RETENTION="${MARATHON_NAMESPACE_RETENTION:-30d}"
 
-echo "init: waiting for Temporal at $ADDRESS"
+echo "init: waiting for Temporal at ${TEMPORAL_ADDRESS:-the profile's address}"
 i=0
-until temporal operator cluster health --address "$ADDRESS" >/dev/null 2>&1; do
+until temporal operator cluster health >/dev/null 2>&1; do
   i=$((i + 1))
   if [ "$i" -ge 90 ]; then
-    echo "init: Temporal at $ADDRESS is not healthy after 180 s" >&2
+    echo "init: Temporal is not healthy after 180 s:" >&2
+    temporal operator cluster health >&2 || true
     exit 1
   fi
   sleep 2
 done
 
 if [ "${MARATHON_CREATE_NAMESPACE:-1}" = "1" ]; then
-  if temporal operator namespace describe --address "$ADDRESS" --namespace "$NAMESPACE" >/dev/null 2>&1; then
+  if temporal operator namespace describe --namespace "$NAMESPACE" >/dev/null 2>&1; then
     echo "init: namespace $NAMESPACE exists"
   else
     echo "init: creating namespace $NAMESPACE (retention $RETENTION)"
-    temporal operator namespace create --address "$ADDRESS" --namespace "$NAMESPACE" --retention "$RETENTION"
+    temporal operator namespace create --namespace "$NAMESPACE" --retention "$RETENTION"
   fi
 fi
 
@@ -56,4 +58,4 @@ async def main() -> int:
 
 sys.exit(asyncio.run(main()))
 PY
-temporal operator search-attribute list --address "$ADDRESS" --namespace "$NAMESPACE" | grep Marathon
+temporal operator search-attribute list --namespace "$NAMESPACE" | grep Marathon
