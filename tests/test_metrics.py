@@ -182,3 +182,43 @@ def test_observe_report_counts_gpu_worker_reports():
     assert delta("marathon_evaluations_total", outcome="rejected") == 2
     assert delta("marathon_evaluations_total", outcome="passed") == 1
     assert delta("marathon_gpu_busy_seconds_total") == pytest.approx(2.0)
+
+
+def test_setup_metrics_as_default_runtime_for_workflows_client_connect(tmp_path):
+    """The wiring a worker uses: setup_metrics() before workflows.client.connect() (no runtime argument),
+    in a fresh process because it installs the process-wide default runtime."""
+    pytest.importorskip("prometheus_client")
+    import subprocess
+    import sys
+    import textwrap
+
+    port = free_port_pair()
+    script = textwrap.dedent(f"""
+        import asyncio, os, sys, urllib.request
+        from temporalio.testing import WorkflowEnvironment
+        from activities import metrics
+        from workflows.client import connect
+
+        async def main():
+            m = metrics.setup_metrics({port}, host="127.0.0.1", role="agent")
+            print(m.describe())
+            env = await WorkflowEnvironment.start_local(dev_server_existing_path={temporal_path()!r})
+            try:
+                client = await connect(env.client.service_client.config.target_host)
+                await client.count_workflows()
+                metrics.count_evaluation("rejected", "rules")
+                sdk = urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                app = urllib.request.urlopen("http://127.0.0.1:{port + 1}/metrics", timeout=5).read().decode()
+            finally:
+                await env.shutdown()
+                m.close()
+            assert 'marathon_role="agent"' in sdk and "temporal_request" in sdk, sdk[:1500]
+            assert 'marathon_rejections_total{{stage="rules"}} 1.0' in app, app[:1500]
+            print("wired ok")
+
+        asyncio.run(main())
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "wired ok" in res.stdout
