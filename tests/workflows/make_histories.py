@@ -1,0 +1,57 @@
+"""Regenerate the replay fixtures in tests/histories/ (run by hand when the workflow changes on
+purpose, with `workflow.patched` guarding the change): `python -m tests.workflows.make_histories`.
+
+Records one run of every kind of history the workflow makes: a run that ends in continue-as-new after
+a compaction, with a signal, an accepted and a rejected budget update, a pause and resume; and the
+final run that completes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import temporal_path
+from tests.workflows.helpers import workers
+from workflows.contracts import AGENT_QUEUE, Hint, RunSpec
+from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
+
+OUT = Path(__file__).resolve().parent.parent / "histories"
+
+
+async def main() -> None:
+    os.environ["MARATHON_ARTIFACTS"] = tempfile.mkdtemp()
+    env = await WorkflowEnvironment.start_local(data_converter=pydantic_data_converter,
+                                                dev_server_existing_path=temporal_path(),
+                                                search_attributes=SEARCH_ATTRIBUTES)
+    try:
+        async with workers(env.client):
+            spec = RunSpec(problem="softmax", budget={"iterations": 8}, compact_every=4, population=2)
+            h = await env.client.start_workflow(KernelOptimization.run, spec, id="replay-fixture",
+                                                task_queue=AGENT_QUEUE)
+            await h.signal(KernelOptimization.hint, Hint(text="BLOCK_N=512"))
+            await h.signal(KernelOptimization.pause)
+            await asyncio.sleep(1)
+            await h.signal(KernelOptimization.resume)
+            try:
+                await h.execute_update("set_budget", {"iterations": 0})
+            except Exception:
+                pass
+            await h.execute_update("set_budget", {"iterations": 10})
+            await h.result()
+        runs = [w async for w in env.client.list_workflows("WorkflowId = 'replay-fixture'")]
+        OUT.mkdir(exist_ok=True)
+        for i, w in enumerate(sorted(runs, key=lambda w: w.start_time)):
+            hist = await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
+            (OUT / f"softmax_run{i + 1}.json").write_text(hist.to_json())
+        print(f"wrote {len(runs)} histories to {OUT}")
+    finally:
+        await env.shutdown()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

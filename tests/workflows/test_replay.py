@@ -1,0 +1,36 @@
+"""Saved histories must replay against today's workflow code: a change that breaks determinism fails
+here. Workflow changes that alter the command sequence go behind `workflow.patched`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from tests.workflows.reordered import ReorderedLoop
+from workflows.optimization import KernelOptimization
+
+HISTORIES = sorted((Path(__file__).resolve().parent.parent / "histories").glob("*.json"))
+
+
+def _load(p: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json("replay-fixture", p.read_text())
+
+
+def test_fixtures_exist():
+    assert len(HISTORIES) >= 2, "tests/histories holds a continued-as-new run and a completed one"
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.name)
+async def test_history_replays(path):
+    await Replayer(workflows=[KernelOptimization], data_converter=pydantic_data_converter).replay_workflow(
+        _load(path))
+
+
+async def test_a_nondeterministic_change_is_caught():
+    result = await Replayer(workflows=[ReorderedLoop], data_converter=pydantic_data_converter).replay_workflow(
+        _load(HISTORIES[0]), raise_on_replay_failure=False)
+    assert result.replay_failure is not None
