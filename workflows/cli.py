@@ -583,5 +583,14 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """Console-script entry. Exits with os._exit: after a failed connection the Temporal core's
+    threads can abort the interpreter during finalization, turning a clean exit 2 into a crash."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

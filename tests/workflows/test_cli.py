@@ -1,0 +1,119 @@
+"""The marathon CLI: bad input gets one clear line and a non-zero exit; the client commands work
+against the real dev server; the plain temporal CLI drives the same workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import temporal_path
+from tests.workflows.helpers import run_id, workers
+from workflows.contracts import RunResult
+
+MARATHON = [sys.executable, "-m", "workflows.cli"]
+
+
+def marathon(*args, env_address=None, check=False):
+    env = None
+    if env_address:
+        import os
+
+        env = {**os.environ, "TEMPORAL_ADDRESS": env_address}
+    p = subprocess.run(MARATHON + list(args), capture_output=True, text=True, env=env, timeout=120)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.mark.parametrize("args, message", [
+    (["start", "nosuch"], "unknown problem 'nosuch'; known problems:"),
+    (["start", "softmax", "--iterations", "0"], "budget.iterations: budget iterations must be positive"),
+    (["start", "softmax", "--hours", "-2"], "budget.hours: budget hours must be positive"),
+    (["start", "--spec", "{not json"], "--spec is not valid JSON"),
+    (["start", "--spec", '{"problem": "softmax", "budgett": {}}'], "unknown field 'budgett'"),
+    (["start", "--spec", "[1]"], "--spec must be a JSON object"),
+    (["start", "softmax", "--shape", "huge"], "problem softmax has no shape 'huge'"),
+    (["start", "softmax", "--population", "0"], "population must be at least 1"),
+    (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
+    (["budget", "some-id"], "at least one of"),
+    (["hint", "some-id", "   "], "hint text is empty"),
+])
+def test_bad_input_is_one_clear_line(args, message):
+    # unreachable address: validation must fail first, before any connection is tried
+    p = marathon(*args, env_address="127.0.0.1:1")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("marathon: error: ") and message in lines[0], p.stderr
+
+
+def test_unreachable_server_is_one_clear_line():
+    p = marathon("start", "softmax", env_address="127.0.0.1:1")
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()]
+    assert "cannot reach Temporal at 127.0.0.1:1" in p.stderr
+
+
+async def test_client_commands_against_the_dev_server(env, store):
+    address = env.client.service_client.config.target_host
+    wid = run_id("cli")
+    async with workers(env.client):
+        p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "40", "--id", wid,
+                                    env_address=address, check=True)
+        assert p.stdout.strip() == wid
+        dup = await asyncio.to_thread(marathon, "start", "softmax", "--id", wid, env_address=address)
+        assert dup.returncode == 2 and "already exists" in dup.stderr
+        await asyncio.sleep(1.0)
+        st = json.loads((await asyncio.to_thread(marathon, "status", wid, "--json", env_address=address,
+                                                 check=True)).stdout)
+        assert {"iteration", "phase", "best", "budget", "used", "runs"} <= set(st)
+        bad = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "1", env_address=address)
+        if st["iteration"] >= 1:
+            assert bad.returncode == 2 and "budget change rejected" in bad.stderr
+        ok = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "45", env_address=address,
+                                     check=True)
+        assert "'iterations': 45" in ok.stdout
+        await asyncio.to_thread(marathon, "stop", wid, "--reason", "cli test", env_address=address, check=True)
+        res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
+        assert res.stopped_by == "stop-signal" and res.iterations < 45
+        rep = await asyncio.to_thread(marathon, "report", wid, "--out", str(store.root.parent / "rep"),
+                                      env_address=address, check=True)
+        text = open(rep.stdout.strip()).read()
+        assert f"# Run {wid}: softmax" in text and "progress.png" in text
+        nb = await asyncio.to_thread(marathon, "notebook", wid, env_address=address, check=True)
+        assert nb.stdout.startswith("# Notebook: softmax")
+    missing = marathon("status", "no-such-run", env_address=address)
+    assert missing.returncode == 2 and "no-such-run" in missing.stderr
+
+
+async def test_plain_temporal_cli_drives_the_workflow(env, store):
+    address = env.client.service_client.config.target_host
+    wid = run_id("tcli")
+    t = [temporal_path()]
+    common = ["--address", address, "--workflow-id", wid]
+
+    def run(*a):
+        return subprocess.run(t + list(a), capture_output=True, text=True, timeout=60)
+
+    async with workers(env.client):
+        p = await asyncio.to_thread(run, "workflow", "start", "--type", "KernelOptimization", "--task-queue",
+                                    "marathon-agent", "--address", address, "--workflow-id", wid, "--input",
+                                    '{"problem":"softmax","budget":{"iterations":30}}')
+        assert p.returncode == 0, p.stderr
+        await asyncio.sleep(1)
+        q = await asyncio.to_thread(run, "workflow", "query", *common, "--name", "status", "-o", "json")
+        assert q.returncode == 0 and '"phase"' in q.stdout
+        u = await asyncio.to_thread(run, "workflow", "update", "execute", *common, "--name", "set_budget",
+                                    "--input", '{"iterations": -5}')
+        assert u.returncode != 0 and "must be positive" in (u.stderr + u.stdout)
+        u = await asyncio.to_thread(run, "workflow", "update", "execute", *common, "--name", "set_budget",
+                                    "--input", '{"iterations": 35}')
+        assert u.returncode == 0, u.stderr
+        s = await asyncio.to_thread(run, "workflow", "signal", *common, "--name", "stop", "--input",
+                                    '{"reason": "temporal cli"}')
+        assert s.returncode == 0, s.stderr
+        res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
+    assert res.stopped_by == "stop-signal"
