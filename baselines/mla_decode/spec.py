@@ -87,9 +87,9 @@ class MLADecode(Problem):
         return {"o": mla_decode_fp64(q, cache, latent_dim(cache.shape[-1]), SCALE)}
 
     def baselines(self):
-        from baselines.mla_decode.baseline import torch_bmm_bf16, torch_bmm_fp32
+        from baselines.mla_decode.baseline import torch_bmm, torch_bmm_bf16, torch_bmm_fp32
 
-        return {"torch-bmm": torch_bmm_bf16, "torch-bmm-fp32": torch_bmm_fp32}
+        return {"torch-bmm": torch_bmm, "torch-bmm-bf16scores": torch_bmm_bf16, "torch-bmm-fp32": torch_bmm_fp32}
 
     # --- roofline -----------------------------------------------------------------------------
     def flops(self, shape):

@@ -12,6 +12,7 @@
 import torch
 import torch.nn.functional as F
 
+from baselines.mla_decode.baseline import mm_fp32_out
 from baselines.mla_decode.spec import SCALE, latent_dim
 
 CHUNK = 256
@@ -24,7 +25,7 @@ def torch_reference(inputs: dict) -> dict:
     o = torch.empty(N, H, dl, dtype=q.dtype, device=q.device)
     for i0 in range(0, N, CHUNK):
         i1 = min(N, i0 + CHUNK)
-        s = (q[i0:i1].reshape(-1, D) @ cache[:i1].t()).float().view(i1 - i0, H, i1) * SCALE
+        s = mm_fp32_out(q[i0:i1].reshape(-1, D), cache[:i1].t()).view(i1 - i0, H, i1) * SCALE
         future = torch.arange(i1, device=q.device)[None, :] > torch.arange(i0, i1, device=q.device)[:, None]
         s.masked_fill_(future[:, None, :], float("-inf"))
         p = torch.softmax(s, dim=-1).to(q.dtype)

@@ -19,7 +19,7 @@ import math
 import triton
 import triton.language as tl
 
-KNOBS = {"BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
+KNOBS = {"BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see baselines/mla_decode/spec.py)
 LOG2E = 1.4426950408889634
