@@ -70,15 +70,13 @@ def fla_run(inputs):
 
 VARIANTS = [
     {},
-    {"BV": 64},
-    {"CHUNK": 32},
+    {"BK": 64},
     {"num_warps_prep": 4},
-    {"num_stages": 3},
+    {"CHUNK": 32},
+    {"SOLVE_PREC": "tf32x3"},
     {"FAST": False},
-    {"BV": 16},
-    {"SOLVE_PREC": "tf32"},
-    {"num_warps_state": 8, "BV": 64},
-    {"CHUNK": 32, "BV": 64},
+    {"BV": 64, "num_warps_state": 8},
+    {"num_stages": 2},
 ]
 
 
@@ -159,6 +157,7 @@ def main():
             t_fla = float("nan")
             log("fla timing failed", traceback.format_exc(limit=2))
         table.append((sh.name, "fla.chunk_kda", t_fla, ""))
+        log(f"[time] {sh.name} fla.chunk_kda {t_fla:.4f} ms")
         for name, mod in mods.items():
             if sh is not prim and name != repr({}):
                 continue

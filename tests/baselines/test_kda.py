@@ -167,7 +167,7 @@ def test_knob_space_renders():
 
 
 COMBOS = [dict(zip(("CHUNK", "FAST", "BV"), c)) for c in itertools.product([32, 64], [True, False], [16, 32])]
-COMBOS += [{"BOUND": 40.0, "SOLVE_PREC": "ieee"}, {"num_warps_prep": 4, "num_warps_state": 2, "num_stages": 1}]
+COMBOS += [{"BOUND": 40.0, "SOLVE_PREC": "ieee"}, {"BK": 16, "FAST": False}, {"BK": 128, "SOLVE_PREC": "tf32x3"}, {"num_warps_prep": 4, "num_warps_state": 2, "num_stages": 1}]
 
 
 @pytest.mark.parametrize("knobs", COMBOS, ids=lambda k: "-".join(f"{a}{b}" for a, b in k.items()))
