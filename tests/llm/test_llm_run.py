@@ -128,3 +128,57 @@ async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store,
     joined = "\n".join(m["content"] for s in turns for m in s.body["messages"] if m["role"] == "tool")
     assert "compiled" in joined and "vs baseline" in joined and "iteration 12:" not in joined
     assert "iteration 11: improved" in joined
+
+
+async def test_worker_restart_mid_run_loses_nothing(env, store, llm_env):
+    """Every workflow task replays the whole history (no cache), and the agent worker is stopped and
+    replaced mid-run: the run goes on from where it was, nothing recorded twice or lost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from temporalio.worker import Worker
+
+    from activities.worker import agent_activities
+    from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES
+    from workflows.contracts import GPU_QUEUE
+
+    def slow(*calls):
+        def f(body):
+            r = turn(*calls)(body)
+            r.delay = 0.15
+            return r
+        return f
+
+    items = []
+    for i in range(8):
+        src = softmax_kernel(**LADDER[i])
+        items += [slow(("compile", {"source": src}), ("read_notebook", {})),
+                  slow(("submit_kernel", {"source": src, "rationale": f"step {i}"}))]
+    script = TurnScript(items)
+
+    def pair(client):
+        agent = Worker(client, task_queue=AGENT_QUEUE, workflows=[KernelOptimization], activities=agent_activities(),
+                       activity_executor=ThreadPoolExecutor(8), max_concurrent_activities=8, max_cached_workflows=0)
+        gpu = Worker(client, task_queue=GPU_QUEUE, activities=SYNTHETIC_GPU_ACTIVITIES,
+                     activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)
+        return agent, gpu
+
+    with ChatServer(script) as server:
+        llm_env(server)
+        agent, gpu = pair(env.client)
+        async with agent, gpu:
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 5},
+                                                compact_every=3), "llm-crash")
+            await until(lambda s: s.iteration >= 2, h)
+        await asyncio.sleep(0.5)  # no worker at all for a while
+        agent, gpu = pair(env.client)
+        async with agent, gpu:
+            res = await h.result()
+        turns = server.turns()
+    assert res.stopped_by == "budget-iterations" and res.runs == 2
+    assert_contiguous(store, res, 5)
+    recs = read_ledger(store, res.ledger_key)
+    assert len({r.candidate_id for r in recs}) == 5
+    for s in turns[1:]:
+        ids = {c["id"] for m in s.body["messages"] if m["role"] == "assistant" for c in m.get("tool_calls", [])}
+        answered = {m["tool_call_id"] for m in s.body["messages"] if m["role"] == "tool"}
+        assert ids == answered and ids
