@@ -56,7 +56,12 @@ def check_rules(req: RuleRequest) -> RuleReport:
         source = _store().get_text(req.source_key)
     except ArtifactStoreError as e:
         raise _infra(e) from e
-    return check_source(source, req.problem)
+    report = check_source(source, req.problem)
+    if not report.ok:
+        from activities.metrics import count_evaluation
+
+        count_evaluation("rejected", "rules")
+    return report
 
 
 @activity.defn(name="compact_notebook")

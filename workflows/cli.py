@@ -212,8 +212,14 @@ async def cmd_dev(args) -> int:
 
 
 async def cmd_worker(args) -> int:
+    from activities.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
 
+    try:
+        # before connecting: it makes the metrics-enabled runtime Temporal's default
+        metrics = setup_metrics(args.metrics_port, role=args.role)
+    except MetricsConfigError as e:
+        raise UsageError(str(e))
     try:
         client = await connect(args.address, args.namespace)
     except Unreachable as e:
@@ -232,6 +238,7 @@ async def cmd_worker(args) -> int:
         workers.append(build_gpu_worker(client))
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
           f"{client.service_client.config.target_host}", flush=True)
+    print(metrics.describe(), flush=True)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -240,6 +247,7 @@ async def cmd_worker(args) -> int:
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait(tasks + [waiter], return_when=asyncio.FIRST_COMPLETED)
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    metrics.close()
     for t in done:
         if t is not waiter and t.exception():
             raise t.exception()
@@ -510,6 +518,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = client_cmd("worker", cmd_worker, "run a worker")
     c.add_argument("--role", choices=["agent", "gpu", "all"], default="all")
+    c.add_argument("--metrics-port", type=int, dest="metrics_port",
+                   help="Prometheus: Temporal SDK metrics on PORT, marathon counters on PORT+1 "
+                        "(default MARATHON_METRICS_PORT; unset: no metrics)")
 
     def run_flags(c):
         c.add_argument("--policy", choices=["search", "llm"])
