@@ -19,6 +19,7 @@ message until an operator fixes the configuration and resumes.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import email.utils
 import json
@@ -295,8 +296,12 @@ def extract_code(text: str) -> str | None:
     if with_run:
         return with_run[-1].strip("\n") + "\n"
     if not blocks and re.search(r"^def run\(", text, re.M):
-        start = re.search(r"^(import|from|@triton|def|KNOBS)\b", text, re.M)
-        return text[start.start() if start else 0:].strip("\n") + "\n"
+        try:
+            ast.parse(text)  # the whole reply is the module
+            return text.strip("\n") + "\n"
+        except SyntaxError:
+            start = re.search(r"^(import|from|@triton|def|KNOBS)\b", text, re.M)
+            return text[start.start() if start else 0:].strip("\n") + "\n"
     return None
 
 
