@@ -395,7 +395,10 @@ class KernelOptimization:
         lines = [f"## {self.spec.problem}: iteration {self.st.iteration}, run {self.st.runs}",
                  f"budget {self.spec.budget.model_dump(exclude_none=True)}, used {self.st.used.iterations} "
                  f"iterations, {self.st.used.seconds / 3600:.2f} h, {self.st.used.gpu_seconds:.0f} GPU-s, "
-                 f"{self.st.used.tokens} tokens",
+                 f"{self.st.used.tokens} tokens"
+                 + (f" ({self.st.used.tokens_in} in, {self.st.used.tokens_out} out), {self.st.used.turns} "
+                    f"model turns, {self.st.used.tool_calls} tool calls, ~${self.st.used.cost_usd:.4f}"
+                    if self.spec.policy == "llm" else ""),
                  f"best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms){label}" if b else "best: none yet",
                  "", "| # | candidate | speedup | ms | iteration |", "|---|---|---|---|---|"]
         for i, e in enumerate(self.st.leaderboard, 1):

@@ -76,6 +76,7 @@ async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store,
             res = await h.result()
             st = await h.query(KernelOptimization.status)
             hist = await history_text(h)
+            meta = await h.query("__temporal_workflow_metadata")
         turns, compactions = server.turns(), server.compactions()
 
     assert res.stopped_by == "budget-iterations"
@@ -98,6 +99,8 @@ async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store,
     t_in, t_out = server.usage_total(turns)
     assert abs(res.used.cost_usd - (t_in * 1.0 + t_out * 4.0) / 1e6) < 1e-9
     assert st.used == res.used
+    details = meta.current_details if hasattr(meta, "current_details") else meta["currentDetails"]
+    assert f"{res.used.turns} model turns, {n_calls} tool calls" in details  # the Web UI shows the totals
     assert len(compactions) == 4  # three before continue-as-new, one at the end
 
     # every turn restates the goal; the best appears once there is one
