@@ -173,7 +173,10 @@ class Server:
     def _inputs(self, dist: str, seed: int) -> dict:
         import torch
 
-        inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
+        pre = getattr(self, "_prefetched", {})
+        inp = pre.pop((dist, seed), None) if (dist, seed) in pre else None
+        if inp is None:
+            inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
         return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
 
     def _hash(self, inputs: dict) -> str:
@@ -351,6 +354,15 @@ class Server:
                         d["cubin_path"] = p
                     info.append(d)
         return info
+
+    def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None):
+        """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
+        cases' inputs and/or the timing sets."""
+        if cases:
+            self._prefetched = {(d, s): self.make_inputs(self.shape, d, s, "cpu", cpu=self.cpu_mode) for d, s in cases}
+        if rotate:
+            self._prepare_timing(rotate, dist or self.problem.distributions[0])
+        return {}
 
     def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True):
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the

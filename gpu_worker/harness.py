@@ -35,7 +35,7 @@ Heartbeat = Callable[[], None] | None
 
 #: seeds of verification inputs come from this pool (a candidate sees 3 of them, chosen by its id), so
 #: inputs differ between candidates while the oracle cache still hits
-SEED_POOL = 16
+SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
 
@@ -314,6 +314,8 @@ class Evaluator:
         cases = self.cases(problem, candidate_id)
         with self.pool.acquire() as sb:
             self._load(sb, source, problem, shape, hb)
+            pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
+            self._check_reply(pre, "verify", sb)
             lock = self.gpu_lock if self.cuda else _NullLock()
             with lock:
                 refs = self.reference(problem, shape, cases, hb)
@@ -408,6 +410,13 @@ class Evaluator:
                     best = self.pool.acquire()
                     sbs.append(best)
                     self._load(best, best_source, problem, shape, hb)
+                plan = self._plan()
+                for s_ in (cand, best):
+                    if s_ is not None:
+                        self._check_reply(s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"]),
+                                          "benchmark", s_)
+                with ref_lock:
+                    ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                 lock = self.gpu_lock if self.cuda else _NullLock()
                 with lock, ref_lock:
                     g0 = time.monotonic()
