@@ -633,7 +633,8 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
         raise _infra(e) from e
     activity.logger.info("llm turn %d: %d in / %d out tokens, %.2f s, %d tool calls", req.turn,
                          reply.tokens_in, reply.tokens_out, reply.latency_s, len(calls))
-    return LlmTurnResult(conversation_key=conv, prompt_key=prompt_key, text=reply.content[:500],
+    prose = _FENCE.sub("[code]", reply.content)  # history gets the prose; code lives in the store
+    return LlmTurnResult(conversation_key=conv, prompt_key=prompt_key, text=prose[:500],
                          tool_calls=calls, feedback=feedback, tokens_in=reply.tokens_in,
                          tokens_out=reply.tokens_out, latency_s=reply.latency_s, cost_usd=c, model=reply.model)
 
