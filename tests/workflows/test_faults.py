@@ -46,7 +46,7 @@ def _worker(address: str, real: bool, delay: float, log) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-async def _until(client, wid, pred, timeout=120):
+async def _until(client, wid, pred, timeout=400):
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
