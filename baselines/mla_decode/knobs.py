@@ -11,6 +11,8 @@ SPACE = {
     "BLOCK_H": [16, 32, 64],
     "BLOCK_N": [16, 32, 64],
     "NUM_SPLITS": [8, 16, 32, 64, 128, 256],
+    "PARTIAL_BF16": [False, True],
+    "SPLIT_DV": [1, 2],
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],
 }

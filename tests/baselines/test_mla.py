@@ -35,6 +35,7 @@ DECODE_KNOBS = [
     {"BLOCK_H": 16, "BLOCK_N": 16, "NUM_SPLITS": 8},  # 7 non-empty splits + 1 empty one (lse = -inf)
     {"BLOCK_H": 32, "BLOCK_N": 64, "NUM_SPLITS": 1},  # one split, tail tile masked
     {"BLOCK_H": 64, "BLOCK_N": 32, "NUM_SPLITS": 3},
+    {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_SPLITS": 4, "SPLIT_DV": 2, "PARTIAL_BF16": True},
 ]
 PREFILL_KNOBS = [
     {},
