@@ -379,6 +379,20 @@ class Evaluator:
         lines.append(log_tail)
         return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
 
+    def warm(self, problem_name: str, shape_name: str | None = None, hb: Heartbeat = None) -> dict:
+        """Worker start-up: measure the ceilings and compute the oracle bank for every (distribution, seed)
+        of the seed pool, so that no candidate's verification pays for a first oracle."""
+        t0 = time.monotonic()
+        problem = self._problem(problem_name)
+        shape = self._shape(problem, shape_name)
+        self.ensure_ceilings(problem, shape, hb)
+        cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
+        lock = self.gpu_lock if self.cuda else _NullLock()
+        for i in range(0, len(cases), 4):
+            with lock:
+                self.reference(problem, shape, cases[i:i + 4], hb)
+        return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0}
+
     # --- benchmark -------------------------------------------------------------------------------
     def ensure_ceilings(self, problem, shape, hb) -> dict | None:
         if not self.cuda:

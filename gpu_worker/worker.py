@@ -41,6 +41,9 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
         res = ev.selftest()
         if not res["ok"]:
             raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
+    warm = os.environ.get("MARATHON_WARM_PROBLEM")  # e.g. "kda": oracle bank + ceilings before serving
+    if warm:
+        ev.warm(warm, os.environ.get("MARATHON_WARM_SHAPE") or None)
     n = max_concurrent or (4 if ev.cuda else 2)
     return Worker(client, task_queue=task_queue, activities=gpu_activities(),
                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),

@@ -206,6 +206,9 @@ def throughput(ev, store, problem_name, seconds):
     from baselines.registry import get_problem
 
     p = get_problem(problem_name)
+    if os.environ.get("MARATHON_WARM", "1") == "1":
+        w = ev.warm(problem_name)  # oracle bank + ceilings, as a worker does at start (MARATHON_WARM_PROBLEM)
+        log("warm:", w)
     space = p.knob_space()
     rng = random.Random(0)
     seen, sources = set(), []

@@ -254,3 +254,19 @@ def test_worker_builds(ev):
 def test_profile_interpreter(ev, store):
     p = ev.profile(req(store, canary("fast")))
     assert p.ok and "interpreter" in p.summary and p.bound == "unknown"
+
+
+def test_warm_fills_oracle_bank(store, monkeypatch):
+    import gpu_worker.harness as h
+
+    monkeypatch.setattr(h, "SEED_POOL", 3)
+    e = h.Evaluator(store=store, interpreter=True, spares=0)
+    try:
+        w = e.warm("softmax")
+        assert w["oracles"] == 6 and len(e._oracle) == 6
+        # a later verification needs no new oracle: every case hits the bank
+        before = dict(e._oracle)
+        v = e.verify(req(store, canary("fast")))
+        assert v.ok and set(e._oracle) == set(before)
+    finally:
+        e.close()
