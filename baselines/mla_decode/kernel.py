@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-KNOBS = {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_SPLITS": 64, "PARTIAL_BF16": False, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 4}
+KNOBS = {"BLOCK_H": 16, "BLOCK_N": 64, "NUM_SPLITS": 64, "PARTIAL_BF16": False, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 4}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see spec.py)
 LOG2E = 1.4426950408889634
