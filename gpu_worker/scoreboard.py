@@ -96,9 +96,9 @@ def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: 
                        "receipt": top.get("receipt"), "seconds": round(time.time() - t0, 1)}
                 rows.append(row)
                 print(_line(row), flush=True)
+                write(rows, out_dir)  # after every row: a run cut short still leaves what it measured
     finally:
         ev.close()
-    write(rows, out_dir)
     return rows
 
 
