@@ -138,6 +138,20 @@ def _fmt_last(last) -> str:
 
 
 # ---- commands -----------------------------------------------------------------------------------
+# The dev server's history queue processors poll at most 20 times a second by default, which puts ~50-100 ms
+# between an activity being scheduled and a worker on another task queue receiving it (measured: 103 ms per
+# cross-queue activity, 22 ms with this; docs/orchestration-overhead.md). Production clusters tune their own.
+DEV_SERVER_DYNAMIC_CONFIG = {
+    "history.transferProcessorMaxPollRPS": 1000,
+    "history.timerProcessorMaxPollRPS": 1000,
+    "history.visibilityProcessorMaxPollRPS": 1000,
+}
+
+
+def dev_server_config_args() -> list[str]:
+    return [a for k, v in DEV_SERVER_DYNAMIC_CONFIG.items() for a in ("--dynamic-config-value", f"{k}={v}")]
+
+
 def dev_server_args(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
                     extra: list[str] | None = None) -> list[str]:
     from workflows.optimization import SEARCH_ATTRIBUTES
@@ -148,7 +162,7 @@ def dev_server_args(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", he
     argv += ["--headless"] if headless else ["--ui-port", str(ui_port)]
     for k in SEARCH_ATTRIBUTES:
         argv += ["--search-attribute", f"{k.name}={types[k.indexed_value_type.name]}"]
-    return argv + list(extra or [])
+    return argv + dev_server_config_args() + list(extra or [])
 
 
 def temporal_binary() -> str:

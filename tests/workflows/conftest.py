@@ -5,6 +5,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
+from workflows.cli import dev_server_config_args
 from workflows.optimization import SEARCH_ATTRIBUTES
 
 # Suggest continue-as-new early so tests cross run boundaries through the server's own signal too.
@@ -17,6 +18,7 @@ async def env():
         data_converter=pydantic_data_converter, dev_server_existing_path=temporal_path(),
         search_attributes=SEARCH_ATTRIBUTES,
         dev_server_extra_args=["--dynamic-config-value",
-                               f"limit.historyCount.suggestContinueAsNew={SUGGEST_CAN_AT}"])
+                               f"limit.historyCount.suggestContinueAsNew={SUGGEST_CAN_AT}"]
+        + dev_server_config_args())
     yield e
     await e.shutdown()

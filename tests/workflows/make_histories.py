@@ -17,6 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
 from tests.workflows.helpers import workers
+from workflows.cli import dev_server_config_args
 from workflows.contracts import AGENT_QUEUE, Hint, RunSpec
 from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
 
@@ -27,7 +28,8 @@ async def main() -> None:
     os.environ["MARATHON_ARTIFACTS"] = tempfile.mkdtemp()
     env = await WorkflowEnvironment.start_local(data_converter=pydantic_data_converter,
                                                 dev_server_existing_path=temporal_path(),
-                                                search_attributes=SEARCH_ATTRIBUTES)
+                                                search_attributes=SEARCH_ATTRIBUTES,
+                                                dev_server_extra_args=dev_server_config_args())
     try:
         async with workers(env.client):
             spec = RunSpec(problem="softmax", budget={"iterations": 8}, compact_every=4, population=2)
