@@ -10,6 +10,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.artifacts import ArtifactStore, ArtifactStoreError
 from activities.ledger import append_chunk, read_ledger
+from activities.logs import activity_logger
 from activities.notebook import summarize
 from workflows.contracts import (Candidate, CompactRequest, CompactResult, Proposal, ProposeRequest,
                                  RuleReport, RuleRequest)
@@ -43,6 +44,8 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
         key = store.put_text(choice.source)
     except ArtifactStoreError as e:
         raise _infra(e) from e
+    activity_logger().info("proposed", iteration=req.iteration, slot=req.slot, candidate=choice.candidate_id,
+                           rationale=choice.rationale)
     return Proposal(candidate=Candidate(candidate_id=choice.candidate_id, source_key=key,
                                         knobs=choice.knobs, parent=choice.parent,
                                         rationale=choice.rationale))
@@ -80,6 +83,8 @@ def compact_notebook(req: CompactRequest) -> CompactResult:
         notebook_key = store.put_text(text)
     except ArtifactStoreError as e:
         raise _infra(e) from e
+    activity_logger().info("compacted", run=req.run, records=len(req.records), notebook_version=version,
+                           final=req.final)
     return CompactResult(notebook_key=notebook_key, notebook_version=version, ledger_key=ledger_key,
                          tokens_in=tokens_in, tokens_out=tokens_out)
 

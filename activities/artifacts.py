@@ -36,6 +36,9 @@ class ArtifactStore:
     def path(self, key: str) -> Path:
         p = self._path(key)
         if not p.is_file():
+            objects = self.root / "objects"
+            if objects.exists() and not objects.is_dir():
+                raise ArtifactStoreError(f"artifact store {self.root} is unusable: {objects} is not a directory")
             raise ArtifactStoreError(f"artifact {key[:12]} not found under {self.root}")
         return p
 

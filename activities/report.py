@@ -25,13 +25,14 @@ async def write_report(client, wid: str, out: Path | None) -> Path:
         best_key = next((r.source_key for r in records if r.candidate_id == st.best.candidate_id), None)
     if best_key and store.exists(best_key):
         best_src = store.get_text(best_key)
-    md = render_markdown(wid, st, records, plots, best_src)
+    md = render_markdown(wid, st, records, plots, best_src, _receipt(store, records, st.best))
     path = out / "report.md"
     path.write_text(md)
     return path
 
 
-def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[str], best_src: str | None) -> str:
+def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[str], best_src: str | None,
+                    receipt: str | None = None) -> str:
     interp = any(r.interpreter for r in records)
     stopped = getattr(st, "stopped_by", None)
     lines = [f"# Run {wid}: {st.problem}", ""]
@@ -40,7 +41,8 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines.append(f"- workflow runs (continue-as-new generations): {st.runs}")
     u = st.used
     lines.append(f"- used: {u.seconds / 3600:.3f} h wall, {u.gpu_seconds:.1f} GPU-s, "
-                 f"{u.tokens_in} tokens in / {u.tokens_out} out")
+                 f"{u.tokens_in} tokens in / {u.tokens_out} out, {u.turns} model turns, {u.tool_calls} tool calls, "
+                 f"estimated cost ${u.cost_usd:.2f}")
     if st.best:
         b = st.best
         label = " **(interpreter timing on CPU: not a GPU speed)**" if b.interpreter else ""
@@ -64,7 +66,22 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
         lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {note.replace('|', '/')} |")
     if best_src:
         lines += ["", "## Best kernel", "", "```python", best_src.rstrip(), "```"]
+    if receipt:
+        lines += ["", "## Verification receipt of the best kernel", "", "```", receipt, "```"]
     return "\n".join(lines) + "\n"
+
+
+def _receipt(store: ArtifactStore, records: list[IterationRecord], best) -> str | None:
+    """The benchmark log lines of the best kernel's accepted measurement: receipt, spread, floor check."""
+    if best is None:
+        return None
+    rec = next((r for r in reversed(records) if r.candidate_id == best.candidate_id and r.log_key), None)
+    if rec is None or not store.exists(rec.log_key):
+        return None
+    keep = ("receipt:", "physical floor", "profiler cross-check", "wall medians")
+    lines = [ln for ln in store.get_text(rec.log_key).splitlines() if ln.startswith(keep)]
+    lines.append(f"rel. error vs oracle: {rec.rel_err:.3g}" if rec.rel_err is not None else "")
+    return "\n".join(ln for ln in lines if ln) or None
 
 
 def _plots(records: list[IterationRecord], out: Path) -> list[str]:

@@ -67,19 +67,33 @@ def _guarded(fn, *args):
                                non_retryable=True) from e
 
 
+def _observed(stage: str, fn, req):
+    """Run a harness step, count it (Prometheus) and log it (JSON, with workflow, run and iteration)."""
+    from activities.logs import activity_logger
+    from activities.metrics import observe_report
+
+    t0 = time.monotonic()
+    rep = _guarded(fn, req)
+    observe_report(stage, rep)
+    activity_logger().info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
+                           reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
+                           seconds=round(time.monotonic() - t0, 3))
+    return rep
+
+
 @activity.defn(name="compile_candidate")
 def compile_candidate(req: EvalRequest) -> CompileReport:
-    return _guarded(lambda ev, r: ev.compile(r, _heartbeat()), req)
+    return _observed("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
 
 
 @activity.defn(name="verify_candidate")
 def verify_candidate(req: EvalRequest) -> VerifyReport:
-    return _guarded(lambda ev, r: ev.verify(r, _heartbeat()), req)
+    return _observed("verify", lambda ev, r: ev.verify(r, _heartbeat()), req)
 
 
 @activity.defn(name="benchmark_candidate")
 def benchmark_candidate(req: BenchRequest) -> BenchReport:
-    return _guarded(lambda ev, r: ev.benchmark(r, _heartbeat()), req)
+    return _observed("benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
 
 
 @activity.defn(name="profile_candidate")

@@ -250,6 +250,7 @@ class EvalRequest(Strict):
     candidate_id: str
     source_key: str
     shape: str | None = None
+    iteration: int | None = None  # for logs only
 
 
 class CompileReport(Strict):
@@ -296,6 +297,7 @@ class BenchRequest(Strict):
     candidate_id: str
     source_key: str
     shape: str | None = None
+    iteration: int | None = None  # for logs only
     best: BestRef | None = None  # measured interleaved when given
     fresh_process: bool = False  # re-measure a new best away from the search process
 

@@ -150,7 +150,7 @@ class KernelOptimization:
                     source_key=cand.source_key, knobs=cand.knobs, rationale=cand.rationale,
                     started_at=started)
         ev = EvalRequest(problem=self.spec.problem, candidate_id=cand.candidate_id,
-                         source_key=cand.source_key, shape=self.spec.shape)
+                         source_key=cand.source_key, shape=self.spec.shape, iteration=iteration)
         try:
             rules = await self._local("check_rules", RuleRequest(problem=self.spec.problem,
                                                                   source_key=cand.source_key), RuleReport)

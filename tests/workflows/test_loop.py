@@ -132,3 +132,41 @@ async def test_status_and_search_attributes(env, store):
     sa = {k.name: v for k, v in desc.typed_search_attributes.search_attributes}
     assert sa["MarathonProblem"] == "softmax" and sa["MarathonIteration"] == 4
     assert sa["MarathonPhase"] == "done" and sa["MarathonBestSpeedup"] == pytest.approx(res.best.speedup)
+
+
+async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, store):
+    """The store breaks mid-run (its objects directory replaced by a file: even root cannot write there):
+    the run pauses with a clear reason and records nothing for the broken step; once the store is back,
+    `resume` carries on with the same iteration numbers."""
+    import shutil
+
+    evaluators.DELAY_S = 0.2
+    objects = store.root / "objects"
+    moved = store.root / "objects.saved"
+    try:
+        async with workers(env.client):
+            h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 12}, compact_every=4,
+                                                 heartbeat_seconds=5), "store")
+            await _until(lambda s: s.iteration >= 2, h)
+            objects.rename(moved)
+            objects.write_text("not a directory")
+            st = await _until(lambda s: s.phase == "paused", h, timeout=120)
+            reason = st.pause_reason
+            assert st.paused and "artifact store" in reason and ("not writable" in reason or "unusable" in reason), \
+                reason
+            frozen = st.iteration
+            await asyncio.sleep(1.0)
+            assert (await h.query(KernelOptimization.status)).iteration == frozen
+            objects.unlink()
+            moved.rename(objects)
+            await h.signal(KernelOptimization.resume)
+            res = await h.result()
+        assert_contiguous(store, res, 12)
+        assert store.verify_all() == []
+    finally:
+        evaluators.DELAY_S = 0.0
+        if moved.exists():
+            if objects.is_file():
+                objects.unlink()
+            shutil.rmtree(objects, ignore_errors=True)
+            moved.rename(objects)
