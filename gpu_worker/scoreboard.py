@@ -34,8 +34,6 @@ def _time_other_baselines(problem, shape, skip: str) -> dict[str, float]:
         except Exception as e:  # e.g. SDPA refusing a head dim: reported, not fatal
             out[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
         torch.cuda.synchronize()
-    del inputs
-    torch.cuda.empty_cache()
     return out
 
 

@@ -11,7 +11,8 @@ from activities.search import candidate_id
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import TurnScript, prompt_tokens, turn
 from tests.llm.server import ChatServer, Reply, completion, error, prompt_text
-from tests.llm.test_llm_run import history_text, start, until
+from tests.llm.test_llm_run import history_text
+from tests.workflows.helpers import start, until
 from tests.workflows.helpers import assert_contiguous, workers
 from workflows.contracts import Hint, RunSpec
 from workflows.optimization import KernelOptimization

@@ -9,7 +9,7 @@ from activities.ledger import read_ledger
 from baselines.registry import get_problem
 from tests.llm.script import TurnScript, turn
 from tests.llm.server import ChatServer
-from tests.llm.test_llm_run import start
+from tests.workflows.helpers import start
 from workflows.contracts import RunSpec
 
 # Skips the max subtraction: exp overflows on the "wide" input distribution, so the check must fail.

@@ -12,23 +12,9 @@ from activities.search import candidate_id
 from tests.llm.kernels import LADDER, MARKER, softmax_kernel
 from tests.llm.script import TurnScript, turn
 from tests.llm.server import ChatServer, prompt_text
-from tests.workflows.helpers import assert_contiguous, run_id, workers
+from tests.workflows.helpers import assert_contiguous, start, until, workers
 from workflows.contracts import AGENT_QUEUE, RunSpec
 from workflows.optimization import KernelOptimization
-
-
-async def start(client, spec: RunSpec, prefix: str):
-    return await client.start_workflow(KernelOptimization.run, spec, id=run_id(prefix), task_queue=AGENT_QUEUE)
-
-
-async def until(pred, handle, timeout=60.0):
-    async def poll():
-        while True:
-            st = await handle.query(KernelOptimization.status)
-            if pred(st):
-                return st
-            await asyncio.sleep(0.1)
-    return await asyncio.wait_for(poll(), timeout)
 
 
 async def history_text(handle) -> str:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -10,7 +11,8 @@ from activities.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from activities.worker import build_agent_worker
 from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES
-from workflows.contracts import GPU_QUEUE, RunResult
+from workflows.contracts import AGENT_QUEUE, GPU_QUEUE, RunResult, RunSpec
+from workflows.optimization import KernelOptimization
 
 
 @contextlib.asynccontextmanager
@@ -31,3 +33,18 @@ def assert_contiguous(store: ArtifactStore, result: RunResult, n: int) -> None:
     recs = read_ledger(store, result.ledger_key)
     assert [r.iteration for r in recs] == list(range(1, n + 1)), [r.iteration for r in recs]
     assert result.iterations == n
+
+
+async def start(client, spec: RunSpec, prefix: str):
+    return await client.start_workflow(KernelOptimization.run, spec, id=run_id(prefix), task_queue=AGENT_QUEUE)
+
+
+async def until(pred, handle, timeout=60.0):
+    """Poll the `status` query until `pred(status)` holds; returns that status."""
+    async def poll():
+        while True:
+            st = await handle.query(KernelOptimization.status)
+            if pred(st):
+                return st
+            await asyncio.sleep(0.1)
+    return await asyncio.wait_for(poll(), timeout)

@@ -9,23 +9,9 @@ from temporalio.client import WorkflowUpdateFailedError
 
 from activities.ledger import read_ledger
 from tests import evaluators
-from tests.workflows.helpers import assert_contiguous, run_id, workers
-from workflows.contracts import AGENT_QUEUE, BudgetChange, Hint, RunResult, RunSpec, StopRequest
+from tests.workflows.helpers import assert_contiguous, start as _start, until as _until, workers
+from workflows.contracts import BudgetChange, Hint, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
-
-
-async def _start(client, spec: RunSpec, prefix: str):
-    return await client.start_workflow(KernelOptimization.run, spec, id=run_id(prefix), task_queue=AGENT_QUEUE)
-
-
-async def _until(pred, handle, timeout=60.0):
-    async def poll():
-        while True:
-            st = await handle.query(KernelOptimization.status)
-            if pred(st):
-                return st
-            await asyncio.sleep(0.1)
-    return await asyncio.wait_for(poll(), timeout)
 
 
 async def test_continue_as_new_keeps_iterations_contiguous(env, store):
