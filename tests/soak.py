@@ -59,7 +59,9 @@ async def main(n: int, every: int, out: Path) -> None:
                                 id=wid, task_queue=AGENT_QUEUE)
 
     async def at(i):
-        st = await _until(client, wid, lambda s: s.iteration >= i, timeout=1800)
+        st = await _until(client, wid, lambda s: s.iteration >= i or s.phase == "done", timeout=1800)
+        if st.phase == "done" and st.iteration < n:
+            raise SystemExit(f"the run ended early at iteration {st.iteration}")
         return st.iteration
 
     rss.append((f"worker 1 after warm-up (iteration {await at(min(25, n))})", rss_mb(worker.pid)))
