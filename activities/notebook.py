@@ -19,7 +19,7 @@ def summarize(problem: str, version: int, previous_key: str | None, records: lis
     lines = [f"# Notebook: {problem}, version {version}",
              f"previous version: {previous_key or 'none'}", ""]
     if best:
-        lines.append(f"Best so far: {best.candidate_id} at iteration {best.iteration}: {best.speedup:.3f}x "
+        lines.append(f"Best so far: {best.candidate_id} at iteration {best.iteration}: {best.speedup:.3g}x "
                      f"({best.time_ms:.4g} ms vs baseline {best.baseline_ms:.4g} ms){label}; knobs {best.knobs}")
     else:
         lines.append("Best so far: none has passed yet.")
@@ -38,7 +38,7 @@ def summarize(problem: str, version: int, previous_key: str | None, records: lis
     if records:
         lines += ["", f"## Since the last compaction (iterations {records[0].iteration}-{records[-1].iteration})"]
         for r in records[-25:]:
-            what = (f"{r.speedup:.3f}x {r.time_ms:.4g} ms" if r.speedup is not None else
+            what = (f"{r.speedup:.3g}x {r.time_ms:.4g} ms" if r.speedup is not None else
                     f"rejected at {r.stage}: {r.reason.splitlines()[0][:90] if r.reason else ''}")
             lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {r.rationale[:90]}")
     return "\n".join(lines) + "\n"
@@ -55,7 +55,7 @@ def _knob_effects(records: list[IterationRecord]) -> list[str]:
         for v, rs in sorted(per[k].items()):
             ok = [r.speedup for r in rs if r.speedup is not None]
             fails = sum(r.outcome == "rejected" for r in rs)
-            mean = f"{sum(ok) / len(ok):.3f}x" if ok else "-"
+            mean = f"{sum(ok) / len(ok):.3g}x" if ok else "-"
             parts.append(f"{v}: {mean} ({len(ok)} ok, {fails} failed)")
         out.append(f"- {k}: " + "; ".join(parts))
     return out

@@ -46,7 +46,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     if st.best:
         b = st.best
         label = " **(interpreter timing on CPU: not a GPU speed)**" if b.interpreter else ""
-        lines.append(f"- best: `{b.candidate_id}` at iteration {b.iteration}: {b.speedup:.3f}x, "
+        lines.append(f"- best: `{b.candidate_id}` at iteration {b.iteration}: {b.speedup:.3g}x, "
                      f"{b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms{label}")
     else:
         lines.append("- best: none passed")
@@ -57,11 +57,11 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
         lines.append(f"![{p}]({p})")
     rej = Counter((r.stage, (r.reason.splitlines() or [""])[0][:80]) for r in records if r.outcome == "rejected")
     lines += ["", "## Rejections by stage and reason", "", "| stage | reason | count |", "|---|---|---|"]
-    lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)]
+    lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)] or ["| - | none | 0 |"]
     lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup | ms | note |", "|---|---|---|---|---|---|"]
     for r in records:
         note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
-        sp = f"{r.speedup:.3f}" if r.speedup is not None else "-"
+        sp = f"{r.speedup:.3g}" if r.speedup is not None else "-"
         ms = f"{r.time_ms:.4g}" if r.time_ms is not None else "-"
         lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {note.replace('|', '/')} |")
     if best_src:
@@ -106,6 +106,9 @@ def _plots(records: list[IterationRecord], out: Path) -> list[str]:
     ax[0].set_ylabel("best speedup")
     ax[1].step(ts, ys, where="post")
     ax[1].set_xlabel("wall time (min)")
+    interp = any(r.interpreter for r in records)
+    fig.suptitle(f"best verified speedup over the baseline{' (Triton interpreter on CPU timings)' if interp else ''}",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "progress.png", dpi=100)
     plt.close(fig)

@@ -66,7 +66,7 @@ class KnobSearch:
                 parent = max(rng.sample(passed, min(TOURNAMENT, len(passed))), key=lambda r: r.speedup)
                 knobs, what = self._mutate(parent.knobs, rng, stats)
                 c = self._choice(knobs, parent.candidate_id,
-                                 f"mutate {parent.candidate_id} ({parent.speedup:.3f}x): {what}")
+                                 f"mutate {parent.candidate_id} ({parent.speedup:.3g}x): {what}")
             else:
                 knobs = {k: self._draw(k, rng, stats) for k in self.space}
                 c = self._choice(knobs, None, "fresh sample weighted by each knob value's record")

@@ -125,7 +125,7 @@ def _fmt_best(best) -> str:
     if best is None:
         return "-"
     tag = " [interpreter timing]" if best.interpreter else ""
-    return f"{best.speedup:.3f}x {best.time_ms:.4g} ms ({best.candidate_id}, #{best.iteration}){tag}"
+    return f"{best.speedup:.3g}x {best.time_ms:.4g} ms ({best.candidate_id}, #{best.iteration}){tag}"
 
 
 def _fmt_last(last) -> str:
@@ -134,7 +134,7 @@ def _fmt_last(last) -> str:
     if last.outcome == "rejected":
         return f"#{last.iteration} rejected at {last.stage}: {last.reason.splitlines()[0][:70] if last.reason else ''}"
     tag = " [interp]" if last.interpreter else ""
-    return f"#{last.iteration} {last.outcome} {last.speedup:.3f}x {last.time_ms:.4g} ms{tag}"
+    return f"#{last.iteration} {last.outcome} {last.speedup:.3g}x {last.time_ms:.4g} ms{tag}"
 
 
 # ---- commands -----------------------------------------------------------------------------------

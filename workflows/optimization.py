@@ -399,10 +399,10 @@ class KernelOptimization:
                  + (f" ({self.st.used.tokens_in} in, {self.st.used.tokens_out} out), {self.st.used.turns} "
                     f"model turns, {self.st.used.tool_calls} tool calls, ~${self.st.used.cost_usd:.4f}"
                     if self.spec.policy == "llm" else ""),
-                 f"best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms){label}" if b else "best: none yet",
+                 f"best: {b.candidate_id} {b.speedup:.3g}x ({b.time_ms:.4g} ms){label}" if b else "best: none yet",
                  "", "| # | candidate | speedup | ms | iteration |", "|---|---|---|---|---|"]
         for i, e in enumerate(self.st.leaderboard, 1):
-            lines.append(f"| {i} | {e.candidate_id} | {e.speedup:.3f} | {e.time_ms:.4g} | {e.iteration} |")
+            lines.append(f"| {i} | {e.candidate_id} | {e.speedup:.3g} | {e.time_ms:.4g} | {e.iteration} |")
         if self.st.last is not None:
             r = self.st.last
             lines += ["", f"last: #{r.iteration} {r.outcome}" + (f" at {r.stage}: {r.reason[:120]}"
