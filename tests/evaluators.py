@@ -1,10 +1,9 @@
 """A synthetic GPU evaluator for orchestration tests and the overhead benchmark: the same activity
 names and contracts as gpu_worker, no kernels run. Its "time" is a deterministic function of the
-knobs, so the search policy has a real landscape to climb; a knob setting can be marked failing."""
+knobs, so the search policy has a real landscape to climb; some knob settings fail verification."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 from temporalio import activity
@@ -17,11 +16,7 @@ DELAY_S = 0.0  # raised by tests that need an activity to be in flight when some
 
 def synthetic_ms(source: str) -> float:
     # A landscape over softmax's knobs: bigger blocks and more warps help, up to a point.
-    import ast
-    import re
-
-    m = re.search(r"^KNOBS = (\{.*\})$", source, re.M)
-    k = ast.literal_eval(m.group(1)) if m else {}
+    k = _knobs(source)
     t = 1.0
     t *= {64: 1.6, 128: 1.3, 256: 1.0, 512: 0.85, 1024: 0.8, 2048: 0.9}.get(k.get("BLOCK_N"), 1.0)
     t *= {1: 1.4, 2: 1.1, 4: 1.0, 8: 0.95}.get(k.get("num_warps"), 1.0)
@@ -31,8 +26,19 @@ def synthetic_ms(source: str) -> float:
 
 
 def _fails(source: str) -> bool:
-    # ~1 in 8 knob settings "fail verification", chosen by hash so it is stable across retries
-    return hashlib.sha256(source.encode()).digest()[0] < 32
+    # About 1 in 7 knob settings "fail verification", chosen by knob values (not by a hash of the source, so
+    # an edit to the template's text cannot move the failures onto kernels a test relies on).
+    k = _knobs(source)
+    return (k.get("EVICT") == "evict_first" and k.get("ROWS") == 8) or \
+        (k.get("num_stages") == 4 and k.get("num_warps") == 1)
+
+
+def _knobs(source: str) -> dict:
+    import ast
+    import re
+
+    m = re.search(r"^KNOBS = (\{.*\})$", source, re.M)
+    return ast.literal_eval(m.group(1)) if m else {}
 
 
 def _source(key: str) -> str:
