@@ -13,7 +13,7 @@ from activities.ledger import append_chunk, read_ledger
 from activities.logs import activity_logger
 from activities.notebook import summarize
 from workflows.contracts import (Candidate, CompactRequest, CompactResult, Proposal, ProposeRequest,
-                                 RuleReport, RuleRequest)
+                                 RuleReport, RuleRequest, RunSpec)
 
 
 def _store() -> ArtifactStore:
@@ -49,6 +49,23 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
     return Proposal(candidate=Candidate(candidate_id=choice.candidate_id, source_key=key,
                                         knobs=choice.knobs, parent=choice.parent,
                                         rationale=choice.rationale))
+
+
+@activity.defn(name="check_spec")
+def check_spec(spec: RunSpec) -> None:
+    """The run's problem and shape exist on this worker's registry."""
+    from baselines.registry import UnknownProblem, check_problem_name, get_problem
+
+    try:
+        check_problem_name(spec.problem)
+    except UnknownProblem as e:
+        raise ApplicationError(str(e), type="InvalidRunSpec", non_retryable=True) from None
+    if spec.shape is not None:
+        p = get_problem(spec.problem)
+        names = [s.name for s in p.shapes] + [p.cpu_shape.name]
+        if spec.shape not in names:
+            raise ApplicationError(f"problem {spec.problem} has no shape {spec.shape!r}; shapes: {', '.join(names)}",
+                                   type="InvalidRunSpec", non_retryable=True)
 
 
 @activity.defn(name="check_rules")
@@ -89,4 +106,4 @@ def compact_notebook(req: CompactRequest) -> CompactResult:
                          tokens_in=tokens_in, tokens_out=tokens_out)
 
 
-AGENT_ACTIVITIES = [propose_candidate, check_rules, compact_notebook]
+AGENT_ACTIVITIES = [check_spec, propose_candidate, check_rules, compact_notebook]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
@@ -47,10 +48,19 @@ class _Rejected(Exception):
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class KernelOptimization:
+    # The input arrives as plain JSON and is validated here rather than by the data converter: a typo in
+    # `temporal workflow start --input` must fail the run with a message, not fail its first workflow task
+    # forever. Typed clients still pass a RunSpec.
     @workflow.init
-    def __init__(self, spec: RunSpec) -> None:
-        self.spec = spec.model_copy(update={"carried": None})
-        self.st: CarriedState = spec.carried.model_copy(deep=True) if spec.carried else CarriedState()
+    def __init__(self, spec: Any) -> None:
+        self.invalid: str | None = None
+        try:
+            parsed = RunSpec.model_validate(spec)
+        except ValidationError as e:
+            parsed, self.invalid = RunSpec(problem="invalid"), f"invalid run spec: {explain(e)}"
+        self.first_run = parsed.carried is None
+        self.spec = parsed.model_copy(update={"carried": None})
+        self.st: CarriedState = parsed.carried.model_copy(deep=True) if parsed.carried else CarriedState()
         self.phase: Phase = "starting"
         self.records: list[IterationRecord] = []  # this run's, flushed to the ledger at compaction
         self.stop: StopRequest | None = None
@@ -59,9 +69,13 @@ class KernelOptimization:
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
-    async def run(self, spec: RunSpec) -> RunResult:
-        if spec.carried is None:
+    async def run(self, spec: Any) -> RunResult:
+        if self.invalid:
+            raise ApplicationError(self.invalid, type="InvalidRunSpec", non_retryable=True)
+        if self.first_run:
             self.st.started_at = workflow.now().timestamp()
+            if workflow.patched("check-spec"):  # added after the first recorded histories
+                await self._check_spec()
         self._publish()
         stopped_by = None
         while True:
@@ -94,6 +108,19 @@ class KernelOptimization:
                 self._account_time()
                 workflow.continue_as_new(self.spec.model_copy(update={"carried": self._carry()}))
         return await self._finish(stopped_by)
+
+    async def _check_spec(self) -> None:
+        """Problem and shape must exist (a registry lookup: I/O, so an activity). A bad one fails the run
+        with the registry's message instead of pausing it at the first proposal."""
+        try:
+            await workflow.execute_local_activity(
+                "check_spec", self.spec, start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3))
+        except ActivityError as e:
+            cause = e.cause
+            if isinstance(cause, ApplicationError) and cause.type == "InvalidRunSpec":
+                raise ApplicationError(cause.message, type="InvalidRunSpec", non_retryable=True) from None
+            raise
 
     async def _step(self) -> bool:
         """One step: `population` candidates evaluated in parallel, each its own iteration number.

@@ -1,5 +1,5 @@
 """Regenerate the replay fixtures in tests/histories/ (run by hand when the workflow changes on
-purpose, with `workflow.patched` guarding the change): `python -m tests.workflows.make_histories`.
+purpose, with `workflow.patched` guarding the change): `python -m tests.workflows.make_histories v2_`.
 
 Records one run of every kind of history the workflow makes: a run that ends in continue-as-new after
 a compaction, with a signal, an accepted and a rejected budget update, a pause and resume; and the
@@ -24,7 +24,7 @@ from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
 OUT = Path(__file__).resolve().parent.parent / "histories"
 
 
-async def main() -> None:
+async def main(prefix: str) -> None:
     os.environ["MARATHON_ARTIFACTS"] = tempfile.mkdtemp()
     env = await WorkflowEnvironment.start_local(data_converter=pydantic_data_converter,
                                                 dev_server_existing_path=temporal_path(),
@@ -49,11 +49,14 @@ async def main() -> None:
         OUT.mkdir(exist_ok=True)
         for i, w in enumerate(sorted(runs, key=lambda w: w.start_time)):
             hist = await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
-            (OUT / f"softmax_run{i + 1}.json").write_text(hist.to_json())
+            (OUT / f"{prefix}softmax_run{i + 1}.json").write_text(hist.to_json())
         print(f"wrote {len(runs)} histories to {OUT}")
     finally:
         await env.shutdown()
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    import sys
+
+    # a new prefix per workflow change: older fixtures stay, proving old histories still replay
+    asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else ""))

@@ -117,3 +117,28 @@ async def test_plain_temporal_cli_drives_the_workflow(env, store):
         assert s.returncode == 0, s.stderr
         res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
     assert res.stopped_by == "stop-signal"
+
+
+@pytest.mark.parametrize("payload, message", [
+    ('{"problem": "softmax", "budgett": {}}', "invalid run spec: unknown field 'budgett'"),
+    ('{"problem": "softmax", "budget": {"iterations": -3}}', "budget iterations must be positive"),
+    ('[1, 2]', "invalid run spec"),
+    ('{"problem": "nosuch"}', "unknown problem 'nosuch'; known problems:"),
+    ('{"problem": "softmax", "shape": "huge"}', "problem softmax has no shape 'huge'"),
+])
+async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message):
+    """No validation on the client side here: the workflow itself must fail with one clear message
+    instead of retrying its first task forever or pausing at the first proposal."""
+    from temporalio.client import WorkflowFailureError
+
+    address = env.client.service_client.config.target_host
+    wid = run_id("badin")
+    async with workers(env.client):
+        p = await asyncio.to_thread(subprocess.run, [temporal_path(), "workflow", "start", "--address", address,
+                                                     "--type", "KernelOptimization", "--task-queue",
+                                                     "marathon-agent", "--workflow-id", wid, "--input", payload],
+                                    capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        with pytest.raises(WorkflowFailureError) as e:
+            await asyncio.wait_for(env.client.get_workflow_handle(wid).result(), 30)
+    assert message in str(e.value.cause), str(e.value.cause)
