@@ -88,10 +88,10 @@ def main():
     variants = VARIANTS[: args.variants]
     env = {"torch": torch.__version__, "triton": triton.__version__, "gpu": torch.cuda.get_device_name(),
            "FLA_FLASH_KDA": os.environ.get("FLA_FLASH_KDA")}
-    try:
-        import fla
+    try:  # the version from package metadata: FLA itself is imported only by baselines/kda/baseline.py
+        from importlib.metadata import version
 
-        env["fla"] = getattr(fla, "__version__", "?")
+        env["fla"] = version("fla-core")
     except Exception as e:  # noqa: BLE001
         env["fla"] = f"unavailable: {e}"
     RESULTS["env"] = env
