@@ -36,6 +36,26 @@ def latent_dim(d: int) -> int:
     return d - d // 9
 
 
+def mla_inputs(problem: str, rows: int, H: int, S: int, DL: int, DR: int, distribution: str, seed: int,
+               device: str, cpu: bool) -> dict:
+    """q [rows, H, DL+DR] and one latent cache [S, DL+DR] shared by all heads (decode and prefill alike).
+    Distributions scale q: `unit`, `small` (/10, FlashMLA's test setting), `peaked` (x4, logits std ~7)."""
+    import torch
+
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    D = DL + DR
+    q = torch.randn(rows, H, D, generator=g, dtype=torch.float32)
+    cache = torch.randn(S, D, generator=g, dtype=torch.float32)
+    if distribution == "small":
+        q = q / 10.0
+    elif distribution == "peaked":
+        q = q * 4.0
+    elif distribution != "unit":
+        raise ValueError(f"{problem} has no distribution {distribution!r}")
+    dtype = torch.float32 if cpu else torch.bfloat16
+    return {"q": q.to(dtype).to(device), "kv_cache": cache.to(dtype).to(device)}
+
+
 def _shape(name: str, Q: int, H: int, S: int, DL: int, DR: int) -> Shape:
     assert DL == 8 * DR
     return Shape(name, {"Q": Q, "H": H, "S": S, "DL": DL, "DR": DR})
@@ -61,21 +81,8 @@ class MLADecode(Problem):
     outputs = ("o",)
 
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        Q, H, S, DL, DR = (shape[k] for k in ("Q", "H", "S", "DL", "DR"))
-        D = DL + DR
-        q = torch.randn(Q, H, D, generator=g, dtype=torch.float32)
-        cache = torch.randn(S, D, generator=g, dtype=torch.float32)
-        if distribution == "small":
-            q = q / 10.0
-        elif distribution == "peaked":
-            q = q * 4.0
-        elif distribution != "unit":
-            raise ValueError(f"mla_decode has no distribution {distribution!r}")
-        dtype = torch.float32 if cpu else torch.bfloat16
-        return {"q": q.to(dtype).to(device), "kv_cache": cache.to(dtype).to(device)}
+        return mla_inputs(self.name, shape["Q"], shape["H"], shape["S"], shape["DL"], shape["DR"], distribution,
+                          seed, device, cpu)
 
     def output_specs(self, shape, cpu=False):
         return {"o": OutputSpec((shape["Q"], shape["H"], shape["DL"]), "float32" if cpu else "bfloat16")}

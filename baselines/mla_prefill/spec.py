@@ -16,7 +16,7 @@ As in mla_decode, DL = 8 * DR, so DL = D - D // 9.
 
 from __future__ import annotations
 
-from baselines.mla_decode.spec import SCALE, latent_dim
+from baselines.mla_decode.spec import SCALE, latent_dim, mla_inputs
 from baselines.problem import OutputSpec, Problem, Shape
 
 
@@ -40,21 +40,9 @@ class MLAPrefill(Problem):
     outputs = ("o",)
 
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
-        import torch
-
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        N, H, DL, DR = (shape[k] for k in ("N", "H", "DL", "DR"))
-        D = DL + DR
-        q = torch.randn(N, H, D, generator=g, dtype=torch.float32)
-        cache = torch.randn(N, D, generator=g, dtype=torch.float32)
-        if distribution == "small":
-            q = q / 10.0
-        elif distribution == "peaked":
-            q = q * 4.0
-        elif distribution != "unit":
-            raise ValueError(f"mla_prefill has no distribution {distribution!r}")
-        dtype = torch.float32 if cpu else torch.bfloat16
-        return {"q": q.to(dtype).to(device), "kv_cache": cache.to(dtype).to(device)}
+        # query i attends to cache rows 0..i: as many cache rows as queries
+        return mla_inputs(self.name, shape["N"], shape["H"], shape["N"], shape["DL"], shape["DR"], distribution,
+                          seed, device, cpu)
 
     def output_specs(self, shape, cpu=False):
         return {"o": OutputSpec((shape["N"], shape["H"], shape["DL"]), "float32" if cpu else "bfloat16")}
