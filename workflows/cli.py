@@ -301,8 +301,10 @@ async def cmd_status(args) -> int:
     print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
           f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
     print(f"best: {_fmt_best(st.best)}")
-    print(f"budget: {b}; used: {st.used.iterations} iterations, {st.used.seconds / 3600:.3f} h, "
-          f"{st.used.gpu_seconds:.1f} GPU-s, {st.used.tokens} tokens")
+    u = st.used
+    llm = (f", {u.turns} turns, {u.tool_calls} tool calls, ${u.cost_usd:.2f} est." if st.policy == "llm" else "")
+    print(f"budget: {b}; used: {u.iterations} iterations, {u.seconds / 3600:.3f} h, {u.gpu_seconds:.1f} GPU-s, "
+          f"{u.tokens_in} tokens in / {u.tokens_out} out{llm}")
     print(f"last: {_fmt_last(st.last)}")
     return 0
 

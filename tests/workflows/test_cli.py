@@ -70,6 +70,8 @@ async def test_client_commands_against_the_dev_server(env, store):
         st = json.loads((await asyncio.to_thread(marathon, "status", wid, "--json", env_address=address,
                                                  check=True)).stdout)
         assert {"iteration", "phase", "best", "budget", "used", "runs"} <= set(st)
+        text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
+        assert text.startswith(f"{wid}: softmax (search) iteration") and "tokens in / " in text
         bad = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "1", env_address=address)
         if st["iteration"] >= 1:
             assert bad.returncode == 2 and "budget change rejected" in bad.stderr
