@@ -3,6 +3,8 @@ the Triton interpreter in the sandbox (compile, correctness check, benchmark), e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from activities.ledger import read_ledger
@@ -12,27 +14,9 @@ from tests.llm.server import ChatServer
 from tests.workflows.helpers import start
 from workflows.contracts import RunSpec
 
-# Skips the max subtraction: exp overflows on the "wide" input distribution, so the check must fail.
-UNSAFE = '''import torch
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _k(x_ptr, y_ptr, N, stride, BLOCK_N: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    x = tl.load(x_ptr + row * stride + cols, mask=mask, other=-float("inf"))
-    e = tl.exp(x)
-    tl.store(y_ptr + row * stride + cols, e / tl.sum(e, axis=0), mask=mask)
-
-
-def run(inputs, out):
-    x, y = inputs["x"], out["y"]
-    M, N = x.shape
-    _k[(M,)](x, y, N, x.stride(0), BLOCK_N=triton.next_power_of_2(N))
-'''
+# The harness's own "wrong" canary: it skips the max subtraction, so exp overflows on the "wide" inputs
+# and the check must fail.
+UNSAFE = (Path(__file__).resolve().parents[2] / "gpu_worker" / "canaries" / "wrong.py").read_text()
 
 
 @pytest.fixture
