@@ -3,7 +3,8 @@ Deterministic and free of I/O, so the workflow can call them and tests need no s
 
 from __future__ import annotations
 
-from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, LeaderEntry, Used)
+from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, IterationRecord, LeaderEntry,
+                                 Used)
 
 
 def limit_reached(budget: Budget, used: Used) -> str | None:
@@ -44,14 +45,15 @@ def apply_budget_change(budget: Budget, change: BudgetChange) -> Budget:
     return budget.model_copy(update=change.model_dump(exclude_unset=True))
 
 
-def improves_on(report: BenchReport, best: BestRef | None) -> bool:
+def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> bool:
     """A new best only when the speedup's 95% interval lies above the current best's speedup:
-    a lucky single measurement cannot take the crown. The first passing candidate is the first best."""
-    if not report.ok or report.speedup is None:
+    a lucky single measurement cannot take the crown. The first passing candidate is the first best.
+    Takes a fresh BenchReport, or a recorded IterationRecord when acceptance is re-decided in order."""
+    if not getattr(result, "ok", True) or result.speedup is None:
         return False
     if best is None:
         return True
-    low = report.speedup_ci[0] if report.speedup_ci else report.speedup
+    low = result.speedup_ci[0] if result.speedup_ci else result.speedup
     return low > best.speedup
 
 
@@ -67,5 +69,5 @@ def time_to_compact(iterations_this_run: int, compact_every: int, history_sugges
 
 def trim(text: str, limit: int = 400) -> str:
     """Reasons stay short in history; the full log lives in the artifact store."""
-    text = text.strip()
-    return text if len(text) <= limit else text[: limit - 15] + " ...[trimmed]"
+    text, mark = text.strip(), " ...[trimmed]"
+    return text if len(text) <= limit else text[: limit - len(mark)] + mark

@@ -224,10 +224,8 @@ class KernelOptimization:
     async def _record(self, rec: IterationRecord) -> None:
         # Acceptance is decided here, in iteration order, against the best as it stands now: two
         # parallel slots that both beat the old best cannot both be crowned.
-        if rec.outcome == "improved" and self.st.best is not None:
-            low = rec.speedup_ci[0] if rec.speedup_ci else rec.speedup
-            if low is None or low <= self.st.best.speedup:
-                rec = rec.model_copy(update={"outcome": "passed"})
+        if rec.outcome == "improved" and not decisions.improves_on(rec, self.st.best):
+            rec = rec.model_copy(update={"outcome": "passed"})
         if rec.outcome == "improved":
             self.st.best = BestRef(candidate_id=rec.candidate_id, source_key=rec.source_key,
                                    speedup=rec.speedup, time_ms=rec.time_ms, baseline_ms=rec.baseline_ms,

@@ -1,0 +1,63 @@
+"""The loop's decisions as plain functions, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from workflows import decisions
+from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, IterationRecord, LeaderEntry, Used)
+
+
+def _best(speedup=2.0):
+    return BestRef(candidate_id="b", source_key="k", speedup=speedup, time_ms=1.0, baseline_ms=2.0, iteration=1)
+
+
+def test_limit_reached_names_the_first_exhausted_budget():
+    assert decisions.limit_reached(Budget(iterations=5), Used(iterations=4)) is None
+    assert decisions.limit_reached(Budget(iterations=5), Used(iterations=5)) == "budget-iterations"
+    assert decisions.limit_reached(Budget(iterations=None, hours=0.5), Used(seconds=1800)) == "budget-hours"
+    assert decisions.limit_reached(Budget(iterations=None, tokens=100), Used(tokens_in=60, tokens_out=40)) == "budget-tokens"
+    assert decisions.limit_reached(Budget(iterations=None, gpu_seconds=10), Used(gpu_seconds=9.9)) is None
+
+
+def test_the_last_step_never_overshoots_the_iteration_budget():
+    assert decisions.iterations_this_step(Budget(iterations=10), Used(iterations=8), 4) == 2
+    assert decisions.iterations_this_step(Budget(iterations=None), Used(iterations=8), 4) == 4
+
+
+def test_budget_changes_below_what_is_used_are_refused():
+    used = Used(iterations=7, seconds=7200)
+    with pytest.raises(ValueError, match="below the 7 already run"):
+        decisions.check_budget_change(Budget(), BudgetChange(iterations=6), used)
+    with pytest.raises(ValueError, match="hours 1"):
+        decisions.check_budget_change(Budget(), BudgetChange(hours=1), used)
+    decisions.check_budget_change(Budget(), BudgetChange(iterations=7), used)
+    new = decisions.apply_budget_change(Budget(iterations=30, hours=2), BudgetChange(iterations=50))
+    assert new.iterations == 50 and new.hours == 2  # only the fields given change
+
+
+def test_a_new_best_needs_its_whole_interval_above_the_old_best():
+    fast = BenchReport(ok=True, speedup=2.3, speedup_ci=(2.1, 2.5))
+    lucky = BenchReport(ok=True, speedup=2.3, speedup_ci=(1.9, 2.7))
+    assert decisions.improves_on(fast, _best(2.0))
+    assert not decisions.improves_on(lucky, _best(2.0))
+    assert not decisions.improves_on(BenchReport(ok=False, speedup=9.0), _best(2.0))
+    assert decisions.improves_on(BenchReport(ok=True, speedup=0.1), None)  # the first pass is the first best
+    rec = IterationRecord(iteration=3, candidate_id="c", source_key="k", outcome="improved", speedup=2.3,
+                          speedup_ci=(1.9, 2.7))
+    assert not decisions.improves_on(rec, _best(2.0))
+
+
+def test_leaderboard_keeps_top_k_once_per_candidate():
+    board = []
+    for i, (cid, s) in enumerate([("a", 1.0), ("b", 3.0), ("c", 2.0), ("a", 4.0), ("d", 0.5)], 1):
+        board = decisions.update_leaderboard(board, LeaderEntry(candidate_id=cid, source_key="k", speedup=s,
+                                                                 time_ms=1 / s, iteration=i), 3)
+    assert [(e.candidate_id, e.speedup) for e in board] == [("a", 4.0), ("b", 3.0), ("c", 2.0)]
+
+
+def test_compaction_time_and_trim():
+    assert decisions.time_to_compact(10, 10, False) and decisions.time_to_compact(3, 10, True)
+    assert not decisions.time_to_compact(9, 10, False)
+    long = "x" * 1000
+    assert len(decisions.trim(long, 100)) == 100 and decisions.trim(long, 100).endswith("[trimmed]")
