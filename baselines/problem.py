@@ -129,11 +129,11 @@ def render(source: str, knobs: dict[str, Any]) -> str:
 
 
 def rel_rms(ref, out) -> float:
-    """RMS(ref - out) / RMS(ref), in float64. NaN if either has a non-finite element."""
+    """RMS(ref - out) / RMS(ref), in float64 on `ref`'s device. NaN if either has a non-finite element."""
     import torch
 
-    r = ref.detach().to("cpu", torch.float64)
-    o = out.detach().to("cpu", torch.float64)
+    r = ref.detach().to(torch.float64)
+    o = out.detach().to(r.device, torch.float64)
     if r.shape != o.shape:
         raise ValueError(f"shape {tuple(o.shape)} != reference shape {tuple(r.shape)}")
     if not torch.isfinite(o).all() or not torch.isfinite(r).all():

@@ -173,8 +173,9 @@ class Server:
     def _inputs(self, dist: str, seed: int) -> dict:
         import torch
 
-        pre = getattr(self, "_prefetched", {})
-        inp = pre.pop((dist, seed), None) if (dist, seed) in pre else None
+        # prefetched sets stay until the verification ends: the determinism rerun and the stale-output
+        # probe reuse them instead of generating inputs again while the worker holds the GPU
+        inp = getattr(self, "_prefetched", {}).get((dist, seed))
         if inp is None:
             inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
         return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
@@ -379,7 +380,7 @@ class Server:
             mutated = self._mutated(inputs, pristine)
             del pristine
             results.append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
-                            "outputs": {k: self.T["to"](v, "cpu") for k, v in outs.items()},
+                            "outputs": self._export(outs, f"case{len(results)}"),
                             "out_type_ok": all(type(v) is __import__("torch").Tensor for v in outs.values())})
             if first is None:
                 first = (inputs, outs)
@@ -389,7 +390,7 @@ class Server:
             inputs = {k: (self.T["clone"](v) if hasattr(v, "clone") else v) for k, v in self._inputs(dist, seed).items()}
             outs = self._outputs()
             self._call(inputs, outs, guarded=True)
-            reply["rerun"] = {k: self.T["to"](v, "cpu") for k, v in outs.items()}
+            reply["rerun"] = self._export(outs, "rerun")
         if stale and len(cases) > 1 and first:
             # the first case's input buffers (same pointers) now hold the second case's contents
             inputs0, _ = first
@@ -404,8 +405,26 @@ class Server:
                         inputs0[k] = v
                 outs = self._outputs()
                 self._call(inputs0, outs, guarded=True)
-                reply["stale"] = {"case": 1, "outputs": {k: self.T["to"](v, "cpu") for k, v in outs.items()}}
+                reply["stale"] = {"case": 1, "outputs": self._export(outs, "stale")}
+        self._prefetched = {}
         return reply
+
+    def _export(self, outs: dict, tag: str) -> dict:
+        """Write each output's raw bytes to a file in this child's temp dir and return handles
+        ({path, dtype, shape}) for the reference child, which compares them with the oracle on the device.
+        Only a path crosses the pipes: pickling a 67 MB output through the worker twice per case cost
+        more CPU than the whole verification's GPU time (KDA at T = 8192)."""
+        import torch
+
+        handles = {}
+        for name, v in outs.items():
+            if type(v) is not torch.Tensor:
+                continue  # reported by out_type_ok
+            flat = self.T["contiguous"](self.T["to"](v.detach(), "cpu")).reshape(-1)
+            path = os.path.join(self.tmp, f"out-{tag}-{name}.bin")
+            self.T["view"](flat, torch.uint8).numpy().tofile(path)
+            handles[name] = {"path": path, "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+        return handles
 
     # --- timing (both roles) -----------------------------------------------------------------------
     def _prepare_timing(self, rotate: int, dist: str):
@@ -536,23 +555,84 @@ class Server:
         self.baseline_name, self.baseline = next(iter(bases.items()))
         return {"baseline": self.baseline_name, "shape": self.shape.name, "cuda": self.cuda}
 
-    def cmd_reference(self, cases: list):
-        import torch
+    def _oracle(self, dist: str, seed: int, inputs: dict | None = None) -> dict:
+        """The oracle's outputs for one case, kept on this child's device (LRU within
+        MARATHON_ORACLE_CACHE_GB, default 24 on CUDA, 2 on the CPU) so that every later candidate is
+        compared there, in fp64, without the oracle crossing a pipe."""
+        from collections import OrderedDict
 
+        cache = self.__dict__.setdefault("oracles", OrderedDict())
+        key = (dist, seed)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        if inputs is None:
+            inputs = self._inputs(dist, seed)
+        ref = {k: v.detach() for k, v in self.problem.oracle(inputs).items() if k in self.outputs}
+        cache[key] = ref
+        limit = float(os.environ.get("MARATHON_ORACLE_CACHE_GB", "24" if self.cuda else "2")) * (1 << 30)
+
+        def nbytes():
+            return sum(t.numel() * t.element_size() for r in cache.values() for t in r.values())
+
+        while len(cache) > 1 and nbytes() > limit:
+            cache.popitem(last=False)
+        return ref
+
+    def cmd_reference(self, cases: list):
+        """Per case: the inputs' fingerprint and the baseline's own error against the oracle (the oracle
+        stays here, on the device, for `compare`)."""
         from baselines.problem import rel_rms
 
         out = []
         for dist, seed in cases:
             inputs = self._inputs(dist, seed)
             h = self._hash(inputs)
-            ref = self.problem.oracle(inputs)
+            ref = self._oracle(dist, seed, inputs)
             base = self.baseline(inputs)
             self._sync()
             errs = [rel_rms(ref[k], base[k]) for k in self.outputs]
-            out.append({"dist": dist, "seed": seed, "hash": h,
-                        "oracle": {k: ref[k].detach().to("cpu", torch.float64) for k in self.outputs},
-                        "baseline_err": max(errs)})
+            out.append({"dist": dist, "seed": seed, "hash": h, "baseline_err": max(errs)})
         return {"cases": out}
+
+    def _import(self, handle: dict):
+        """A tensor written by a candidate child's `_export`, on this child's device."""
+        import torch
+
+        dtype = getattr(torch, handle["dtype"])
+        numel = 1
+        for d in handle["shape"]:
+            numel *= int(d)
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        if os.path.getsize(handle["path"]) != nbytes:
+            raise ValueError(f"output file {handle['path']} holds {os.path.getsize(handle['path'])} bytes, "
+                             f"expected {nbytes}")
+        raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
+        return raw.view(dtype).reshape(handle["shape"]).to(self.device)
+
+    def cmd_compare(self, jobs: list):
+        """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with
+        another output file (`other`, the determinism rerun). Returns per job: rel_err (rel-RMS in fp64,
+        NaN if anything is non-finite), nonfinite (count in the output), constant (the output is constant
+        where the reference is not)."""
+        import torch
+
+        from baselines.problem import rel_rms
+
+        res = []
+        for job in jobs:
+            o = self._import(job["out"])
+            if job.get("case") is not None:
+                t = self._oracle(*job["case"])[job["name"]]
+            else:
+                t = self._import(job["other"])
+            of = o.double()
+            nonfinite = int((~torch.isfinite(of)).sum())
+            constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)
+            res.append({"rel_err": rel_rms(t, o), "nonfinite": nonfinite, "numel": o.numel(),
+                        "constant": constant})
+            del o, of
+        return {"results": res}
 
     def cmd_ceilings(self):
         """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)

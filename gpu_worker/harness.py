@@ -3,8 +3,9 @@
 Process layout (why the numbers can be trusted):
 
 * this process (the worker) owns statistics, thresholds and decisions; it never loads candidate code;
-* one *reference* child per (problem, shape) computes the oracle and the primary baseline's outputs and
-  times the baseline; it is trusted code only;
+* one *reference* child per (problem, shape) computes the oracle and the primary baseline's outputs, keeps
+  the oracle on its device and compares every candidate output with it there, and times the baseline; it
+  is trusted code only;
 * every candidate is loaded into a fresh *candidate* child (single use) whose guard was installed before
   the candidate's module executed. Timing inside that child uses event/synchronize/perf_counter objects
   captured before the load and re-checked for identity after every call; a new best is additionally
@@ -195,7 +196,7 @@ class Evaluator:
                 for c, res in zip(missing, r["cases"]):
                     self._oracle[(problem.name, shape.name, c[0], c[1])] = res
                     out[c] = res
-                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "40")):
+                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "4096")):
                     self._oracle.popitem(last=False)
         return [out[c] for c in cases]
 
@@ -309,8 +310,9 @@ class Evaluator:
                                 log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
 
     def _verify(self, source, problem, shape, candidate_id, hb) -> dict:
-        from baselines.problem import rel_rms
+        from gpu_worker.child import compared_outputs
 
+        names = compared_outputs(problem, shape, self.interpreter)
         cases = self.cases(problem, candidate_id)
         with self.pool.acquire() as sb:
             self._load(sb, source, problem, shape, hb)
@@ -320,39 +322,45 @@ class Evaluator:
             with lock:
                 refs = self.reference(problem, shape, cases, hb)
                 r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
-            self._check_reply(r, "verify", sb)
+                self._check_reply(r, "verify", sb)
+                for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
+                    if got["hash_before"] != ref["hash"]:
+                        raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
+                    if got["mutated"]:
+                        raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got['mutated']} "
+                                        f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
+                    if not got["out_type_ok"]:
+                        raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
+                # Every comparison runs in the reference child, where the oracle already lives on the device;
+                # the candidate's outputs reach it as files in the candidate's temp dir (see child._export).
+                jobs = [{"case": [dist, seed], "name": n, "out": got["outputs"][n]}
+                        for (dist, seed), got in zip(cases, r["cases"]) for n in names]
+                if "rerun" in r:
+                    jobs += [{"case": None, "name": n, "out": r["rerun"][n], "other": r["cases"][0]["outputs"][n]}
+                             for n in names]
+                if "stale" in r:
+                    jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
+                             for n in names]
+                cmp = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)["results"]
             log_tail = sb.log_tail()
-        from gpu_worker.child import compared_outputs
-
-        names = compared_outputs(problem, shape, self.interpreter)
-        worst, base_worst, lines = 0.0, 0.0, []
-        thresholds = []
-        for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
-            if got["hash_before"] != ref["hash"]:
-                raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
-            if got["mutated"]:
-                raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got['mutated']} "
-                                f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
-            if not got["out_type_ok"]:
-                raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
+        worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
+        k = 0
+        for (dist, seed), ref in zip(cases, refs):
             base_err = ref["baseline_err"]
             thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
                 else problem.tolerance_floor
             thresholds.append(thr)
             base_worst = max(base_worst, base_err)
             for name in names:
-                o, t = got["outputs"][name], ref["oracle"][name]
-                err = rel_rms(t, o)
+                c = cmp[k]
+                k += 1
+                err = c["rel_err"]
                 lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
-                if math.isnan(err):
-                    import torch
-
-                    nan = int((~torch.isfinite(o.double())).sum())
-                    rej = Rejection("verify", f"non-finite: {nan} of {o.numel()} elements of {name!r} are NaN/Inf "
-                                    f"({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements show as NaN",
-                                    "\n".join(lines))
-                    raise rej
-                if float(t.std()) > 0 and float(o.double().std()) == 0.0:
+                if c["nonfinite"] or math.isnan(err):
+                    raise Rejection("verify", f"non-finite: {c['nonfinite']} of {c['numel']} elements of {name!r} are "
+                                    f"NaN/Inf ({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements "
+                                    "show as NaN", "\n".join(lines))
+                if c["constant"]:
                     raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
                 if err > thr:
                     rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
@@ -363,15 +371,16 @@ class Evaluator:
         thr_min = min(thresholds)
         if "rerun" in r:
             for name in names:
-                d = rel_rms(r["cases"][0]["outputs"][name].double(), r["rerun"][name])
+                d = cmp[k]["rel_err"]
+                k += 1
                 lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
                 if not (d <= 0.1 * thr_min):
                     raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
                                     "\n".join(lines))
         if "stale" in r:
-            ref1 = refs[r["stale"]["case"]]
             for name in names:
-                e = rel_rms(ref1["oracle"][name], r["stale"]["outputs"][name])
+                e = cmp[k]["rel_err"]
+                k += 1
                 lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
                 if not (e <= thresholds[r['stale']['case']]):
                     raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "

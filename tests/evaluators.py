@@ -12,6 +12,7 @@ from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalR
                                  Receipt, VerifyReport)
 
 DELAY_S = 0.0  # raised by tests that need an activity to be in flight when something is killed
+SLOW_EVERY, SLOW_S = 0, 0.0  # iterations 1, 1 + SLOW_EVERY, ... take SLOW_S longer to compile
 
 
 def synthetic_ms(source: str) -> float:
@@ -51,6 +52,8 @@ def _source(key: str) -> str:
 def compile_candidate(req: EvalRequest) -> CompileReport:
     if DELAY_S:
         _sleep_heartbeating(DELAY_S)
+    if SLOW_EVERY and req.iteration is not None and req.iteration % SLOW_EVERY == 1:
+        _sleep_heartbeating(SLOW_S)
     return CompileReport(ok=True, interpreter=True)
 
 

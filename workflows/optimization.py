@@ -66,6 +66,8 @@ class KernelOptimization:
         self.stop: StopRequest | None = None
         self.iterations_this_run = 0
         self.finished = False
+        # rolling population: iteration -> (candidate id, task of _evaluate), started but not yet recorded
+        self.in_flight: dict[int, tuple[str, asyncio.Task]] = {}
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
@@ -82,11 +84,14 @@ class KernelOptimization:
             self._account_time()
             if self.stop:
                 stopped_by = "stop-signal"
+                await self._drain()
                 break
             stopped_by = decisions.limit_reached(self.spec.budget, self.st.used)
             if stopped_by:
+                await self._drain()
                 break
             if self.st.paused:
+                await self._drain()
                 self._set_phase("paused")
                 await workflow.wait_condition(lambda: not self.st.paused or self.stop is not None)
                 continue
@@ -101,7 +106,7 @@ class KernelOptimization:
             self._account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
                 continue  # the top of the loop says why; _finish compacts, no needless new run
-            if decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
+            if not self.in_flight and decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
                                          workflow.info().is_continue_as_new_suggested()):
                 await self._compact(final=False)
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -127,6 +132,8 @@ class KernelOptimization:
         Returns True when the proposer has nothing new left to try."""
         if self.spec.policy == "llm":
             return await llm_step(self)
+        if workflow.patched("rolling-population"):  # histories recorded before it replay the lockstep below
+            return await self._rolling_step()
         n = decisions.iterations_this_step(self.spec.budget, self.st.used, self.spec.population)
         first = self.st.iteration + 1
         hints, self.st.hints = self.st.hints, []
@@ -152,7 +159,76 @@ class KernelOptimization:
             await self._record(rec)
         return False
 
-    async def _propose(self, first: int, n: int, hints: list[str]) -> list[Proposal]:
+    async def _rolling_step(self) -> bool:
+        """Rolling population: keep `population` evaluations running, so candidates compile on the GPU
+        worker's CPU cores while earlier ones hold the GPU (a lockstep step left the GPU idle while its
+        slowest compile finished). Results are recorded strictly in iteration order as they complete.
+        Returns True when the proposer has nothing new left and nothing is in flight."""
+        for it, (_, task) in self.in_flight.items():
+            if task.done() and task.exception() is not None:
+                reason = await self._drain()
+                raise _Paused(reason or f"evaluation #{it} failed")
+        await self._record_finished()
+        n = decisions.slots_to_fill(
+            self.spec.budget, self.st.used, self.spec.population, len(self.in_flight),
+            sum(not t.done() for _, t in self.in_flight.values()), self.iterations_this_run,
+            self.spec.compact_every, workflow.info().is_continue_as_new_suggested())
+        exhausted = False
+        for _ in range(n):
+            it = self.st.iteration + len(self.in_flight) + 1
+            hints, self.st.hints = self.st.hints, []
+            try:
+                prop = (await self._propose(it, 1, hints, taken=[c for c, _ in self.in_flight.values()]))[0]
+            except _Paused:
+                self.st.hints = hints + self.st.hints  # not shown to anyone yet
+                raise
+            if prop.candidate is None:
+                exhausted = True
+                break
+            self._set_phase("checking")
+            task = asyncio.get_running_loop().create_task(
+                self._evaluate(it, (it - 1) % self.spec.population, prop, self.st.best))
+            self.in_flight[it] = (prop.candidate.candidate_id, task)
+        if not self.in_flight:
+            return exhausted
+        # Wait for a change: one of the evaluations running now finishes. (Waiting for "any done" would
+        # return at once while a finished one waits behind a slower, older one.)
+        running = [t for _, t in self.in_flight.values() if not t.done()]
+        if running:
+            await workflow.wait_condition(lambda: any(t.done() for t in running))
+        return False
+
+    async def _record_finished(self) -> None:
+        """Record the finished evaluations at the front of the queue, in iteration order."""
+        while self.st.iteration + 1 in self.in_flight:
+            _, task = self.in_flight[self.st.iteration + 1]
+            if not task.done() or task.exception() is not None:
+                return
+            del self.in_flight[self.st.iteration + 1]
+            self._set_phase("recording")
+            await self._record(task.result())
+
+    async def _drain(self) -> str | None:
+        """Let every evaluation in flight settle; record them in order up to the first that failed for
+        infrastructure reasons, discard that one and everything after it (their iteration numbers are
+        tried again later, so nothing is recorded twice and no number is skipped). Returns the failure."""
+        if not self.in_flight:
+            return None
+        await workflow.wait_condition(lambda: all(t.done() for _, t in self.in_flight.values()))
+        await self._record_finished()
+        failure = None
+        if self.in_flight:
+            first = self.in_flight[min(self.in_flight)][1].exception()
+            failure = first.reason if isinstance(first, _Paused) else str(first)
+            for _, t in self.in_flight.values():
+                exc = t.exception()
+                if exc is not None and not isinstance(exc, _Paused):
+                    raise exc  # a bug, not infrastructure: fail the workflow task, as the lockstep path does
+            self.in_flight = {}
+        return failure
+
+    async def _propose(self, first: int, n: int, hints: list[str], taken: list[str] | None = None
+                       ) -> list[Proposal]:
         self._set_phase("proposing")
         out: list[Proposal] = []
         for slot in range(n):  # sequential: sibling slots must not propose the same candidate
@@ -161,7 +237,7 @@ class KernelOptimization:
                 iteration=first + slot, slot=slot, shape=self.spec.shape,
                 leaderboard=self.st.leaderboard, recent=self.records[-50:], ledger_key=self.st.ledger_key,
                 notebook_key=self.st.notebook_key, hints=hints,
-                taken=[p.candidate.candidate_id for p in out if p.candidate])
+                taken=(taken or []) + [p.candidate.candidate_id for p in out if p.candidate])
             out.append(await self._local("propose_candidate", req, Proposal))
         return out
 

@@ -25,6 +25,19 @@ def test_the_last_step_never_overshoots_the_iteration_budget():
     assert decisions.iterations_this_step(Budget(iterations=None), Used(iterations=8), 4) == 4
 
 
+def test_rolling_slots_fill_the_population_within_budget_and_compaction():
+    f = decisions.slots_to_fill
+    b, u = Budget(iterations=100), Used(iterations=10)
+    assert f(b, u, 4, in_flight=0, running=0, iterations_this_run=0, compact_every=50,
+             continue_as_new_suggested=False) == 4
+    assert f(b, u, 4, 3, 1, 0, 50, False) == 3          # one running, two finished waiting: 3 to start
+    assert f(b, u, 4, 8, 0, 0, 50, False) == 0          # backlog of 2 x population finished-unrecorded
+    assert f(b, u, 4, 2, 2, 47, 50, False) == 1         # room before the compaction point
+    assert f(b, Used(iterations=98), 4, 1, 1, 0, 50, False) == 1  # iteration budget counts in-flight
+    assert f(Budget(iterations=None), u, 4, 0, 0, 0, 50, True) == 0  # continue-as-new suggested: drain
+    assert f(Budget(iterations=None), u, 4, 0, 0, 60, 50, False) == 0
+
+
 def test_budget_changes_below_what_is_used_are_refused():
     used = Used(iterations=7, seconds=7200)
     with pytest.raises(ValueError, match="below the 7 already run"):

@@ -55,6 +55,25 @@ async def test_population_evaluates_in_parallel_with_unique_numbers(env, store):
     assert len({r.candidate_id for r in recs}) == 10
 
 
+async def test_population_rolls_past_a_slow_evaluation(env, store):
+    # Population 3, every third iteration slow to compile: the others keep starting new candidates
+    # instead of waiting for the slow one at a step boundary, and the ledger still records 1..12 in order.
+    evaluators.SLOW_EVERY, evaluators.SLOW_S = 3, 1.5
+    try:
+        spec = RunSpec(problem="softmax", budget={"iterations": 12}, compact_every=6, population=3)
+        async with workers(env.client):
+            res = await (await _start(env.client, spec, "roll")).result()
+    finally:
+        evaluators.SLOW_EVERY, evaluators.SLOW_S = 0, 0.0
+    assert_contiguous(store, res, 12)
+    recs = read_ledger(store, res.ledger_key)
+    assert res.runs == 2 and len({r.candidate_id for r in recs}) == 12
+    slow = recs[0]  # iteration 1
+    overtook = [r.iteration for r in recs if r.iteration >= 4 and r.started_at < slow.finished_at]
+    assert overtook, "no candidate started while the slow first one was still compiling"
+    assert max(r.slot for r in recs) == 2
+
+
 async def test_set_budget_validator_rejects_before_recording(env, store):
     evaluators.DELAY_S = 0.3
     try:
