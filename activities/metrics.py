@@ -16,8 +16,9 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
   by outcome (``passed``, ``rejected``; ``improved`` where the caller knows it).
 * ``marathon_rejections_total{stage}``: rejected candidates by the stage that rejected them
   (``rules``, ``compile``, ``verify``, ``benchmark``, ``sandbox``, ...).
-* ``marathon_gpu_busy_seconds_total``: GPU seconds the worker's timed jobs used (the number the
-  workflow charges against the run's ``gpu_seconds`` budget).
+* ``marathon_gpu_busy_seconds_total``: seconds the worker held its GPU (the harness's GPU lock:
+  verification, timing, profiling); its rate is the GPU busy fraction. The run's ``gpu_seconds`` budget
+  is charged from the benchmark reports instead.
 
 Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts.py, and all of
 them exist from the start at 0, so ``rate()`` works before the first event.
@@ -109,7 +110,7 @@ if prometheus_client is not None:
     _REJECTIONS = prometheus_client.Counter(
         "marathon_rejections", "Rejected candidates by the stage that rejected them", ["stage"])
     _GPU_BUSY = prometheus_client.Counter(
-        "marathon_gpu_busy_seconds", "GPU seconds used by timed jobs on this worker")
+        "marathon_gpu_busy_seconds", "Seconds this worker held its GPU (verification, timing, profiling)")
     for _o in OUTCOMES:
         _EVALUATIONS.labels(outcome=_o)
     for _s in STAGES:
@@ -150,7 +151,8 @@ def add_gpu_busy(seconds: float) -> None:
 
 def observe_report(stage: str, report: Any) -> None:
     """Count a GPU-worker report: a rejection at the stage the report names (``report.stage``, else
-    ``stage``), a pass when a benchmark succeeded, and its GPU seconds (``report.gpu_seconds``).
+    ``stage``), a pass when a benchmark succeeded. (GPU busy time is added by the harness's GPU lock
+    itself, which also sees verification and profiling, not only timed benchmarks.)
 
     ``stage`` is the activity's step: compile, verify or benchmark. Compile and verify passes are not
     counted as evaluations: the candidate has not finished yet."""
@@ -158,7 +160,6 @@ def observe_report(stage: str, report: Any) -> None:
         count_evaluation("rejected", getattr(report, "stage", None) or stage)
     elif stage == "benchmark":
         count_evaluation("passed")
-    add_gpu_busy(getattr(report, "gpu_seconds", 0.0) or 0.0)
 
 
 def start_counters_server(port: int, host: str | None = None):

@@ -7,6 +7,7 @@ failures raise: an unreadable/unwritable artifact store becomes a non-retryable 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -25,9 +26,11 @@ def evaluator():
     global _EV
     with _EV_LOCK:
         if _EV is None:
-            from gpu_worker.harness import Evaluator
+            from gpu_worker.harness import Evaluator, cuda_available
 
-            _EV = Evaluator()
+            # warm spares: a candidate child costs seconds to start (torch + Triton imports); on CUDA a
+            # rolling population keeps several acquisitions in flight at once
+            _EV = Evaluator(spares=int(os.environ.get("MARATHON_SPARES", "4" if cuda_available() else "1")))
         return _EV
 
 

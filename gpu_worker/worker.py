@@ -2,8 +2,8 @@
 
 Concurrency: compile activities run on CPU cores ahead of the GPU; everything that touches the GPU
 (verification, timing, profiling) takes the evaluator's GPU lock, so at most one timed job runs on
-the device at a time. On CUDA the worker accepts 4 concurrent activities (compiles overlap a timed
-job); under the interpreter 2.
+the device at a time. On CUDA the worker accepts 8 concurrent activities (compiles overlap a timed
+job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
 the worker is built; if they fail, this raises and no worker is built, and activities refuse work.
@@ -44,7 +44,8 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
     warm = os.environ.get("MARATHON_WARM_PROBLEM")  # e.g. "kda": oracle bank + ceilings before serving
     if warm:
         ev.warm(warm, os.environ.get("MARATHON_WARM_SHAPE") or None)
-    n = max_concurrent or (4 if ev.cuda else 2)
+    # CUDA: 8 activities, so a rolling population of 8 keeps compiles (CPU) running behind the GPU lock
+    n = max_concurrent or int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if ev.cuda else "2"))
     return Worker(client, task_queue=task_queue, activities=gpu_activities(),
                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
                   max_concurrent_activities=n)

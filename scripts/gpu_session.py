@@ -1,0 +1,269 @@
+"""One device session: the whole stack on a GPU host, measured.
+
+Starts the dev server, an agent worker and one GPU worker per GPU (`marathon worker --role gpu` with
+CUDA_VISIBLE_DEVICES set), starts a search run per problem with `marathon start`, samples every run's
+status and every GPU worker's Prometheus counters while they run, stops what is still running at the
+deadline (`marathon stop`), writes each run's `marathon report`, and summarises evaluations per hour and
+GPU busy fraction per window (a window is a stretch with a fixed number of GPU workers serving).
+
+    source .gpu-bundle/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+    python scripts/gpu_session.py --problems kda --gpus 2 --second-gpu-after 150 --minutes 7
+
+`--second-gpu-after S` starts the second GPU worker S seconds after the first one serves, so one run
+gives the one-GPU and the two-GPU figure on the same candidates stream. Everything lands in
+$OUT/session.tar.gz (the device tool brings back few files) plus $OUT/session.json; the summary is
+printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = Path(os.environ.get("OUT") or "/tmp/gpu-session-out")
+WORK = Path("/tmp/marathon-session")
+T0 = time.time()
+
+
+def log(*a):
+    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+
+
+def marathon(*args, timeout=120, check=False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "workflows.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, check=check, cwd=ROOT)
+
+
+def spawn(name: str, args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    env = dict(os.environ, **(env_extra or {}))
+    f = open(WORK / f"{name}.log", "w")
+    return subprocess.Popen([sys.executable, "-m", "workflows.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+                            env=env, cwd=ROOT)
+
+
+def wait_port(port: int, timeout: float) -> bool:
+    end = time.time() + timeout
+    while time.time() < end:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.3)
+    return False
+
+
+def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) -> float | None:
+    end = time.time() + timeout
+    while time.time() < end:
+        text = (WORK / f"{name}.log").read_text(errors="replace")
+        if re.search(pattern, text):
+            return time.time()
+        if proc.poll() is not None:
+            log(f"{name} exited {proc.returncode}:\n" + text[-3000:])
+            return None
+        time.sleep(0.5)
+    return None
+
+
+def scrape_busy(port: int) -> float | None:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except Exception:  # noqa: BLE001
+        return None
+    m = re.search(r"^marathon_gpu_busy_seconds_total (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def status(run_id: str) -> dict | None:
+    r = marathon("status", run_id, "--json", timeout=60)
+    try:
+        return json.loads(r.stdout)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--problems", default="kda")
+    ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--second-gpu-after", type=float, default=0.0)
+    ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
+    ap.add_argument("--iterations", type=int, default=200)
+    ap.add_argument("--population", type=int, default=8)
+    ap.add_argument("--compact-every", type=int, default=50)
+    ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU workers")
+    a = ap.parse_args()
+    problems = a.problems.split()
+    WORK.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("MARATHON_HOME", str(WORK / "home"))
+    os.environ.setdefault("MARATHON_ARTIFACTS", str(WORK / "artifacts"))
+    os.environ.setdefault("MARATHON_GPU_WORKDIR", "/dev/shm/marathon-gpu-work")
+    summary: dict = {"args": vars(a), "windows": [], "runs": {}, "samples": []}
+    procs: list[subprocess.Popen] = []
+    try:
+        dev = spawn("dev", ["dev", "--headless", "--db", str(WORK / "temporal.db")])
+        procs.append(dev)
+        if not wait_port(7233, 60):
+            log("dev server did not come up")
+            return 1
+        procs.append(spawn("agent", ["worker", "--role", "agent"]))
+        gpu_env = {"MARATHON_WARM_PROBLEM": a.warm} if a.warm else {}
+        workers = []  # name, counters port (the Temporal runtime's metrics are on the port below), since
+        w0 = spawn("gpu0", ["worker", "--role", "gpu", "--metrics-port", "9100"],
+                   dict(gpu_env, CUDA_VISIBLE_DEVICES="0"))
+        procs.append(w0)
+        w1 = None
+        if a.gpus > 1 and not a.second_gpu_after:
+            w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
+                       dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
+            procs.append(w1)
+        t_serve0 = wait_log("gpu0", r"polling", 300, w0)
+        if t_serve0 is None:
+            return 1
+        log("gpu0 serving")
+        workers.append({"name": "gpu0", "port": 9101, "since": t_serve0})
+        if w1 is not None:
+            t1 = wait_log("gpu1", r"polling", 300, w1)
+            if t1:
+                workers.append({"name": "gpu1", "port": 9111, "since": t1})
+                log("gpu1 serving")
+        ids = {}
+        for p in problems:
+            rid = f"h200-{p}-{int(T0)}"
+            r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
+                         "--compact-every", str(a.compact_every), "--hours", "2", "--id", rid)
+            log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
+            ids[p] = rid
+        t_start = time.time()
+        deadline = t_serve0 + 60 * a.minutes
+        pending_w1 = a.gpus > 1 and a.second_gpu_after > 0
+        while time.time() < deadline:
+            if pending_w1 and time.time() >= t_serve0 + a.second_gpu_after:
+                pending_w1 = False
+                w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
+                           dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
+                procs.append(w1)
+            if w1 is not None and len(workers) == 1:
+                text = (WORK / "gpu1.log").read_text(errors="replace")
+                if "polling" in text:
+                    workers.append({"name": "gpu1", "port": 9111, "since": time.time()})
+                    log("gpu1 serving")
+            sample = {"t": time.time(), "busy": {w["name"]: scrape_busy(w["port"]) for w in workers}, "runs": {}}
+            done = True
+            for p, rid in ids.items():
+                st = status(rid)
+                if st:
+                    sample["runs"][p] = {"iteration": st.get("iteration"), "phase": st.get("phase"),
+                                         "best": (st.get("best") or {}).get("speedup")}
+                    done &= st.get("phase") == "done"
+            summary["samples"].append(sample)
+            log("sample", json.dumps({k: v for k, v in sample.items() if k != "t"}))
+            if done:
+                break
+            time.sleep(10)
+        for p, rid in ids.items():
+            st = status(rid)
+            if st and st.get("phase") != "done":
+                log(f"stop {p}:", marathon("stop", rid, "--reason", "session deadline").returncode)
+        for p, rid in ids.items():
+            end = time.time() + 120
+            while time.time() < end:
+                st = status(rid)
+                if st and st.get("phase") == "done":
+                    break
+                time.sleep(3)
+            st = status(rid) or {}
+            summary["runs"][p] = st
+            r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=300)
+            log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
+            summary["runs"][p]["throughput"] = throughput(rid, st, workers, t_start, summary["samples"])
+        summary["workers"] = workers
+    finally:
+        for pr in reversed(procs):
+            if pr.poll() is None:
+                pr.terminate()
+        for pr in procs:
+            try:
+                pr.wait(20)
+            except subprocess.TimeoutExpired:
+                pr.kill()
+        (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
+        with tarfile.open(OUT / "session.tar.gz", "w:gz") as tar:
+            for f in sorted(WORK.glob("*.log")) + sorted(WORK.glob("report-*")):
+                tar.add(f, arcname=f.name)
+            tar.add(OUT / "session.json", arcname="session.json")
+    print_summary(summary)
+    return 0
+
+
+def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
+    """Evaluations per hour and GPU busy fraction per window with a fixed number of GPU workers. Busy:
+    the increase of each worker's marathon_gpu_busy_seconds_total between the window's first and last
+    sample over the time between them."""
+    from activities.artifacts import ArtifactStore
+    from activities.ledger import read_ledger
+
+    recs = read_ledger(ArtifactStore(), st.get("ledger_key")) if st.get("ledger_key") else []
+    ends = sorted(r.finished_at for r in recs if r.finished_at)
+    bounds = [max(t_start, workers[0]["since"])] + [w["since"] for w in workers[1:]] + [ends[-1] if ends else time.time()]
+    out = []
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        n = sum(lo <= t < hi for t in ends)
+        busy = {}
+        for w in workers[:i + 1]:
+            pts = [(x["t"], x["busy"].get(w["name"])) for x in samples
+                   if lo <= x["t"] <= hi and x["busy"].get(w["name"]) is not None]
+            if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+                busy[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
+        out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
+                    "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
+                    "busy_fraction": busy})
+    outcomes: dict = {}
+    for r in recs:
+        key = r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}"
+        outcomes[key] = outcomes.get(key, 0) + 1
+    return {"windows": out, "evaluations": len(recs), "outcomes": outcomes}
+
+
+def busy_windows(summary: dict) -> list[dict]:
+    """GPU busy fraction per worker between consecutive samples, averaged per window."""
+    s = summary.get("samples", [])
+    res = []
+    for w in summary.get("workers", []):
+        pts = [(x["t"], x["busy"].get(w["name"])) for x in s if x["busy"].get(w["name"]) is not None]
+        if len(pts) >= 2:
+            (t0, b0), (t1, b1) = pts[0], pts[-1]
+            res.append({"worker": w["name"], "from": round(t0 - T0), "to": round(t1 - T0),
+                        "busy_fraction": round((b1 - b0) / max(t1 - t0, 1e-9), 3)})
+    return res
+
+
+def print_summary(summary: dict) -> None:
+    summary["busy"] = busy_windows(summary)
+    (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
+    print("==== SUMMARY ====")
+    for p, st in summary.get("runs", {}).items():
+        b = st.get("best") or {}
+        print(f"{p}: iterations {st.get('iteration')}, phase {st.get('phase')}, best {b.get('speedup')}x "
+              f"({b.get('time_ms')} ms, {b.get('candidate_id')}), throughput {json.dumps(st.get('throughput'))}")
+    for b in summary["busy"]:
+        print(f"busy {b}")
+
+
+if __name__ == "__main__":
+    import signal
+
+    # `timeout` sends SIGTERM: unwind through main's finally, so the workers stop and the archive is written
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(124)))
+    sys.exit(main())
