@@ -75,12 +75,15 @@ def _observed(stage: str, fn, req):
     from activities.logs import activity_logger
     from activities.metrics import observe_report
 
+    from gpu_worker.harness import phases_begin, phases_end
+
     t0 = time.monotonic()
+    phases_begin()
     rep = _guarded(fn, req)
     observe_report(stage, rep)
     activity_logger().info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
                            reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
-                           seconds=round(time.monotonic() - t0, 3))
+                           seconds=round(time.monotonic() - t0, 3), phases=phases_end())
     return rep
 
 

@@ -99,6 +99,11 @@ class Server:
         self.tmp, self.role = tmp, role
         self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
         self.device = "cuda" if self.cuda else "cpu"
+        if self.cuda:
+            # Create the CUDA context now, while this child waits as a warm spare, not later while the
+            # worker holds the GPU lock for it (seconds per child otherwise).
+            torch.empty(1, device="cuda")
+            torch.cuda.synchronize()
         self.module = None
         self.problem = None
         self.shape = None

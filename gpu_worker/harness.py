@@ -234,11 +234,14 @@ class Evaluator:
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
             with self.pool.acquire() as sb:
-                self._load(sb, source, problem, shape, hb)
-                r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
+                with _phase("load"):
+                    self._load(sb, source, problem, shape, hb)
+                with _phase("compile"):
+                    r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
                 self._check_reply(r, "compile", sb)
                 kernels = r["kernels"]
-                sass = self._sass(kernels)
+                with _phase("sass"):
+                    sass = self._sass(kernels)
                 log = sb.log_tail()
         except Rejection as rej:
             return CompileReport(ok=False, error=rej.reason[:4000], interpreter=self.interpreter,
@@ -315,13 +318,17 @@ class Evaluator:
         names = compared_outputs(problem, shape, self.interpreter)
         cases = self.cases(problem, candidate_id)
         with self.pool.acquire() as sb:
-            self._load(sb, source, problem, shape, hb)
-            pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
+            with _phase("load"):
+                self._load(sb, source, problem, shape, hb)
+            with _phase("prepare"):
+                pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
             lock = self.gpu_lock if self.cuda else _NullLock()
             with lock:
-                refs = self.reference(problem, shape, cases, hb)
-                r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
+                with _phase("reference"):
+                    refs = self.reference(problem, shape, cases, hb)
+                with _phase("run-cases"):
+                    r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
                 self._check_reply(r, "verify", sb)
                 for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
                     if got["hash_before"] != ref["hash"]:
@@ -341,7 +348,8 @@ class Evaluator:
                 if "stale" in r:
                     jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                              for n in names]
-                cmp = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)["results"]
+                with _phase("compare"):
+                    cmp = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)["results"]
             log_tail = sb.log_tail()
         worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
         k = 0
@@ -440,14 +448,24 @@ class Evaluator:
                                           "benchmark", s_)
                 with ref_lock:
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
+                    with _phase("receipt"):  # clocks read just before the timed section, outside the lock
+                        receipt = ref_sb.call("receipt", 60, hb)
+                fresh = None
+                if req.fresh_process and self.cuda:
+                    # the re-measuring child is loaded and fed before the lock: only timing holds the GPU
+                    fresh = self.pool.acquire()
+                    sbs.append(fresh)
+                    ld = self._load(fresh, source, problem, shape, hb)
+                    self._check_reply(fresh.call("prepare", self.timeouts["load"], hb, rotate=3), "benchmark", fresh)
                 lock = self.gpu_lock if self.cuda else _NullLock()
                 with lock, ref_lock:
                     g0 = time.monotonic()
-                    res = self._interleave(problem, cand, ref_sb, best, hb)
-                    receipt = ref_sb.call("receipt", 60, hb)
+                    with _phase("interleave"):
+                        res = self._interleave(problem, cand, ref_sb, best, hb)
                     prof = None
-                    if req.fresh_process and self.cuda:
-                        prof = self._crosscheck(source, problem, shape, hb)
+                    if fresh is not None:
+                        with _phase("crosscheck"):
+                            prof = self._crosscheck(fresh, ld.get("kernels", []), hb)
                     gpu_s = time.monotonic() - g0
                 cand_log = cand.log_tail()
             finally:
@@ -541,17 +559,14 @@ class Evaluator:
                         out["mode"] = r.get("mode", mode)
         return out
 
-    def _crosscheck(self, source, problem, shape, hb) -> dict:
-        """Fresh process: event timing again plus torch.profiler kernel time; the candidate's kernels must
-        appear in the trace and the two times must agree."""
-        with self.pool.acquire() as sb:
-            ld = self._load(sb, source, problem, shape, hb)
-            t = sb.call("time", self.timeouts["time"], hb, reps=20, warmup=3, rotate=3, mode="eager")
-            self._check_reply(t, "benchmark", sb)
-            p = sb.call("profile", self.timeouts["profile"], hb, reps=10, rotate=3)
-            self._check_reply(p, "benchmark", sb)
+    def _crosscheck(self, sb: Sandbox, names: list, hb) -> dict:
+        """In a fresh process (`sb`, loaded and prepared by the caller): event timing again plus
+        torch.profiler kernel time; the candidate's kernels must appear in the trace and the two agree."""
+        t = sb.call("time", self.timeouts["time"], hb, reps=20, warmup=3, rotate=3, mode="eager")
+        self._check_reply(t, "benchmark", sb)
+        p = sb.call("profile", self.timeouts["profile"], hb, reps=10, rotate=3)
+        self._check_reply(p, "benchmark", sb)
         ev = median(t["times"])
-        names = ld.get("kernels", [])
         seen = [k for k in p["kernels"] if any(n in k for n in names)]
         foreign = [k for k in p["kernels"] if any(s in k.lower() for s in ("gemm", "cublas", "cutlass", "xmma", "flash", "sdpa", "softmax_warp", "cunn_softmax"))
                    and not any(n in k for n in names)]
@@ -575,6 +590,39 @@ class Evaluator:
         return self.selftest_result
 
 
+_PHASES = threading.local()
+
+
+def phases_begin() -> None:
+    """Start collecting this thread's phase timings (one activity runs on one thread)."""
+    _PHASES.d = {}
+
+
+def phases_end() -> dict:
+    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (the GPU lock) and the
+    named steps below; the activity log carries them, which is how the throughput run is read."""
+    d, _PHASES.d = getattr(_PHASES, "d", None) or {}, None
+    return {k: round(v, 3) for k, v in d.items()}
+
+
+def _add_phase(name: str, seconds: float) -> None:
+    d = getattr(_PHASES, "d", None)
+    if d is not None:
+        d[name] = d.get(name, 0.0) + seconds
+
+
+class _phase:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.t = time.monotonic()
+
+    def __exit__(self, *exc):
+        _add_phase(self.name, time.monotonic() - self.t)
+        return False
+
+
 class TimedLock:
     """A lock that accumulates how long it was held (the GPU busy time of a search run)."""
 
@@ -584,14 +632,17 @@ class TimedLock:
         self._t = 0.0
 
     def acquire(self):
+        t = time.monotonic()
         self._lock.acquire()
         self._t = time.monotonic()
+        _add_phase("gpu-wait", self._t - t)
 
     def release(self):
         from activities.metrics import add_gpu_busy
 
         dt = time.monotonic() - self._t
         self.busy_s += dt
+        _add_phase("gpu-held", dt)
         self._lock.release()
         add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
 

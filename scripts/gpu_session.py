@@ -101,6 +101,10 @@ def main() -> int:
     ap.add_argument("--population", type=int, default=8)
     ap.add_argument("--compact-every", type=int, default=50)
     ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU workers")
+    ap.add_argument("--bench", default="", help="after the runs: `marathon bench` per GPU, e.g. 'kda|mla_decode mla_prefill'"
+                    " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' best kernels")
+    ap.add_argument("--bench-timeout", type=float, default=200)
+    ap.add_argument("--gpu-tests", action="store_true", help="then `pytest -m gpu` on the last GPU")
     a = ap.parse_args()
     problems = a.problems.split()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -187,7 +191,14 @@ def main() -> int:
             r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=300)
             log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
             summary["runs"][p]["throughput"] = throughput(rid, st, workers, t_start, summary["samples"])
+            summary["runs"][p]["best_source_key"] = best_source_key(st)
         summary["workers"] = workers
+        for pr in procs[1:]:  # workers down before the GPUs are measured; the dev server can stay
+            pr.terminate()
+        for pr in procs[1:]:
+            pr.wait(30)
+        if a.bench:
+            summary["bench"] = bench(a, summary)
     finally:
         for pr in reversed(procs):
             if pr.poll() is None:
@@ -199,11 +210,63 @@ def main() -> int:
                 pr.kill()
         (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
         with tarfile.open(OUT / "session.tar.gz", "w:gz") as tar:
-            for f in sorted(WORK.glob("*.log")) + sorted(WORK.glob("report-*")):
+            for f in sorted(WORK.glob("*.log")) + sorted(WORK.glob("report-*")) + sorted(WORK.glob("scoreboard-*")):
                 tar.add(f, arcname=f.name)
             tar.add(OUT / "session.json", arcname="session.json")
     print_summary(summary)
     return 0
+
+
+def best_source_key(st: dict) -> str | None:
+    from activities.artifacts import ArtifactStore
+    from activities.ledger import read_ledger
+
+    b = st.get("best")
+    if not b or not st.get("ledger_key"):
+        return None
+    return next((r.source_key for r in read_ledger(ArtifactStore(), st["ledger_key"])
+                 if r.candidate_id == b["candidate_id"]), None)
+
+
+def bench(a, summary: dict) -> list:
+    """`marathon bench` (all shapes) in one process per GPU, at the same time; then the gpu-marked tests."""
+    groups = [g.split() for g in a.bench.split("|")]
+    procs = []
+    for gpu, names in enumerate(groups):
+        best = []
+        for n in names:
+            key = summary["runs"].get(n, {}).get("best_source_key")
+            if key:
+                best += ["--best", f"{n}={key}"]
+        out = WORK / f"scoreboard-gpu{gpu}"
+        f = open(WORK / f"scoreboard-gpu{gpu}.log", "w")
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        cmd = [sys.executable, "-m", "gpu_worker.scoreboard", *names, "--out", str(out), *best]
+        log("bench:", " ".join(cmd[1:]))
+        procs.append((gpu, out, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
+    end = time.time() + a.bench_timeout
+    res = []
+    for gpu, out, pr in procs:
+        try:
+            pr.wait(max(1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            pr.terminate()
+            pr.wait(20)
+        rows = json.loads((out / "scoreboard.json").read_text()) if (out / "scoreboard.json").exists() else []
+        res += rows
+        log(f"bench gpu{gpu}: rc={pr.returncode}, {len(rows)} rows")
+    (OUT / "scoreboard.json").write_text(json.dumps(res, indent=1, default=str))
+    if a.gpu_tests:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(max(0, len(groups) - 1)))
+        with open(WORK / "pytest-gpu.log", "w") as f:
+            try:
+                r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
+                                   stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=150)
+                log("gpu tests rc", r.returncode)
+            except subprocess.TimeoutExpired:
+                log("gpu tests: timed out")
+        log((WORK / "pytest-gpu.log").read_text()[-1500:])
+    return res
 
 
 def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
