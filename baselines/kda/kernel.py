@@ -31,7 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-KNOBS = {"BK": 32, "BOUND": 80.0, "BV": 32, "CHUNK": 64, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 3, "num_warps_prep": 8, "num_warps_state": 4}
+# The best setting the search found on an H200 (run h200-kda-1796017969, iteration 35, docs/kda-search-report.md):
+# 1.23 ms vs fla.chunk_kda 1.277 ms interleaved in the harness; the previous default measured 1.80 ms.
+KNOBS = {"BK": 128, "BOUND": 40.0, "BV": 16, "CHUNK": 32, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 4, "num_warps_prep": 4, "num_warps_state": 4}
 
 
 @triton.jit
