@@ -25,6 +25,19 @@ def gpu_activities() -> list:
     return [a.compile_candidate, a.verify_candidate, a.benchmark_candidate, a.profile_candidate, a.gpu_selftest]
 
 
+def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, str | None]]:
+    """MARATHON_WARM_PROBLEM parsed: comma-separated `problem` or `problem:shape name` entries. Unknown
+    problems raise here, at worker start, with the registry's message."""
+    from baselines.registry import check_problem_name
+
+    out = []
+    for item in filter(None, (x.strip() for x in value.split(","))):
+        name, _, shape = item.partition(":")
+        check_problem_name(name.strip())
+        out.append((name.strip(), shape.strip() or default_shape))
+    return out
+
+
 class SelfTestFailed(RuntimeError):
     pass
 
@@ -41,9 +54,12 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
         res = ev.selftest()
         if not res["ok"]:
             raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
-    warm = os.environ.get("MARATHON_WARM_PROBLEM")  # e.g. "kda": oracle bank + ceilings before serving
-    if warm:
-        ev.warm(warm, os.environ.get("MARATHON_WARM_SHAPE") or None)
+    # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
+    # (FLA autotunes) before serving. Otherwise each problem's first verification does this while holding
+    # the GPU lock, which once stalled a cold two-GPU session for 100 s per GPU (docs/throughput.md).
+    for name, shape in warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
+                                 os.environ.get("MARATHON_WARM_SHAPE") or None):
+        ev.warm(name, shape)
     # CUDA: 8 activities, so a rolling population of 8 keeps compiles (CPU) running behind the GPU lock
     n = max_concurrent or int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if ev.cuda else "2"))
     return Worker(client, task_queue=task_queue, activities=gpu_activities(),

@@ -260,7 +260,8 @@ def bench(a, summary: dict) -> list:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(max(0, len(groups) - 1)))
         with open(WORK / "pytest-gpu.log", "w") as f:
             try:
-                r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests", "-p", "no:cacheprovider"],
+                r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu_worker", "tests/baselines",
+                                    "-p", "no:cacheprovider"],
                                    stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=150)
                 log("gpu tests rc", r.returncode)
             except subprocess.TimeoutExpired:

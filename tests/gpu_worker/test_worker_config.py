@@ -1,0 +1,20 @@
+"""GPU worker start-up configuration (no GPU, no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from baselines.registry import UnknownProblem
+from gpu_worker.worker import warm_list
+
+
+def test_warm_list_takes_problems_and_shapes():
+    assert warm_list("") == []
+    assert warm_list("kda") == [("kda", None)]
+    assert warm_list(" kda , mla_decode:B1 H64 S8192 Q4 ") == [("kda", None), ("mla_decode", "B1 H64 S8192 Q4")]
+    assert warm_list("kda", default_shape="B1 T32768 H32 D128") == [("kda", "B1 T32768 H32 D128")]
+
+
+def test_warm_list_refuses_an_unknown_problem_at_start():
+    with pytest.raises(UnknownProblem, match="unknown problem 'kdaa'"):
+        warm_list("kda,kdaa")
