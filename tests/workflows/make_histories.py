@@ -30,6 +30,10 @@ async def main(prefix: str) -> None:
                                                 dev_server_existing_path=temporal_path(),
                                                 search_attributes=SEARCH_ATTRIBUTES,
                                                 dev_server_extra_args=dev_server_config_args())
+    from tests import evaluators
+
+    # every third candidate compiles slowly, so the rolling population (v3_ onwards) really overlaps steps
+    evaluators.SLOW_EVERY, evaluators.SLOW_S = 3, 0.5
     try:
         async with workers(env.client):
             spec = RunSpec(problem="softmax", budget={"iterations": 8}, compact_every=4, population=2)

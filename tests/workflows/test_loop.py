@@ -139,10 +139,12 @@ async def test_status_and_search_attributes(env, store):
     assert sa["MarathonPhase"] == "done" and sa["MarathonBestSpeedup"] == pytest.approx(res.best.speedup)
 
 
-async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, store):
+@pytest.mark.parametrize("population", [1, 3])
+async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, store, population):
     """The store breaks mid-run (its objects directory replaced by a file: even root cannot write there):
     the run pauses with a clear reason and records nothing for the broken step; once the store is back,
-    `resume` carries on with the same iteration numbers."""
+    `resume` carries on with the same iteration numbers. With a rolling population of 3, evaluations in
+    flight when it breaks are drained: those before the first failure are recorded, the rest retried."""
     import shutil
 
     evaluators.DELAY_S = 0.2
@@ -151,7 +153,7 @@ async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, st
     try:
         async with workers(env.client):
             h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 12}, compact_every=4,
-                                                 heartbeat_seconds=5), "store")
+                                                 heartbeat_seconds=5, population=population), "store")
             await _until(lambda s: s.iteration >= 2, h)
             objects.rename(moved)
             objects.write_text("not a directory")
