@@ -97,6 +97,9 @@ def main() -> int:
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--second-gpu-after", type=float, default=0.0)
     ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
+    ap.add_argument("--budget-s", type=float, default=560,
+                    help="the whole session's wall-clock budget: the search stops early enough to leave time "
+                         "for draining, reports and --bench, and the archive is written before it ends")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--population", type=int, default=8)
     ap.add_argument("--compact-every", type=int, default=50)
@@ -149,7 +152,8 @@ def main() -> int:
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
         t_start = time.time()
-        deadline = t_serve0 + 60 * a.minutes
+        reserve = 150 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests else 0)
+        deadline = min(t_serve0 + 60 * a.minutes, T0 + a.budget_s - reserve)
         pending_w1 = a.gpus > 1 and a.second_gpu_after > 0
         while time.time() < deadline:
             if pending_w1 and time.time() >= t_serve0 + a.second_gpu_after:
@@ -180,7 +184,7 @@ def main() -> int:
             if st and st.get("phase") != "done":
                 log(f"stop {p}:", marathon("stop", rid, "--reason", "session deadline").returncode)
         for p, rid in ids.items():
-            end = time.time() + 120
+            end = time.time() + min(120, max(5, left(a) - 60))
             while time.time() < end:
                 st = status(rid)
                 if st and st.get("phase") == "done":
@@ -188,10 +192,13 @@ def main() -> int:
                 time.sleep(3)
             st = status(rid) or {}
             summary["runs"][p] = st
-            r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=300)
-            log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
             summary["runs"][p]["throughput"] = throughput(rid, st, workers, t_start, summary["samples"])
             summary["runs"][p]["best_source_key"] = best_source_key(st)
+            if left(a) < 30:
+                log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
+                continue
+            r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=max(10, left(a) - 20))
+            log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
         summary["workers"] = workers
         for pr in procs[1:]:  # workers down before the GPUs are measured; the dev server can stay
             pr.terminate()
@@ -215,6 +222,11 @@ def main() -> int:
             tar.add(OUT / "session.json", arcname="session.json")
     print_summary(summary)
     return 0
+
+
+def left(a) -> float:
+    """Seconds left of the session's --budget-s."""
+    return T0 + a.budget_s - time.time()
 
 
 def best_source_key(st: dict) -> str | None:
@@ -244,7 +256,7 @@ def bench(a, summary: dict) -> list:
         cmd = [sys.executable, "-m", "gpu_worker.scoreboard", *names, "--out", str(out), *best]
         log("bench:", " ".join(cmd[1:]))
         procs.append((gpu, out, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
-    end = time.time() + a.bench_timeout
+    end = time.time() + min(a.bench_timeout, max(10, left(a) - 40 - (90 if a.gpu_tests else 0)))
     res = []
     for gpu, out, pr in procs:
         try:
@@ -262,7 +274,8 @@ def bench(a, summary: dict) -> list:
             try:
                 r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu_worker", "tests/baselines",
                                     "-p", "no:cacheprovider"],
-                                   stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT, timeout=150)
+                                   stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                   timeout=max(10, min(150, left(a) - 20)))
                 log("gpu tests rc", r.returncode)
             except subprocess.TimeoutExpired:
                 log("gpu tests: timed out")
