@@ -66,6 +66,7 @@ class KernelOptimization:
         self.stop: StopRequest | None = None
         self.iterations_this_run = 0
         self.finished = False
+        self.rolling = False  # set by run(): the rolling population (patch "rolling-population")
         # rolling population: iteration -> (candidate id, task of _evaluate), started but not yet recorded
         self.in_flight: dict[int, tuple[str, asyncio.Task]] = {}
 
@@ -74,6 +75,11 @@ class KernelOptimization:
     async def run(self, spec: Any) -> RunResult:
         if self.invalid:
             raise ApplicationError(self.invalid, type="InvalidRunSpec", non_retryable=True)
+        # Decided once, in the run's first activation, where the server's patch notifications are sure to
+        # have arrived: a patched() call first made mid-run (inside a later step) could, on a replay, run
+        # before its marker was announced, take the old branch and fail as nondeterministic (seen once in
+        # CI under load). Histories recorded before it replay the lockstep step.
+        self.rolling = workflow.patched("rolling-population")
         if self.first_run:
             self.st.started_at = workflow.now().timestamp()
             if workflow.patched("check-spec"):  # added after the first recorded histories
@@ -132,7 +138,7 @@ class KernelOptimization:
         Returns True when the proposer has nothing new left to try."""
         if self.spec.policy == "llm":
             return await llm_step(self)
-        if workflow.patched("rolling-population"):  # histories recorded before it replay the lockstep below
+        if self.rolling:
             return await self._rolling_step()
         n = decisions.iterations_this_step(self.spec.budget, self.st.used, self.spec.population)
         first = self.st.iteration + 1
