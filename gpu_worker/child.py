@@ -374,29 +374,44 @@ class Server:
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
         outputs and the inputs' hashes before and after. Then a determinism rerun on fresh buffers and a
         stale-output probe (same buffers, new contents)."""
+        perf, tm = self.T["perf"], {}
+
+        def tick(name, t0):  # seconds per step, reported to the worker's phase log (docs/throughput.md)
+            tm[name] = tm.get(name, 0.0) + perf() - t0
+            return perf()
+
         results = []
         first = None
         for dist, seed in cases:
+            t = perf()
             inputs = self._inputs(dist, seed)
+            t = tick("inputs", t)
             h0 = self._hash(inputs)
             pristine = self._pristine(inputs)
             outs = self._outputs()
+            t = tick("hash-copy", t)
             self._call(inputs, outs, guarded=True)
+            t = tick("first-call" if first is None else "call", t)
             mutated = self._mutated(inputs, pristine)
             del pristine
+            t = tick("hash-copy", t)
             results.append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
                             "outputs": self._export(outs, f"case{len(results)}"),
                             "out_type_ok": all(type(v) is __import__("torch").Tensor for v in outs.values())})
+            tick("export", t)
             if first is None:
                 first = (inputs, outs)
         reply = {"cases": results}
         if determinism and first:
+            t = perf()
             dist, seed = cases[0]
             inputs = {k: (self.T["clone"](v) if hasattr(v, "clone") else v) for k, v in self._inputs(dist, seed).items()}
             outs = self._outputs()
             self._call(inputs, outs, guarded=True)
             reply["rerun"] = self._export(outs, "rerun")
+            tick("rerun", t)
         if stale and len(cases) > 1 and first:
+            t = perf()
             # the first case's input buffers (same pointers) now hold the second case's contents
             inputs0, _ = first
             dist, seed = cases[1]
@@ -411,7 +426,9 @@ class Server:
                 outs = self._outputs()
                 self._call(inputs0, outs, guarded=True)
                 reply["stale"] = {"case": 1, "outputs": self._export(outs, "stale")}
+            tick("stale", t)
         self._prefetched = {}
+        reply["timing"] = {k: round(v, 4) for k, v in tm.items()}
         return reply
 
     def _export(self, outs: dict, tag: str) -> dict:
@@ -625,8 +642,13 @@ class Server:
         from baselines.problem import rel_rms
 
         res = []
+        t_import = t_math = 0.0
+        perf = self.T["perf"]
         for job in jobs:
+            t0 = perf()
             o = self._import(job["out"])
+            t_import += perf() - t0
+            t0 = perf()
             if job.get("case") is not None:
                 t = self._oracle(*job["case"])[job["name"]]
             else:
@@ -637,7 +659,8 @@ class Server:
             res.append({"rel_err": rel_rms(t, o), "nonfinite": nonfinite, "numel": o.numel(),
                         "constant": constant})
             del o, of
-        return {"results": res}
+            t_math += perf() - t0
+        return {"results": res, "timing": {"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)}}
 
     def cmd_ceilings(self):
         """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)

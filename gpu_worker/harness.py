@@ -330,6 +330,8 @@ class Evaluator:
                 with _phase("run-cases"):
                     r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
                 self._check_reply(r, "verify", sb)
+                for k, v in (r.get("timing") or {}).items():
+                    _add_phase(f"run-cases.{k}", v)
                 for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
                     if got["hash_before"] != ref["hash"]:
                         raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
@@ -349,7 +351,10 @@ class Evaluator:
                     jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                              for n in names]
                 with _phase("compare"):
-                    cmp = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)["results"]
+                    cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)
+                cmp = cr["results"]
+                for k, v in (cr.get("timing") or {}).items():
+                    _add_phase(f"compare.{k}", v)
             log_tail = sb.log_tail()
         worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
         k = 0

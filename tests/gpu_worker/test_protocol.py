@@ -270,3 +270,18 @@ def test_warm_fills_oracle_bank(store, monkeypatch):
         assert v.ok and set(e._oracle) == set(before)
     finally:
         e.close()
+
+
+def test_verification_reports_where_its_time_went(ev, store):
+    # the activity wrapper logs these phases with every GPU activity (docs/throughput.md reads them)
+    from gpu_worker.harness import phases_begin, phases_end
+
+    phases_begin()
+    v = ev.verify(req(store, canary("fast")))
+    ph = phases_end()
+    assert v.ok, v.reason
+    for name in ("load", "prepare", "reference", "run-cases", "run-cases.first-call", "run-cases.export",
+                 "compare", "compare.import", "compare.oracle-and-math"):
+        assert name in ph and ph[name] >= 0, (name, ph)
+    assert ph["run-cases"] >= ph["run-cases.first-call"]
+    assert phases_end() == {}  # collected once
