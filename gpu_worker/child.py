@@ -314,7 +314,22 @@ class Server:
         else:
             self._call(inputs, outs, guarded=True)
         secs = time.perf_counter() - t0
-        return {"seconds": secs, "kernels": self._compiled_info()}
+        return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared()}
+
+    def _max_shared(self) -> int | None:
+        """The device's shared-memory limit per block (opt-in), as Triton sees it; None without CUDA.
+        Triton's warmup path compiles kernels that need more without complaint (they fail at launch), so
+        the harness compares each kernel's need with this at compile time."""
+        if not self.cuda:
+            return None
+        try:
+            import torch
+            import triton
+
+            props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
+            return int(props["max_shared_mem"])
+        except Exception:  # noqa: BLE001
+            return None
 
     def _warmup_call(self, inputs, outs):
         """Call the candidate with every Triton launch replaced by Triton's warmup path: kernels are

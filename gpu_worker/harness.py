@@ -89,6 +89,19 @@ def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed
     return float(lo), float(hi)
 
 
+def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
+    """The compile rejection for kernels that need more shared memory than the device gives a block
+    (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
+    if not limit:
+        return None
+    over = [k for k in kernels if (k.get("shared") or 0) > limit]
+    if not over:
+        return None
+    k = max(over, key=lambda k: k["shared"])
+    return (f"compile-error: OutOfResources: {k.get('name')} needs {k['shared']} bytes of shared memory, the "
+            f"device allows {limit} per block (lower BLOCK sizes or num_stages)")
+
+
 class Rejection(Exception):
     def __init__(self, stage: str, reason: str, log: str = ""):
         super().__init__(reason)
@@ -240,6 +253,9 @@ class Evaluator:
                     r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
                 self._check_reply(r, "compile", sb)
                 kernels = r["kernels"]
+                over = shared_over_limit(kernels, r.get("max_shared"))
+                if over:
+                    raise Rejection("compile", over, sb.log_tail())
                 with _phase("sass"):
                     sass = self._sass(kernels)
                 log = sb.log_tail()
