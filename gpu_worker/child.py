@@ -11,10 +11,12 @@ is captured here *before* the candidate loads and re-checked for identity after 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 import traceback
+from collections import OrderedDict
 
 
 def _redirect(tmp: str) -> None:
@@ -109,6 +111,7 @@ class Server:
         self.shape = None
         self.cpu_mode = not self.cuda
         self.sets: list = []  # timing input/output sets
+        self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.flush = None
         # trusted references, captured before any candidate code exists in this process
         self.T = {
@@ -351,9 +354,7 @@ class Server:
     def _load_kernels(self, inputs: dict, outs: dict) -> None:
         """Before the worker takes the GPU lock: find the candidate's kernels in Triton's cache and load
         them onto the device, so that the first timed or verified call does not pay for it under the lock.
-        Best effort: a failure here surfaces again, properly reported, in the real call."""
-        if not self.cuda or self.module is None:
-            return
+        Best effort: a failure here surfaces again, properly reported, in the real call. CUDA only."""
         try:
             self._warmup_call(inputs, outs)
             for f in self.kernels.values():
@@ -585,7 +586,6 @@ class Server:
     def cmd_profile(self, reps: int = 5, rotate: int = 3, dist: str | None = None):
         """torch.profiler over `reps` calls (no flush inside the window): kernel names and the device time
         per call, for the cross-check against the event timing."""
-        import torch
         from torch.profiler import ProfilerActivity, profile
 
         dist = dist or self.problem.distributions[0]
@@ -621,9 +621,7 @@ class Server:
         """The oracle's outputs for one case, kept on this child's device (LRU within
         MARATHON_ORACLE_CACHE_GB, default 24 on CUDA, 2 on the CPU) so that every later candidate is
         compared there, in fp64, without the oracle crossing a pipe."""
-        from collections import OrderedDict
-
-        cache = self.__dict__.setdefault("oracles", OrderedDict())
+        cache = self.oracles
         key = (dist, seed)
         if key in cache:
             cache.move_to_end(key)
@@ -662,10 +660,7 @@ class Server:
         import torch
 
         dtype = getattr(torch, handle["dtype"])
-        numel = 1
-        for d in handle["shape"]:
-            numel *= int(d)
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(handle["shape"]) * torch.empty((), dtype=dtype).element_size()
         if os.path.getsize(handle["path"]) != nbytes:
             raise ValueError(f"output file {handle['path']} holds {os.path.getsize(handle['path'])} bytes, "
                              f"expected {nbytes}")
@@ -696,7 +691,7 @@ class Server:
             of = o.double()
             nonfinite = int((~torch.isfinite(of)).sum())
             constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)
-            res.append({"rel_err": rel_rms(t, o), "nonfinite": nonfinite, "numel": o.numel(),
+            res.append({"rel_err": rel_rms(t, of), "nonfinite": nonfinite, "numel": o.numel(),
                         "constant": constant})
             del o, of
             t_math += perf() - t0

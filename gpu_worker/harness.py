@@ -23,7 +23,6 @@ import shutil
 import subprocess
 import threading
 import time
-from collections import OrderedDict
 from typing import Callable
 
 from activities.artifacts import ArtifactStore
@@ -118,8 +117,10 @@ class Evaluator:
         self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self._refs_lock = threading.Lock()
-        self._oracle: OrderedDict = OrderedDict()
-        self._oracle_lock = threading.Lock()
+        # per (problem, shape, dist, seed): the inputs' fingerprint and the baseline's own error. Small and
+        # deterministic, so never evicted; the oracle itself lives in the reference child (child._oracle).
+        self._ref_meta: dict[tuple, dict] = {}
+        self._ref_meta_lock = threading.Lock()
         self.ceilings: dict | None = None
         scale = 1.0 if self.cuda else 3.0
         self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
@@ -194,24 +195,18 @@ class Evaluator:
         return r
 
     def reference(self, problem, shape, cases, hb) -> list[dict]:
-        out, missing = {}, []
-        with self._oracle_lock:
-            for c in cases:
-                k = (problem.name, shape.name, c[0], c[1])
-                if k in self._oracle:
-                    self._oracle.move_to_end(k)
-                    out[c] = self._oracle[k]
-                else:
-                    missing.append(c)
+        def key(c):
+            return (problem.name, shape.name, c[0], c[1])
+
+        with self._ref_meta_lock:
+            missing = [c for c in cases if key(c) not in self._ref_meta]
         if missing:
             r = self._ref_call(problem, shape, hb, "reference", self.timeouts["reference"], cases=missing)
-            with self._oracle_lock:
+            with self._ref_meta_lock:
                 for c, res in zip(missing, r["cases"]):
-                    self._oracle[(problem.name, shape.name, c[0], c[1])] = res
-                    out[c] = res
-                while len(self._oracle) > int(os.environ.get("MARATHON_ORACLE_CACHE", "4096")):
-                    self._oracle.popitem(last=False)
-        return [out[c] for c in cases]
+                    self._ref_meta[key(c)] = res
+        with self._ref_meta_lock:
+            return [self._ref_meta[key(c)] for c in cases]
 
     def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> dict:
         from gpu_worker.sandbox import triton_cache_dir
@@ -368,12 +363,11 @@ class Evaluator:
                              for n in names]
                 with _phase("compare"):
                     cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)
-                cmp = cr["results"]
+                cmp = iter(cr["results"])  # in the order the jobs were listed
                 for k, v in (cr.get("timing") or {}).items():
                     _add_phase(f"compare.{k}", v)
             log_tail = sb.log_tail()
         worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
-        k = 0
         for (dist, seed), ref in zip(cases, refs):
             base_err = ref["baseline_err"]
             thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
@@ -381,8 +375,7 @@ class Evaluator:
             thresholds.append(thr)
             base_worst = max(base_worst, base_err)
             for name in names:
-                c = cmp[k]
-                k += 1
+                c = next(cmp)
                 err = c["rel_err"]
                 lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
                 if c["nonfinite"] or math.isnan(err):
@@ -400,16 +393,14 @@ class Evaluator:
         thr_min = min(thresholds)
         if "rerun" in r:
             for name in names:
-                d = cmp[k]["rel_err"]
-                k += 1
+                d = next(cmp)["rel_err"]
                 lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
                 if not (d <= 0.1 * thr_min):
                     raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
                                     "\n".join(lines))
         if "stale" in r:
             for name in names:
-                e = cmp[k]["rel_err"]
-                k += 1
+                e = next(cmp)["rel_err"]
                 lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
                 if not (e <= thresholds[r['stale']['case']]):
                     raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
@@ -442,7 +433,6 @@ class Evaluator:
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
-        t_start = time.monotonic()
         source = self._source(req.source_key)
         best_source = self._source(req.best.source_key) if req.best else None
         gpu_s = 0.0

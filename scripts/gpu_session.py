@@ -27,6 +27,7 @@ import sys
 import tarfile
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -306,36 +307,16 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
                     "busy_fraction": busy})
-    outcomes: dict = {}
-    for r in recs:
-        key = r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}"
-        outcomes[key] = outcomes.get(key, 0) + 1
-    return {"windows": out, "evaluations": len(recs), "outcomes": outcomes}
-
-
-def busy_windows(summary: dict) -> list[dict]:
-    """GPU busy fraction per worker between consecutive samples, averaged per window."""
-    s = summary.get("samples", [])
-    res = []
-    for w in summary.get("workers", []):
-        pts = [(x["t"], x["busy"].get(w["name"])) for x in s if x["busy"].get(w["name"]) is not None]
-        if len(pts) >= 2:
-            (t0, b0), (t1, b1) = pts[0], pts[-1]
-            res.append({"worker": w["name"], "from": round(t0 - T0), "to": round(t1 - T0),
-                        "busy_fraction": round((b1 - b0) / max(t1 - t0, 1e-9), 3)})
-    return res
+    outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
+    return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
 
 
 def print_summary(summary: dict) -> None:
-    summary["busy"] = busy_windows(summary)
-    (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
     print("==== SUMMARY ====")
     for p, st in summary.get("runs", {}).items():
         b = st.get("best") or {}
         print(f"{p}: iterations {st.get('iteration')}, phase {st.get('phase')}, best {b.get('speedup')}x "
               f"({b.get('time_ms')} ms, {b.get('candidate_id')}), throughput {json.dumps(st.get('throughput'))}")
-    for b in summary["busy"]:
-        print(f"busy {b}")
 
 
 if __name__ == "__main__":

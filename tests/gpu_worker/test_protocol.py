@@ -263,11 +263,11 @@ def test_warm_fills_oracle_bank(store, monkeypatch):
     e = h.Evaluator(store=store, interpreter=True, spares=0)
     try:
         w = e.warm("softmax")
-        assert w["oracles"] == 6 and len(e._oracle) == 6
+        assert w["oracles"] == 6 and len(e._ref_meta) == 6
         # a later verification needs no new oracle: every case hits the bank
-        before = dict(e._oracle)
+        before = dict(e._ref_meta)
         v = e.verify(req(store, canary("fast")))
-        assert v.ok and set(e._oracle) == set(before)
+        assert v.ok and set(e._ref_meta) == set(before)
     finally:
         e.close()
 
