@@ -108,7 +108,9 @@ def main() -> int:
     ap.add_argument("--bench", default="", help="after the runs: `marathon bench` per GPU, e.g. 'kda|mla_decode mla_prefill'"
                     " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' best kernels")
     ap.add_argument("--bench-timeout", type=float, default=200)
-    ap.add_argument("--gpu-tests", action="store_true", help="then `pytest -m gpu` on the last GPU")
+    ap.add_argument("--gpu-tests", action="store_true",
+                    help="`pytest -m gpu` on the last GPU: while GPU 1 waits for --second-gpu-after (its worker "
+                         "starts once they end), else after the runs")
     a = ap.parse_args()
     problems = a.problems.split()
     WORK.mkdir(parents=True, exist_ok=True)
@@ -131,6 +133,8 @@ def main() -> int:
                    dict(gpu_env, CUDA_VISIBLE_DEVICES="0"))
         procs.append(w0)
         w1 = None
+        early_tests = a.gpu_tests and a.gpus > 1 and a.second_gpu_after > 0
+        tests = start_gpu_tests(1) if early_tests else None
         if a.gpus > 1 and not a.second_gpu_after:
             w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
                        dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
@@ -153,12 +157,14 @@ def main() -> int:
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
         t_start = time.time()
-        reserve = 150 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests else 0)
+        reserve = 150 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests and not early_tests else 0)
         deadline = min(t_serve0 + 60 * a.minutes, T0 + a.budget_s - reserve)
         pending_w1 = a.gpus > 1 and a.second_gpu_after > 0
         while time.time() < deadline:
-            if pending_w1 and time.time() >= t_serve0 + a.second_gpu_after:
+            if pending_w1 and time.time() >= t_serve0 + a.second_gpu_after and (tests is None or tests.poll() is not None):
                 pending_w1 = False
+                finish_gpu_tests(tests, 1)
+                tests = None
                 w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
                            dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
                 procs.append(w1)
@@ -201,6 +207,10 @@ def main() -> int:
             r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=max(10, left(a) - 20))
             log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
         summary["workers"] = workers
+        if a.gpu_tests and not early_tests:
+            tests = start_gpu_tests(a.gpus - 1)
+        finish_gpu_tests(tests, min(150, left(a) - 20))
+        tests = None
         for pr in procs[1:]:  # workers down before the GPUs are measured; the dev server can stay
             pr.terminate()
         for pr in procs[1:]:
@@ -257,7 +267,7 @@ def bench(a, summary: dict) -> list:
         cmd = [sys.executable, "-m", "gpu_worker.scoreboard", *names, "--out", str(out), *best]
         log("bench:", " ".join(cmd[1:]))
         procs.append((gpu, out, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
-    end = time.time() + min(a.bench_timeout, max(10, left(a) - 40 - (90 if a.gpu_tests else 0)))
+    end = time.time() + min(a.bench_timeout, max(10, left(a) - 40))
     res = []
     for gpu, out, pr in procs:
         try:
@@ -269,19 +279,28 @@ def bench(a, summary: dict) -> list:
         res += rows
         log(f"bench gpu{gpu}: rc={pr.returncode}, {len(rows)} rows")
     (OUT / "scoreboard.json").write_text(json.dumps(res, indent=1, default=str))
-    if a.gpu_tests:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(max(0, len(groups) - 1)))
-        with open(WORK / "pytest-gpu.log", "w") as f:
-            try:
-                r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu_worker", "tests/baselines",
-                                    "-p", "no:cacheprovider"],
-                                   stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                   timeout=max(10, min(150, left(a) - 20)))
-                log("gpu tests rc", r.returncode)
-            except subprocess.TimeoutExpired:
-                log("gpu tests: timed out")
-        log((WORK / "pytest-gpu.log").read_text()[-1500:])
     return res
+
+
+def start_gpu_tests(gpu: int) -> subprocess.Popen:
+    """The gpu-marked tests in their own process on one GPU (the one a later worker will join)."""
+    f = open(WORK / "pytest-gpu.log", "w")
+    log(f"gpu tests on GPU {gpu}")
+    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/gpu_worker", "tests/baselines",
+                             "-p", "no:cacheprovider"], stdout=f, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)), cwd=ROOT)
+
+
+def finish_gpu_tests(pr: subprocess.Popen | None, timeout: float) -> None:
+    if pr is None:
+        return
+    try:
+        log("gpu tests rc", pr.wait(max(1, timeout)))
+    except subprocess.TimeoutExpired:
+        pr.terminate()
+        pr.wait(20)
+        log("gpu tests: timed out")
+    log((WORK / "pytest-gpu.log").read_text()[-1500:])
 
 
 def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
