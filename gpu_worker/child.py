@@ -110,8 +110,10 @@ class Server:
         self.problem = None
         self.shape = None
         self.cpu_mode = not self.cuda
+        self.bank_tag = None
         self.sets: list = []  # timing input/output sets
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
+        self.staged: OrderedDict = OrderedDict()  # reference role: token -> outputs on the device, see cmd_stage
         self.flush = None
         # trusted references, captured before any candidate code exists in this process
         self.T = {
@@ -179,14 +181,84 @@ class Server:
         raise ValueError(f"problem {problem.name} has no shape {shape_name!r}")
 
     def _inputs(self, dist: str, seed: int) -> dict:
+        """Fresh device buffers holding one case's inputs."""
         import torch
 
-        # prefetched sets stay until the verification ends: the determinism rerun and the stale-output
-        # probe reuse them instead of generating inputs again while the worker holds the GPU
-        inp = getattr(self, "_prefetched", {}).get((dist, seed))
-        if inp is None:
-            inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
+        # prefetched sets (already on the device, see cmd_prepare) stay until the verification ends: the
+        # determinism rerun and the stale-output probe get fresh copies of them instead of new inputs
+        # generated and uploaded while the worker holds the GPU
+        pre = getattr(self, "_prefetched", {}).get((dist, seed))
+        if pre is None:
+            return self._to_device(self._host_inputs(dist, seed))
+        here = torch.device(self.device).type
+
+        def fresh(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            return self.T["clone"](v) if v.device.type == here else self.T["to"](v, self.device)
+
+        return {k: fresh(v) for k, v in pre.items()}
+
+    def _to_device(self, inp: dict) -> dict:
+        import torch
+
         return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+
+    def _host_inputs(self, dist: str, seed: int) -> dict:
+        """One case's inputs in host memory. The reference child (trusted) generates them and leaves a
+        read-only copy in the input bank; candidate children read that copy (memory-mapped, copy-on-write)
+        instead of generating several hundred MB with the CPU each (KDA: ~2 s per case, 8 children at
+        once). The reference never reads the bank: its own fingerprint of each case is what the candidate's
+        is checked against, so an altered bank file is a rejection, not a silent agreement."""
+        import torch
+
+        path = self._bank_path(dist, seed)
+        if path and self.role == "candidate" and os.path.exists(path):
+            try:
+                return torch.load(path, mmap=True, weights_only=True)
+            except Exception as e:  # noqa: BLE001 - a bad bank file only costs the generation below
+                print(f"input bank {path} unreadable ({type(e).__name__}: {e}); generating", flush=True)
+        inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
+        if path and self.role == "reference" and not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            try:
+                torch.save(inp, tmp)
+                os.chmod(tmp, 0o444)
+                os.replace(tmp, path)  # atomic: a reader sees the whole file or none
+            except OSError as e:  # a full /dev/shm: candidates generate their own, as before
+                print(f"input bank write failed ({e})", flush=True)
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        return inp
+
+    def _bank_path(self, dist: str, seed: int) -> str | None:
+        root = os.environ.get("MARATHON_INPUT_BANK")
+        if not root or self.bank_tag is None:
+            return None
+        key = repr((self.problem.name, self.shape.name, dist, int(seed), self.cpu_mode, self.bank_tag))
+        return os.path.join(root, f"{self.problem.name}-{self.T['sha'](key.encode()).hexdigest()[:24]}.pt")
+
+    @staticmethod
+    def _generator_tag(problem) -> str | None:
+        """Names the input generator's version: its source files and torch's version (torch's RNG
+        streams may change between versions), so that a bank file is never read by other code."""
+        import hashlib
+
+        import torch
+
+        h = hashlib.sha256(torch.__version__.encode())
+        try:
+            for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem"):
+                f = getattr(sys.modules.get(mod), "__file__", None)
+                if not f:
+                    return None
+                with open(f, "rb") as fh:
+                    h.update(fh.read())
+        except OSError:
+            return None
+        return h.hexdigest()[:16]
 
     def _hash(self, inputs: dict) -> str:
         """Fingerprint of the inputs (shape, dtype, fp64 sum and sum of squares, a strided sample), computed
@@ -252,6 +324,7 @@ class Server:
         self.make_inputs = p.make_inputs
         self.output_specs = p.output_specs
         self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
+        self.bank_tag = self._generator_tag(p)
         return p
 
     # --- candidate role --------------------------------------------------------------------------
@@ -402,7 +475,13 @@ class Server:
         """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
         cases' inputs and/or the timing sets."""
         if cases:
-            self._prefetched = {(d, s): self.make_inputs(self.shape, d, s, "cpu", cpu=self.cpu_mode) for d, s in cases}
+            # uploaded now, outside the GPU lock: copying engines, not SMs, so a benchmark running meanwhile
+            # is not disturbed; bounded so that eight children at once stay within the device's memory
+            host = {(d, s): self._host_inputs(d, s) for d, s in cases}
+            nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
+                         if hasattr(v, "element_size"))
+            limit = float(os.environ.get("MARATHON_PREFETCH_GB", "6")) * (1 << 30)
+            self._prefetched = {k: (self._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
             if self.cuda and self.module is not None:
                 self._load_kernels(self._inputs(*cases[0]), self._outputs())
         if rotate:
@@ -411,11 +490,15 @@ class Server:
                 self._load_kernels(*self.sets[0])
         return {}
 
-    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True):
+    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True, defer_export: bool = False):
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
         outputs and the inputs' hashes before and after. Then a determinism rerun on fresh buffers and a
-        stale-output probe (same buffers, new contents)."""
+        stale-output probe (same buffers, new contents). With `defer_export` the outputs are snapshotted
+        on the device and written to files only by `export`, which the worker calls after it released the
+        GPU lock."""
         perf, tm = self.T["perf"], {}
+        self._defer = defer_export
+        self._pending = []
 
         def tick(name, t0):  # seconds per step, reported to the worker's phase log (docs/throughput.md)
             tm[name] = tm.get(name, 0.0) + perf() - t0
@@ -473,21 +556,50 @@ class Server:
         return reply
 
     def _export(self, outs: dict, tag: str) -> dict:
-        """Write each output's raw bytes to a file in this child's temp dir and return handles
-        ({path, dtype, shape}) for the reference child, which compares them with the oracle on the device.
-        Only a path crosses the pipes: pickling a 67 MB output through the worker twice per case cost
-        more CPU than the whole verification's GPU time (KDA at T = 8192)."""
+        """Handles ({path, dtype, shape}) of each output's raw bytes in a file in this child's temp dir,
+        for the reference child, which compares them with the oracle on the device. Only a path crosses
+        the pipes: pickling a 67 MB output through the worker twice per case cost more CPU than the whole
+        verification's GPU time (KDA at T = 8192). Deferred (see cmd_verify): a device copy is taken now
+        and written by `cmd_export`."""
         import torch
 
-        handles = {}
+        handles, snap = {}, {}
         for name, v in outs.items():
             if type(v) is not torch.Tensor:
                 continue  # reported by out_type_ok
-            flat = self.T["contiguous"](self.T["to"](v.detach(), "cpu")).reshape(-1)
             path = os.path.join(self.tmp, f"out-{tag}-{name}.bin")
-            self.T["view"](flat, torch.uint8).numpy().tofile(path)
             handles[name] = {"path": path, "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+            snap[name] = self.T["clone"](v.detach())
+        if getattr(self, "_defer", False):
+            self._pending.append((tag, outs, snap, handles))
+        else:
+            self._write(snap, handles)
         return handles
+
+    def _write(self, snap: dict, handles: dict) -> None:
+        import torch
+
+        for name, v in snap.items():
+            flat = self.T["contiguous"](self.T["to"](v, "cpu")).reshape(-1)
+            self.T["view"](flat, torch.uint8).numpy().tofile(handles[name]["path"])
+
+    def cmd_export(self):
+        """Write the outputs a deferred `verify` kept. They are written from the copies taken right after
+        each call, and the candidate's own buffers must still equal them: an output that changed after
+        the call returned means work outside the call (a late write), which is reported."""
+        import torch
+
+        t0 = self.T["perf"]()
+        changed = []
+        for tag, outs, snap, handles in self._pending:
+            if any(type(outs.get(name)) is not torch.Tensor for name in snap):
+                changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
+            else:
+                changed += [f"{tag}/{name}" for name in self._mutated(outs, snap)]  # bitwise, NaN-safe
+            self._write(snap, handles)
+        self._pending, self._defer = [], False
+        self._sync()
+        return {"changed": changed, "timing": {"write": round(self.T["perf"]() - t0, 4)}}
 
     # --- timing (both roles) -----------------------------------------------------------------------
     def _prepare_timing(self, rotate: int, dist: str):
@@ -600,14 +712,15 @@ class Server:
                 fn(*self.sets[i % rotate])
             self._sync()
         kernels: dict[str, float] = {}
+        launches = 0
         for ev in prof.events():
             dev_type = str(getattr(ev, "device_type", ""))
             if self.cuda and "CUDA" in dev_type and getattr(ev, "device_time", None) is not None:
-                if ev.name.startswith(("Memcpy", "Memset")) and "Triton" not in ev.name:
-                    pass
                 kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time / 1e3  # us -> ms
+                launches += 1
         total = sum(kernels.values()) / reps
-        return {"kernels": {k: v / reps for k, v in kernels.items()}, "kernel_ms_per_call": total}
+        return {"kernels": {k: v / reps for k, v in kernels.items()}, "kernel_ms_per_call": total,
+                "launches_per_call": launches / reps}
 
     # --- reference role --------------------------------------------------------------------------
     def cmd_setup(self, problem: str, shape: str | None):
@@ -667,7 +780,18 @@ class Server:
         raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
         return raw.view(dtype).reshape(handle["shape"]).to(self.device)
 
-    def cmd_compare(self, jobs: list):
+    def cmd_stage(self, token: str, jobs: list):
+        """Load the jobs' output files onto this child's device ahead of `compare` (which the worker
+        calls under the GPU lock, passing the same token). At most a few stagings are kept: one whose
+        compare never came (its verification failed in between) is dropped."""
+        t0 = self.T["perf"]()
+        self.staged[token] = [(self._import(j["out"]), self._import(j["other"]) if j.get("other") else None)
+                              for j in jobs]
+        while len(self.staged) > 8:
+            self.staged.popitem(last=False)
+        return {"timing": {"stage": round(self.T["perf"]() - t0, 4)}}
+
+    def cmd_compare(self, jobs: list, token: str | None = None):
         """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with
         another output file (`other`, the determinism rerun). Returns per job: rel_err (rel-RMS in fp64,
         NaN if anything is non-finite), nonfinite (count in the output), constant (the output is constant
@@ -679,15 +803,16 @@ class Server:
         res = []
         t_import = t_math = 0.0
         perf = self.T["perf"]
-        for job in jobs:
+        staged = self.staged.pop(token, None) if token else None
+        for i, job in enumerate(jobs):
             t0 = perf()
-            o = self._import(job["out"])
+            o, other = staged[i] if staged else (self._import(job["out"]), None)
             t_import += perf() - t0
             t0 = perf()
             if job.get("case") is not None:
                 t = self._oracle(*job["case"])[job["name"]]
             else:
-                t = self._import(job["other"])
+                t = other if other is not None else self._import(job["other"])
             of = o.double()
             nonfinite = int((~torch.isfinite(of)).sum())
             constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)

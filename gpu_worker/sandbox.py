@@ -46,6 +46,13 @@ def triton_cache_dir() -> Path:
     return d
 
 
+def input_bank_dir() -> Path:
+    """Inputs the reference child generated, read by candidate children (see child._host_inputs)."""
+    d = work_root() / "input-bank"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
 def default_mem_gb() -> float:
     """Half the host's memory, at most 32 GiB."""
     try:
@@ -80,6 +87,7 @@ class Sandbox:
         env["TMPDIR"] = self.tmp
         env["TRITON_HOME"] = self.tmp
         env["TRITON_CACHE_DIR"] = str(triton_cache_dir())
+        env["MARATHON_INPUT_BANK"] = str(input_bank_dir())
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
         if interpreter:

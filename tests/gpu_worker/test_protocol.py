@@ -281,7 +281,45 @@ def test_verification_reports_where_its_time_went(ev, store):
     ph = phases_end()
     assert v.ok, v.reason
     for name in ("load", "prepare", "reference", "run-cases", "run-cases.first-call", "run-cases.export",
-                 "compare", "compare.import", "compare.oracle-and-math"):
+                 "export", "stage", "compare", "compare.import", "compare.oracle-and-math"):
         assert name in ph and ph[name] >= 0, (name, ph)
     assert ph["run-cases"] >= ph["run-cases.first-call"]
     assert phases_end() == {}  # collected once
+
+
+def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, tmp_path):
+    """The reference child leaves each case's inputs in the bank (read-only); candidate children read
+    them there. The reference never reads the bank, so an altered bank file is caught by the fingerprint."""
+    import torch
+
+    import gpu_worker.harness as h
+    from baselines.registry import get_problem
+
+    monkeypatch.setenv("MARATHON_GPU_WORKDIR", str(tmp_path))
+    monkeypatch.setattr(h, "SEED_POOL", 3)
+    e = h.Evaluator(store=store, interpreter=True, spares=0)
+    try:
+        e.warm("softmax")
+        bank = sorted((tmp_path / "input-bank").glob("*.pt"))
+        # one file per pool case, plus the timing sets the warm-up prepared
+        assert len(bank) == 3 * len(get_problem("softmax").distributions) + e._plan()["rotate"]
+        assert all(p.stat().st_mode & 0o777 == 0o444 for p in bank)
+        assert e.verify(req(store, canary("fast"))).ok
+        for p in bank:
+            p.chmod(0o644)
+            x = torch.load(p, weights_only=True)
+            name = next(k for k, v in x.items() if isinstance(v, torch.Tensor))
+            x[name] = x[name] + 1
+            torch.save(x, p)
+        v = e.verify(req(store, canary("slow")))
+        assert not v.ok and "inputs differ" in v.reason, v.reason
+    finally:
+        e.close()
+
+
+def test_late_write_rejected(ev_raw, store):
+    # outputs are snapshotted right after each call and the candidate's buffers must still match them
+    # when the worker exports them: the zeros the call produced are what is judged, and the change is named
+    v = ev_raw.verify(req(store, kernel("late_write")))
+    assert not v.ok and v.stage == "verify", v
+    assert v.reason.startswith("late-write"), v.reason
