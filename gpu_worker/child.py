@@ -84,6 +84,24 @@ def main(argv: list[str]) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
+def _warm_triton() -> None:
+    """What Triton computes once per process before its first kernel lookup (the driver and its
+    utilities, the backend's hash with ptxas's version, the hash of Triton's own files), done while this
+    child waits as a spare. Best effort: the names moved between Triton versions."""
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime import driver
+
+        make_backend(driver.active.get_current_target()).hash()
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:
+            from triton.compiler.compiler import triton_key
+        triton_key()
+    except Exception as e:  # noqa: BLE001
+        print(f"triton warm-up skipped: {type(e).__name__}: {e}", flush=True)
+
+
 def compared_outputs(problem, shape, cpu: bool) -> tuple:
     """The outputs compared with the oracle for this shape (a problem may drop some per shape)."""
     if hasattr(problem, "compared_outputs"):
@@ -106,11 +124,13 @@ class Server:
             # worker holds the GPU lock for it (seconds per child otherwise).
             torch.empty(1, device="cuda")
             torch.cuda.synchronize()
+            _warm_triton()
         self.module = None
         self.problem = None
         self.shape = None
         self.cpu_mode = not self.cuda
         self.bank_tag = None
+        self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.staged: OrderedDict = OrderedDict()  # reference role: token -> outputs on the device, see cmd_stage
@@ -213,12 +233,16 @@ class Server:
         import torch
 
         path = self._bank_path(dist, seed)
+        t0 = self.T["perf"]()
         if path and self.role == "candidate" and os.path.exists(path):
             try:
-                return torch.load(path, mmap=True, weights_only=True)
+                inp = torch.load(path, mmap=True, weights_only=True)
+                self._count("bank", t0)
+                return inp
             except Exception as e:  # noqa: BLE001 - a bad bank file only costs the generation below
                 print(f"input bank {path} unreadable ({type(e).__name__}: {e}); generating", flush=True)
         inp = self.make_inputs(self.shape, dist, seed, "cpu", cpu=self.cpu_mode)
+        self._count("generate", t0)
         if path and self.role == "reference" and not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
             try:
@@ -232,6 +256,11 @@ class Server:
                 except OSError:
                     pass
         return inp
+
+    def _count(self, what: str, t0: float) -> None:
+        """Seconds and count per step of input preparation, returned by cmd_prepare (the phase log)."""
+        self.prep_timing[what] = self.prep_timing.get(what, 0.0) + self.T["perf"]() - t0
+        self.prep_timing[what + "-n"] = self.prep_timing.get(what + "-n", 0) + 1
 
     def _bank_path(self, dist: str, seed: int) -> str | None:
         root = os.environ.get("MARATHON_INPUT_BANK")
@@ -382,6 +411,7 @@ class Server:
         """CUDA: compile every kernel the candidate launches without running it (Triton's warmup path,
         so compilation uses CPU cores, not the GPU), then report the compiler's view of each kernel.
         Interpreter: run once, which is where an interpreted kernel's errors surface."""
+        self.prep_timing = {}
         inputs = self._inputs(dist, 0)
         outs = self._outputs()
         t0 = time.perf_counter()
@@ -390,7 +420,9 @@ class Server:
         else:
             self._call(inputs, outs, guarded=True)
         secs = time.perf_counter() - t0
-        return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared()}
+        timing = {k: round(v, 4) for k, v in self.prep_timing.items()}
+        timing["triton"] = round(secs, 4)
+        return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared(), "timing": timing}
 
     def _max_shared(self) -> int | None:
         """The device's shared-memory limit per block (opt-in), as Triton sees it; None without CUDA.
@@ -474,6 +506,7 @@ class Server:
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None):
         """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
         cases' inputs and/or the timing sets."""
+        self.prep_timing = {}
         if cases:
             # uploaded now, outside the GPU lock: copying engines, not SMs, so a benchmark running meanwhile
             # is not disturbed; bounded so that eight children at once stay within the device's memory
@@ -481,14 +514,23 @@ class Server:
             nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
                          if hasattr(v, "element_size"))
             limit = float(os.environ.get("MARATHON_PREFETCH_GB", "6")) * (1 << 30)
+            t0 = self.T["perf"]()
             self._prefetched = {k: (self._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
+            self._sync()
+            self._count("upload", t0)
             if self.cuda and self.module is not None:
+                t0 = self.T["perf"]()
                 self._load_kernels(self._inputs(*cases[0]), self._outputs())
+                self._count("kernels", t0)
         if rotate:
+            t0 = self.T["perf"]()
             self._prepare_timing(rotate, dist or self.problem.distributions[0])
+            self._count("timing-sets", t0)
             if not cases and self.cuda and self.module is not None:
+                t0 = self.T["perf"]()
                 self._load_kernels(*self.sets[0])
-        return {}
+                self._count("kernels", t0)
+        return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
 
     def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True, defer_export: bool = False):
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the

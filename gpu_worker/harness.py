@@ -249,6 +249,8 @@ class Evaluator:
                 with _phase("compile"):
                     r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
                 self._check_reply(r, "compile", sb)
+                for k, v in (r.get("timing") or {}).items():
+                    _add_phase(f"compile.{k}", v)
                 kernels = r["kernels"]
                 over = shared_over_limit(kernels, r.get("max_shared"))
                 if over:
@@ -336,6 +338,8 @@ class Evaluator:
             with _phase("prepare"):
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
+            for k, v in (pre.get("timing") or {}).items():
+                _add_phase(f"prepare.{k}", v)
             lock = self.gpu_lock if self.cuda else _NullLock()
             with lock:
                 with _phase("reference"):
@@ -478,8 +482,10 @@ class Evaluator:
                 with _phase("prepare"):
                     for s_ in (cand, best):
                         if s_ is not None:
-                            self._check_reply(s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"]),
-                                              "benchmark", s_)
+                            pre = s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
+                            self._check_reply(pre, "benchmark", s_)
+                            for k, v in (pre.get("timing") or {}).items():
+                                _add_phase(f"prepare.{k}", v)
                 with ref_lock:
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                     with _phase("receipt"):  # clocks read just before the timed section, outside the lock
