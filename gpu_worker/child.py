@@ -188,6 +188,13 @@ class Server:
             kind = "compile-error"
         return {"ok": False, "kind": kind, "error": text[-4000:], "traceback": tb[-6000:], "fatal": fatal}
 
+    def _release(self):
+        """Give cached device blocks back while this child waits between stages (see LoadedChildren)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
     def _sync(self):
         if self.cuda:
             self.T["sync"]()
@@ -422,6 +429,8 @@ class Server:
         secs = time.perf_counter() - t0
         timing = {k: round(v, 4) for k, v in self.prep_timing.items()}
         timing["triton"] = round(secs, 4)
+        del inputs, outs
+        self._release()  # this child may wait, kernels loaded, for the candidate's verification
         return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared(), "timing": timing}
 
     def _max_shared(self) -> int | None:
@@ -641,6 +650,7 @@ class Server:
             self._write(snap, handles)
         self._pending, self._defer = [], False
         self._sync()
+        self._release()
         return {"changed": changed, "timing": {"write": round(self.T["perf"]() - t0, 4)}}
 
     # --- timing (both roles) -----------------------------------------------------------------------

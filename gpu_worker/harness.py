@@ -27,7 +27,7 @@ from typing import Callable
 
 from activities.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
-from gpu_worker.sandbox import Sandbox, SandboxFailure, SandboxPool
+from gpu_worker.sandbox import LoadedChildren, Sandbox, SandboxFailure, SandboxPool
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, Receipt,
                                  VerifyReport)
 
@@ -111,11 +111,13 @@ class Rejection(Exception):
 
 class Evaluator:
     def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None, spares: int = 1,
-                 timeouts: dict | None = None, static_rules: bool = True):
+                 timeouts: dict | None = None, static_rules: bool = True, keep: int = 16):
         self.store = store or ArtifactStore()
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
         self.pool = SandboxPool(self.interpreter, spares=spares)
+        # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
+        self.loaded = LoadedChildren(limit=keep)
         self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self._refs_lock = threading.Lock()
@@ -132,6 +134,7 @@ class Evaluator:
 
     def close(self):
         self.pool.close()
+        self.loaded.close()
         with self._refs_lock:
             for sb, _, _ in self._refs.values():
                 sb.close(graceful=True)
@@ -151,6 +154,10 @@ class Evaluator:
                 return s
         raise Rejection("verify", f"problem {problem.name} has no shape {shape_name!r}; shapes: "
                         + ", ".join(s.name for s in list(problem.shapes) + [problem.cpu_shape]))
+
+    @staticmethod
+    def _child_key(problem: str, shape, source_key: str) -> tuple:
+        return (problem, shape.name, source_key)
 
     def _source(self, key: str) -> str:
         return self.store.get_text(key)  # ArtifactStoreError propagates: infrastructure
@@ -218,6 +225,21 @@ class Evaluator:
         self._check_reply(r, "compile", sb)
         return r
 
+    def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, dict]:
+        """The child the previous stage left with this candidate loaded, else a fresh one loaded now.
+        Returns it with the load reply ({} when handed on: loading happened in the earlier stage)."""
+        sb = self.loaded.take(key)
+        if sb is not None:
+            _add_phase("handed-on", 1)
+            return sb, {}
+        sb = self.pool.acquire()
+        try:
+            with _phase("load"):
+                return sb, self._load(sb, source, problem, shape, hb)
+        except BaseException:
+            sb.close()
+            raise
+
     @staticmethod
     def _check_reply(r: dict, stage: str, sb: Sandbox):
         if r.get("violations"):
@@ -243,7 +265,9 @@ class Evaluator:
             problem = self._problem(req.problem)
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
-            with self.pool.acquire() as sb:
+            sb = self.pool.acquire()
+            kept = False
+            try:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
                 with _phase("compile"):
@@ -258,6 +282,11 @@ class Evaluator:
                 with _phase("sass"):
                     sass = self._sass(kernels)
                 log = sb.log_tail()
+                self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
+                kept = True
+            finally:
+                if not kept:
+                    sb.close()
         except Rejection as rej:
             return CompileReport(ok=False, error=rej.reason[:4000], interpreter=self.interpreter,
                                  log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
@@ -315,7 +344,7 @@ class Evaluator:
             problem = self._problem(req.problem)
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
-            res = self._verify(source, problem, shape, req.candidate_id, hb)
+            res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
                                 threshold=res["threshold"], interpreter=self.interpreter,
                                 log_key=self._log(res["log"]), seconds=time.monotonic() - t0)
@@ -327,14 +356,15 @@ class Evaluator:
             return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
                                 log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
 
-    def _verify(self, source, problem, shape, candidate_id, hb) -> dict:
+    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str | None = None) -> dict:
         from gpu_worker.child import compared_outputs
 
         names = compared_outputs(problem, shape, self.interpreter)
         cases = self.cases(problem, candidate_id)
-        with self.pool.acquire() as sb:
-            with _phase("load"):
-                self._load(sb, source, problem, shape, hb)
+        key = self._child_key(problem.name, shape, source_key)
+        sb, _ = self._loaded_child(key, source, problem, shape, hb)
+        handed_on = False
+        try:
             with _phase("prepare"):
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
@@ -388,46 +418,52 @@ class Evaluator:
             for k, v in (cr.get("timing") or {}).items():
                 _add_phase(f"compare.{k}", v)
             log_tail = sb.log_tail()
-        worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
-        for (dist, seed), ref in zip(cases, refs):
-            base_err = ref["baseline_err"]
-            thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
-                else problem.tolerance_floor
-            thresholds.append(thr)
-            base_worst = max(base_worst, base_err)
-            for name in names:
-                c = next(cmp)
-                err = c["rel_err"]
-                lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
-                if c["nonfinite"] or math.isnan(err):
-                    raise Rejection("verify", f"non-finite: {c['nonfinite']} of {c['numel']} elements of {name!r} are "
-                                    f"NaN/Inf ({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements "
-                                    "show as NaN", "\n".join(lines))
-                if c["constant"]:
-                    raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
-                if err > thr:
-                    rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
-                                    f"({dist}, seed {seed}; baseline's own error {base_err:.3e})", "\n".join(lines))
-                    rej.rel_err, rej.threshold = err, thr
-                    raise rej
-                worst = max(worst, err)
-        thr_min = min(thresholds)
-        if "rerun" in r:
-            for name in names:
-                d = next(cmp)["rel_err"]
-                lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
-                if not (d <= 0.1 * thr_min):
-                    raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
-                                    "\n".join(lines))
-        if "stale" in r:
-            for name in names:
-                e = next(cmp)["rel_err"]
-                lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
-                if not (e <= thresholds[r['stale']['case']]):
-                    raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
-                                    f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
-        lines.append(log_tail)
-        return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
+            worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
+            for (dist, seed), ref in zip(cases, refs):
+                base_err = ref["baseline_err"]
+                thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
+                    else problem.tolerance_floor
+                thresholds.append(thr)
+                base_worst = max(base_worst, base_err)
+                for name in names:
+                    c = next(cmp)
+                    err = c["rel_err"]
+                    lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
+                    if c["nonfinite"] or math.isnan(err):
+                        raise Rejection("verify", f"non-finite: {c['nonfinite']} of {c['numel']} elements of {name!r} are "
+                                        f"NaN/Inf ({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements "
+                                        "show as NaN", "\n".join(lines))
+                    if c["constant"]:
+                        raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
+                    if err > thr:
+                        rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
+                                        f"({dist}, seed {seed}; baseline's own error {base_err:.3e})", "\n".join(lines))
+                        rej.rel_err, rej.threshold = err, thr
+                        raise rej
+                    worst = max(worst, err)
+            thr_min = min(thresholds)
+            if "rerun" in r:
+                for name in names:
+                    d = next(cmp)["rel_err"]
+                    lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
+                    if not (d <= 0.1 * thr_min):
+                        raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
+                                        "\n".join(lines))
+            if "stale" in r:
+                for name in names:
+                    e = next(cmp)["rel_err"]
+                    lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
+                    if not (e <= thresholds[r['stale']['case']]):
+                        raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
+                                        f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
+            lines.append(log_tail)
+            # passed: the benchmark of this candidate gets this child, kernels loaded
+            self.loaded.put(key, sb)
+            handed_on = True
+            return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
+        finally:
+            if not handed_on:
+                sb.close()
 
     def warm(self, problem_name: str, shape_name: str | None = None, hb: Heartbeat = None) -> dict:
         """Worker start-up: measure the ceilings and compute the oracle bank for every (distribution, seed)
@@ -469,12 +505,12 @@ class Evaluator:
             ceil = self.ensure_ceilings(problem, shape, hb)
             sbs = []
             try:
-                cand = self.pool.acquire()
+                cand, _ = self._loaded_child(self._child_key(req.problem, shape, req.source_key), source, problem,
+                                             shape, hb)
                 sbs.append(cand)
                 best = None
-                with _phase("load"):
-                    self._load(cand, source, problem, shape, hb)
-                    if best_source:
+                if best_source:
+                    with _phase("load"):
                         best = self.pool.acquire()
                         sbs.append(best)
                         self._load(best, best_source, problem, shape, hb)

@@ -252,3 +252,55 @@ class SandboxPool:
             idle, self._idle = self._idle, []
         for s in idle:
             s.close()
+
+
+class LoadedChildren:
+    """Candidate children that already hold one candidate's module and compiled kernels, handed on from
+    compile to verify to benchmark of the same candidate on this worker. Each new child paid for its
+    start-up and for loading the candidate's kernels (seconds each for KDA on the H200: the phase log's
+    prepare.kernels); a hand-off pays once. Isolation between candidates is unchanged: a child only ever
+    holds one candidate. A stage that finds none (another worker compiled it, a retry, an eviction) loads
+    a fresh child as before; children older than `ttl` seconds or beyond `limit` are closed."""
+
+    def __init__(self, limit: int = 16, ttl: float = 900.0):
+        self.limit, self.ttl = limit, ttl
+        self._lock = threading.Lock()
+        self._kept: dict = {}  # key -> (Sandbox, kept at), oldest first
+
+    def put(self, key, sb: Sandbox) -> None:
+        drop = []
+        with self._lock:
+            old = self._kept.pop(key, None)
+            if old:
+                drop.append(old[0])
+            if self.limit > 0 and sb.alive():
+                self._kept[key] = (sb, time.monotonic())
+            else:
+                drop.append(sb)
+            now = time.monotonic()
+            for k in [k for k, (_, t) in self._kept.items() if now - t > self.ttl]:
+                drop.append(self._kept.pop(k)[0])
+            while len(self._kept) > self.limit:
+                drop.append(self._kept.pop(next(iter(self._kept)))[0])
+        for d in drop:
+            d.close()
+
+    def take(self, key) -> Sandbox | None:
+        with self._lock:
+            item = self._kept.pop(key, None)
+        if item is None:
+            return None
+        sb, t = item
+        if not sb.alive() or time.monotonic() - t > self.ttl:
+            sb.close()
+            return None
+        return sb
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def close(self) -> None:
+        with self._lock:
+            kept, self._kept = list(self._kept.values()), {}
+        for sb, _ in kept:
+            sb.close()

@@ -38,6 +38,12 @@ def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, s
     return out
 
 
+def gpu_concurrency(cuda: bool) -> int:
+    """Concurrent activities per GPU worker (MARATHON_GPU_CONCURRENCY): on CUDA 8, so that a rolling
+    population keeps compiles (CPU) running behind the GPU lock; under the interpreter 2."""
+    return int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if cuda else "2"))
+
+
 class SelfTestFailed(RuntimeError):
     pass
 
@@ -60,8 +66,7 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
     for name, shape in warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
                                  os.environ.get("MARATHON_WARM_SHAPE") or None):
         ev.warm(name, shape)
-    # CUDA: 8 activities, so a rolling population of 8 keeps compiles (CPU) running behind the GPU lock
-    n = max_concurrent or int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if ev.cuda else "2"))
+    n = max_concurrent or gpu_concurrency(ev.cuda)
     return Worker(client, task_queue=task_queue, activities=gpu_activities(),
                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
                   max_concurrent_activities=n)

@@ -280,7 +280,8 @@ def test_verification_reports_where_its_time_went(ev, store):
     v = ev.verify(req(store, canary("fast")))
     ph = phases_end()
     assert v.ok, v.reason
-    for name in ("load", "prepare", "reference", "run-cases", "run-cases.first-call", "run-cases.export",
+    assert "load" in ph or ph.get("handed-on") == 1, ph  # loaded here, or by an earlier compile of it
+    for name in ("prepare", "reference", "run-cases", "run-cases.first-call", "run-cases.export",
                  "export", "stage", "compare", "compare.import", "compare.oracle-and-math"):
         assert name in ph and ph[name] >= 0, (name, ph)
     assert ph["run-cases"] >= ph["run-cases.first-call"]
@@ -323,3 +324,64 @@ def test_late_write_rejected(ev_raw, store):
     v = ev_raw.verify(req(store, kernel("late_write")))
     assert not v.ok and v.stage == "verify", v
     assert v.reason.startswith("late-write"), v.reason
+
+
+def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
+    from gpu_worker.harness import Evaluator, phases_begin, phases_end
+
+    e = Evaluator(store=store, interpreter=True, spares=0)
+    try:
+        r = req(store, canary("fast"))
+        assert e.compile(r).ok and len(e.loaded) == 1
+        phases_begin()
+        v = e.verify(r)
+        ph = phases_end()
+        assert v.ok, v.reason
+        assert ph.get("handed-on") == 1 and "load" not in ph, ph  # no second child, no second load
+        assert len(e.loaded) == 1
+        phases_begin()
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+        ph = phases_end()
+        assert b.ok, b.reason
+        assert ph.get("handed-on") == 1 and len(e.loaded) == 0  # the benchmark's child is not kept
+        # a verification that fails closes its child instead of handing it on
+        bad = req(store, kernel("zeros"))
+        assert e.compile(bad).ok and len(e.loaded) == 1
+        assert not e.verify(bad).ok and len(e.loaded) == 0
+        # with nothing handed on (another worker compiled it), verification loads a fresh child
+        phases_begin()
+        assert e.verify(req(store, canary("slow"))).ok
+        assert "load" in phases_end() and len(e.loaded) == 1
+    finally:
+        e.close()
+
+
+def test_loaded_children_limit_and_age():
+    from gpu_worker.sandbox import LoadedChildren
+
+    class Child:  # what LoadedChildren uses of a Sandbox
+        def __init__(self):
+            self.closed = False
+
+        def alive(self):
+            return not self.closed
+
+        def close(self):
+            self.closed = True
+
+    kept = LoadedChildren(limit=2, ttl=60)
+    a, b, c = Child(), Child(), Child()
+    kept.put("a", a)
+    kept.put("b", b)
+    kept.put("c", c)  # over the limit: the oldest is closed
+    assert a.closed and not b.closed and len(kept) == 2
+    assert kept.take("b") is b and kept.take("b") is None
+    c.close()
+    assert kept.take("c") is None  # a dead child is not handed on
+    old = LoadedChildren(limit=4, ttl=0.0)
+    d = Child()
+    old.put("d", d)
+    assert old.take("d") is None and d.closed  # too old
+    kept.put("e", Child())
+    kept.close()
+    assert len(kept) == 0
