@@ -343,7 +343,18 @@ def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
         b = e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
         ph = phases_end()
         assert b.ok, b.reason
-        assert ph.get("handed-on") == 1 and len(e.loaded) == 0  # the benchmark's child is not kept
+        # no best to beat: the candidate's child is kept, as the likely best of the next benchmark
+        assert ph.get("handed-on") == 1 and len(e.loaded) == 1
+        best = BestRef(candidate_id=r.candidate_id, source_key=r.source_key, speedup=b.speedup, time_ms=b.time_ms,
+                       baseline_ms=b.baseline_ms, iteration=1, interpreter=True)
+        slow = req(store, canary("slow"))
+        phases_begin()
+        b2 = e.benchmark(BenchRequest(problem="softmax", candidate_id=slow.candidate_id, source_key=slow.source_key,
+                                      best=best))
+        ph = phases_end()
+        assert b2.ok, b2.reason
+        assert ph.get("handed-on") == 1 and ph.get("load"), ph  # the best's child came loaded, the new one did not
+        e.loaded.close()
         # a verification that fails closes its child instead of handing it on
         bad = req(store, kernel("zeros"))
         assert e.compile(bad).ok and len(e.loaded) == 1
@@ -352,6 +363,7 @@ def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
         phases_begin()
         assert e.verify(req(store, canary("slow"))).ok
         assert "load" in phases_end() and len(e.loaded) == 1
+        e.loaded.close()
     finally:
         e.close()
 
