@@ -132,6 +132,8 @@ class Server:
         self.bank_tag = None
         self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
+        self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
+        self.set_baseline: dict = {}  # reference role: set index -> the baseline's outputs on that set
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.staged: OrderedDict = OrderedDict()  # reference role: token -> outputs on the device, see cmd_stage
         self.flush = None
@@ -147,9 +149,10 @@ class Server:
             "contiguous": torch.Tensor.contiguous,
             "view": torch.Tensor.view,
             "empty": torch.empty,
+            "urandom": os.urandom,
         }
         self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view")]
-        self.watch += [(torch, "empty"), (time, "perf_counter")]
+        self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
                           elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph)
@@ -660,6 +663,7 @@ class Server:
         if len(self.sets) == rotate:
             return
         self.sets = []
+        self.set_baseline = {}
         for i in range(rotate):
             self.sets.append((self._inputs(dist, 1000 + i), self._outputs()))
         if self.cuda:
@@ -678,24 +682,44 @@ class Server:
 
         return run_baseline
 
-    def cmd_time(self, reps: int, warmup: int = 3, rotate: int = 3, mode: str = "eager", dist: str | None = None):
+    def cmd_time(self, reps: int, warmup: int = 3, rotate: int = 3, mode: str = "eager", dist: str | None = None,
+                 keep_one: bool = False):
         """Time `reps` calls. CUDA: per repetition an L2 flush (>= 2x L2), the next rotated input set
         (distinct buffers, distinct contents), events around the call, a device-wide synchronize after.
-        Returns per-repetition milliseconds (events) and host wall-clock."""
+        Returns per-repetition milliseconds (events) and host wall-clock.
+
+        Every timed call gets NaN-poisoned outputs (outside the events), so a call cannot pass off an
+        earlier call's results as its own nor tell one timed call from another; with `keep_one` the
+        outputs of one of them, picked at random, are copied for `export_timed` (the worker compares
+        them with the baseline's outputs on the same inputs: work skipped while timed is caught)."""
         dist = dist or self.problem.distributions[0]
         self._prepare_timing(rotate, dist)
         fn = self._fn()
         T = self.T
         perf = T["perf"]
         times, walls = [], []
+        pick = int.from_bytes(T["urandom"](4), "little") % reps if keep_one and reps > 0 else -1
+
+        def poison(out):
+            for v in out.values():
+                if type(v) is __import__("torch").Tensor and v.is_floating_point():
+                    T["fill_"](v, float("nan"))
+
+        def keep(i, out):
+            if i == pick:
+                self.timed_outputs.append((i % rotate, {k: T["clone"](v) for k, v in out.items()
+                                                        if type(v) is __import__("torch").Tensor}))
+
         if not self.cuda:
             for i in range(warmup):
                 fn(*self.sets[i % rotate])
             for i in range(reps):
                 inp, out = self.sets[i % rotate]
+                poison(out)
                 t0 = perf()
                 fn(inp, out)
                 times.append((perf() - t0) * 1e3)
+                keep(i, out)
             walls = list(times)
             return {"times": times, "walls": walls, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu"}
         for i in range(max(warmup, 1)):
@@ -710,6 +734,7 @@ class Server:
         start, end = T["Event"](enable_timing=True), T["Event"](enable_timing=True)
         for i in range(reps):
             inp, out = self.sets[i % rotate]
+            poison(out)
             T["zero_"](self.flush)
             T["sync"]()
             t0 = perf()
@@ -722,7 +747,21 @@ class Server:
             T["sync"]()
             walls.append((perf() - t0) * 1e3)
             times.append(T["elapsed"](start, end))
+            keep(i, out)
         return {"times": times, "walls": walls, "mode": used_mode}
+
+    def cmd_export_timed(self):
+        """Write the timed calls' kept outputs (see cmd_time) to files; returns [{set, name, out}]."""
+        jobs = []
+        for n, (idx, outs) in enumerate(self.timed_outputs):
+            handles = {}
+            self._defer = False
+            for name, h in self._export(outs, f"timed{n}").items():
+                handles[name] = h
+                jobs.append({"set": idx, "name": name, "out": h})
+        self.timed_outputs = []
+        self._release()
+        return {"jobs": jobs}
 
     def _capture(self, fn):
         import torch
@@ -842,6 +881,27 @@ class Server:
         while len(self.staged) > 8:
             self.staged.popitem(last=False)
         return {"timing": {"stage": round(self.T["perf"]() - t0, 4)}}
+
+    def cmd_compare_timed(self, token: str, jobs: list):
+        """Each job: a candidate's output from a timed call on timing set `set`, compared with the
+        baseline's output on the same set (computed once per set here). Returns rel-RMS and non-finite
+        count per job."""
+        import torch
+
+        from baselines.problem import rel_rms
+
+        staged = self.staged.pop(token, None) or [(self._import(j["out"]), None) for j in jobs]
+        res = []
+        for job, (o, _) in zip(jobs, staged):
+            idx = job["set"]
+            if idx not in self.set_baseline:
+                inputs = self.sets[idx][0]
+                self.set_baseline[idx] = {k: v.detach() for k, v in self.baseline(inputs).items()}
+                self._sync()
+            ref = self.set_baseline[idx][job["name"]]
+            of = o.double()
+            res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
+        return {"results": res}
 
     def cmd_compare(self, jobs: list, token: str | None = None):
         """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with

@@ -544,6 +544,8 @@ class Evaluator:
                         with _phase("crosscheck"):
                             prof = self._crosscheck(fresh, ld.get("kernels", []), hb)
                     gpu_s = time.monotonic() - g0
+                with _phase("timed-outputs"):
+                    timed = self._check_timed_outputs(problem, shape, cand, hb)
                 cand_log = cand.log_tail()
                 if best is not None:
                     keep[id(best)] = best_key
@@ -565,6 +567,7 @@ class Evaluator:
                                  f"{quantile(bt, .25):.4g}-{quantile(bt, .75):.4g} ms)",
                           mode="interpreter" if self.interpreter else res["mode"])
             lines = [f"candidate times (ms): {[round(x, 5) for x in ct]}",
+                     f"timed outputs checked against the baseline's: {timed}",
                      f"baseline  times (ms): {[round(x, 5) for x in bt]}",
                      f"wall medians: candidate {median(res['cand_wall']):.4g} ms, baseline {median(res['base_wall']):.4g} ms",
                      f"receipt: {rec.model_dump()}"]
@@ -630,7 +633,7 @@ class Evaluator:
                 if sb is None:
                     continue
                 r = sb.call("time", self.timeouts["time"], hb, reps=plan["reps"], warmup=warm, rotate=plan["rotate"],
-                            mode=mode)
+                            mode=mode, keep_one=(who == "cand"))
                 if who == "base":
                     if not r.get("ok"):
                         raise RuntimeError(f"baseline timing failed: {r.get('error')}")
@@ -642,6 +645,41 @@ class Evaluator:
                     if who == "cand":
                         out["mode"] = r.get("mode", mode)
         return out
+
+    def _check_timed_outputs(self, problem, shape, cand: Sandbox, hb) -> str:
+        """The outputs of timed calls (one per block, picked at random by the candidate's child, every
+        timed call NaN-poisoned) against the baseline's outputs on the same timing set: a candidate that
+        skips or cheapens its work while being timed is rejected here. Bound: the verification
+        threshold plus the baseline's own error, doubled (candidate and baseline each sit within their
+        error of the oracle; the timing sets are other inputs than the verification cases)."""
+        from gpu_worker.child import compared_outputs
+
+        names = set(compared_outputs(problem, shape, self.interpreter))
+        ex = cand.call("export_timed", self.timeouts["verify"], hb)
+        self._check_reply(ex, "benchmark", cand)
+        jobs = [j for j in ex["jobs"] if j["name"] in names]
+        if not jobs:
+            raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
+        with self._ref_meta_lock:
+            errs = [m["baseline_err"] for k, m in self._ref_meta.items()
+                    if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
+        base_err = max(errs) if errs else problem.tolerance_floor
+        bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
+        token = f"timed-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
+        lock = self.gpu_lock if self.cuda else _NullLock()
+        with lock:
+            cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
+        worst = 0.0
+        for job, c in zip(jobs, cr["results"]):
+            err = c["rel_err"]
+            if c["nonfinite"] or not math.isfinite(err) or err > bound:
+                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call (set "
+                                f"{job['set']}) is {'non-finite' if c['nonfinite'] or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
+                                f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped or "
+                                "cheapened while being timed")
+            worst = max(worst, err)
+        return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}"
 
     def _crosscheck(self, sb: Sandbox, names: list, hb) -> dict:
         """In a fresh process (`sb`, loaded and prepared by the caller): event timing again plus

@@ -397,3 +397,19 @@ def test_loaded_children_limit_and_age():
     kept.put("e", Child())
     kept.close()
     assert len(kept) == 0
+
+
+def test_work_skipped_while_timed_is_rejected(ev, store):
+    r = req(store, kernel("timed_skip"))
+    assert ev.compile(r).ok
+    assert ev.verify(r).ok  # right while it is checked
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert not b.ok and b.stage == "benchmark", b
+    assert b.reason.startswith("timed-output"), b.reason
+
+
+def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
+    r = req(store, canary("fast"))
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert b.ok, b.reason
+    assert "timed outputs checked against the baseline's: 2 outputs" in store.get_text(b.log_key)
