@@ -56,7 +56,7 @@ def error(status: int, message: str, retry_after: float | None = None, code: str
 
 
 class ChatServer:
-    def __init__(self, respond) -> None:
+    def __init__(self, respond, port: int = 0) -> None:
         self.respond = respond
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
@@ -99,7 +99,10 @@ class ChatServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler, bind_and_activate=False)
+        self.httpd.allow_reuse_address = True
+        self.httpd.server_bind()  # bound now (the URL is known), listening only from __enter__: until then
+        # a client is refused, like an endpoint that is down
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
@@ -108,6 +111,7 @@ class ChatServer:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
 
     def __enter__(self):
+        self.httpd.server_activate()
         self.thread.start()
         return self
 

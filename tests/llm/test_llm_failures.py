@@ -207,3 +207,28 @@ async def test_token_budget_is_respected(env, store, llm_env):
     assert res.used.tokens == 4 * 1030 + 55
     # the reply cap follows what is left of the budget
     assert turns[1].body["max_tokens"] <= 3500 - 1030
+
+
+async def test_endpoint_down_then_back_the_run_waits_and_goes_on(env, store, llm_env):
+    # The endpoint's port is bound but not listening for the run's first seconds: every call is refused
+    # (a connection error, retried by Temporal with backoff), then the endpoint comes up and the run
+    # goes on where it was, nothing lost and nothing paused.
+    script = TurnScript([turn(submit(0)), turn(submit(5))])
+    server = ChatServer(script)
+    llm_env(server)
+    async with workers(env.client):
+        h = await start(env.client, spec(2), "llm-down")
+        await asyncio.sleep(6)
+        desc = await h.describe()
+        pending = list(desc.raw_description.pending_activities)
+        assert pending and pending[0].attempt >= 3, pending  # 1 s, 2 s, ... between attempts
+        assert "connection failed" in pending[0].last_failure.message, pending[0].last_failure
+        st = await h.query(KernelOptimization.status)
+        assert not st.paused and st.iteration == 0
+        with server:
+            res = await h.result()
+        turns = server.turns()
+    assert res.stopped_by == "budget-iterations" and res.iterations == 2
+    assert [s.status for s in turns] == [200, 200]  # nothing reached the server while it was down
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.iteration for r in recs] == [1, 2]
