@@ -319,14 +319,20 @@ class Evaluator:
         out = {"hgmma": False, "tma": False, "text": ""}
         if not exe:
             return out
-        texts = []
-        for k in kernels:
-            p = k.get("cubin_path")
-            if not p or not os.path.exists(p):
-                continue
+        from concurrent.futures import ThreadPoolExecutor
+
+        def disassemble(path):  # one cuobjdump per kernel, side by side: each takes about a second
             try:
-                s = subprocess.run([exe, "-sass", p], capture_output=True, text=True, timeout=60).stdout
+                return subprocess.run([exe, "-sass", path], capture_output=True, text=True, timeout=60).stdout
             except Exception:  # noqa: BLE001
+                return None
+
+        found = [k for k in kernels if k.get("cubin_path") and os.path.exists(k["cubin_path"])]
+        with ThreadPoolExecutor(max_workers=max(1, min(4, len(found)))) as pool:
+            listings = list(pool.map(disassemble, [k["cubin_path"] for k in found]))
+        texts = []
+        for k, s in zip(found, listings):
+            if s is None:
                 continue
             h = "HGMMA" in s
             t = "UTMALDG" in s or "UTMASTG" in s or "UBLKCP" in s

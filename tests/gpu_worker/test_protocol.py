@@ -413,3 +413,19 @@ def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
     assert b.ok, b.reason
     assert "timed outputs checked against the baseline's: 2 outputs" in store.get_text(b.log_key)
+
+
+def test_sass_scan_reads_every_kernel(ev, tmp_path, monkeypatch):
+    # cuobjdump stands in as a script here (no CUDA toolkit on CI); the scan runs one per kernel, side by side
+    tool = tmp_path / "cuobjdump"
+    tool.write_text('#!/bin/sh\ncase "$2" in *a.cubin) echo "  HGMMA.64x128x16.F32.BF16";; '
+                    '*) echo "  UTMALDG.2D [UR4], [UR6]";; esac\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for n in ("a", "b"):
+        (tmp_path / f"{n}.cubin").write_bytes(b"\0")
+    out = ev._sass([{"name": "ka", "cubin_path": str(tmp_path / "a.cubin")},
+                    {"name": "kb", "cubin_path": str(tmp_path / "b.cubin")},
+                    {"name": "gone", "cubin_path": str(tmp_path / "missing.cubin")}])
+    assert out["hgmma"] and out["tma"]
+    assert "SASS ka: HGMMA=True TMA=False" in out["text"] and "SASS kb: HGMMA=False TMA=True" in out["text"]
