@@ -54,7 +54,7 @@ def parse_spec(args) -> RunSpec:
             budget[field] = v
     if budget:
         raw["budget"] = budget
-    for flag in ("policy", "population", "compact_every", "seed", "shape", "model"):
+    for flag in ("policy", "population", "compact_every", "seed", "shape", "model", "gpu_queue"):
         v = getattr(args, flag, None)
         if v is not None:
             raw[flag] = v
@@ -228,6 +228,13 @@ async def cmd_dev(args) -> int:
 async def cmd_worker(args) -> int:
     from activities.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
+    from workflows.contracts import GPU_QUEUE
+
+    queue = args.gpu_queue or os.environ.get("MARATHON_GPU_QUEUE") or GPU_QUEUE
+    try:
+        RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
+    except ValidationError as e:
+        raise UsageError(f"invalid --gpu-queue: {explain(e)}")
 
     try:
         # before connecting: it makes the metrics-enabled runtime Temporal's default
@@ -249,7 +256,7 @@ async def cmd_worker(args) -> int:
     if args.role in ("gpu", "all"):
         from gpu_worker.worker import build_gpu_worker
 
-        workers.append(build_gpu_worker(client))
+        workers.append(build_gpu_worker(client, task_queue=queue))
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
           f"{client.service_client.config.target_host}", flush=True)
     print(metrics.describe(), flush=True)
@@ -478,7 +485,7 @@ async def cmd_demo(args) -> int:
     try:
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
-                  "gpu_seconds", "spec"):
+                  "gpu_seconds", "gpu_queue", "spec"):
             setattr(args, k, getattr(args, k, None))
         await cmd_start(args)
         print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
@@ -534,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = client_cmd("worker", cmd_worker, "run a worker")
     c.add_argument("--role", choices=["agent", "gpu", "all"], default="all")
+    c.add_argument("--gpu-queue", dest="gpu_queue",
+                   help="task queue the GPU worker polls (default MARATHON_GPU_QUEUE or marathon-gpu); runs "
+                        "started with the same --gpu-queue are evaluated here")
     c.add_argument("--metrics-port", type=int, dest="metrics_port",
                    help="Prometheus: Temporal SDK metrics on PORT, marathon counters on PORT+1 "
                         "(default MARATHON_METRICS_PORT; unset: no metrics)")
@@ -549,6 +559,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--seed", type=int)
         c.add_argument("--shape")
         c.add_argument("--model")
+        c.add_argument("--gpu-queue", dest="gpu_queue",
+                       help="task queue of the GPU workers for this run (default marathon-gpu)")
         c.add_argument("--spec", help="a RunSpec as JSON, or @file; flags override its fields")
         c.add_argument("--id", help="workflow id (default marathon-PROBLEM-TIMESTAMP)")
 

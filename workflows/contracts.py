@@ -186,6 +186,9 @@ class RunSpec(Strict):
     context_tokens: int = 24000  # llm policy: cap on a turn's prompt size (estimated tokens)
     top_k: int = 8
     heartbeat_seconds: int = 60  # a worker that dies mid-activity is noticed after this long
+    # the task queue of the GPU workers that evaluate this run: one queue per pool of GPUs (H200s apart
+    # from H100s, or one problem per GPU on a shared host); the worker side is `marathon worker --gpu-queue`
+    gpu_queue: str = GPU_QUEUE
     carried: CarriedState | None = None
 
     @field_validator("problem")
@@ -193,6 +196,13 @@ class RunSpec(Strict):
     def _problem_name(cls, v: str) -> str:
         if not v or not v.replace("_", "").isalnum():
             raise ValueError(f"problem must be a problem folder name, got {v!r}")
+        return v
+
+    @field_validator("gpu_queue")
+    @classmethod
+    def _queue_name(cls, v: str) -> str:
+        if not v or len(v) > 200 or not all(c.isalnum() or c in "-_." for c in v):
+            raise ValueError(f"gpu_queue must be a task queue name (letters, digits, - _ .), got {v!r}")
         return v
 
     @field_validator("compact_every", "population", "top_k", "heartbeat_seconds", "context_tokens")

@@ -17,7 +17,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
-        AGENT_QUEUE, GPU_QUEUE, WORKFLOW_TYPE, BenchReport, BenchRequest, BestRef, BestSummary,
+        AGENT_QUEUE, WORKFLOW_TYPE, BenchReport, BenchRequest, BestRef, BestSummary,
         BudgetChange, Budget, CarriedState, CompactRequest, CompactResult, CompileReport, EvalRequest,
         Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RuleReport, RuleRequest,
         RunResult, RunSpec, Status, StopRequest, VerifyReport, explain,
@@ -402,7 +402,7 @@ class KernelOptimization:
             raise _Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
     async def _gpu(self, name: str, arg, result_type, minutes: int):
-        return await self._call(name, arg, result_type, GPU_QUEUE, minutes)
+        return await self._call(name, arg, result_type, self.spec.gpu_queue, minutes)
 
     async def _call(self, name: str, arg, result_type, queue: str, minutes: int):
         try:

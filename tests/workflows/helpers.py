@@ -16,10 +16,10 @@ from workflows.optimization import KernelOptimization
 
 
 @contextlib.asynccontextmanager
-async def workers(client, gpu_activities=None):
+async def workers(client, gpu_activities=None, gpu_queue: str = GPU_QUEUE):
     """The real agent worker plus a GPU worker (synthetic unless real activities are given)."""
     agent = build_agent_worker(client)
-    gpu = Worker(client, task_queue=GPU_QUEUE, activities=gpu_activities or SYNTHETIC_GPU_ACTIVITIES,
+    gpu = Worker(client, task_queue=gpu_queue, activities=gpu_activities or SYNTHETIC_GPU_ACTIVITIES,
                  activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)
     async with agent, gpu:
         yield

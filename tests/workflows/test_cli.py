@@ -38,6 +38,8 @@ def marathon(*args, env_address=None, check=False):
     (["start", "--spec", "[1]"], "--spec must be a JSON object"),
     (["start", "softmax", "--shape", "huge"], "problem softmax has no shape 'huge'"),
     (["start", "softmax", "--population", "0"], "population must be at least 1"),
+    (["start", "softmax", "--gpu-queue", "two words"], "gpu_queue must be a task queue name"),
+    (["worker", "--role", "gpu", "--gpu-queue", "a/b"], "invalid --gpu-queue"),
     (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
     (["budget", "some-id"], "at least one of"),
     (["hint", "some-id", "   "], "hint text is empty"),
@@ -61,7 +63,9 @@ async def test_client_commands_against_the_dev_server(env, store):
     address = env.client.service_client.config.target_host
     wid = run_id("cli")
     async with workers(env.client):
-        p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "40", "--id", wid,
+        # a budget the run cannot exhaust while the CLI calls below run (each is a fresh process: slow
+        # on a loaded machine), so that it is still running when the budget is changed and stopped
+        p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "4000", "--id", wid,
                                     env_address=address, check=True)
         assert p.stdout.strip() == wid
         dup = await asyncio.to_thread(marathon, "start", "softmax", "--id", wid, env_address=address)
@@ -75,12 +79,12 @@ async def test_client_commands_against_the_dev_server(env, store):
         bad = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "1", env_address=address)
         if st["iteration"] >= 1:
             assert bad.returncode == 2 and "budget change rejected" in bad.stderr
-        ok = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "45", env_address=address,
+        ok = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "4500", env_address=address,
                                      check=True)
-        assert "'iterations': 45" in ok.stdout
+        assert "'iterations': 4500" in ok.stdout
         await asyncio.to_thread(marathon, "stop", wid, "--reason", "cli test", env_address=address, check=True)
         res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
-        assert res.stopped_by == "stop-signal" and res.iterations < 45
+        assert res.stopped_by == "stop-signal" and res.iterations < 4500
         rep = await asyncio.to_thread(marathon, "report", wid, "--out", str(store.root.parent / "rep"),
                                       env_address=address, check=True)
         text = open(rep.stdout.strip()).read()

@@ -55,6 +55,15 @@ async def test_population_evaluates_in_parallel_with_unique_numbers(env, store):
     assert len({r.candidate_id for r in recs}) == 10
 
 
+async def test_run_is_evaluated_on_its_gpu_queue(env, store):
+    # only a GPU worker on the run's own queue is polling: the run finishes only if every GPU activity
+    # was routed there (on the default queue nobody would ever pick them up)
+    spec = RunSpec(problem="softmax", budget={"iterations": 4}, population=2, gpu_queue="h200-pool.b")
+    async with workers(env.client, gpu_queue="h200-pool.b"):
+        res = await asyncio.wait_for((await _start(env.client, spec, "queue")).result(), 60)
+    assert_contiguous(store, res, 4)
+
+
 async def test_population_rolls_past_a_slow_evaluation(env, store):
     # Population 3, every third iteration slow to compile: the others keep starting new candidates
     # instead of waiting for the slow one at a step boundary, and the ledger still records 1..12 in order.
