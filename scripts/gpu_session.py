@@ -108,11 +108,16 @@ def main() -> int:
     ap.add_argument("--bench", default="", help="after the runs: `marathon bench` per GPU, e.g. 'kda|mla_decode mla_prefill'"
                     " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' best kernels")
     ap.add_argument("--bench-timeout", type=float, default=200)
+    ap.add_argument("--split", action="store_true",
+                    help="one problem per GPU: run i on task queue marathon-gpu-i, served by GPU worker i alone, "
+                         "warmed for that problem (needs as many GPUs as problems, both workers from the start)")
     ap.add_argument("--gpu-tests", action="store_true",
                     help="`pytest -m gpu` on the last GPU: while GPU 1 waits for --second-gpu-after (its worker "
                          "starts once they end), else after the runs")
     a = ap.parse_args()
     problems = a.problems.split()
+    if a.split and (len(problems) != a.gpus or a.second_gpu_after):
+        ap.error("--split needs one problem per GPU and no --second-gpu-after")
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MARATHON_HOME", str(WORK / "home"))
@@ -128,17 +133,24 @@ def main() -> int:
             return 1
         procs.append(spawn("agent", ["worker", "--role", "agent"]))
         gpu_env = {"MARATHON_WARM_PROBLEM": a.warm} if a.warm else {}
+
+        def gpu_worker(i: int) -> subprocess.Popen:
+            args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * i)]
+            env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(i))
+            if a.split:
+                args += ["--gpu-queue", f"marathon-gpu-{i}"]
+                env["MARATHON_WARM_PROBLEM"] = problems[i]
+            return spawn(f"gpu{i}", args, env)
+
         workers = []  # name, counters port (the Temporal runtime's metrics are on the port below), since
         t_spawn0 = time.time()
-        w0 = spawn("gpu0", ["worker", "--role", "gpu", "--metrics-port", "9100"],
-                   dict(gpu_env, CUDA_VISIBLE_DEVICES="0"))
+        w0 = gpu_worker(0)
         procs.append(w0)
         w1 = None
         early_tests = a.gpu_tests and a.gpus > 1 and a.second_gpu_after > 0
         tests = start_gpu_tests(1) if early_tests else None
         if a.gpus > 1 and not a.second_gpu_after:
-            w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
-                       dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
+            w1 = gpu_worker(1)
             procs.append(w1)
         t_serve0 = wait_log("gpu0", r"polling", 300, w0)
         if t_serve0 is None:
@@ -151,10 +163,11 @@ def main() -> int:
                 workers.append({"name": "gpu1", "port": 9111, "since": t1})
                 log("gpu1 serving")
         ids = {}
-        for p in problems:
+        for i, p in enumerate(problems):
             rid = f"h200-{p}-{int(T0)}"
+            queue = ["--gpu-queue", f"marathon-gpu-{i}"] if a.split else []
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
-                         "--compact-every", str(a.compact_every), "--hours", "2", "--id", rid)
+                         "--compact-every", str(a.compact_every), "--hours", "2", "--id", rid, *queue)
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
         t_start = time.time()
@@ -169,8 +182,7 @@ def main() -> int:
                 pending_w1 = False
                 finish_gpu_tests(tests, 1)
                 tests = None
-                w1 = spawn("gpu1", ["worker", "--role", "gpu", "--metrics-port", "9110"],
-                           dict(gpu_env, CUDA_VISIBLE_DEVICES="1"))
+                w1 = gpu_worker(1)
                 procs.append(w1)
             if w1 is not None and len(workers) == 1:
                 text = (WORK / "gpu1.log").read_text(errors="replace")
@@ -203,7 +215,8 @@ def main() -> int:
                 time.sleep(3)
             st = status(rid) or {}
             summary["runs"][p] = st
-            summary["runs"][p]["throughput"] = throughput(rid, st, workers, t_start, summary["samples"])
+            serving = [workers[problems.index(p)]] if a.split and len(workers) == len(problems) else workers
+            summary["runs"][p]["throughput"] = throughput(rid, st, serving, t_start, summary["samples"])
             summary["runs"][p]["best_source_key"] = best_source_key(st)
             if left(a) < 30:
                 log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
