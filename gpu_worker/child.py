@@ -119,17 +119,15 @@ class Server:
         self.tmp, self.role = tmp, role
         self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
         self.device = "cuda" if self.cuda else "cpu"
-        if self.cuda:
-            # Create the CUDA context now, while this child waits as a warm spare, not later while the
-            # worker holds the GPU lock for it (seconds per child otherwise).
-            torch.empty(1, device="cuda")
-            torch.cuda.synchronize()
-            _warm_triton()
+        self.cuda_ready = False
+        if self.cuda and role == "reference":
+            self.cmd_cuda_init()  # a reference child is made rarely, at worker start or under the GPU lock
         self.module = None
         self.problem = None
         self.shape = None
         self.cpu_mode = not self.cuda
         self.bank_tag = None
+        self._prefetched: dict = {}
         self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
         self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
@@ -159,6 +157,19 @@ class Server:
             self.watch += [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
                            (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph")]
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
+
+    def cmd_cuda_init(self):
+        """Create this child's CUDA context and warm Triton's per-process keys. The worker asks for it
+        under its GPU gate's shared side (a spare does it while it waits), so the context is never created
+        while another job is being timed, nor later under the exclusive lock (seconds per child)."""
+        if self.cuda and not self.cuda_ready:
+            import torch
+
+            torch.empty(1, device="cuda")
+            torch.cuda.synchronize()
+            _warm_triton()
+            self.cuda_ready = True
+        return {"cuda": self.cuda}
 
     # --- helpers ---------------------------------------------------------------------------------
     def violations(self):
@@ -341,13 +352,15 @@ class Server:
                 bad.append(k)
         return bad
 
-    def _outputs(self) -> dict:
+    def _outputs(self, poison: bool = True) -> dict:
         import torch
 
         outs = {}
         for name, spec in self.output_specs(self.shape, cpu=self.cpu_mode).items():
             t = self.T["empty"](spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
-            if t.is_floating_point():
+            if not poison:
+                pass
+            elif t.is_floating_point():
                 self.T["fill_"](t, float("nan"))
             else:
                 self.T["fill_"](t, -12345)
@@ -422,8 +435,12 @@ class Server:
         so compilation uses CPU cores, not the GPU), then report the compiler's view of each kernel.
         Interpreter: run once, which is where an interpreted kernel's errors surface."""
         self.prep_timing = {}
-        inputs = self._inputs(dist, 0)
-        outs = self._outputs()
+        # the worker uploaded this case beforehand (prepare, under its GPU gate); on CUDA nothing below
+        # touches the device but the candidate's own host-side torch calls: Triton's warmup path compiles
+        # without launching, and the outputs are not poisoned (their contents are never read here)
+        pre = self._prefetched.get((dist, 0))
+        inputs = self._inputs(dist, 0) if pre is None else self._to_device(pre)  # no copy when already there
+        outs = self._outputs(poison=not self.cuda)
         t0 = time.perf_counter()
         if self.cuda:
             self._warmup_call(inputs, outs)
@@ -433,6 +450,7 @@ class Server:
         timing = {k: round(v, 4) for k, v in self.prep_timing.items()}
         timing["triton"] = round(secs, 4)
         del inputs, outs
+        self._prefetched = {}
         self._release()  # this child may wait, kernels loaded, for the candidate's verification
         return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared(), "timing": timing}
 
@@ -515,7 +533,8 @@ class Server:
                     info.append(d)
         return info
 
-    def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None):
+    def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
+                    kernels: bool = True):
         """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
         cases' inputs and/or the timing sets."""
         self.prep_timing = {}
@@ -530,7 +549,7 @@ class Server:
             self._prefetched = {k: (self._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
             self._sync()
             self._count("upload", t0)
-            if self.cuda and self.module is not None:
+            if kernels and self.cuda and self.module is not None:
                 t0 = self.T["perf"]()
                 self._load_kernels(self._inputs(*cases[0]), self._outputs())
                 self._count("kernels", t0)

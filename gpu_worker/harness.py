@@ -16,6 +16,7 @@ All rejections are returned as reports; only infrastructure failures (artifact s
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -115,10 +116,9 @@ class Evaluator:
         self.store = store or ArtifactStore()
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
-        self.pool = SandboxPool(self.interpreter, spares=spares)
+        self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU (see TimedLock)
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
-        self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self._refs_lock = threading.Lock()
         # per (problem, shape, dist, seed): the inputs' fingerprint and the baseline's own error. Small and
@@ -131,6 +131,8 @@ class Evaluator:
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
         self.selftest_result: dict | None = None
         self.static_rules = static_rules  # False only in tests of the run-time guard
+        # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
+        self.pool = SandboxPool(self.interpreter, spares=spares, ready=self._cuda_init if self.cuda else None)
 
     def close(self):
         self.pool.close()
@@ -217,9 +219,21 @@ class Evaluator:
         with self._ref_meta_lock:
             return [self._ref_meta[key(c)] for c in cases]
 
+    def _shared(self):
+        """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
+        return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
+
+    def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
+        """A candidate child's CUDA context, made under the gate's shared side (once per child)."""
+        with self._shared():
+            r = sb.call("cuda_init", self.timeouts["load"], hb)
+        self._check_reply(r, "sandbox", sb)
+
     def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> dict:
         from gpu_worker.sandbox import triton_cache_dir
 
+        if self.cuda:
+            self._cuda_init(sb, hb)  # a spare has one already: then this is one round trip
         r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
                     write_roots=[], trusted_roots=[str(triton_cache_dir())], banned_ops=_aten_ops(problem.name))
         self._check_reply(r, "compile", sb)
@@ -270,6 +284,10 @@ class Evaluator:
             try:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
+                with _phase("prepare"), self._shared():  # the one device step of compiling: the inputs' upload
+                    pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[problem.distributions[0], 0]],
+                                  kernels=False)
+                self._check_reply(pre, "compile", sb)
                 with _phase("compile"):
                     r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
                 self._check_reply(r, "compile", sb)
@@ -371,7 +389,7 @@ class Evaluator:
         sb, _ = self._loaded_child(key, source, problem, shape, hb)
         handed_on = False
         try:
-            with _phase("prepare"):
+            with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
             for k, v in (pre.get("timing") or {}).items():
@@ -397,7 +415,7 @@ class Evaluator:
             # Outside the GPU lock: the outputs' copies go to files and then onto the reference child's
             # device (copy engines and the file system; a benchmark holding the lock meanwhile shares only
             # PCIe traffic of ~0.5 GB with it). Only the comparison's arithmetic takes the lock again.
-            with _phase("export"):
+            with _phase("export"), self._shared():
                 ex = sb.call("export", self.timeouts["verify"], hb)
             self._check_reply(ex, "verify", sb)
             if ex["changed"]:
@@ -414,7 +432,7 @@ class Evaluator:
                 jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                          for n in names]
             token = f"{candidate_id}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-            with _phase("stage"):
+            with _phase("stage"), self._shared():
                 self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
             with lock:
                 with _phase("compare"):
@@ -485,7 +503,7 @@ class Evaluator:
                 self.reference(problem, shape, cases[i:i + 4], hb)
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
-        with ref_lock:
+        with self._shared(), ref_lock:
             ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0}
 
@@ -522,14 +540,14 @@ class Evaluator:
                     best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
                 plan = self._plan()
-                with _phase("prepare"):
+                with _phase("prepare"), self._shared():
                     for s_ in (cand, best):
                         if s_ is not None:
                             pre = s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                             self._check_reply(pre, "benchmark", s_)
                             for k, v in (pre.get("timing") or {}).items():
                                 _add_phase(f"prepare.{k}", v)
-                with ref_lock:
+                with self._shared(), ref_lock:
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                     with _phase("receipt"):  # clocks read just before the timed section, outside the lock
                         receipt = ref_sb.call("receipt", 60, hb)
@@ -539,7 +557,9 @@ class Evaluator:
                     fresh = self.pool.acquire()
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
-                    self._check_reply(fresh.call("prepare", self.timeouts["load"], hb, rotate=3), "benchmark", fresh)
+                    with self._shared():
+                        pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
+                    self._check_reply(pre, "benchmark", fresh)
                 lock = self.gpu_lock if self.cuda else _NullLock()
                 with lock, ref_lock:
                     g0 = time.monotonic()
@@ -661,7 +681,8 @@ class Evaluator:
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
-        ex = cand.call("export_timed", self.timeouts["verify"], hb)
+        with self._shared():
+            ex = cand.call("export_timed", self.timeouts["verify"], hb)
         self._check_reply(ex, "benchmark", cand)
         jobs = [j for j in ex["jobs"] if j["name"] in names]
         if not jobs:
@@ -672,7 +693,8 @@ class Evaluator:
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
         token = f"timed-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-        self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
+        with self._shared():
+            self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
         lock = self.gpu_lock if self.cuda else _NullLock()
         with lock:
             cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
@@ -758,16 +780,32 @@ class _phase:
 
 
 class TimedLock:
-    """A lock that accumulates how long it was held (the GPU busy time of a search run)."""
+    """The GPU gate of one worker. Exclusive (`with lock:`): timed and verified work, one job at a time,
+    and nothing else of this worker's on the device meanwhile; it accumulates the busy time. Shared
+    (`with lock.shared():`): the short device work around it (uploads, downloads, kernel loading, a new
+    child's CUDA context), any number at once, never while exclusive work runs, because another
+    process's device work inflates timings (a many-launch baseline most: docs/throughput.md). Exclusive
+    has preference: once it waits, no new shared work starts. Order: this gate before any reference
+    child's lock, never the other way round."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._exclusive = False
+        self._waiting = 0
+        self._shared = 0
         self.busy_s = 0.0
         self._t = 0.0
 
     def acquire(self):
         t = time.monotonic()
-        self._lock.acquire()
+        with self._cv:
+            self._waiting += 1
+            try:
+                while self._exclusive or self._shared:
+                    self._cv.wait()
+            finally:
+                self._waiting -= 1
+            self._exclusive = True
         self._t = time.monotonic()
         _add_phase("gpu-wait", self._t - t)
 
@@ -777,8 +815,26 @@ class TimedLock:
         dt = time.monotonic() - self._t
         self.busy_s += dt
         _add_phase("gpu-held", dt)
-        self._lock.release()
+        with self._cv:
+            self._exclusive = False
+            self._cv.notify_all()
         add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
+
+    @contextlib.contextmanager
+    def shared(self):
+        t = time.monotonic()
+        with self._cv:
+            while self._exclusive or self._waiting:
+                self._cv.wait()
+            self._shared += 1
+        _add_phase("gpu-shared-wait", time.monotonic() - t)
+        try:
+            yield self
+        finally:
+            with self._cv:
+                self._shared -= 1
+                if not self._shared:
+                    self._cv.notify_all()
 
     def __enter__(self):
         self.acquire()
@@ -795,3 +851,6 @@ class _NullLock:
 
     def __exit__(self, *exc):
         return False
+
+    def shared(self):
+        return contextlib.nullcontext()

@@ -121,20 +121,25 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
     try:
         problem = ev._problem(req.problem)
         shape = ev._shape(problem, req.shape)
-        lock = ev.gpu_lock if ev.cuda else None
-        if lock:
-            lock.acquire()
-        try:
-            with ev.pool.acquire() as sb:
-                ev._load(sb, source, problem, shape, hb)
+        # the child compile left loaded (else a fresh one), loaded and fed before the lock: loading takes the
+        # GPU gate's shared side, which cannot be had while holding the lock
+        sb, _ = ev._loaded_child(ev._child_key(req.problem, shape, req.source_key), source, problem, shape, hb)
+        with sb:
+            with ev._shared():
+                pre = sb.call("prepare", ev.timeouts["load"], hb, rotate=3 if ev.cuda else 1)
+            ev._check_reply(pre, "profile", sb)
+            lock = ev.gpu_lock if ev.cuda else None
+            if lock:
+                lock.acquire()
+            try:
                 t = sb.call("time", ev.timeouts["time"], hb, reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1,
                             rotate=3 if ev.cuda else 1, mode="eager")
                 ev._check_reply(t, "profile", sb)
                 p = sb.call("profile", ev.timeouts["profile"], hb, reps=5 if ev.cuda else 1, rotate=3 if ev.cuda else 1)
                 ev._check_reply(p, "profile", sb)
-        finally:
-            if lock:
-                lock.release()
+            finally:
+                if lock:
+                    lock.release()
         from gpu_worker.harness import median
 
         t_ms = median(t["times"])

@@ -218,19 +218,41 @@ class Sandbox:
 class SandboxPool:
     """Warm spare candidate processes. `acquire()` hands out one (single use) and starts a replacement."""
 
-    def __init__(self, interpreter: bool, spares: int = 1):
+    def __init__(self, interpreter: bool, spares: int = 1, ready: Callable[[Sandbox], None] | None = None):
+        """`ready(sb)`, if given, finishes a new spare before it is handed out (the harness creates its
+        CUDA context under the GPU gate); then spares are made in the background."""
         self.interpreter = interpreter
         self.spares = spares
+        self.ready = ready
         self._lock = threading.Lock()
         self._idle: list[Sandbox] = []
+        self._starting = 0
         self._closed = False
-        self.fill()
+        if ready is None:
+            self.fill()
+        else:
+            threading.Thread(target=self.fill, daemon=True).start()
 
     def fill(self) -> None:
         with self._lock:
             self._idle = [s for s in self._idle if s.alive()]
-            while not self._closed and len(self._idle) < self.spares:
-                self._idle.append(Sandbox("candidate", self.interpreter))
+            n = max(0, self.spares - len(self._idle) - self._starting) if not self._closed else 0
+            if self.ready is None:
+                self._idle += [Sandbox("candidate", self.interpreter) for _ in range(n)]
+                return
+            self._starting += n
+        new = [Sandbox("candidate", self.interpreter) for _ in range(n)]  # they start side by side
+        for sb in new:
+            try:
+                self.ready(sb)
+            except Exception:  # noqa: BLE001 - a spare that failed to start is dropped, not handed out
+                sb.close()
+            with self._lock:
+                self._starting -= 1
+                if self._closed or not sb.alive():
+                    sb.close()
+                else:
+                    self._idle.append(sb)
 
     def acquire(self) -> Sandbox:
         with self._lock:

@@ -429,3 +429,75 @@ def test_sass_scan_reads_every_kernel(ev, tmp_path, monkeypatch):
                     {"name": "gone", "cubin_path": str(tmp_path / "missing.cubin")}])
     assert out["hgmma"] and out["tma"]
     assert "SASS ka: HGMMA=True TMA=False" in out["text"] and "SASS kb: HGMMA=False TMA=True" in out["text"]
+
+
+def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import TimedLock
+
+    gate = TimedLock()
+    log, lock = [], threading.Lock()
+
+    def note(x):
+        with lock:
+            log.append(x)
+
+    def shared_job(i, hold):
+        with gate.shared():
+            note(("s+", i))
+            _t.sleep(hold)
+            note(("s-", i))
+
+    def exclusive_job(hold):
+        with gate:
+            note(("x+",))
+            _t.sleep(hold)
+            note(("x-",))
+
+    # two shared holders overlap; an exclusive job waits for both; a shared job that arrives while the
+    # exclusive one waits starts only after it (exclusive preference)
+    a = threading.Thread(target=shared_job, args=(1, 0.3))
+    b = threading.Thread(target=shared_job, args=(2, 0.3))
+    a.start(), b.start()
+    _t.sleep(0.05)
+    x = threading.Thread(target=exclusive_job, args=(0.2,))
+    x.start()
+    _t.sleep(0.05)
+    c = threading.Thread(target=shared_job, args=(3, 0.01))
+    c.start()
+    for t in (a, b, x, c):
+        t.join(5)
+    order = [e[0] + (str(e[1]) if len(e) > 1 else "") for e in log]
+    assert order.index("s+2") < order.index("s-1") or order.index("s+1") < order.index("s-2")  # overlapped
+    assert order.index("x+") > max(order.index("s-1"), order.index("s-2"))
+    assert order.index("s+3") > order.index("x-")
+    assert gate.busy_s >= 0.2
+
+
+def test_pool_readies_spares_before_handing_them_out():
+    # on CUDA the harness passes its _cuda_init here (the context is made under the GPU gate's shared side);
+    # the same path on the CPU: spares start side by side, each is readied once, then handed out
+    import time as _t
+
+    from gpu_worker.sandbox import SandboxPool
+
+    readied = []
+
+    def ready(sb):
+        r = sb.call("cuda_init", 120)
+        assert r["ok"] and r["cuda"] is False
+        readied.append(sb)
+
+    pool = SandboxPool(interpreter=True, spares=2, ready=ready)
+    try:
+        end = _t.monotonic() + 120
+        while len(pool._idle) < 2 and _t.monotonic() < end:
+            _t.sleep(0.2)
+        assert len(readied) == 2 and len(pool._idle) == 2
+        sb = pool.acquire()
+        assert sb in readied and sb.alive()
+        sb.close()
+    finally:
+        pool.close()
