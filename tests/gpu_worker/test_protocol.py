@@ -501,3 +501,12 @@ def test_pool_readies_spares_before_handing_them_out():
         sb.close()
     finally:
         pool.close()
+
+
+def test_timing_mode_follows_the_faster_party():
+    from gpu_worker.harness import timing_mode
+
+    assert timing_mode(1.2, None) == "eager"           # KDA: both slow
+    assert timing_mode(0.02, None) == "cuda-graph"     # a microsecond baseline
+    assert timing_mode(0.16, 0.012) == "cuda-graph"    # MLA decode: the candidate is the microsecond one
+    assert timing_mode(0.16, 0.09) == "eager"
