@@ -128,6 +128,7 @@ class Server:
         self.cpu_mode = not self.cuda
         self.bank_tag = None
         self._prefetched: dict = {}
+        self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
         self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
@@ -646,20 +647,30 @@ class Server:
         if getattr(self, "_defer", False):
             self._pending.append((tag, outs, snap, handles))
         else:
-            self._write(snap, handles)
+            self._download(snap, handles)
+            self.cmd_write_exports()
         return handles
 
-    def _write(self, snap: dict, handles: dict) -> None:
+    def _download(self, snap: dict, handles: dict) -> None:
+        """Device copies to host memory, queued for `cmd_write_exports` (the worker holds its GPU gate's
+        shared side for the download only, not for the file writes)."""
         import torch
 
         for name, v in snap.items():
             flat = self.T["contiguous"](self.T["to"](v, "cpu")).reshape(-1)
-            self.T["view"](flat, torch.uint8).numpy().tofile(handles[name]["path"])
+            self._to_write.append((self.T["view"](flat, torch.uint8), handles[name]["path"]))
+
+    def cmd_write_exports(self):
+        t0 = self.T["perf"]()
+        for raw, path in self._to_write:
+            raw.numpy().tofile(path)
+        self._to_write = []
+        return {"timing": {"write": round(self.T["perf"]() - t0, 4)}}
 
     def cmd_export(self):
-        """Write the outputs a deferred `verify` kept. They are written from the copies taken right after
-        each call, and the candidate's own buffers must still equal them: an output that changed after
-        the call returned means work outside the call (a late write), which is reported."""
+        """Download the outputs a deferred `verify` kept, for `write_exports`. They are the copies taken
+        right after each call, and the candidate's own buffers must still equal them: an output that
+        changed after the call returned means work outside the call (a late write), which is reported."""
         import torch
 
         t0 = self.T["perf"]()
@@ -669,11 +680,11 @@ class Server:
                 changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
             else:
                 changed += [f"{tag}/{name}" for name in self._mutated(outs, snap)]  # bitwise, NaN-safe
-            self._write(snap, handles)
+            self._download(snap, handles)
         self._pending, self._defer = [], False
         self._sync()
         self._release()
-        return {"changed": changed, "timing": {"write": round(self.T["perf"]() - t0, 4)}}
+        return {"changed": changed, "timing": {"download": round(self.T["perf"]() - t0, 4)}}
 
     # --- timing (both roles) -----------------------------------------------------------------------
     def _prepare_timing(self, rotate: int, dist: str):
@@ -770,14 +781,17 @@ class Server:
         return {"times": times, "walls": walls, "mode": used_mode}
 
     def cmd_export_timed(self):
-        """Write the timed calls' kept outputs (see cmd_time) to files; returns [{set, name, out}]."""
+        """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
+        [{set, name, out}] whose files that writes."""
         jobs = []
         for n, (idx, outs) in enumerate(self.timed_outputs):
-            handles = {}
-            self._defer = False
+            self._defer = True
+            self._pending = []
             for name, h in self._export(outs, f"timed{n}").items():
-                handles[name] = h
                 jobs.append({"set": idx, "name": name, "out": h})
+            for _tag, _outs, snap, handles in self._pending:
+                self._download(snap, handles)
+            self._pending, self._defer = [], False
         self.timed_outputs = []
         self._release()
         return {"jobs": jobs}

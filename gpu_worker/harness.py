@@ -427,9 +427,11 @@ class Evaluator:
             # Outside the GPU lock: the outputs' copies go to files and then onto the reference child's
             # device (copy engines and the file system; a benchmark holding the lock meanwhile shares only
             # PCIe traffic of ~0.5 GB with it). Only the comparison's arithmetic takes the lock again.
-            with _phase("export"), self._shared():
+            with _phase("export"), self._shared():  # the downloads; the file writes need no gate
                 ex = sb.call("export", self.timeouts["verify"], hb)
             self._check_reply(ex, "verify", sb)
+            with _phase("export-write"):
+                self._check_reply(sb.call("write_exports", self.timeouts["verify"], hb), "verify", sb)
             if ex["changed"]:
                 raise Rejection("verify", f"late-write: outputs {ex['changed']} changed after the call returned "
                                 "(work still running outside the call is not timed)")
@@ -700,6 +702,7 @@ class Evaluator:
         with self._shared():
             ex = cand.call("export_timed", self.timeouts["verify"], hb)
         self._check_reply(ex, "benchmark", cand)
+        self._check_reply(cand.call("write_exports", self.timeouts["verify"], hb), "benchmark", cand)
         jobs = [j for j in ex["jobs"] if j["name"] in names]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
