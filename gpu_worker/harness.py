@@ -171,6 +171,10 @@ class Evaluator:
 
     @staticmethod
     def _child_key(problem: str, shape, source_key: str) -> tuple:
+        # the artifact store is content-addressed: one key, one source, so a kept child can only ever be
+        # handed the candidate it holds
+        if not source_key:
+            raise ValueError("a loaded child is keyed by its candidate's source key")
         return (problem, shape.name, source_key)
 
     def _source(self, key: str) -> str:
@@ -392,7 +396,7 @@ class Evaluator:
             return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
                                 log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
 
-    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str | None = None) -> dict:
+    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str) -> dict:
         from gpu_worker.child import compared_outputs
 
         names = compared_outputs(problem, shape, self.interpreter)
