@@ -128,6 +128,7 @@ class Server:
         self.cpu_mode = not self.cuda
         self.bank_tag = None
         self._prefetched: dict = {}
+        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
@@ -229,7 +230,7 @@ class Server:
         # prefetched sets (already on the device, see cmd_prepare) stay until the verification ends: the
         # determinism rerun and the stale-output probe get fresh copies of them instead of new inputs
         # generated and uploaded while the worker holds the GPU
-        pre = getattr(self, "_prefetched", {}).get((dist, seed))
+        pre = self._prefetched.get((dist, seed))
         if pre is None:
             return self._to_device(self._host_inputs(dist, seed))
         here = torch.device(self.device).type
@@ -359,12 +360,8 @@ class Server:
         outs = {}
         for name, spec in self.output_specs(self.shape, cpu=self.cpu_mode).items():
             t = self.T["empty"](spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
-            if not poison:
-                pass
-            elif t.is_floating_point():
-                self.T["fill_"](t, float("nan"))
-            else:
-                self.T["fill_"](t, -12345)
+            if poison:
+                self.T["fill_"](t, float("nan") if t.is_floating_point() else -12345)
             outs[name] = t
         return outs
 
@@ -540,8 +537,8 @@ class Server:
         cases' inputs and/or the timing sets."""
         self.prep_timing = {}
         if cases:
-            # uploaded now, outside the GPU lock: copying engines, not SMs, so a benchmark running meanwhile
-            # is not disturbed; bounded so that eight children at once stay within the device's memory
+            # uploaded now, before the exclusive lock (the worker holds its gate's shared side for this);
+            # bounded so that many children at once stay within the device's memory
             host = {(d, s): self._host_inputs(d, s) for d, s in cases}
             nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
                          if hasattr(v, "element_size"))
@@ -564,14 +561,13 @@ class Server:
                 self._count("kernels", t0)
         return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
 
-    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True, defer_export: bool = False):
+    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True):
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
-        outputs and the inputs' hashes before and after. Then a determinism rerun on fresh buffers and a
-        stale-output probe (same buffers, new contents). With `defer_export` the outputs are snapshotted
-        on the device and written to files only by `export`, which the worker calls after it released the
-        GPU lock."""
+        outputs' handles and the inputs' hashes before and after. Then a determinism rerun on fresh buffers
+        and a stale-output probe (same buffers, new contents). Outputs are copied on the device right after
+        each call; `export` and `write_exports`, which the worker calls after the exclusive lock, turn the
+        copies into the handles' files."""
         perf, tm = self.T["perf"], {}
-        self._defer = defer_export
         self._pending = []
 
         def tick(name, t0):  # seconds per step, reported to the worker's phase log (docs/throughput.md)
@@ -603,7 +599,7 @@ class Server:
         if determinism and first:
             t = perf()
             dist, seed = cases[0]
-            inputs = {k: (self.T["clone"](v) if hasattr(v, "clone") else v) for k, v in self._inputs(dist, seed).items()}
+            inputs = self._inputs(dist, seed)  # fresh buffers already (copies of the prefetched set)
             outs = self._outputs()
             self._call(inputs, outs, guarded=True)
             reply["rerun"] = self._export(outs, "rerun")
@@ -630,26 +626,19 @@ class Server:
         return reply
 
     def _export(self, outs: dict, tag: str) -> dict:
-        """Handles ({path, dtype, shape}) of each output's raw bytes in a file in this child's temp dir,
-        for the reference child, which compares them with the oracle on the device. Only a path crosses
-        the pipes: pickling a 67 MB output through the worker twice per case cost more CPU than the whole
-        verification's GPU time (KDA at T = 8192). Deferred (see cmd_verify): a device copy is taken now
-        and written by `cmd_export`."""
-        import torch
-
-        handles, snap = {}, {}
-        for name, v in outs.items():
-            if type(v) is not torch.Tensor:
-                continue  # reported by out_type_ok
-            path = os.path.join(self.tmp, f"out-{tag}-{name}.bin")
-            handles[name] = {"path": path, "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
-            snap[name] = self.T["clone"](v.detach())
-        if getattr(self, "_defer", False):
-            self._pending.append((tag, outs, snap, handles))
-        else:
-            self._download(snap, handles)
-            self.cmd_write_exports()
+        """A device copy of each output, taken now and kept for `cmd_export`, and the handles
+        ({path, dtype, shape}) of the files it becomes, for the reference child, which compares them with
+        the oracle on its device. Only a path crosses the pipes: pickling a 67 MB output through the worker
+        twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
+        snap = {k: self.T["clone"](v.detach()) for k, v in outs.items() if type(v) is __import__("torch").Tensor}
+        handles = self._handles(snap, tag)  # an output that is no plain Tensor is reported by out_type_ok
+        self._pending.append((tag, outs, snap, handles))
         return handles
+
+    def _handles(self, outs: dict, tag: str) -> dict:
+        return {name: {"path": os.path.join(self.tmp, f"out-{tag}-{name}.bin"),
+                       "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                for name, v in outs.items()}
 
     def _download(self, snap: dict, handles: dict) -> None:
         """Device copies to host memory, queued for `cmd_write_exports` (the worker holds its GPU gate's
@@ -681,7 +670,7 @@ class Server:
             else:
                 changed += [f"{tag}/{name}" for name in self._mutated(outs, snap)]  # bitwise, NaN-safe
             self._download(snap, handles)
-        self._pending, self._defer = [], False
+        self._pending = []
         self._sync()
         self._release()
         return {"changed": changed, "timing": {"download": round(self.T["perf"]() - t0, 4)}}
@@ -784,14 +773,10 @@ class Server:
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
         [{set, name, out}] whose files that writes."""
         jobs = []
-        for n, (idx, outs) in enumerate(self.timed_outputs):
-            self._defer = True
-            self._pending = []
-            for name, h in self._export(outs, f"timed{n}").items():
-                jobs.append({"set": idx, "name": name, "out": h})
-            for _tag, _outs, snap, handles in self._pending:
-                self._download(snap, handles)
-            self._pending, self._defer = [], False
+        for n, (idx, kept) in enumerate(self.timed_outputs):  # already copies (cmd_time's keep)
+            handles = self._handles(kept, f"timed{n}")
+            self._download(kept, handles)
+            jobs += [{"set": idx, "name": name, "out": h} for name, h in handles.items()]
         self.timed_outputs = []
         self._release()
         return {"jobs": jobs}

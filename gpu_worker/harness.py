@@ -239,6 +239,28 @@ class Evaluator:
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
         return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
 
+    def _exclusive(self):
+        """The GPU gate's exclusive side (timed and verified work); nothing to exclude on the CPU."""
+        return self.gpu_lock if self.cuda else contextlib.nullcontext()
+
+    def _download(self, sb: Sandbox, cmd: str, stage: str, hb) -> dict:
+        """A candidate child's kept outputs (`export` after verification, `export_timed` after timing):
+        downloaded under the gate's shared side, then written to its files without it."""
+        with _phase("export"), self._shared():
+            ex = sb.call(cmd, self.timeouts["verify"], hb)
+        self._check_reply(ex, stage, sb)
+        with _phase("export-write"):
+            self._check_reply(sb.call("write_exports", self.timeouts["verify"], hb), stage, sb)
+        return ex
+
+    def _stage(self, problem, shape, jobs: list, hb) -> str:
+        """The jobs' output files onto the reference child's device, under the gate's shared side, ahead of
+        a comparison under the exclusive side; returns the token that comparison names."""
+        token = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+        with _phase("stage"), self._shared():
+            self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
+        return token
+
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made under the gate's shared side (once per child)."""
         with self._shared():
@@ -410,13 +432,11 @@ class Evaluator:
             self._check_reply(pre, "verify", sb)
             for k, v in (pre.get("timing") or {}).items():
                 _add_phase(f"prepare.{k}", v)
-            lock = self.gpu_lock if self.cuda else _NullLock()
-            with lock:
+            with self._exclusive():
                 with _phase("reference"):
                     refs = self.reference(problem, shape, cases, hb)
                 with _phase("run-cases"):
-                    r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases],
-                                defer_export=True)
+                    r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
             self._check_reply(r, "verify", sb)
             for k, v in (r.get("timing") or {}).items():
                 _add_phase(f"run-cases.{k}", v)
@@ -428,14 +448,9 @@ class Evaluator:
                                     f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
                 if not got["out_type_ok"]:
                     raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
-            # Outside the GPU lock: the outputs' copies go to files and then onto the reference child's
-            # device (copy engines and the file system; a benchmark holding the lock meanwhile shares only
-            # PCIe traffic of ~0.5 GB with it). Only the comparison's arithmetic takes the lock again.
-            with _phase("export"), self._shared():  # the downloads; the file writes need no gate
-                ex = sb.call("export", self.timeouts["verify"], hb)
-            self._check_reply(ex, "verify", sb)
-            with _phase("export-write"):
-                self._check_reply(sb.call("write_exports", self.timeouts["verify"], hb), "verify", sb)
+            # After the exclusive lock: the outputs' copies go to files and then onto the reference child's
+            # device; only the comparison's arithmetic takes the lock again.
+            ex = self._download(sb, "export", "verify", hb)
             if ex["changed"]:
                 raise Rejection("verify", f"late-write: outputs {ex['changed']} changed after the call returned "
                                 "(work still running outside the call is not timed)")
@@ -449,10 +464,8 @@ class Evaluator:
             if "stale" in r:
                 jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                          for n in names]
-            token = f"{candidate_id}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-            with _phase("stage"), self._shared():
-                self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
-            with lock:
+            token = self._stage(problem, shape, jobs, hb)
+            with self._exclusive():
                 with _phase("compare"):
                     cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs,
                                         token=token)
@@ -515,9 +528,8 @@ class Evaluator:
         shape = self._shape(problem, shape_name)
         self.ensure_ceilings(problem, shape, hb)
         cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
-        lock = self.gpu_lock if self.cuda else _NullLock()
         for i in range(0, len(cases), 4):
-            with lock:
+            with self._exclusive():
                 self.reference(problem, shape, cases[i:i + 4], hb)
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
@@ -578,8 +590,7 @@ class Evaluator:
                     with self._shared():
                         pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
                     self._check_reply(pre, "benchmark", fresh)
-                lock = self.gpu_lock if self.cuda else _NullLock()
-                with lock, ref_lock:
+                with self._exclusive(), ref_lock:
                     g0 = time.monotonic()
                     with _phase("interleave"):
                         res = self._interleave(problem, cand, ref_sb, best, hb)
@@ -703,10 +714,7 @@ class Evaluator:
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
-        with self._shared():
-            ex = cand.call("export_timed", self.timeouts["verify"], hb)
-        self._check_reply(ex, "benchmark", cand)
-        self._check_reply(cand.call("write_exports", self.timeouts["verify"], hb), "benchmark", cand)
+        ex = self._download(cand, "export_timed", "benchmark", hb)
         jobs = [j for j in ex["jobs"] if j["name"] in names]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
@@ -715,11 +723,8 @@ class Evaluator:
                     if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
-        token = f"timed-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-        with self._shared():
-            self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
-        lock = self.gpu_lock if self.cuda else _NullLock()
-        with lock:
+        token = self._stage(problem, shape, jobs, hb)
+        with self._exclusive():
             cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
@@ -866,14 +871,3 @@ class TimedLock:
     def __exit__(self, *exc):
         self.release()
         return False
-
-
-class _NullLock:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def shared(self):
-        return contextlib.nullcontext()

@@ -128,18 +128,12 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
             with ev._shared():
                 pre = sb.call("prepare", ev.timeouts["load"], hb, rotate=3 if ev.cuda else 1)
             ev._check_reply(pre, "profile", sb)
-            lock = ev.gpu_lock if ev.cuda else None
-            if lock:
-                lock.acquire()
-            try:
+            with ev._exclusive():
                 t = sb.call("time", ev.timeouts["time"], hb, reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1,
                             rotate=3 if ev.cuda else 1, mode="eager")
                 ev._check_reply(t, "profile", sb)
                 p = sb.call("profile", ev.timeouts["profile"], hb, reps=5 if ev.cuda else 1, rotate=3 if ev.cuda else 1)
                 ev._check_reply(p, "profile", sb)
-            finally:
-                if lock:
-                    lock.release()
         from gpu_worker.harness import median
 
         t_ms = median(t["times"])
