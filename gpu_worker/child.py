@@ -250,7 +250,7 @@ class Server:
     def _host_inputs(self, dist: str, seed: int) -> dict:
         """One case's inputs in host memory. The reference child (trusted) generates them and leaves a
         read-only copy in the input bank; candidate children read that copy (memory-mapped, copy-on-write)
-        instead of generating several hundred MB with the CPU each (KDA: ~2 s per case, 8 children at
+        instead of generating several hundred MB with the CPU each (KDA: ~1 s per case on one core, many children at
         once). The reference never reads the bank: its own fingerprint of each case is what the candidate's
         is checked against, so an altered bank file is a rejection, not a silent agreement."""
         import torch
