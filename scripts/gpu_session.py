@@ -10,7 +10,13 @@ GPU busy fraction per window (a window is a stretch with a fixed number of GPU w
     python scripts/gpu_session.py --problems kda --gpus 2 --second-gpu-after 150 --minutes 7
 
 `--second-gpu-after S` starts the second GPU worker S seconds after the first one serves, so one run
-gives the one-GPU and the two-GPU figure on the same candidates stream. Everything lands in
+gives the one-GPU and the two-GPU figure on the same candidates stream.
+
+A search longer than one device call (at most 10 minutes) spans calls the way the design says a run
+survives anything: `--keep-running` does not stop the runs at the deadline; the processes are shut down
+and the dev server's SQLite history, the artifact store and the run ids go into $OUT/state.tar.gz. The
+next call's `--resume state.tar.gz` restores them, restarts the server and the workers on the same
+history, and the same runs go on where they were (interrupted activities are retried by Temporal). Everything lands in
 $OUT/session.tar.gz (the device tool brings back few files) plus $OUT/session.json; the summary is
 printed last.
 """
@@ -94,7 +100,9 @@ def status(run_id: str) -> dict | None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--problems", default="kda")
+    ap.add_argument("--problems", default="kda",
+                    help="problems, space-separated; with --split, '|' separates the GPUs' groups, e.g. "
+                         "'kda|mla_decode mla_prefill'")
     ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--second-gpu-after", type=float, default=0.0)
     ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
@@ -109,15 +117,23 @@ def main() -> int:
                     " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' best kernels")
     ap.add_argument("--bench-timeout", type=float, default=200)
     ap.add_argument("--split", action="store_true",
-                    help="one problem per GPU: run i on task queue marathon-gpu-i, served by GPU worker i alone, "
-                         "warmed for that problem (needs as many GPUs as problems, both workers from the start)")
+                    help="one problem group per GPU: group i's runs on task queue marathon-gpu-i, served by GPU "
+                         "worker i alone, warmed for its group (one group per GPU, both workers from the start)")
+    ap.add_argument("--keep-running", action="store_true",
+                    help="do not stop the runs at the deadline: save the server's history, the artifacts and the "
+                         "run ids to $OUT/state.tar.gz for a later --resume")
+    ap.add_argument("--resume", default="", help="a state.tar.gz from an earlier --keep-running session: its runs go on")
     ap.add_argument("--gpu-tests", action="store_true",
                     help="`pytest -m gpu` on the last GPU: while GPU 1 waits for --second-gpu-after (its worker "
                          "starts once they end), else after the runs")
     a = ap.parse_args()
-    problems = a.problems.split()
-    if a.split and (len(problems) != a.gpus or a.second_gpu_after):
-        ap.error("--split needs one problem per GPU and no --second-gpu-after")
+    groups = [g.split() for g in a.problems.split("|")] if a.split else [a.problems.replace("|", " ").split()]
+    problems = [p for g in groups for p in g]
+    gpu_of = {p: i for i, g in enumerate(groups) for p in g}
+    if a.split and (len(groups) != a.gpus or a.second_gpu_after):
+        ap.error("--split needs one problem group per GPU ('|' between groups) and no --second-gpu-after")
+    if not problems or len(set(problems)) != len(problems):
+        ap.error(f"--problems: each problem once, at least one (got {a.problems!r})")
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MARATHON_HOME", str(WORK / "home"))
@@ -125,6 +141,9 @@ def main() -> int:
     os.environ.setdefault("MARATHON_GPU_WORKDIR", "/dev/shm/marathon-gpu-work")
     summary: dict = {"args": vars(a), "windows": [], "runs": {}, "samples": []}
     procs: list[subprocess.Popen] = []
+    resumed = restore_state(Path(a.resume)) if a.resume else {}
+    if resumed:
+        log(f"resumed runs: {resumed}")
     try:
         dev = spawn("dev", ["dev", "--headless", "--db", str(WORK / "temporal.db")])
         procs.append(dev)
@@ -139,7 +158,7 @@ def main() -> int:
             env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(i))
             if a.split:
                 args += ["--gpu-queue", f"marathon-gpu-{i}"]
-                env["MARATHON_WARM_PROBLEM"] = problems[i]
+                env["MARATHON_WARM_PROBLEM"] = ",".join(groups[i])
             return spawn(f"gpu{i}", args, env)
 
         workers = []  # name, counters port (the Temporal runtime's metrics are on the port below), since
@@ -163,13 +182,18 @@ def main() -> int:
                 workers.append({"name": "gpu1", "port": 9111, "since": t1})
                 log("gpu1 serving")
         ids = {}
-        for i, p in enumerate(problems):
+        for p in problems:
+            if p in resumed:  # the run goes on from its history: its queue and budget are in its spec
+                ids[p] = resumed[p]
+                continue
             rid = f"h200-{p}-{int(T0)}"
-            queue = ["--gpu-queue", f"marathon-gpu-{i}"] if a.split else []
+            queue = ["--gpu-queue", f"marathon-gpu-{gpu_of[p]}"] if a.split else []
+            # the hours budget is wall clock from the start, so a run spread over several device calls gets room
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
-                         "--compact-every", str(a.compact_every), "--hours", "2", "--id", rid, *queue)
+                         "--compact-every", str(a.compact_every), "--hours", "8", "--id", rid, *queue)
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
+        summary["run_ids"] = ids
         t_start = time.time()
         reserve = 100 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests and not early_tests else 0)
         # the second worker is started as long before its window as the first one took to warm up, so
@@ -204,10 +228,10 @@ def main() -> int:
             time.sleep(10)
         for p, rid in ids.items():
             st = status(rid)
-            if st and st.get("phase") != "done":
+            if st and st.get("phase") != "done" and not a.keep_running:
                 log(f"stop {p}:", marathon("stop", rid, "--reason", "session deadline").returncode)
         for p, rid in ids.items():
-            end = time.time() + min(120, max(5, left(a) - 60))
+            end = time.time() + (0 if a.keep_running else min(120, max(5, left(a) - 60)))
             while time.time() < end:
                 st = status(rid)
                 if st and st.get("phase") == "done":
@@ -215,7 +239,7 @@ def main() -> int:
                 time.sleep(3)
             st = status(rid) or {}
             summary["runs"][p] = st
-            serving = [workers[problems.index(p)]] if a.split and len(workers) == len(problems) else workers
+            serving = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
             summary["runs"][p]["throughput"] = throughput(rid, st, serving, t_start, summary["samples"])
             summary["runs"][p]["best_source_key"] = best_source_key(st)
             if left(a) < 30:
@@ -243,6 +267,8 @@ def main() -> int:
                 pr.wait(20)
             except subprocess.TimeoutExpired:
                 pr.kill()
+        if a.keep_running and summary.get("run_ids"):
+            save_state(summary["run_ids"])
         (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
         with tarfile.open(OUT / "session.tar.gz", "w:gz") as tar:
             for f in sorted(WORK.glob("*.log")) + sorted(WORK.glob("report-*")) + sorted(WORK.glob("scoreboard-*")):
@@ -250,6 +276,35 @@ def main() -> int:
             tar.add(OUT / "session.json", arcname="session.json")
     print_summary(summary)
     return 0
+
+
+STATE = ("temporal.db", "home", "artifacts")
+
+
+def save_state(run_ids: dict) -> None:
+    """The server's history, the artifact store and the run ids, for `--resume` (after every process is down,
+    so the SQLite file is closed)."""
+    (WORK / "runs.json").write_text(json.dumps(run_ids))
+    with tarfile.open(OUT / "state.tar.gz", "w:gz") as tar:
+        for name in (*STATE, "runs.json"):
+            if (WORK / name).exists():
+                tar.add(WORK / name, arcname=name)
+    log(f"state saved: {(OUT / 'state.tar.gz').stat().st_size / 2**20:.1f} MiB")
+
+
+def restore_state(path: Path) -> dict:
+    """Unpacks a saved state into the work dir; returns {problem: run id}."""
+    if not path.is_file():
+        raise SystemExit(f"--resume: {path} is not a file")
+    with tarfile.open(path) as tar:
+        names = set(tar.getnames())
+        if not {"temporal.db", "runs.json"} <= names:
+            raise SystemExit(f"--resume: {path} holds no temporal.db and runs.json (has {sorted(names)[:8]})")
+        for name in STATE:
+            if (WORK / name).exists():
+                subprocess.run(["rm", "-rf", str(WORK / name)], check=True)
+        tar.extractall(WORK, filter="data") if sys.version_info >= (3, 12) else tar.extractall(WORK)
+    return json.loads((WORK / "runs.json").read_text())
 
 
 def left(a) -> float:
