@@ -16,8 +16,9 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
   by outcome (``passed``, ``rejected``; ``improved`` where the caller knows it).
 * ``marathon_rejections_total{stage}``: rejected candidates by the stage that rejected them
   (``rules``, ``compile``, ``verify``, ``benchmark``, ``sandbox``, ...).
-* ``marathon_gpu_busy_seconds_total``: seconds the worker held its GPU (the harness's GPU lock:
-  verification, timing, profiling); its rate is the GPU busy fraction. The run's ``gpu_seconds`` budget
+* ``marathon_gpu_busy_seconds_total``: seconds the worker had device work under way (the harness's GPU
+  gate held on either side: uploads, verification, comparisons, timing, profiling); its rate is the GPU
+  busy fraction. The run's ``gpu_seconds`` budget
   is charged from the benchmark reports instead.
 
 Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts.py, and all of
@@ -110,7 +111,7 @@ if prometheus_client is not None:
     _REJECTIONS = prometheus_client.Counter(
         "marathon_rejections", "Rejected candidates by the stage that rejected them", ["stage"])
     _GPU_BUSY = prometheus_client.Counter(
-        "marathon_gpu_busy_seconds", "Seconds this worker held its GPU (verification, timing, profiling)")
+        "marathon_gpu_busy_seconds", "Seconds this worker had device work under way (its GPU gate held, either side)")
     for _o in OUTCOMES:
         _EVALUATIONS.labels(outcome=_o)
     for _s in STAGES:

@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
             reply = server.describe_failure(e)
         reply["violations"] = server.violations()
+        reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (harness.DeviceMemory)
         try:
             cout.send(reply)
         except Exception as e:  # unpicklable reply
@@ -172,6 +173,24 @@ class Server:
             _warm_triton()
             self.cuda_ready = True
         return {"cuda": self.cuda}
+
+    def cmd_mem(self):
+        """This child's device memory: the peak reserved since the last `mem` (one stage's footprint, what
+        the worker's budget learns per stage) and what it holds now; the peak restarts here."""
+        if not (self.cuda and self.cuda_ready):
+            return {"peak": 0, "reserved": 0, "total": 0}
+        import torch
+
+        peak = torch.cuda.max_memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        return {"peak": int(peak), "total": int(torch.cuda.mem_get_info()[1])}
+
+    def reserved(self) -> int:
+        if not (self.cuda and self.cuda_ready):
+            return 0
+        import torch
+
+        return int(torch.cuda.memory_reserved())
 
     # --- helpers ---------------------------------------------------------------------------------
     def violations(self):
@@ -919,6 +938,8 @@ class Server:
             ref = self.set_baseline[idx][job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
+        del staged, o, of
+        self._release()
         return {"results": res}
 
     def cmd_compare(self, jobs: list, token: str | None = None):
@@ -950,6 +971,8 @@ class Server:
                         "constant": constant})
             del o, of
             t_math += perf() - t0
+        del staged
+        self._release()  # staged outputs are gone: their blocks go back, the worker's budget sees it
         return {"results": res, "timing": {"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)}}
 
     def cmd_ceilings(self):

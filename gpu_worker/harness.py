@@ -28,7 +28,7 @@ from typing import Callable
 
 from activities.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
-from gpu_worker.sandbox import LoadedChildren, Sandbox, SandboxFailure, SandboxPool
+from gpu_worker.sandbox import TIMING_CPUS, LoadedChildren, Sandbox, SandboxFailure, SandboxPool, pin
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, Receipt,
                                  VerifyReport)
 
@@ -143,6 +143,9 @@ class Evaluator:
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
         self.selftest_result: dict | None = None
         self.static_rules = static_rules  # False only in tests of the run-time guard
+        # candidates at once on one device stay within its memory (see DeviceMemory)
+        self.mem = DeviceMemory(float(os.environ.get("MARATHON_GPU_MEM_FRACTION", "0.85")), self._carried) \
+            if self.cuda else None
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
         self.pool = SandboxPool(self.interpreter, spares=spares, ready=self._cuda_init if self.cuda else None)
 
@@ -235,6 +238,32 @@ class Evaluator:
         with self._ref_meta_lock:
             return [self._ref_meta[key(c)] for c in cases]
 
+    def _carried(self) -> int:
+        """Device bytes outside the admitted stages: reference children, children waiting between stages,
+        and a CUDA context per live child."""
+        with self._refs_lock:
+            refs = sum(sb.reserved for sb, _, _ in self._refs.values())
+        return refs + self.loaded.reserved() + Sandbox.live * DeviceMemory.CONTEXT
+
+    def _hold(self, problem, shape, stage: str):
+        """A stage's device-memory admission (nothing to admit on the CPU)."""
+        return self.mem.hold((problem.name, shape.name, stage)) if self.mem else contextlib.nullcontext()
+
+    def _learn(self, problem, shape, stage: str, children: list, jobs: list = ()) -> None:
+        """The stage's footprint, learned for the next admission: the children's peak since their last
+        report plus the outputs staged in the reference child (and the fp64 copy one comparison makes)."""
+        if not self.mem:
+            return
+        peak, total = 0, None
+        for sb in children:
+            if sb is not None and sb.alive():
+                r = sb.call("mem", 60)
+                peak += int(r.get("peak") or 0)
+                total = r.get("total") or total
+        sizes = [_nbytes(h) for j in jobs for h in (j.get("out"), j.get("other")) if h]
+        staged = sum(b for b, _ in sizes) + max((8 * n for _, n in sizes), default=0)
+        self.mem.learn((problem.name, shape.name, stage), peak + staged, total)
+
     def _shared(self):
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
         return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
@@ -272,6 +301,8 @@ class Evaluator:
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has one already: then this is one round trip
+            if self.mem.total is None:
+                self.mem.learn(None, 0, sb.call("mem", 60).get("total"))
         r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
                     write_roots=[], trusted_roots=[str(triton_cache_dir())], banned_ops=_aten_ops(problem.name))
         self._check_reply(r, "compile", sb)
@@ -322,13 +353,15 @@ class Evaluator:
             try:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
-                with _phase("prepare"), self._shared():  # the one device step of compiling: the inputs' upload
-                    pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[problem.distributions[0], 0]],
-                                  kernels=False)
-                self._check_reply(pre, "compile", sb)
-                with _phase("compile"):
-                    r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
-                self._check_reply(r, "compile", sb)
+                with self._hold(problem, shape, "compile"):
+                    with _phase("prepare"), self._shared():  # the one device step of compiling: the inputs' upload
+                        pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[problem.distributions[0], 0]],
+                                      kernels=False)
+                    self._check_reply(pre, "compile", sb)
+                    with _phase("compile"):
+                        r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
+                    self._check_reply(r, "compile", sb)
+                    self._learn(problem, shape, "compile", [sb])
                 for k, v in (r.get("timing") or {}).items():
                     _add_phase(f"compile.{k}", v)
                 kernels = r["kernels"]
@@ -426,13 +459,16 @@ class Evaluator:
         key = self._child_key(problem.name, shape, source_key)
         sb, _ = self._loaded_child(key, source, problem, shape, hb)
         handed_on = False
+        mem = contextlib.ExitStack()  # device-memory admission: from the upload to the last comparison
         try:
+            mem.enter_context(self._hold(problem, shape, "verify"))
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
             for k, v in (pre.get("timing") or {}).items():
                 _add_phase(f"prepare.{k}", v)
-            with self._exclusive():
+            # verification is untimed device work: the shared side (it never overlaps a timing)
+            with self._shared():
                 with _phase("reference"):
                     refs = self.reference(problem, shape, cases, hb)
                 with _phase("run-cases"):
@@ -448,8 +484,8 @@ class Evaluator:
                                     f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
                 if not got["out_type_ok"]:
                     raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
-            # After the exclusive lock: the outputs' copies go to files and then onto the reference child's
-            # device; only the comparison's arithmetic takes the lock again.
+            # The outputs' copies go to files and then onto the reference child's device, where they are
+            # compared with the oracle.
             ex = self._download(sb, "export", "verify", hb)
             if ex["changed"]:
                 raise Rejection("verify", f"late-write: outputs {ex['changed']} changed after the call returned "
@@ -465,10 +501,12 @@ class Evaluator:
                 jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                          for n in names]
             token = self._stage(problem, shape, jobs, hb)
-            with self._exclusive():
+            with self._shared():
                 with _phase("compare"):
                     cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs,
                                         token=token)
+            self._learn(problem, shape, "verify", [sb], jobs)
+            mem.close()
             cmp = iter(cr["results"])  # in the order the jobs were listed
             for k, v in (cr.get("timing") or {}).items():
                 _add_phase(f"compare.{k}", v)
@@ -517,6 +555,7 @@ class Evaluator:
             handed_on = True
             return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
         finally:
+            mem.close()
             if not handed_on:
                 sb.close()
 
@@ -558,6 +597,7 @@ class Evaluator:
             ref_sb, ref_lock, ref_info = self._ref(problem, shape, hb)
             ceil = self.ensure_ceilings(problem, shape, hb)
             sbs, keep = [], {}
+            mem = contextlib.ExitStack()  # device-memory admission: from the uploads to the last comparison
             try:
                 cand_key = self._child_key(req.problem, shape, req.source_key)
                 cand, _ = self._loaded_child(cand_key, source, problem, shape, hb)
@@ -570,6 +610,7 @@ class Evaluator:
                     best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
                 plan = self._plan()
+                mem.enter_context(self._hold(problem, shape, "benchmark"))
                 with _phase("prepare"), self._shared():
                     for s_ in (cand, best):
                         if s_ is not None:
@@ -590,23 +631,32 @@ class Evaluator:
                     with self._shared():
                         pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
                     self._check_reply(pre, "benchmark", fresh)
+                timed_children = [cand, ref_sb, best, fresh]
                 with self._exclusive(), ref_lock:
                     g0 = time.monotonic()
-                    with _phase("interleave"):
-                        res = self._interleave(problem, cand, ref_sb, best, hb)
-                    prof = None
-                    if fresh is not None:
-                        with _phase("crosscheck"):
-                            prof = self._crosscheck(fresh, ld.get("kernels", []), hb)
+                    # the timed processes get cores of their own while they are timed (see timing_cpus)
+                    pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
+                    try:
+                        with _phase("interleave"):
+                            res = self._interleave(problem, cand, ref_sb, best, hb)
+                        prof = None
+                        if fresh is not None:
+                            with _phase("crosscheck"):
+                                prof = self._crosscheck(fresh, ld.get("kernels", []), hb)
+                    finally:
+                        pin(timed_children, TIMING_CPUS and TIMING_CPUS[1])
                     gpu_s = time.monotonic() - g0
                 with _phase("timed-outputs"):
-                    timed = self._check_timed_outputs(problem, shape, cand, hb)
+                    timed, timed_jobs = self._check_timed_outputs(problem, shape, cand, hb)
+                self._learn(problem, shape, "benchmark", [cand, best, fresh], timed_jobs)
+                mem.close()
                 cand_log = cand.log_tail()
                 if best is not None:
                     keep[id(best)] = best_key
                 if not res.get("best") or median(res["cand"]) < median(res["best"]):
                     keep[id(cand)] = cand_key  # it may be the best of the next benchmark
             finally:
+                mem.close()
                 for s in sbs:
                     if id(s) in keep:
                         self.loaded.put(keep[id(s)], s)
@@ -705,7 +755,7 @@ class Evaluator:
                         out["mode"] = r.get("mode", mode)
         return out
 
-    def _check_timed_outputs(self, problem, shape, cand: Sandbox, hb) -> str:
+    def _check_timed_outputs(self, problem, shape, cand: Sandbox, hb) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
         timed call NaN-poisoned) against the baseline's outputs on the same timing set: a candidate that
         skips or cheapens its work while being timed is rejected here. Bound: the verification
@@ -724,7 +774,7 @@ class Evaluator:
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
         token = self._stage(problem, shape, jobs, hb)
-        with self._exclusive():
+        with self._shared():
             cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
@@ -735,7 +785,7 @@ class Evaluator:
                                 f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped or "
                                 "cheapened while being timed")
             worst = max(worst, err)
-        return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}"
+        return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}", jobs
 
     def _crosscheck(self, sb: Sandbox, names: list, hb) -> dict:
         """In a fresh process (`sb`, loaded and prepared by the caller): event timing again plus
@@ -808,21 +858,37 @@ class _phase:
 
 
 class TimedLock:
-    """The GPU gate of one worker. Exclusive (`with lock:`): timed and verified work, one job at a time,
-    and nothing else of this worker's on the device meanwhile; it accumulates the busy time. Shared
-    (`with lock.shared():`): the short device work around it (uploads, downloads, kernel loading, a new
-    child's CUDA context), any number at once, never while exclusive work runs, because another
-    process's device work inflates timings (a many-launch baseline most: docs/throughput.md). Exclusive
-    has preference: once it waits, no new shared work starts. Order: this gate before any reference
-    child's lock, never the other way round."""
+    """The GPU gate of one worker. Exclusive (`with lock:`): timed work (the interleaved benchmark, the
+    profiler's cross-check, profiling, the ceilings), one job at a time and nothing else of this
+    worker's on the device meanwhile. Shared (`with lock.shared():`): all untimed device work (uploads,
+    downloads, kernel loading, a new child's CUDA context, verification runs, comparisons with the
+    oracle), any number at once, never while timed work runs, because another process's device work
+    inflates timings (a many-launch baseline most: docs/throughput.md). Exclusive has preference: once
+    it waits, no new shared work starts. Busy time is the union of both sides' holds. Order: this gate
+    before any reference child's lock, never the other way round."""
 
     def __init__(self):
         self._cv = threading.Condition()
         self._exclusive = False
         self._waiting = 0
         self._shared = 0
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # time with the gate held on either side: the harness has work on the device
+        self.timed_s = 0.0  # of which exclusive (timing)
         self._t = 0.0
+        self._busy_since: float | None = None
+
+    def _enter(self) -> None:  # under _cv: the first holder starts a busy stretch
+        if self._busy_since is None:
+            self._busy_since = time.monotonic()
+
+    def _leave(self) -> None:  # under _cv: the last holder ends it
+        from activities.metrics import add_gpu_busy
+
+        if not self._exclusive and not self._shared and self._busy_since is not None:
+            dt = time.monotonic() - self._busy_since
+            self._busy_since = None
+            self.busy_s += dt
+            add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
 
     def acquire(self):
         t = time.monotonic()
@@ -834,19 +900,18 @@ class TimedLock:
             finally:
                 self._waiting -= 1
             self._exclusive = True
+            self._enter()
         self._t = time.monotonic()
         _add_phase("gpu-wait", self._t - t)
 
     def release(self):
-        from activities.metrics import add_gpu_busy
-
         dt = time.monotonic() - self._t
-        self.busy_s += dt
+        self.timed_s += dt
         _add_phase("gpu-held", dt)
         with self._cv:
             self._exclusive = False
+            self._leave()
             self._cv.notify_all()
-        add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
 
     @contextlib.contextmanager
     def shared(self):
@@ -855,12 +920,14 @@ class TimedLock:
             while self._exclusive or self._waiting:
                 self._cv.wait()
             self._shared += 1
+            self._enter()
         _add_phase("gpu-shared-wait", time.monotonic() - t)
         try:
             yield self
         finally:
             with self._cv:
                 self._shared -= 1
+                self._leave()
                 if not self._shared:
                     self._cv.notify_all()
 
@@ -871,3 +938,72 @@ class TimedLock:
     def __exit__(self, *exc):
         self.release()
         return False
+
+
+class DeviceMemory:
+    """Admission by device memory, so that many candidates at once on one GPU never run it out of memory
+    (an out-of-memory caused by the neighbours would be scored against an innocent candidate). Each
+    stage of a candidate (compile, verify, benchmark) holds its estimated footprint from its first upload
+    to its last comparison. The estimate is learned: the largest seen for (problem, shape, stage), that is
+    the children's peak reserved bytes plus the outputs staged in the reference child; before one is
+    seen, a quarter of the capacity. A stage waits while the held estimates plus what the device carries
+    anyway (reference children, children waiting between stages, one CUDA context per child) would pass
+    `fraction` of the device; one stage always runs, so nothing waits forever."""
+
+    CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
+
+    def __init__(self, fraction: float, carried: Callable[[], int]):
+        self.fraction = fraction
+        self.carried = carried  # bytes the device holds outside the admitted stages, recomputed per check
+        self.total: int | None = None  # learned from the first child's reply
+        self.used = 0
+        self.holders = 0
+        self._est: dict = {}
+        self._cv = threading.Condition()
+
+    def learn(self, key, nbytes: int, total: int | None = None) -> None:
+        with self._cv:
+            if total:
+                self.total = total
+            if nbytes > 0:
+                self._est[key] = max(self._est.get(key, 0), int(nbytes))
+
+    def estimate(self, key) -> int:
+        with self._cv:
+            if key in self._est:
+                return self._est[key]
+            return int(self.fraction * self.total / 4) if self.total else 0
+
+    def _fits(self, n: int) -> bool:
+        if not self.holders or not self.total:
+            return True
+        return self.used + n + self.carried() <= self.fraction * self.total
+
+    @contextlib.contextmanager
+    def hold(self, key):
+        n = self.estimate(key)
+        t = time.monotonic()
+        with self._cv:
+            while not self._fits(n):
+                self._cv.wait(0.5)  # what the device carries changes without a notify: look again
+            self.used += n
+            self.holders += 1
+        _add_phase("mem-wait", time.monotonic() - t)
+        try:
+            yield n
+        finally:
+            with self._cv:
+                self.used -= n
+                self.holders -= 1
+                self._cv.notify_all()
+
+
+
+_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
+             "int8": 1, "uint8": 1, "bool": 1}
+
+
+def _nbytes(handle: dict) -> tuple[int, int]:
+    """(bytes, elements) of an exported output's handle ({path, dtype, shape})."""
+    n = math.prod(handle["shape"])
+    return n * _ITEMSIZE.get(handle["dtype"], 4), n

@@ -55,6 +55,18 @@ def measure(ev, store, problem, shape, source: str) -> dict:
     return row
 
 
+def parse_target(arg: str) -> tuple[str, list[int] | None]:
+    """`PROBLEM` or `PROBLEM@I,J`: a problem, optionally only its shapes number I, J (0 is the primary, in
+    the order the problem lists them), so that one problem's rows can be measured on several GPUs."""
+    name, _, idx = arg.partition("@")
+    if not idx:
+        return name, None
+    try:
+        return name, [int(i) for i in idx.split(",")]
+    except ValueError:
+        raise SystemExit(f"marathon bench: {arg!r}: expected PROBLEM or PROBLEM@I,J with shape numbers") from None
+
+
 def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: Path) -> list[dict]:
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator, cuda_available
@@ -65,11 +77,16 @@ def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: 
     ev = Evaluator(store=store)
     rows = []
     try:
-        for name in problems:
+        for target in problems:
+            name, idx = parse_target(target)
             problem = get_problem(name)
+            if idx is not None and not all(0 <= i < len(problem.shapes) for i in idx):
+                raise SystemExit(f"marathon bench: {target!r}: {name} has shapes 0-{len(problem.shapes) - 1}: "
+                                 + "; ".join(f"{i} {s.name}" for i, s in enumerate(problem.shapes)))
             start_src = problem.render(problem.default_knobs())
             best_src = store.get_text(best[name]) if name in best else None
-            for shape in problem.shapes[:1] if primary_only else problem.shapes:
+            shapes = [problem.shapes[i] for i in idx] if idx is not None else problem.shapes
+            for shape in shapes[:1] if primary_only else shapes:
                 t0 = time.time()
                 start = measure(ev, store, problem, shape, start_src)
                 found = measure(ev, store, problem, shape, best_src) if best_src else None
@@ -140,14 +157,14 @@ def main(argv: list[str] | None = None) -> int:
     from baselines.registry import check_problem_name, problem_names
 
     ap = argparse.ArgumentParser(prog="marathon bench")
-    ap.add_argument("problems", nargs="*")
+    ap.add_argument("problems", nargs="*", help="PROBLEM, or PROBLEM@I,J for only its shapes number I and J")
     ap.add_argument("--best", action="append", default=[], help="PROBLEM=SOURCE_KEY of a run's best kernel")
     ap.add_argument("--primary-only", action="store_true")
     ap.add_argument("--out", default="docs")
     a = ap.parse_args(argv)
     names = a.problems or [n for n in problem_names() if n != "softmax"]
     for n in names:
-        check_problem_name(n)
+        check_problem_name(parse_target(n)[0])
     best = dict(b.split("=", 1) for b in a.best)
     run(names, best, a.primary_only, Path(a.out))
     return 0

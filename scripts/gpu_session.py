@@ -90,6 +90,25 @@ def scrape_busy(port: int) -> float | None:
     return float(m.group(1)) if m else 0.0
 
 
+SMI: list = []  # (time, gpu index, utilization %, memory used MiB), one row per GPU per second
+
+
+def sample_smi(stop) -> None:
+    """nvidia-smi's utilization (the share of each sample period in which a kernel ran) every second: the
+    GPU's own busy figure, next to the harness's gate-held fraction."""
+    while not stop.is_set():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+                                  "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+            t = time.time()
+            for line in out.strip().splitlines():
+                i, u, m = (x.strip() for x in line.split(","))
+                SMI.append((t, int(i), float(u), float(m)))
+        except Exception:  # noqa: BLE001 - no nvidia-smi (a CPU rehearsal): no samples
+            return
+        stop.wait(1.0)
+
+
 def status(run_id: str) -> dict | None:
     r = marathon("status", run_id, "--json", timeout=60)
     try:
@@ -142,6 +161,10 @@ def main() -> int:
     summary: dict = {"args": vars(a), "windows": [], "runs": {}, "samples": []}
     procs: list[subprocess.Popen] = []
     resumed = restore_state(Path(a.resume)) if a.resume else {}
+    import threading
+
+    smi_stop = threading.Event()
+    threading.Thread(target=sample_smi, args=(smi_stop,), daemon=True).start()
     if resumed:
         log(f"resumed runs: {resumed}")
     try:
@@ -184,8 +207,11 @@ def main() -> int:
         ids = {}
         for p in problems:
             if p in resumed:  # the run goes on from its history: its queue and budget are in its spec
-                ids[p] = resumed[p]
-                continue
+                st = status(resumed[p]) or {}
+                if st.get("phase") != "done":
+                    ids[p] = resumed[p]
+                    continue
+                log(f"{p}: run {resumed[p]} had ended ({st.get('stopped_by')}); a new one starts")
             rid = f"h200-{p}-{int(T0)}"
             queue = ["--gpu-queue", f"marathon-gpu-{gpu_of[p]}"] if a.split else []
             # the hours budget is wall clock from the start, so a run spread over several device calls gets room
@@ -248,6 +274,8 @@ def main() -> int:
             r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=max(10, left(a) - 20))
             log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
         summary["workers"] = workers
+        smi_stop.set()
+        summary["smi"] = SMI
         if a.gpu_tests and not early_tests:
             tests = start_gpu_tests(a.gpus - 1)
         finish_gpu_tests(tests, min(150, left(a) - 20))
@@ -330,9 +358,9 @@ def bench(a, summary: dict) -> list:
     for gpu, names in enumerate(groups):
         best = []
         for n in names:
-            key = summary["runs"].get(n, {}).get("best_source_key")
+            key = summary["runs"].get(n.partition("@")[0], {}).get("best_source_key")
             if key:
-                best += ["--best", f"{n}={key}"]
+                best += ["--best", f"{n.partition('@')[0]}={key}"]
         out = WORK / f"scoreboard-gpu{gpu}"
         f = open(WORK / f"scoreboard-gpu{gpu}.log", "w")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
@@ -389,15 +417,20 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         n = sum(lo <= t < hi for t in ends)
-        busy = {}
+        busy, util, mem = {}, {}, {}
         for w in workers[:i + 1]:
+            gpu = int(w["name"][3:])
+            rows = [(u, m) for t, g, u, m in SMI if g == gpu and lo <= t <= hi]
+            if rows:
+                util[w["name"]] = round(sum(u for u, _ in rows) / len(rows) / 100, 3)
+                mem[w["name"]] = max(m for _, m in rows)
             pts = [(x["t"], x["busy"].get(w["name"])) for x in samples
                    if lo <= x["t"] <= hi and x["busy"].get(w["name"]) is not None]
             if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
                 busy[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
-                    "busy_fraction": busy})
+                    "busy_fraction": busy, "smi_utilization": util, "smi_max_memory_mib": mem})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
     return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
 
