@@ -342,6 +342,7 @@ class Evaluator:
 
     # --- compile ---------------------------------------------------------------------------------
     def compile(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
+        _waiting_heartbeat(hb)
         t0 = time.monotonic()
         source = self._source(req.source_key)
         try:
@@ -433,6 +434,7 @@ class Evaluator:
 
     # --- verify ----------------------------------------------------------------------------------
     def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
+        _waiting_heartbeat(hb)
         t0 = time.monotonic()
         source = self._source(req.source_key)
         try:
@@ -562,6 +564,7 @@ class Evaluator:
     def warm(self, problem_name: str, shape_name: str | None = None, hb: Heartbeat = None) -> dict:
         """Worker start-up: measure the ceilings and compute the oracle bank for every (distribution, seed)
         of the seed pool, so that no candidate's verification pays for a first oracle."""
+        _waiting_heartbeat(hb)
         t0 = time.monotonic()
         problem = self._problem(problem_name)
         shape = self._shape(problem, shape_name)
@@ -587,6 +590,7 @@ class Evaluator:
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
+        _waiting_heartbeat(hb)
         source = self._source(req.source_key)
         best_source = self._source(req.best.source_key) if req.best else None
         gpu_s = 0.0
@@ -637,6 +641,8 @@ class Evaluator:
                     # the timed processes get cores of their own while they are timed (see timing_cpus)
                     pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
                     try:
+                        with _phase("spin"):  # clocks up before anything is timed (see child.cmd_spin)
+                            ref_sb.call("spin", 60, hb, ms=float(os.environ.get("MARATHON_SPIN_MS", "50")))
                         with _phase("interleave"):
                             res = self._interleave(problem, cand, ref_sb, best, hb)
                         prof = None
@@ -812,6 +818,7 @@ class Evaluator:
 
     # --- profile ---------------------------------------------------------------------------------
     def profile(self, req: EvalRequest, hb: Heartbeat = None) -> ProfileReport:
+        _waiting_heartbeat(hb)
         from gpu_worker.profile import profile_candidate
 
         return profile_candidate(self, req, hb)
@@ -825,6 +832,18 @@ class Evaluator:
 
 
 _PHASES = threading.local()
+
+
+def _waiting_heartbeat(hb: Heartbeat) -> None:
+    """The activity's heartbeat for this thread: waits for the GPU gate or for device memory call it, so
+    that a long wait is not mistaken for a dead worker (Temporal would cancel and retry the activity)."""
+    _PHASES.hb = hb
+
+
+def _beat() -> None:
+    hb = getattr(_PHASES, "hb", None)
+    if hb is not None:
+        hb()
 
 
 def phases_begin() -> None:
@@ -896,7 +915,8 @@ class TimedLock:
             self._waiting += 1
             try:
                 while self._exclusive or self._shared:
-                    self._cv.wait()
+                    self._cv.wait(2.0)
+                    _beat()
             finally:
                 self._waiting -= 1
             self._exclusive = True
@@ -918,7 +938,8 @@ class TimedLock:
         t = time.monotonic()
         with self._cv:
             while self._exclusive or self._waiting:
-                self._cv.wait()
+                self._cv.wait(2.0)
+                _beat()
             self._shared += 1
             self._enter()
         _add_phase("gpu-shared-wait", time.monotonic() - t)
@@ -986,6 +1007,7 @@ class DeviceMemory:
         with self._cv:
             while not self._fits(n):
                 self._cv.wait(0.5)  # what the device carries changes without a notify: look again
+                _beat()
             self.used += n
             self.holders += 1
         _add_phase("mem-wait", time.monotonic() - t)

@@ -350,11 +350,21 @@ def timing_cpus() -> tuple[set, set] | None:
     """(cores kept for timed work, cores for everything else), or None when the host is too small to
     spare any. A many-launch baseline (FLA's chunk_kda) is host-bound between its launches: with every
     core busy compiling candidates it measured 1.38-1.52 ms in-run against 1.2-1.28 ms on a quiet host
-    (docs/throughput.md), which inflated speedups. MARATHON_TIMING_CPUS: how many (default 2 from 8 up)."""
+    (docs/throughput.md), which inflated speedups. MARATHON_TIMING_CPUS: how many (default 2 from 8 up),
+    or which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    want = int(os.environ.get("MARATHON_TIMING_CPUS", "2" if len(cpus) >= 8 else "0"))
+    spec = os.environ.get("MARATHON_TIMING_CPUS", "2" if len(cpus) >= 8 else "0").strip()
+    if "," in spec or "-" in spec:  # explicit cores, e.g. "30,31" or "28-29": one set per worker on a shared host
+        timed = set()
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            timed |= set(range(int(lo), int(hi or lo) + 1))
+        timed &= set(cpus)
+        rest = set(cpus) - timed
+        return (timed, rest) if timed and rest else None
+    want = int(spec)
     if want <= 0 or want >= len(cpus):
         return None
     return set(cpus[-want:]), set(cpus[:-want])

@@ -90,7 +90,7 @@ def scrape_busy(port: int) -> float | None:
     return float(m.group(1)) if m else 0.0
 
 
-SMI: list = []  # (time, gpu index, utilization %, memory used MiB), one row per GPU per second
+SMI: list = []  # (time, gpu index, utilization %, memory used MiB, SM clock MHz), per GPU per second
 
 
 def sample_smi(stop) -> None:
@@ -98,12 +98,12 @@ def sample_smi(stop) -> None:
     GPU's own busy figure, next to the harness's gate-held fraction."""
     while not stop.is_set():
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+            out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,clocks.sm",
                                   "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
             t = time.time()
             for line in out.strip().splitlines():
-                i, u, m = (x.strip() for x in line.split(","))
-                SMI.append((t, int(i), float(u), float(m)))
+                i, u, m, c = (x.strip() for x in line.split(","))
+                SMI.append((t, int(i), float(u), float(m), float(c)))
         except Exception:  # noqa: BLE001 - no nvidia-smi (a CPU rehearsal): no samples
             return
         stop.wait(1.0)
@@ -179,6 +179,9 @@ def main() -> int:
         def gpu_worker(i: int) -> subprocess.Popen:
             args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * i)]
             env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(i))
+            ncpu = os.cpu_count() or 0
+            if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.sandbox.timing_cpus)
+                env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * i}-{ncpu - 1 - 2 * i}"
             if a.split:
                 args += ["--gpu-queue", f"marathon-gpu-{i}"]
                 env["MARATHON_WARM_PROBLEM"] = ",".join(groups[i])
@@ -219,6 +222,10 @@ def main() -> int:
                          "--compact-every", str(a.compact_every), "--hours", "8", "--id", rid, *queue)
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
+        for p, rid in resumed.items():
+            if p not in problems:  # a resumed run this session does not serve ends here (its history stays)
+                log(f"stop resumed {p} ({rid}), not in --problems:",
+                    marathon("stop", rid, "--reason", "not served in this session").returncode)
         summary["run_ids"] = ids
         t_start = time.time()
         reserve = 100 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests and not early_tests else 0)
@@ -417,20 +424,22 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         n = sum(lo <= t < hi for t in ends)
-        busy, util, mem = {}, {}, {}
+        busy, util, mem, clk = {}, {}, {}, {}
         for w in workers[:i + 1]:
             gpu = int(w["name"][3:])
-            rows = [(u, m) for t, g, u, m in SMI if g == gpu and lo <= t <= hi]
+            rows = [(u, m, c) for t, g, u, m, c in SMI if g == gpu and lo <= t <= hi]
             if rows:
-                util[w["name"]] = round(sum(u for u, _ in rows) / len(rows) / 100, 3)
-                mem[w["name"]] = max(m for _, m in rows)
+                util[w["name"]] = round(sum(r[0] for r in rows) / len(rows) / 100, 3)
+                mem[w["name"]] = max(r[1] for r in rows)
+                clk[w["name"]] = round(sum(r[2] for r in rows) / len(rows))
             pts = [(x["t"], x["busy"].get(w["name"])) for x in samples
                    if lo <= x["t"] <= hi and x["busy"].get(w["name"]) is not None]
             if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
                 busy[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
-                    "busy_fraction": busy, "smi_utilization": util, "smi_max_memory_mib": mem})
+                    "busy_fraction": busy, "smi_utilization": util, "smi_max_memory_mib": mem,
+                    "smi_mean_sm_mhz": clk})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
     return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
 

@@ -42,6 +42,20 @@ PREFILL_KNOBS = [
     {"BLOCK_M": 32, "BLOCK_N": 16, "SPLIT_DV": 2},
     {"BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_DV": 1},  # BLOCK_N > BLOCK_M: the diagonal loop starts below
     {"BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 1},  # one query block holding all 48 queries
+    {"BLOCK_H": 2},  # both heads of the cpu_shape in one program: 128 score rows
+    {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 16, "SPLIT_DV": 2},  # H = 2 < BLOCK_H: half the rows are masked heads
+]
+
+# BLOCK_H on wider head counts (the cpu_shape has H = 2): (H, knobs); run on N = 40 (not a multiple of 32)
+PREFILL_BLOCK_H_CASES = [
+    (8, {"BLOCK_H": 1, "BLOCK_M": 32, "BLOCK_N": 16}),
+    (8, {"BLOCK_H": 2, "BLOCK_M": 32, "BLOCK_N": 16}),  # 4 head blocks, 2 query blocks
+    (8, {"BLOCK_H": 2, "BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 2}),
+    (8, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 16}),  # 2 head blocks
+    (8, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 64, "SPLIT_DV": 2}),  # BLOCK_N > BLOCK_M
+    (8, {"BLOCK_H": 4, "BLOCK_M": 64, "BLOCK_N": 64}),  # 256 score rows, one query block
+    (6, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 32}),  # 6 % 4 != 0: the second head block is half masked
+    (6, {"BLOCK_H": 2, "BLOCK_M": 32, "BLOCK_N": 32}),
 ]
 
 _CHILD = textwrap.dedent(
@@ -50,9 +64,12 @@ _CHILD = textwrap.dedent(
     os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, sys.argv[1])
     import torch
-    from baselines.problem import rel_rms
+    from baselines.problem import Shape, rel_rms
     from baselines.registry import get_problem
     prob = get_problem(sys.argv[2])
+    # optional: a shape's params (default: the cpu_shape) and the distributions to run (default: all)
+    shape = Shape("test", json.loads(sys.argv[4])) if len(sys.argv) > 4 and sys.argv[4] else prob.cpu_shape
+    dists = json.loads(sys.argv[5]) if len(sys.argv) > 5 else list(prob.distributions)
     results = []
     tmp = tempfile.mkdtemp()
     for i, knobs in enumerate(json.loads(sys.argv[3])):
@@ -62,10 +79,10 @@ _CHILD = textwrap.dedent(
         spec = importlib.util.spec_from_file_location(f"cand_{i}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        for seed, dist in enumerate(prob.distributions):
-            inputs = prob.make_inputs(prob.cpu_shape, dist, 100 + seed, "cpu", cpu=True)
+        for seed, dist in enumerate(dists):
+            inputs = prob.make_inputs(shape, dist, 100 + seed, "cpu", cpu=True)
             out = {k: torch.full(s.shape, float("nan"), dtype=getattr(torch, s.dtype))
-                   for k, s in prob.output_specs(prob.cpu_shape, cpu=True).items()}
+                   for k, s in prob.output_specs(shape, cpu=True).items()}
             mod.run(inputs, out)
             ref = prob.oracle(inputs)["o"]
             results.append({"knobs": knobs, "dist": dist, "nan": bool(torch.isnan(out["o"]).any()),
@@ -75,10 +92,12 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _interpret(problem: str, knob_list: list[dict]) -> list[dict]:
+def _interpret(problem: str, knob_list: list[dict], shape: dict | None = None,
+               dists: list[str] | None = None) -> list[dict]:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
+    extra = [json.dumps(shape) if shape else ""] + ([json.dumps(dists)] if dists else [])
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(ROOT), problem, json.dumps(knob_list)],
+        [sys.executable, "-c", _CHILD, str(ROOT), problem, json.dumps(knob_list), *extra],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -93,6 +112,27 @@ def decode_results():
 @pytest.fixture(scope="module")
 def prefill_results():
     return _interpret("mla_prefill", PREFILL_KNOBS)
+
+
+@pytest.fixture(scope="module")
+def prefill_block_h_results():
+    """{H: results} for PREFILL_BLOCK_H_CASES, one subprocess per head count, distribution "peaked"."""
+    out = {}
+    for H in sorted({h for h, _ in PREFILL_BLOCK_H_CASES}):
+        knob_list = [k for h, k in PREFILL_BLOCK_H_CASES if h == H]
+        res = _interpret("mla_prefill", knob_list, {"N": 40, "H": H, "DL": 128, "DR": 16}, ["peaked"])
+        out[H] = res
+    return out
+
+
+def _prefill_space_values() -> list[dict]:
+    """Every value of every knob in SPACE, one knob changed from the template's defaults at a time."""
+    return [{k: v} for k, vals in PRE.knob_space().items() for v in vals]
+
+
+@pytest.fixture(scope="module")
+def prefill_space_results():
+    return _interpret("mla_prefill", _prefill_space_values(), dists=["unit"])
 
 
 # --- naive references: one (query, head) at a time, plain python loops over heads ---------------------
@@ -288,6 +328,36 @@ def test_decode_kernel_interpreter(decode_results):
 
 def test_prefill_kernel_interpreter(prefill_results):
     _check(prefill_results, PREFILL_KNOBS, PRE)
+
+
+@pytest.mark.parametrize("case", range(len(PREFILL_BLOCK_H_CASES)),
+                         ids=[f"H{h}-" + "-".join(f"{k}{v}" for k, v in kn.items()) for h, kn in PREFILL_BLOCK_H_CASES])
+def test_prefill_kernel_block_h_interpreter(prefill_block_h_results, case):
+    """BLOCK_H heads per program against the fp64 oracle on N = 40, H = 6 / 8 (divisible or not)."""
+    H, knobs = PREFILL_BLOCK_H_CASES[case]
+    res = prefill_block_h_results[H]
+    (r,) = [r for r in res if r["knobs"] == knobs]
+    assert not r["nan"], r
+    assert r["err"] < 1e-5, r
+
+
+def test_prefill_space_block_h():
+    space = PRE.knob_space()
+    assert space["BLOCK_H"] == [1, 2, 4]
+    assert PRE.default_knobs()["BLOCK_H"] == 1  # the one-head-per-program kernel stays the default
+    assert all(PRE.shapes[0]["H"] % bh == 0 for bh in space["BLOCK_H"])  # 64 heads: no masked head rows on GPU
+    assert math.prod(len(v) for v in space.values()) >= 200  # enough settings for a 200-evaluation search
+
+
+def test_prefill_every_space_value_accepted(prefill_space_results):
+    """Each knob value in SPACE renders into the template and runs correctly under the interpreter."""
+    values = _prefill_space_values()
+    for kn in values:
+        assert default_knobs(PRE.render(kn)) == {**PRE.default_knobs(), **kn}
+    assert len(prefill_space_results) == len(values)
+    for r in prefill_space_results:
+        assert not r["nan"], r
+        assert r["err"] < 1e-5, r
 
 
 # --- GPU (skipped without CUDA) ---------------------------------------------------------------------------

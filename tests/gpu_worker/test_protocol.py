@@ -578,3 +578,53 @@ def test_timing_mode_follows_the_faster_party():
     assert timing_mode(0.02, None) == "cuda-graph"     # a microsecond baseline
     assert timing_mode(0.16, 0.012) == "cuda-graph"    # MLA decode: the candidate is the microsecond one
     assert timing_mode(0.16, 0.09) == "eager"
+
+
+def test_waits_for_the_gate_heartbeat(monkeypatch):
+    # a long wait for the GPU gate must keep the activity alive (Temporal cancels one that stops beating)
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import TimedLock, _waiting_heartbeat
+
+    gate = TimedLock()
+    beats = []
+    release = threading.Event()
+
+    def holder():
+        with gate:
+            release.wait(5)
+
+    h = threading.Thread(target=holder)
+    h.start()
+    _t.sleep(0.05)
+
+    def waiter():
+        _waiting_heartbeat(lambda: beats.append(_t.monotonic()))
+        with gate.shared():
+            pass
+
+    w = threading.Thread(target=waiter)
+    w.start()
+    _t.sleep(4.5)
+    release.set()
+    h.join(5)
+    w.join(5)
+    assert len(beats) >= 2  # one per 2 s of waiting
+
+
+def test_timing_cpus_explicit(monkeypatch):
+    import os
+
+    from gpu_worker.sandbox import timing_cpus
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one core")
+    monkeypatch.setenv("MARATHON_TIMING_CPUS", f"{cpus[-1]}-{cpus[-1]}")
+    timed, rest = timing_cpus()
+    assert timed == {cpus[-1]} and rest == set(cpus[:-1])
+    monkeypatch.setenv("MARATHON_TIMING_CPUS", "9999,10000")  # cores this host does not have: no split
+    assert timing_cpus() is None
