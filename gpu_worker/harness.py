@@ -671,6 +671,7 @@ class Evaluator:
             ct, bt = res["cand"], res["base"]
             t_ms, b_ms = median(ct), median(bt)
             ci = bootstrap_ratio_ci(bt, ct)
+            vs_best = bootstrap_ratio_ci(res["best"], ct) if res.get("best") else None
             rec = Receipt(device=receipt.get("device", "?"), driver=receipt.get("driver", ""),
                           clocks=receipt.get("clocks", ""), torch=receipt.get("torch", ""),
                           triton=receipt.get("triton", ""), repetitions=len(ct),
@@ -705,6 +706,7 @@ class Evaluator:
             return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info.get("baseline", ""),
                                speedup=b_ms / t_ms if t_ms > 0 else None, speedup_ci=ci,
                                best_time_ms=median(res["best"]) if res.get("best") else None,
+                               vs_best_ci=vs_best, vs_best=req.best.candidate_id if vs_best else None,
                                interpreter=self.interpreter, receipt=rec, log_key=self._log("\n".join(lines)),
                                gpu_seconds=gpu_s if self.cuda else 0.0)
         except Rejection as rej:

@@ -295,37 +295,48 @@ class LoadedChildren:
     start-up and for loading the candidate's kernels (seconds each for KDA on the H200: the phase log's
     prepare.kernels); a hand-off pays once. Isolation between candidates is unchanged: a child only ever
     holds one candidate. A stage that finds none (another worker compiled it, a retry, an eviction) loads
-    a fresh child as before; children older than `ttl` seconds or beyond `limit` are closed."""
+    a fresh child as before; children older than `ttl` seconds or beyond `limit` are closed, oldest first.
 
-    def __init__(self, limit: int = 16, ttl: float = 900.0):
-        self.limit, self.ttl = limit, ttl
+    Several children may hold the same candidate (up to `per_key`): the current best takes part in every
+    benchmark, and benchmarks overlap, so each one that found the best's child taken used to load another
+    and then close it (session d's phase log: 1.2 of 2 children handed on per benchmark)."""
+
+    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4):
+        self.limit, self.ttl, self.per_key = limit, ttl, per_key
         self._lock = threading.Lock()
-        self._kept: dict = {}  # key -> (Sandbox, kept at), oldest first
+        self._kept: list = []  # [key, Sandbox, kept at], oldest first
 
     def put(self, key, sb: Sandbox) -> None:
         drop = []
         with self._lock:
-            old = self._kept.pop(key, None)
-            if old:
-                drop.append(old[0])
             if self.limit > 0 and sb.alive():
-                self._kept[key] = (sb, time.monotonic())
+                self._kept.append((key, sb, time.monotonic()))
             else:
                 drop.append(sb)
             now = time.monotonic()
-            for k in [k for k, (_, t) in self._kept.items() if now - t > self.ttl]:
-                drop.append(self._kept.pop(k)[0])
-            while len(self._kept) > self.limit:
-                drop.append(self._kept.pop(next(iter(self._kept)))[0])
+            keep = []
+            for entry in self._kept:
+                if now - entry[2] > self.ttl:
+                    drop.append(entry[1])
+                else:
+                    keep.append(entry)
+            same = [e for e in keep if e[0] == key]
+            for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
+                keep.remove(e)
+                drop.append(e[1])
+            while len(keep) > self.limit:
+                drop.append(keep.pop(0)[1])
+            self._kept = keep
         for d in drop:
             d.close()
 
     def take(self, key) -> Sandbox | None:
         with self._lock:
-            item = self._kept.pop(key, None)
+            i = next((i for i in range(len(self._kept) - 1, -1, -1) if self._kept[i][0] == key), None)
+            item = self._kept.pop(i) if i is not None else None
         if item is None:
             return None
-        sb, t = item
+        _, sb, t = item
         if not sb.alive() or time.monotonic() - t > self.ttl:
             sb.close()
             return None
@@ -337,12 +348,12 @@ class LoadedChildren:
     def reserved(self) -> int:
         """Device bytes the waiting children hold (a kept best keeps its timing sets)."""
         with self._lock:
-            return sum(sb.reserved for sb, _ in self._kept.values())
+            return sum(sb.reserved for _, sb, _ in self._kept)
 
     def close(self) -> None:
         with self._lock:
-            kept, self._kept = list(self._kept.values()), {}
-        for sb, _ in kept:
+            kept, self._kept = self._kept, []
+        for _, sb, _ in kept:
             sb.close()
 
 

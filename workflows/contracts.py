@@ -130,6 +130,8 @@ class IterationRecord(Strict):
     baseline_ms: float | None = None
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
+    vs_best_ci: tuple[float, float] | None = None  # see BenchReport
+    vs_best: str | None = None
     rel_err: float | None = None
     interpreter: bool = False
     gpu_seconds: float = 0.0
@@ -322,6 +324,10 @@ class BenchReport(Strict):
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
     best_time_ms: float | None = None  # the current best re-timed in the same session, if given
+    # head to head with that best, same session: 95% interval of best time / candidate time, and whose
+    # best it was (acceptance, decisions.improves_on)
+    vs_best_ci: tuple[float, float] | None = None
+    vs_best: str | None = None
     interpreter: bool = False
     receipt: Receipt | None = None
     log_key: str | None = None

@@ -62,13 +62,22 @@ def apply_budget_change(budget: Budget, change: BudgetChange) -> Budget:
 
 
 def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> bool:
-    """A new best only when the speedup's 95% interval lies above the current best's speedup:
-    a lucky single measurement cannot take the crown. The first passing candidate is the first best.
-    Takes a fresh BenchReport, or a recorded IterationRecord when acceptance is re-decided in order."""
+    """A new best only when it beats the current best with 95% confidence: a lucky single measurement
+    cannot take the crown. The first passing candidate is the first best. Takes a fresh BenchReport, or a
+    recorded IterationRecord when acceptance is re-decided in order.
+
+    The evidence is the head-to-head of the same session (the best is timed interleaved with the
+    candidate): the interval of best time / candidate time lies above 1. Speedups from different
+    sessions are not compared: the baseline's own time moved by up to 1.5x between benchmarks of one
+    run on the H200 (docs/throughput.md, session d), which crowned slower kernels. Without a head-to-head
+    against this very best (older histories, or the best changed while the candidate was measured) the
+    rule is the earlier one: the speedup's interval lies above the best's speedup."""
     if not getattr(result, "ok", True) or result.speedup is None:
         return False
     if best is None:
         return True
+    if result.vs_best_ci is not None and result.vs_best == best.candidate_id:
+        return result.vs_best_ci[0] > 1.0
     low = result.speedup_ci[0] if result.speedup_ci else result.speedup
     return low > best.speedup
 

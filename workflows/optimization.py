@@ -295,7 +295,8 @@ class KernelOptimization:
                 outcome = "improved"
             return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms,
                                    baseline_ms=bench.baseline_ms, speedup=bench.speedup,
-                                   speedup_ci=bench.speedup_ci, rel_err=ver.rel_err,
+                                   speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
+                                   vs_best=bench.vs_best, rel_err=ver.rel_err,
                                    interpreter=bench.interpreter, gpu_seconds=gpu_s,
                                    log_key=bench.log_key, finished_at=workflow.now().timestamp())
         except _Rejected as r:

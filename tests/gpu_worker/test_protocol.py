@@ -80,6 +80,8 @@ def test_template_compiles_verifies_and_benchmarks(ev, store):
     assert b.ok, b.reason
     assert b.interpreter and b.receipt.mode == "interpreter" and b.receipt.repetitions >= 4
     assert b.time_ms > 0 and b.baseline_ms > 0 and b.best_time_ms > 0
+    # the head-to-head with the best, same session, names the best it was measured against
+    assert b.vs_best == "x" and 0 < b.vs_best_ci[0] <= b.vs_best_ci[1]
     assert b.baseline_name == "torch.softmax"
     lo, hi = b.speedup_ci
     assert lo <= b.speedup * 1.0001 and hi >= b.speedup * 0.9999
@@ -397,6 +399,15 @@ def test_loaded_children_limit_and_age():
     kept.put("e", Child())
     kept.close()
     assert len(kept) == 0
+    # several children of one candidate (the best, in overlapping benchmarks), at most per_key of them
+    many = LoadedChildren(limit=8, ttl=60, per_key=2)
+    x1, x2, x3 = Child(), Child(), Child()
+    many.put("x", x1)
+    many.put("x", x2)
+    many.put("x", x3)  # a third copy: the oldest goes
+    assert x1.closed and not x2.closed and not x3.closed and len(many) == 2
+    got = {many.take("x"), many.take("x")}
+    assert got == {x2, x3} and many.take("x") is None
 
 
 def test_work_skipped_while_timed_is_rejected(ev, store):

@@ -61,6 +61,27 @@ def test_a_new_best_needs_its_whole_interval_above_the_old_best():
     assert not decisions.improves_on(rec, _best(2.0))
 
 
+def test_the_head_to_head_with_this_best_decides_not_speedups_from_other_sessions():
+    # session d on the H200: a 0.1115 ms kernel was crowned over a 0.0704 ms best because its baseline
+    # happened to time slow; the same-session head-to-head says it is slower
+    best = _best(1.77)
+    slower = BenchReport(ok=True, speedup=2.95, speedup_ci=(2.8, 3.1), vs_best_ci=(0.60, 0.66),
+                         vs_best=best.candidate_id)
+    faster = BenchReport(ok=True, speedup=1.5, speedup_ci=(1.4, 1.6), vs_best_ci=(1.05, 1.12),
+                         vs_best=best.candidate_id)
+    tie = BenchReport(ok=True, speedup=1.8, speedup_ci=(1.7, 1.9), vs_best_ci=(0.98, 1.04),
+                      vs_best=best.candidate_id)
+    assert not decisions.improves_on(slower, best)
+    assert decisions.improves_on(faster, best)  # faster than the best, whatever the baseline did
+    assert not decisions.improves_on(tie, best)
+    # measured against another best (it changed meanwhile): the earlier rule, on speedups
+    other = BenchReport(ok=True, speedup=2.3, speedup_ci=(2.1, 2.5), vs_best_ci=(0.5, 0.6), vs_best="someone-else")
+    assert decisions.improves_on(other, _best(2.0))
+    rec = IterationRecord(iteration=3, candidate_id="c", source_key="k", outcome="improved", speedup=2.95,
+                          speedup_ci=(2.8, 3.1), vs_best_ci=(0.60, 0.66), vs_best=best.candidate_id)
+    assert not decisions.improves_on(rec, best)
+
+
 def test_leaderboard_keeps_top_k_once_per_candidate():
     board = []
     for i, (cid, s) in enumerate([("a", 1.0), ("b", 3.0), ("c", 2.0), ("a", 4.0), ("d", 0.5)], 1):
