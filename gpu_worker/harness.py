@@ -615,13 +615,13 @@ class Evaluator:
                     sbs.append(best)
                 plan = self._plan()
                 mem.enter_context(self._hold(problem, shape, "benchmark"))
-                with _phase("prepare"), self._shared():
-                    for s_ in (cand, best):
-                        if s_ is not None:
+                for s_ in (cand, best):  # one shared hold each: a timing request waits for the shorter one
+                    if s_ is not None:
+                        with _phase("prepare"), self._shared():
                             pre = s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
-                            self._check_reply(pre, "benchmark", s_)
-                            for k, v in (pre.get("timing") or {}).items():
-                                _add_phase(f"prepare.{k}", v)
+                        self._check_reply(pre, "benchmark", s_)
+                        for k, v in (pre.get("timing") or {}).items():
+                            _add_phase(f"prepare.{k}", v)
                 with self._shared(), ref_lock:
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                     with _phase("receipt"):  # clocks read just before the timed section, outside the lock
