@@ -17,8 +17,11 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
 * ``marathon_rejections_total{stage}``: rejected candidates by the stage that rejected them
   (``rules``, ``compile``, ``verify``, ``benchmark``, ``sandbox``, ...).
 * ``marathon_gpu_busy_seconds_total``: seconds the worker had device work under way (the harness's GPU
-  gate held on either side: uploads, verification, comparisons, timing, profiling); its rate is the GPU
-  busy fraction. The run's ``gpu_seconds`` budget
+  gate held on either side: uploads, verification, comparisons, timing, profiling). An upper bound of the
+  GPU's busy fraction: a shared hold also covers host-side work around its device calls (on the H200 it
+  read ~100% while nvidia-smi's utilization was 16-19%, docs/throughput.md).
+* ``marathon_gpu_timed_seconds_total``: of that, the exclusive side (timing, profiling): the GPU time
+  that cannot overlap anything. The run's ``gpu_seconds`` budget
   is charged from the benchmark reports instead.
 
 Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts.py, and all of
@@ -112,12 +115,14 @@ if prometheus_client is not None:
         "marathon_rejections", "Rejected candidates by the stage that rejected them", ["stage"])
     _GPU_BUSY = prometheus_client.Counter(
         "marathon_gpu_busy_seconds", "Seconds this worker had device work under way (its GPU gate held, either side)")
+    _GPU_TIMED = prometheus_client.Counter(
+        "marathon_gpu_timed_seconds", "Seconds this worker held its GPU gate exclusively (timing, profiling)")
     for _o in OUTCOMES:
         _EVALUATIONS.labels(outcome=_o)
     for _s in STAGES:
         _REJECTIONS.labels(stage=_s)
 else:  # pragma: no cover
-    _EVALUATIONS = _REJECTIONS = _GPU_BUSY = None
+    _EVALUATIONS = _REJECTIONS = _GPU_BUSY = _GPU_TIMED = None
 
 
 def counters_available() -> bool:
@@ -148,6 +153,12 @@ def add_gpu_busy(seconds: float) -> None:
         raise ValueError(f"GPU busy time cannot be negative: {seconds}")
     if _GPU_BUSY is not None:
         _GPU_BUSY.inc(seconds)
+
+
+def add_gpu_timed(seconds: float) -> None:
+    """Add seconds of exclusive (timed) GPU work; 0 and None are ignored. Thread-safe."""
+    if seconds and seconds > 0 and _GPU_TIMED is not None:
+        _GPU_TIMED.inc(seconds)
 
 
 def observe_report(stage: str, report: Any) -> None:

@@ -927,9 +927,12 @@ class TimedLock:
         _add_phase("gpu-wait", self._t - t)
 
     def release(self):
+        from activities.metrics import add_gpu_timed
+
         dt = time.monotonic() - self._t
         self.timed_s += dt
         _add_phase("gpu-held", dt)
+        add_gpu_timed(dt)
         with self._cv:
             self._exclusive = False
             self._leave()

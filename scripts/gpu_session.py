@@ -81,12 +81,14 @@ def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) ->
     return None
 
 
-def scrape_busy(port: int) -> float | None:
+def scrape_busy(port: int, name: str = "busy") -> float | None:
+    """A GPU worker's marathon_gpu_<name>_seconds_total (busy: the gate held on either side; timed: its
+    exclusive side)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except Exception:  # noqa: BLE001
         return None
-    m = re.search(r"^marathon_gpu_busy_seconds_total (\S+)$", text, re.M)
+    m = re.search(rf"^marathon_gpu_{name}_seconds_total (\S+)$", text, re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -246,7 +248,8 @@ def main() -> int:
                 if "polling" in text:
                     workers.append({"name": "gpu1", "port": 9111, "since": time.time()})
                     log("gpu1 serving")
-            sample = {"t": time.time(), "busy": {w["name"]: scrape_busy(w["port"]) for w in workers}, "runs": {}}
+            sample = {"t": time.time(), "busy": {w["name"]: scrape_busy(w["port"]) for w in workers},
+                      "timed": {w["name"]: scrape_busy(w["port"], "timed") for w in workers}, "runs": {}}
             done = True
             for p, rid in ids.items():
                 st = status(rid)
@@ -424,7 +427,7 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         n = sum(lo <= t < hi for t in ends)
-        busy, util, mem, clk = {}, {}, {}, {}
+        busy, timed, util, mem, clk = {}, {}, {}, {}, {}
         for w in workers[:i + 1]:
             gpu = int(w["name"][3:])
             rows = [(u, m, c) for t, g, u, m, c in SMI if g == gpu and lo <= t <= hi]
@@ -432,13 +435,14 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
                 util[w["name"]] = round(sum(r[0] for r in rows) / len(rows) / 100, 3)
                 mem[w["name"]] = max(r[1] for r in rows)
                 clk[w["name"]] = round(sum(r[2] for r in rows) / len(rows))
-            pts = [(x["t"], x["busy"].get(w["name"])) for x in samples
-                   if lo <= x["t"] <= hi and x["busy"].get(w["name"]) is not None]
-            if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
-                busy[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
+            for key, into in (("busy", busy), ("timed", timed)):
+                pts = [(x["t"], x.get(key, {}).get(w["name"])) for x in samples
+                       if lo <= x["t"] <= hi and x.get(key, {}).get(w["name"]) is not None]
+                if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+                    into[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
-                    "busy_fraction": busy, "smi_utilization": util, "smi_max_memory_mib": mem,
+                    "busy_fraction": busy, "timed_fraction": timed, "smi_utilization": util, "smi_max_memory_mib": mem,
                     "smi_mean_sm_mhz": clk})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
     return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
