@@ -516,7 +516,8 @@ async def cmd_selftest(args) -> int:
 async def cmd_bench(args) -> int:
     from gpu_worker.scoreboard import main as scoreboard
 
-    return scoreboard(args.problems)
+    argv = list(args.problems) + [x for b in args.best for x in ("--best", b)] + ["--out", args.out]
+    return scoreboard(argv + (["--primary-only"] if args.primary_only else []))
 
 
 # ---- argument parsing ---------------------------------------------------------------------------
@@ -606,7 +607,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("selftest", help="run the GPU worker's canary self-test here")
     c.set_defaults(fn=cmd_selftest)
     c = sub.add_parser("bench", help="measure the scoreboard on this GPU (docs/scoreboard.md)")
-    c.add_argument("problems", nargs="*")
+    c.add_argument("problems", nargs="*", help="PROBLEM, or PROBLEM@I,J for only its shapes number I and J")
+    c.add_argument("--best", action="append", default=[], help="PROBLEM=SOURCE_KEY of a run's best kernel")
+    c.add_argument("--primary-only", action="store_true")
+    c.add_argument("--out", default="docs")
     c.set_defaults(fn=cmd_bench)
     return p
 

@@ -16,3 +16,19 @@ def test_parse_target():
 def test_bench_refuses_unknown_problem_before_anything_runs():
     with pytest.raises(UnknownProblem, match="no_such_problem"):
         main(["no_such_problem@0"])
+
+
+def test_marathon_bench_passes_its_options_through(monkeypatch):
+    import asyncio
+
+    import gpu_worker.scoreboard as sb
+    from workflows.cli import build_parser
+
+    seen = {}
+    monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out: seen.update(
+        names=names, best=best, primary_only=primary_only, out=str(out)) or [])
+    args = build_parser().parse_args(["bench", "kda@2,3", "mla_decode", "--best", "kda=abc", "--primary-only",
+                                      "--out", "/tmp/sb"])
+    assert asyncio.run(args.fn(args)) == 0
+    assert seen == {"names": ["kda@2,3", "mla_decode"], "best": {"kda": "abc"}, "primary_only": True,
+                    "out": "/tmp/sb"}
