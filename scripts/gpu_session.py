@@ -422,7 +422,10 @@ def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples:
 
     recs = read_ledger(ArtifactStore(), st.get("ledger_key")) if st.get("ledger_key") else []
     ends = sorted(r.finished_at for r in recs if r.finished_at)
-    bounds = [max(t_start, workers[0]["since"])] + [w["since"] for w in workers[1:]] + [ends[-1] if ends else time.time()]
+    lo0 = max(t_start, workers[0]["since"])
+    # the ledger is written as iterations are recorded; one with nothing newer than this session's start
+    # (a resumed run whose records are still in flight) gets the session's span, not a negative one
+    bounds = [lo0] + [w["since"] for w in workers[1:]] + [ends[-1] if ends and ends[-1] > lo0 else time.time()]
     out = []
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
