@@ -1,0 +1,47 @@
+"""gpu_session.py's saved state (--keep-running / --resume): what goes in comes back, bad input is refused."""
+
+import importlib.util
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def session(tmp_path, monkeypatch):
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts" / "gpu_session.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.WORK = tmp_path / "work"
+    mod.OUT = tmp_path / "out"
+    mod.WORK.mkdir()
+    mod.OUT.mkdir()
+    return mod
+
+
+def test_state_round_trip(session):
+    (session.WORK / "temporal.db").write_bytes(b"sqlite")
+    (session.WORK / "artifacts" / "objects").mkdir(parents=True)
+    (session.WORK / "artifacts" / "objects" / "x").write_text("kernel")
+    session.save_state({"kda": "h200-kda-1"})
+    for p in ("temporal.db", "artifacts", "runs.json"):
+        path = session.WORK / p
+        path.unlink() if path.is_file() else __import__("shutil").rmtree(path)
+    assert session.restore_state(session.OUT / "state.tar.gz") == {"kda": "h200-kda-1"}
+    assert (session.WORK / "temporal.db").read_bytes() == b"sqlite"
+    assert (session.WORK / "artifacts" / "objects" / "x").read_text() == "kernel"
+
+
+def test_resume_refuses_what_is_not_a_state(session, tmp_path):
+    with pytest.raises(SystemExit, match="is not a file"):
+        session.restore_state(tmp_path / "missing.tar.gz")
+    bad = tmp_path / "bad.tar.gz"
+    (tmp_path / "runs.json").write_text(json.dumps({}))
+    with tarfile.open(bad, "w:gz") as tar:
+        tar.add(tmp_path / "runs.json", arcname="runs.json")
+    with pytest.raises(SystemExit, match="no temporal.db"):
+        session.restore_state(bad)
