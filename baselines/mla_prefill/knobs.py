@@ -17,8 +17,9 @@ With R >= 64 (wgmma) the shared memory is exactly 1152*R + num_stages * per-stag
 slice); R = 32 lowers to mma.sync, whose q handling differs (smaller, irregular sizes).
 
 Expected compile-time failures (OutOfResources; the harness must score them as failed candidates). Sizes
-from offline `triton.compile` for sm_90 (Triton 3.9, no GPU; the one corner also measured on the H200,
-M64 N64 dv2 st2 = 286720 B, matches): 82 of the 216 settings exceed 232448 B:
+from offline `triton.compile` for sm_90 (scripts/offline_compile_mla_prefill.py, Triton 3.9, no GPU; the
+one corner also measured on the H200, M64 N64 dv2 st2 = 286720 B, matches): 82 of the 216 settings
+exceed 232448 B:
   * BLOCK_H 4 with BLOCK_M 64 (R = 256): all 36 -- the q tile alone is 288 KiB.
   * R = 128 (BLOCK_H 2 + BLOCK_M 64, BLOCK_H 4 + BLOCK_M 32): 144 KiB of q leaves 83 KiB: fails with
     BLOCK_N 64 at >= 2 stages, BLOCK_N 32 at 3 stages or with SPLIT_DV 2 at 2 stages (14 + 14).
