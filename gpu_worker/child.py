@@ -176,32 +176,16 @@ class Server:
         return {"cuda": self.cuda}
 
     def cmd_mem(self):
-        """This child's device memory: the peak reserved since the last `mem` (one stage's footprint, what
-        the worker's budget learns per stage) and what it holds now; the peak restarts here."""
+        """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's
+        budget learns per stage; the peak restarts here) and the device's size. (What it holds now goes
+        with every reply: `reserved`.)"""
         if not (self.cuda and self.cuda_ready):
-            return {"peak": 0, "reserved": 0, "total": 0}
+            return {"peak": 0, "total": 0}
         import torch
 
         peak = torch.cuda.max_memory_reserved()
         torch.cuda.reset_peak_memory_stats()
         return {"peak": int(peak), "total": int(torch.cuda.mem_get_info()[1])}
-
-    def cmd_spin(self, ms: float = 50.0):
-        """Keep the GPU busy for about `ms` right before a timed section. After idle stretches (a search
-        whose GPU is mostly waiting) the clocks have come down, and the first party timed would pay for
-        the ramp. Reference role only (trusted code)."""
-        if not self.cuda or self.role != "reference":
-            return {"ms": 0.0}
-        import torch
-
-        perf = self.T["perf"]
-        a = torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16)
-        t0 = perf()
-        while (perf() - t0) * 1e3 < ms:
-            for _ in range(4):
-                a @ a
-            self._sync()
-        return {"ms": round((perf() - t0) * 1e3, 2)}
 
     def reserved(self) -> int:
         if not (self.cuda and self.cuda_ready):
@@ -604,8 +588,8 @@ class Server:
         """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
         outputs' handles and the inputs' hashes before and after. Then a determinism rerun on fresh buffers
         and a stale-output probe (same buffers, new contents). Outputs are copied on the device right after
-        each call; `export` and `write_exports`, which the worker calls after the exclusive lock, turn the
-        copies into the handles' files."""
+        each call; `export` and `write_exports`, which the worker calls next, turn the copies into the
+        handles' files."""
         perf, tm = self.T["perf"], {}
         self._pending = []
 
@@ -697,7 +681,7 @@ class Server:
         return {"timing": {"write": round(self.T["perf"]() - t0, 4)}}
 
     def cmd_export(self):
-        """Download the outputs a deferred `verify` kept, for `write_exports`. They are the copies taken
+        """Download the outputs `verify` kept, for `write_exports`. They are the copies taken
         right after each call, and the candidate's own buffers must still equal them: an output that
         changed after the call returned means work outside the call (a late write), which is reported."""
         import torch
@@ -960,7 +944,7 @@ class Server:
             ref = self.set_baseline[idx][job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
-        del staged, o, of
+        staged = o = of = None  # noqa: F841 - dropped before the release below, also when jobs is empty
         self._release()
         return {"results": res}
 

@@ -254,22 +254,17 @@ class Evaluator:
         report plus the outputs staged in the reference child (and the fp64 copy one comparison makes)."""
         if not self.mem:
             return
-        peak, total = 0, None
-        for sb in children:
-            if sb is not None and sb.alive():
-                r = sb.call("mem", 60)
-                peak += int(r.get("peak") or 0)
-                total = r.get("total") or total
+        peak = sum(int(sb.call("mem", 60).get("peak") or 0) for sb in children if sb is not None and sb.alive())
         sizes = [_nbytes(h) for j in jobs for h in (j.get("out"), j.get("other")) if h]
         staged = sum(b for b, _ in sizes) + max((8 * n for _, n in sizes), default=0)
-        self.mem.learn((problem.name, shape.name, stage), peak + staged, total)
+        self.mem.learn((problem.name, shape.name, stage), peak + staged)
 
     def _shared(self):
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
         return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
 
     def _exclusive(self):
-        """The GPU gate's exclusive side (timed and verified work); nothing to exclude on the CPU."""
+        """The GPU gate's exclusive side (timed work); nothing to exclude on the CPU."""
         return self.gpu_lock if self.cuda else contextlib.nullcontext()
 
     def _download(self, sb: Sandbox, cmd: str, stage: str, hb) -> dict:
@@ -284,7 +279,7 @@ class Evaluator:
 
     def _stage(self, problem, shape, jobs: list, hb) -> str:
         """The jobs' output files onto the reference child's device, under the gate's shared side, ahead of
-        a comparison under the exclusive side; returns the token that comparison names."""
+        a comparison; returns the token that comparison names."""
         token = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
         with _phase("stage"), self._shared():
             self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
@@ -641,8 +636,6 @@ class Evaluator:
                     # the timed processes get cores of their own while they are timed (see timing_cpus)
                     pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
                     try:
-                        with _phase("spin"):  # clocks up before anything is timed (see child.cmd_spin)
-                            ref_sb.call("spin", 60, hb, ms=float(os.environ.get("MARATHON_SPIN_MS", "50")))
                         with _phase("interleave"):
                             res = self._interleave(problem, cand, ref_sb, best, hb)
                         prof = None
@@ -1025,12 +1018,9 @@ class DeviceMemory:
                 self._cv.notify_all()
 
 
-
-_ITEMSIZE = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "int16": 2,
-             "int8": 1, "uint8": 1, "bool": 1}
-
-
 def _nbytes(handle: dict) -> tuple[int, int]:
     """(bytes, elements) of an exported output's handle ({path, dtype, shape})."""
+    import torch
+
     n = math.prod(handle["shape"])
-    return n * _ITEMSIZE.get(handle["dtype"], 4), n
+    return n * getattr(torch, handle["dtype"]).itemsize, n

@@ -359,10 +359,11 @@ class LoadedChildren:
 
 def timing_cpus() -> tuple[set, set] | None:
     """(cores kept for timed work, cores for everything else), or None when the host is too small to
-    spare any. A many-launch baseline (FLA's chunk_kda) is host-bound between its launches: with every
-    core busy compiling candidates it measured 1.38-1.52 ms in-run against 1.2-1.28 ms on a quiet host
-    (docs/throughput.md), which inflated speedups. MARATHON_TIMING_CPUS: how many (default 2 from 8 up),
-    or which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
+    spare any. Why: a many-launch baseline (FLA's chunk_kda) may be host-bound between its launches, and
+    with every core compiling candidates it timed 1.17-1.73 ms in-run against 1.2 ms on a quiet host. Own
+    cores alone did not remove that spread on the H200 (docs/throughput.md, session d); cache and memory
+    traffic of the busy cores remain shared. MARATHON_TIMING_CPUS: how many (default 2 from 8 up), or
+    which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))

@@ -80,9 +80,6 @@ def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: 
         for target in problems:
             name, idx = parse_target(target)
             problem = get_problem(name)
-            if idx is not None and not all(0 <= i < len(problem.shapes) for i in idx):
-                raise SystemExit(f"marathon bench: {target!r}: {name} has shapes 0-{len(problem.shapes) - 1}: "
-                                 + "; ".join(f"{i} {s.name}" for i, s in enumerate(problem.shapes)))
             start_src = problem.render(problem.default_knobs())
             best_src = store.get_text(best[name]) if name in best else None
             shapes = [problem.shapes[i] for i in idx] if idx is not None else problem.shapes
@@ -154,7 +151,7 @@ def write(rows: list[dict], out_dir: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from baselines.registry import check_problem_name, problem_names
+    from baselines.registry import check_problem_name, get_problem, problem_names
 
     ap = argparse.ArgumentParser(prog="marathon bench")
     ap.add_argument("problems", nargs="*", help="PROBLEM, or PROBLEM@I,J for only its shapes number I and J")
@@ -163,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="docs")
     a = ap.parse_args(argv)
     names = a.problems or [n for n in problem_names() if n != "softmax"]
-    for n in names:
-        check_problem_name(parse_target(n)[0])
+    for n in names:  # every target checked before anything is measured
+        name, idx = parse_target(n)
+        shapes = get_problem(check_problem_name(name)).shapes
+        if idx is not None and not all(0 <= i < len(shapes) for i in idx):
+            raise SystemExit(f"marathon bench: {n!r}: {name} has shapes "
+                             + "; ".join(f"{i} {s.name}" for i, s in enumerate(shapes)))
     best = dict(b.split("=", 1) for b in a.best)
     run(names, best, a.primary_only, Path(a.out))
     return 0

@@ -16,7 +16,9 @@ A search longer than one device call (at most 10 minutes) spans calls the way th
 survives anything: `--keep-running` does not stop the runs at the deadline; the processes are shut down
 and the dev server's SQLite history, the artifact store and the run ids go into $OUT/state.tar.gz. The
 next call's `--resume state.tar.gz` restores them, restarts the server and the workers on the same
-history, and the same runs go on where they were (interrupted activities are retried by Temporal). Everything lands in
+history, and the same runs go on where they were (interrupted activities are retried by Temporal).
+
+Everything lands in
 $OUT/session.tar.gz (the device tool brings back few files) plus $OUT/session.json; the summary is
 printed last.
 """
@@ -27,10 +29,12 @@ import argparse
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 import urllib.request
 from collections import Counter
@@ -163,8 +167,6 @@ def main() -> int:
     summary: dict = {"args": vars(a), "windows": [], "runs": {}, "samples": []}
     procs: list[subprocess.Popen] = []
     resumed = restore_state(Path(a.resume)) if a.resume else {}
-    import threading
-
     smi_stop = threading.Event()
     threading.Thread(target=sample_smi, args=(smi_stop,), daemon=True).start()
     if resumed:
@@ -339,9 +341,11 @@ def restore_state(path: Path) -> dict:
         if not {"temporal.db", "runs.json"} <= names:
             raise SystemExit(f"--resume: {path} holds no temporal.db and runs.json (has {sorted(names)[:8]})")
         for name in STATE:
-            if (WORK / name).exists():
-                subprocess.run(["rm", "-rf", str(WORK / name)], check=True)
-        tar.extractall(WORK, filter="data") if sys.version_info >= (3, 12) else tar.extractall(WORK)
+            if (WORK / name).is_dir():
+                shutil.rmtree(WORK / name)
+            else:
+                (WORK / name).unlink(missing_ok=True)
+        tar.extractall(WORK, filter="data")  # 3.11.4 and later
     return json.loads((WORK / "runs.json").read_text())
 
 

@@ -32,3 +32,8 @@ def test_marathon_bench_passes_its_options_through(monkeypatch):
     assert asyncio.run(args.fn(args)) == 0
     assert seen == {"names": ["kda@2,3", "mla_decode"], "best": {"kda": "abc"}, "primary_only": True,
                     "out": "/tmp/sb"}
+
+
+def test_bench_refuses_a_shape_number_the_problem_lacks_before_anything_runs():
+    with pytest.raises(SystemExit, match="0 B1 T8192 H32 D128"):
+        main(["kda@0,9"])
