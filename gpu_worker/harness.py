@@ -218,8 +218,12 @@ class Evaluator:
 
     def _ref_call(self, problem, shape, hb, cmd, timeout, **kw) -> dict:
         sb, lock, _ = self._ref(problem, shape, hb)
+        t = time.monotonic()
         with lock:
+            _add_phase("ref-wait", time.monotonic() - t)  # the reference child serves one call at a time
+            t = time.monotonic()
             r = sb.call(cmd, timeout, hb, **kw)
+            _add_phase(f"ref.{cmd}", time.monotonic() - t)
         if not r.get("ok"):
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
         return r
@@ -933,17 +937,20 @@ class TimedLock:
 
     @contextlib.contextmanager
     def shared(self):
-        t = time.monotonic()
+        t0 = time.monotonic()
         with self._cv:
             while self._exclusive or self._waiting:
                 self._cv.wait(2.0)
                 _beat()
             self._shared += 1
             self._enter()
-        _add_phase("gpu-shared-wait", time.monotonic() - t)
+        t = time.monotonic()
+        _add_phase("gpu-shared-wait", t - t0)
         try:
             yield self
         finally:
+            # how long shared holds last decides how long a timing request waits for them to drain
+            _add_phase("gpu-shared-held", time.monotonic() - t)
             with self._cv:
                 self._shared -= 1
                 self._leave()
