@@ -563,7 +563,9 @@ class Server:
             host = {(d, s): self._host_inputs(d, s) for d, s in cases}
             nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
                          if hasattr(v, "element_size"))
-            limit = float(os.environ.get("MARATHON_PREFETCH_GB", "6")) * (1 << 30)
+            # only small sets wait on the device; larger ones are uploaded case by case during the run
+            # (KDA's six cases are 1.9 GB, prefill's 6.8 GB: held per waiting child, they filled the device)
+            limit = float(os.environ.get("MARATHON_PREFETCH_GB", "0.5")) * (1 << 30)
             t0 = self.T["perf"]()
             self._prefetched = {k: (self._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
             self._sync()
@@ -654,7 +656,10 @@ class Server:
         ({path, dtype, shape}) of the files it becomes, for the reference child, which compares them with
         the oracle on its device. Only a path crosses the pipes: pickling a 67 MB output through the worker
         twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
-        snap = {k: self.T["clone"](v.detach()) for k, v in outs.items() if type(v) is __import__("torch").Tensor}
+        # the copy goes to host memory at once (a device copy per output per case held a prefill
+        # verification at ~17 GB and made the device memory the pipeline's bottleneck, docs/throughput.md)
+        snap = {k: self.T["to"](v.detach(), "cpu", copy=True) for k, v in outs.items()
+                if type(v) is __import__("torch").Tensor}
         handles = self._handles(snap, tag)  # an output that is no plain Tensor is reported by out_type_ok
         self._pending.append((tag, outs, snap, handles))
         return handles
@@ -691,8 +696,10 @@ class Server:
         for tag, outs, snap, handles in self._pending:
             if any(type(outs.get(name)) is not torch.Tensor for name in snap):
                 changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
-            else:
-                changed += [f"{tag}/{name}" for name in self._mutated(outs, snap)]  # bitwise, NaN-safe
+            else:  # bitwise, NaN-safe: the buffers as they are now, downloaded, against the copies on the host
+                now = {name: self.T["to"](outs[name].detach(), "cpu", copy=True) for name in snap}
+                changed += [f"{tag}/{name}" for name in self._mutated(now, snap)]
+                del now
             self._download(snap, handles)
         self._pending = []
         self._sync()
@@ -793,6 +800,15 @@ class Server:
             keep(i, out)
         self.ran = True
         return {"times": times, "walls": walls, "mode": used_mode}
+
+    def cmd_park(self):
+        """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
+        they cost ~0.3 s to make again and ~1.4 GB (KDA) of device memory to keep per waiting child."""
+        self.sets = []
+        self.set_baseline = {}
+        self.flush = None
+        self._release()
+        return {}
 
     def cmd_export_timed(self):
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs

@@ -661,7 +661,7 @@ class Evaluator:
             finally:
                 mem.close()
                 for s in sbs:
-                    if id(s) in keep:
+                    if id(s) in keep and self._park(s):
                         self.loaded.put(keep[id(s)], s)
                     else:
                         s.close()
@@ -713,6 +713,15 @@ class Evaluator:
             return BenchReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
                                log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s)
 
+    @staticmethod
+    def _park(sb: Sandbox) -> bool:
+        """A child about to wait for a later benchmark drops its timing sets (child.cmd_park); False if it
+        cannot (then it is closed, not kept)."""
+        try:
+            return sb.alive() and bool(sb.call("park", 60).get("ok"))
+        except SandboxFailure:
+            return False
+
     def _plan(self):
         if self.cuda:
             return {"blocks": int(os.environ.get("MARATHON_BENCH_BLOCKS", "5")),
@@ -740,6 +749,11 @@ class Evaluator:
             # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a party).
             budget_ms = float(os.environ.get("MARATHON_BENCH_BLOCK_MS", "100"))
             plan["reps"] = max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))
+            # ... and fewer blocks, never fewer than 3: about MARATHON_BENCH_TOTAL_MS of baseline time in all
+            # (prefill: 3 blocks of 5, its 14 vs 31 ms differences need no more, and the exclusive side is
+            # the pipeline's one serial resource)
+            total_ms = float(os.environ.get("MARATHON_BENCH_TOTAL_MS", "500"))
+            plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
         out = {"cand": [], "base": [], "best": [], "cand_wall": [], "base_wall": [], "mode": mode}
         for b in range(plan["blocks"]):
             warm = plan["warmup"] if b == 0 else 1

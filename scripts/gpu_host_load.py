@@ -13,11 +13,13 @@ each call, L2 flushed between calls) and as CUDA-graph replays, first on a quiet
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -75,8 +77,13 @@ def main() -> int:
     shape = p.shapes[0]
     inputs = p.make_inputs(shape, p.distributions[0], 0, "cuda")
     base_name, base = next(iter(p.baselines().items()))
-    ns: dict = {"__name__": "kda_start"}
-    exec(compile(p.render(p.default_knobs()), "kda_start", "exec"), ns)
+    # Triton's @jit reads its function's source from a file: the rendered kernel is imported from one
+    src = Path(tempfile.mkdtemp()) / "kda_start.py"
+    src.write_text(p.render(p.default_knobs()))
+    spec = importlib.util.spec_from_file_location("kda_start", src)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ns = vars(mod)
     outs = {k: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device="cuda")
             for k, s in p.output_specs(shape).items()}
     parties = {base_name: lambda: base(inputs), "start kernel": lambda: ns["run"](inputs, outs)}
