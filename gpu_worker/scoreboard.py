@@ -1,9 +1,11 @@
 """`marathon bench [PROBLEM ...]`: the scoreboard on this GPU, written to docs/scoreboard.{md,json}.
 
-For every problem and shape: the starting kernel and the best kernel found by a run (`--best
-PROBLEM=SOURCE_KEY`, e.g. from `marathon status ID --json`) go through the harness exactly as the loop
-sends candidates (verify against the oracle, then benchmark interleaved with the primary baseline), and
-the problem's other baselines are timed beside them. Rows carry the harness's receipts.
+For every problem and shape: the starting kernel and the kernels found by a run (`--best
+PROBLEM=SOURCE_KEY`, as often as there are candidates, e.g. a run's crowned best and its fastest passing
+candidates from its ledger) go through the harness exactly as the loop sends candidates (verify against the
+oracle, then benchmark interleaved with the primary baseline), and the problem's other baselines are timed
+beside them. The row's best is the fastest candidate that passed, if it beats the starting kernel; every
+candidate's measurement stays in the row (`candidates`). Rows carry the harness's receipts.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from activities.artifacts import ArtifactStore
+from activities.artifacts import ArtifactStore, ArtifactStoreError
 from activities.search import candidate_id
 from workflows.contracts import BenchRequest, EvalRequest
 
@@ -55,6 +57,66 @@ def measure(ev, store, problem, shape, source: str) -> dict:
     return row
 
 
+def fastest_passing(start: dict, candidates: list[dict]) -> dict:
+    """The row's best: the fastest candidate that passed, if it beats the starting kernel or the starting
+    kernel did not pass; else the starting kernel. Of equal times the one given first wins (the run's crowned
+    best comes first)."""
+    passing = [c for c in candidates if c.get("ok") and c.get("time_ms") is not None]
+    top = min(passing, key=lambda c: c["time_ms"], default=None)
+    if top is not None and (not start.get("ok") or top["time_ms"] < start["time_ms"]):
+        return top
+    return start
+
+
+def make_row(problem: str, shape: str, baseline: str, start: dict, found: list[dict], others: dict,
+             floor: float | None, seconds: float) -> dict:
+    """One scoreboard row from `measure`'s results for the starting kernel and the run's candidates (`found`),
+    the other baselines' times and the shape's floor."""
+    top = fastest_passing(start, found)
+    return {"problem": problem, "shape": shape, "baseline": baseline,
+            "baseline_ms": start.get("baseline_ms"), "other_baselines_ms": others,
+            "baseline_rel_err": start.get("baseline_rel_err"),
+            "start_ms": start.get("time_ms"), "start_rel_err": start.get("rel_err"),
+            "start_ok": start.get("ok"), "start_reason": start.get("reason"),
+            "best_ms": top.get("time_ms"), "best_rel_err": top.get("rel_err"),
+            "best_candidate": top.get("candidate_id"), "best_from": "start" if top is start else "run",
+            "best_speedup": top.get("speedup"), "best_speedup_ci": top.get("speedup_ci"),
+            "speedups_vs_other_baselines": {k: v / top["time_ms"] for k, v in others.items()
+                                            if isinstance(v, float) and top.get("time_ms")},
+            "floor_ms": floor,
+            "percent_of_floor": (100 * floor / top["time_ms"]) if floor and top.get("time_ms") else None,
+            "receipt": top.get("receipt"), "candidates": [candidate_summary(c) for c in found],
+            "seconds": round(seconds, 1)}
+
+
+def candidate_summary(measured: dict) -> dict:
+    """What a row keeps of each candidate measured (the chosen one's full receipt is the row's own)."""
+    return {k: measured.get(k) for k in ("source_key", "candidate_id", "ok", "time_ms", "rel_err", "speedup",
+                                         "reason")}
+
+
+def parse_best(args: list[str], measured: list[str]) -> dict[str, list[str]]:
+    """`--best PROBLEM=SOURCE_KEY` arguments, several allowed per problem: {problem: [source keys]}, in the
+    order given, each key once. `measured`: the problems of the targets; a --best for any other problem
+    would be silently dropped, so it is refused."""
+    from baselines.registry import problem_names
+
+    best: dict[str, list[str]] = {}
+    for arg in args:
+        name, eq, key = arg.partition("=")
+        if not (eq and name and key):
+            raise SystemExit(f"marathon bench: --best {arg!r}: expected PROBLEM=SOURCE_KEY")
+        if name not in problem_names():
+            raise SystemExit(f"marathon bench: --best {arg!r}: unknown problem {name!r}; known problems: "
+                             + ", ".join(problem_names()))
+        if name not in measured:
+            raise SystemExit(f"marathon bench: --best {arg!r}: {name} is not among the problems measured "
+                             f"({', '.join(measured)})")
+        if key not in best.setdefault(name, []):
+            best[name].append(key)
+    return best
+
+
 def parse_target(arg: str) -> tuple[str, list[int] | None]:
     """`PROBLEM` or `PROBLEM@I,J`: a problem, optionally only its shapes number I, J (0 is the primary, in
     the order the problem lists them), so that one problem's rows can be measured on several GPUs."""
@@ -67,13 +129,21 @@ def parse_target(arg: str) -> tuple[str, list[int] | None]:
         raise SystemExit(f"marathon bench: {arg!r}: expected PROBLEM or PROBLEM@I,J with shape numbers") from None
 
 
-def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: Path) -> list[dict]:
+def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out_dir: Path) -> list[dict]:
+    """`best`: {problem: [source keys of candidate kernels]}, each measured on every shape of the problem."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator, cuda_available
 
+    store = ArtifactStore()
+    sources = {}  # every candidate read before anything is measured: a wrong key fails now, not hours in
+    for name, keys in best.items():
+        for key in keys:
+            try:
+                sources[key] = store.get_text(key)
+            except ArtifactStoreError as e:
+                raise SystemExit(f"marathon bench: --best {name}={key}: {e}") from None
     if not cuda_available():
         raise SystemExit("marathon bench needs a CUDA GPU (the scoreboard is GPU timings only)")
-    store = ArtifactStore()
     ev = Evaluator(store=store)
     rows = []
     try:
@@ -81,31 +151,16 @@ def run(problems: list[str], best: dict[str, str], primary_only: bool, out_dir: 
             name, idx = parse_target(target)
             problem = get_problem(name)
             start_src = problem.render(problem.default_knobs())
-            best_src = store.get_text(best[name]) if name in best else None
             shapes = [problem.shapes[i] for i in idx] if idx is not None else problem.shapes
             for shape in shapes[:1] if primary_only else shapes:
                 t0 = time.time()
                 start = measure(ev, store, problem, shape, start_src)
-                found = measure(ev, store, problem, shape, best_src) if best_src else None
+                found = [measure(ev, store, problem, shape, sources[key]) for key in best.get(name, [])]
                 primary = start.get("baseline_name") or next(iter(problem.baselines()))
                 others = _time_other_baselines(problem, shape, primary)
                 ceil = ev.ceilings or {}
                 floor = (problem.floor_ms(shape, ceil["bandwidth"], ceil["flops"]) if ceil else None)
-                top = found if found and found.get("ok") and (not start.get("ok") or
-                                                              found["time_ms"] < start["time_ms"]) else start
-                row = {"problem": name, "shape": shape.name, "baseline": primary,
-                       "baseline_ms": start.get("baseline_ms"), "other_baselines_ms": others,
-                       "baseline_rel_err": start.get("baseline_rel_err"),
-                       "start_ms": start.get("time_ms"), "start_rel_err": start.get("rel_err"),
-                       "start_ok": start.get("ok"), "start_reason": start.get("reason"),
-                       "best_ms": top.get("time_ms"), "best_rel_err": top.get("rel_err"),
-                       "best_candidate": top.get("candidate_id"), "best_from": "run" if top is found else "start",
-                       "best_speedup": top.get("speedup"), "best_speedup_ci": top.get("speedup_ci"),
-                       "speedups_vs_other_baselines": {k: v / top["time_ms"] for k, v in others.items()
-                                                       if isinstance(v, float) and top.get("time_ms")},
-                       "floor_ms": floor,
-                       "percent_of_floor": (100 * floor / top["time_ms"]) if floor and top.get("time_ms") else None,
-                       "receipt": top.get("receipt"), "seconds": round(time.time() - t0, 1)}
+                row = make_row(name, shape.name, primary, start, found, others, floor, time.time() - t0)
                 rows.append(row)
                 print(_line(row), flush=True)
                 write(rows, out_dir)  # after every row: a run cut short still leaves what it measured
@@ -143,9 +198,13 @@ def write(rows: list[dict], out_dir: Path) -> None:
         ci = r.get("best_speedup_ci")
         sp = f"{_f(r['best_speedup'], '{:.3f}')}x" + (f" ({ci[0]:.3f}-{ci[1]:.3f})" if ci else "")
         start = _f(r["start_ms"]) if r["start_ok"] else f"rejected: {str(r.get('start_reason'))[:60]}"
+        n = len(r.get("candidates") or [])  # rows from before several candidates were measured have none
+        best_from = r["best_from"]
+        if n > 1:  # which of several won, and out of how many
+            best_from += (f" {r['best_candidate']}" if best_from == "run" else "") + f", {n} candidates"
         lines.append(f"| {r['problem']} | {r['shape']} | {r['baseline']} | {_f(r['baseline_ms'])} | {others} | "
                      f"{_f(r['baseline_rel_err'], '{:.2e}')} | {start} | {_f(r['start_rel_err'], '{:.2e}')} | "
-                     f"{_f(r['best_ms'])} ({r['best_from']}) | {_f(r['best_rel_err'], '{:.2e}')} | {sp} | "
+                     f"{_f(r['best_ms'])} ({best_from}) | {_f(r['best_rel_err'], '{:.2e}')} | {sp} | "
                      f"{_f(r['floor_ms'])} | {_f(r['percent_of_floor'], '{:.1f}')} |")
     (out_dir / "scoreboard.md").write_text("\n".join(lines) + "\n")
 
@@ -155,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="marathon bench")
     ap.add_argument("problems", nargs="*", help="PROBLEM, or PROBLEM@I,J for only its shapes number I and J")
-    ap.add_argument("--best", action="append", default=[], help="PROBLEM=SOURCE_KEY of a run's best kernel")
+    ap.add_argument("--best", action="append", default=[],
+                    help="PROBLEM=SOURCE_KEY of a run's kernel; repeat it to measure several, the fastest counts")
     ap.add_argument("--primary-only", action="store_true")
     ap.add_argument("--out", default="docs")
     a = ap.parse_args(argv)
@@ -166,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         if idx is not None and not all(0 <= i < len(shapes) for i in idx):
             raise SystemExit(f"marathon bench: {n!r}: {name} has shapes "
                              + "; ".join(f"{i} {s.name}" for i, s in enumerate(shapes)))
-    best = dict(b.split("=", 1) for b in a.best)
+    best = parse_best(a.best, list(dict.fromkeys(parse_target(n)[0] for n in names)))
     run(names, best, a.primary_only, Path(a.out))
     return 0
 

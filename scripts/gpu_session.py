@@ -139,7 +139,8 @@ def main() -> int:
     ap.add_argument("--compact-every", type=int, default=50)
     ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU workers")
     ap.add_argument("--bench", default="", help="after the runs: `marathon bench` per GPU, e.g. 'kda|mla_decode mla_prefill'"
-                    " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' best kernels")
+                    " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' crowned best and "
+                    "3 fastest passing kernels")
     ap.add_argument("--bench-timeout", type=float, default=200)
     ap.add_argument("--split", action="store_true",
                     help="one problem group per GPU: group i's runs on task queue marathon-gpu-i, served by GPU "
@@ -280,6 +281,7 @@ def main() -> int:
             serving = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
             summary["runs"][p]["throughput"] = throughput(rid, st, serving, t_start, summary["samples"])
             summary["runs"][p]["best_source_key"] = best_source_key(st)
+            summary["runs"][p]["bench_source_keys"] = bench_source_keys(st)
             if left(a) < 30:
                 log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
                 continue
@@ -365,20 +367,43 @@ def best_source_key(st: dict) -> str | None:
                  if r.candidate_id == b["candidate_id"]), None)
 
 
+def fastest_passing_source_keys(records: list, n: int = 3) -> list[str]:
+    """Source keys of the n fastest candidates that passed (verified and benchmarked: outcome improved or
+    passed), by their benchmark time in the run, each once."""
+    passing = sorted((r for r in records if r.outcome in ("improved", "passed") and r.time_ms is not None),
+                     key=lambda r: r.time_ms)
+    return list(dict.fromkeys(r.source_key for r in passing))[:n]
+
+
+def bench_source_keys(st: dict, fastest: int = 3) -> list[str]:
+    """What --bench measures of a run: its crowned best, then its fastest passing candidates. The crown is not
+    always the fastest kernel (an older acceptance rule crowned slower ones, and in-run times are noisy), so
+    the scoreboard measures them side by side. From the run's ledger (status's ledger_key), which holds every
+    record once the run has ended (its last compaction); a run left going (--keep-running) lacks those since
+    its last compaction."""
+    from activities.artifacts import ArtifactStore
+    from activities.ledger import read_ledger
+
+    recs = read_ledger(ArtifactStore(), st["ledger_key"]) if st.get("ledger_key") else []
+    return list(dict.fromkeys(k for k in [best_source_key(st), *fastest_passing_source_keys(recs, fastest)] if k))
+
+
+def best_args(names: list[str], runs: dict) -> list[str]:
+    """`--best PROBLEM=KEY` for each of `bench_source_keys` of the runs of the problems `names` measures."""
+    return [x for problem in dict.fromkeys(n.partition("@")[0] for n in names)
+            for key in runs.get(problem, {}).get("bench_source_keys", []) for x in ("--best", f"{problem}={key}")]
+
+
 def bench(a, summary: dict) -> list:
     """`marathon bench` (all shapes) in one process per GPU, at the same time; then the gpu-marked tests."""
     groups = [g.split() for g in a.bench.split("|")]
     procs = []
     for gpu, names in enumerate(groups):
-        best = []
-        for n in names:
-            key = summary["runs"].get(n.partition("@")[0], {}).get("best_source_key")
-            if key:
-                best += ["--best", f"{n.partition('@')[0]}={key}"]
         out = WORK / f"scoreboard-gpu{gpu}"
         f = open(WORK / f"scoreboard-gpu{gpu}.log", "w")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
-        cmd = [sys.executable, "-m", "gpu_worker.scoreboard", *names, "--out", str(out), *best]
+        cmd = [sys.executable, "-m", "gpu_worker.scoreboard", *names, "--out", str(out),
+               *best_args(names, summary["runs"])]
         log("bench:", " ".join(cmd[1:]))
         procs.append((gpu, out, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
     end = time.time() + min(a.bench_timeout, max(10, left(a) - 40))

@@ -608,7 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_selftest)
     c = sub.add_parser("bench", help="measure the scoreboard on this GPU (docs/scoreboard.md)")
     c.add_argument("problems", nargs="*", help="PROBLEM, or PROBLEM@I,J for only its shapes number I and J")
-    c.add_argument("--best", action="append", default=[], help="PROBLEM=SOURCE_KEY of a run's best kernel")
+    c.add_argument("--best", action="append", default=[],
+                   help="PROBLEM=SOURCE_KEY of a run's kernel; repeat it to measure several, the fastest counts")
     c.add_argument("--primary-only", action="store_true")
     c.add_argument("--out", default="docs")
     c.set_defaults(fn=cmd_bench)

@@ -1,9 +1,28 @@
-"""`marathon bench` targets: a problem, or some of its shapes by number (one problem's rows on several GPUs)."""
+"""`marathon bench` targets: a problem, or some of its shapes by number (one problem's rows on several GPUs).
+Several candidates per problem (`--best` repeated): the fastest that passed is the row's best, and every one
+measured stays in the row."""
+
+import json
+from pathlib import Path
 
 import pytest
 
 from baselines.registry import UnknownProblem
-from gpu_worker.scoreboard import main, parse_target
+from gpu_worker.scoreboard import fastest_passing, main, make_row, parse_best, parse_target, run, write
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def measured(key: str, ok: bool, time_ms: float | None, reason: str | None = None) -> dict:
+    """The shape of what `measure` returns for one kernel on one shape (the fields a row reads)."""
+    row = {"candidate_id": key[:16], "source_key": key, "ok": ok, "rel_err": 1e-3, "baseline_rel_err": 2e-3,
+           "threshold": 1e-2}
+    if time_ms is not None:
+        row.update(time_ms=time_ms, baseline_ms=1.0, baseline_name="fla.chunk_kda", speedup=1.0 / time_ms,
+                   speedup_ci=(0.9 / time_ms, 1.1 / time_ms), receipt={"device": "test"})
+    if reason:
+        row["reason"] = reason
+    return row
 
 
 def test_parse_target():
@@ -27,13 +46,120 @@ def test_marathon_bench_passes_its_options_through(monkeypatch):
     seen = {}
     monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out: seen.update(
         names=names, best=best, primary_only=primary_only, out=str(out)) or [])
-    args = build_parser().parse_args(["bench", "kda@2,3", "mla_decode", "--best", "kda=abc", "--primary-only",
-                                      "--out", "/tmp/sb"])
+    args = build_parser().parse_args(["bench", "kda@2,3", "mla_decode", "--best", "kda=abc", "--best", "kda=def",
+                                      "--best", "mla_decode=123", "--primary-only", "--out", "/tmp/sb"])
     assert asyncio.run(args.fn(args)) == 0
-    assert seen == {"names": ["kda@2,3", "mla_decode"], "best": {"kda": "abc"}, "primary_only": True,
-                    "out": "/tmp/sb"}
+    assert seen == {"names": ["kda@2,3", "mla_decode"], "best": {"kda": ["abc", "def"], "mla_decode": ["123"]},
+                    "primary_only": True, "out": "/tmp/sb"}
 
 
 def test_bench_refuses_a_shape_number_the_problem_lacks_before_anything_runs():
     with pytest.raises(SystemExit, match="0 B1 T8192 H32 D128"):
         main(["kda@0,9"])
+
+
+def test_repeated_best_keeps_every_key_in_order_once():
+    assert parse_best(["kda=k1", "mla_decode=m1", "kda=k2", "kda=k1"], ["kda", "mla_decode"]) == {
+        "kda": ["k1", "k2"], "mla_decode": ["m1"]}
+    assert parse_best([], ["kda"]) == {}
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("kda", "expected PROBLEM=SOURCE_KEY"),
+    ("kda=", "expected PROBLEM=SOURCE_KEY"),
+    ("=abc", "expected PROBLEM=SOURCE_KEY"),
+    ("no_such_problem=abc", "unknown problem 'no_such_problem'"),
+    ("mla_decode=abc", "mla_decode is not among the problems measured"),
+])
+def test_bad_best_is_refused_with_one_message(arg, message):
+    with pytest.raises(SystemExit, match=message):
+        parse_best([arg], ["kda"])
+    with pytest.raises(SystemExit, match=message):  # through the command, before anything is measured
+        main(["kda@0", "--best", arg])
+
+
+def test_bench_refuses_a_source_key_the_store_lacks_before_measuring(store, tmp_path):
+    present = store.put_text("# a kernel")
+    with pytest.raises(SystemExit, match=r"--best kda=0{64}: artifact 000000000000 not found"):
+        run(["kda@0"], {"kda": [present, "0" * 64]}, True, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_fastest_passing_candidate_is_the_best():
+    start = measured("s" * 64, True, 1.0)
+    crowned, faster, failed_fastest = (measured("a" * 64, True, 0.8), measured("b" * 64, True, 0.6),
+                                       measured("c" * 64, False, 0.1, "benchmark: output changed"))
+    unverified = measured("d" * 64, False, None, "verify: rel_err 0.5 > 0.01")
+    assert fastest_passing(start, [crowned, faster, failed_fastest, unverified]) is faster
+    assert fastest_passing(start, [crowned]) is crowned
+    assert fastest_passing(start, []) is start
+
+
+def test_the_start_stays_best_unless_a_candidate_beats_it():
+    start = measured("s" * 64, True, 1.0)
+    assert fastest_passing(start, [measured("a" * 64, True, 1.2), measured("b" * 64, True, 1.0)]) is start
+    assert fastest_passing(start, [measured("c" * 64, False, 0.5, "verify failed")]) is start
+    rejected_start = measured("s" * 64, False, None, "compile: error")
+    slow = measured("a" * 64, True, 3.0)
+    assert fastest_passing(rejected_start, [slow, measured("b" * 64, True, 4.0)]) is slow
+    assert fastest_passing(rejected_start, [measured("c" * 64, False, None, "x")]) is rejected_start
+
+
+def test_of_equal_times_the_first_given_wins():
+    start = measured("s" * 64, True, 1.0)
+    crowned, same = measured("a" * 64, True, 0.5), measured("b" * 64, True, 0.5)
+    assert fastest_passing(start, [crowned, same]) is crowned
+
+
+def test_row_keeps_every_candidate_measured():
+    start = measured("s" * 64, True, 1.0)
+    found = [measured("a" * 64, True, 0.8), measured("b" * 64, True, 0.6),
+             measured("c" * 64, False, None, "verify: rel_err 0.5 > 0.01")]
+    row = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start, found, {"torch-chunked-fp32": 6.0},
+                   0.1, 12.34)
+    assert (row["best_ms"], row["best_candidate"], row["best_from"]) == (0.6, "b" * 16, "run")
+    assert row["best_speedup"] == found[1]["speedup"] and row["receipt"] == found[1]["receipt"]
+    assert row["speedups_vs_other_baselines"] == {"torch-chunked-fp32": 6.0 / 0.6}
+    assert row["candidates"] == [
+        {"source_key": "a" * 64, "candidate_id": "a" * 16, "ok": True, "time_ms": 0.8, "rel_err": 1e-3,
+         "speedup": 1 / 0.8, "reason": None},
+        {"source_key": "b" * 64, "candidate_id": "b" * 16, "ok": True, "time_ms": 0.6, "rel_err": 1e-3,
+         "speedup": 1 / 0.6, "reason": None},
+        {"source_key": "c" * 64, "candidate_id": "c" * 16, "ok": False, "time_ms": None, "rel_err": 1e-3,
+         "speedup": None, "reason": "verify: rel_err 0.5 > 0.01"}]
+    json.dumps(row)  # what scoreboard.json holds
+    none_better = make_row("kda", "s", "fla.chunk_kda", start, [measured("a" * 64, True, 2.0)], {}, None, 1.0)
+    assert none_better["best_from"] == "start" and none_better["best_ms"] == 1.0
+    assert len(none_better["candidates"]) == 1
+    assert make_row("kda", "s", "fla.chunk_kda", start, [], {}, None, 1.0)["candidates"] == []
+
+
+def table(out_dir: Path) -> list[str]:
+    return [line for line in (out_dir / "scoreboard.md").read_text().splitlines() if line.startswith("|")]
+
+
+def test_old_rows_render_as_the_committed_table(tmp_path):
+    """docs/scoreboard.md's table is `write`'s rendering of docs/scoreboard.json, whose rows come from before
+    `candidates`: they render unchanged."""
+    rows = json.loads((ROOT / "docs" / "scoreboard.json").read_text())
+    assert not any("candidates" in r for r in rows)
+    write(rows, tmp_path)
+    committed = [line for line in (ROOT / "docs" / "scoreboard.md").read_text().splitlines()
+                 if line.startswith("|")]
+    assert table(tmp_path) == committed[:len(rows) + 2]
+
+
+def test_the_best_cell_names_the_winner_only_among_several(tmp_path):
+    old = json.loads((ROOT / "docs" / "scoreboard.json").read_text())[0]
+    start = measured("s" * 64, True, 1.0)
+    found = [measured("a" * 64, True, 0.8), measured("b" * 64, True, 0.6)]
+    several = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start, found, {}, None, 1.0)
+    one = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start, found[:1], {}, None, 1.0)
+    slower = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start,
+                      [measured("a" * 64, True, 2.0), measured("b" * 64, False, None, "x")], {}, None, 1.0)
+    write([old, several, one, slower], tmp_path)
+    lines = table(tmp_path)[2:]
+    assert f"| 0.6 (run {'b' * 16}, 2 candidates) |" in lines[1]
+    assert "| 0.8 (run) |" in lines[2]
+    assert "| 1 (start, 2 candidates) |" in lines[3]
+    assert [c.count("|") for c in lines] == [14] * 4  # the table's columns stay as they were
