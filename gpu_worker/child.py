@@ -73,6 +73,8 @@ def main(argv: list[str]) -> int:
             reply = server.describe_failure(e)
         reply["violations"] = server.violations()
         reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (harness.DeviceMemory)
+        if server.role == "reference":  # trusted: its reading of the whole device calibrates that budget
+            reply["device_free"] = server.device_free()
         try:
             cout.send(reply)
         except Exception as e:  # unpicklable reply
@@ -193,6 +195,14 @@ class Server:
         import torch
 
         return int(torch.cuda.memory_reserved())
+
+    def device_free(self) -> int | None:
+        """Free memory of the whole device (every process's use counted), as the driver says now."""
+        if not (self.cuda and self.cuda_ready):
+            return None
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
 
     # --- helpers ---------------------------------------------------------------------------------
     def violations(self):

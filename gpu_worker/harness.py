@@ -144,8 +144,8 @@ class Evaluator:
         self.selftest_result: dict | None = None
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # candidates at once on one device stay within its memory (see DeviceMemory)
-        self.mem = DeviceMemory(float(os.environ.get("MARATHON_GPU_MEM_FRACTION", "0.85")), self._carried) \
-            if self.cuda else None
+        self.mem = DeviceMemory(float(os.environ.get("MARATHON_GPU_MEM_FRACTION", "0.85")), self._carried,
+                                lambda: Sandbox.device_free) if self.cuda else None
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
         self.pool = SandboxPool(self.interpreter, spares=spares, ready=self._cuda_init if self.cuda else None)
 
@@ -986,18 +986,31 @@ class DeviceMemory:
     stage of a candidate (compile, verify, benchmark) holds its estimated footprint from its first upload
     to its last comparison. The estimate is learned: the largest seen for (problem, shape, stage), that is
     the children's peak reserved bytes plus the outputs staged in the reference child; before one is
-    seen, a quarter of the capacity. A stage waits while the held estimates plus what the device carries
-    anyway (reference children, children waiting between stages, one CUDA context per child) would pass
-    `fraction` of the device; one stage always runs, so nothing waits forever."""
+    seen, a quarter of the capacity. A stage is admitted while the held estimates plus what the device
+    carries anyway (reference children, children waiting between stages, one CUDA context per child)
+    stay within `fraction` of the device; one stage always runs, so nothing waits forever.
+
+    That model adds up peaks as if every held stage were at its peak at once, and stages hold their
+    estimate through their waits for the GPU gate: in session e it kept stages waiting 20 s (KDA) to
+    130 s (prefill) with the device at most 52-76% full (nvidia-smi). So the device's own reading
+    calibrates it: a stage the model refuses is admitted when the device's free memory, as a reference
+    child read it in the last `fresh_s` seconds, less the estimates of the stages admitted since that
+    reading (not yet visible in it) and less its own estimate, still leaves `1 - fraction` of the device
+    free. That margin absorbs what stages admitted before the reading may still grow by."""
 
     CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
 
-    def __init__(self, fraction: float, carried: Callable[[], int]):
+    def __init__(self, fraction: float, carried: Callable[[], int],
+                 device_free: Callable[[], tuple[float, int] | None] = lambda: None, fresh_s: float = 5.0):
         self.fraction = fraction
         self.carried = carried  # bytes the device holds outside the admitted stages, recomputed per check
+        self.device_free = device_free  # (monotonic time, free bytes) of the latest trusted reading
+        self.fresh_s = fresh_s
         self.total: int | None = None  # learned from the first child's reply
         self.used = 0
         self.holders = 0
+        self.by_device = 0  # admissions the model refused and the device's reading allowed
+        self._admitted: dict[int, tuple[float, int]] = {}  # hold -> (when, estimate)
         self._est: dict = {}
         self._cv = threading.Condition()
 
@@ -1014,28 +1027,44 @@ class DeviceMemory:
                 return self._est[key]
             return int(self.fraction * self.total / 4) if self.total else 0
 
-    def _fits(self, n: int) -> bool:
+    def _fits(self, n: int) -> str | None:
+        """Why a stage of `n` bytes may start now ("model" or "device"), or None if it must wait."""
         if not self.holders or not self.total:
-            return True
-        return self.used + n + self.carried() <= self.fraction * self.total
+            return "model"
+        if self.used + n + self.carried() <= self.fraction * self.total:
+            return "model"
+        reading = self.device_free()
+        if reading is None or time.monotonic() - reading[0] > self.fresh_s:
+            return None
+        since = sum(est for t, est in self._admitted.values() if t >= reading[0])
+        if reading[1] - since - n >= (1 - self.fraction) * self.total:
+            return "device"
+        return None
 
     @contextlib.contextmanager
     def hold(self, key):
         n = self.estimate(key)
         t = time.monotonic()
         with self._cv:
-            while not self._fits(n):
+            while not (why := self._fits(n)):
                 self._cv.wait(0.5)  # what the device carries changes without a notify: look again
                 _beat()
             self.used += n
             self.holders += 1
+            me = object()
+            self._admitted[id(me)] = (time.monotonic(), n)
+            if why == "device":
+                self.by_device += 1
         _add_phase("mem-wait", time.monotonic() - t)
+        if why == "device":
+            _add_phase("mem-by-device", 1)
         try:
             yield n
         finally:
             with self._cv:
                 self.used -= n
                 self.holders -= 1
+                del self._admitted[id(me)]
                 self._cv.notify_all()
 
 

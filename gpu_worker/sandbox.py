@@ -75,6 +75,9 @@ def _rss_bytes(pid: int) -> int:
 
 class Sandbox:
     live = 0  # children started and not yet closed, in this process: each holds a CUDA context
+    # (when, bytes): the device's free memory as a reference child last read it (harness.DeviceMemory);
+    # only trusted children report it, a candidate could lie to make its neighbours run out of memory
+    device_free: tuple[float, int] | None = None
     _live_lock = threading.Lock()
 
     def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None):
@@ -184,6 +187,8 @@ class Sandbox:
             raise SandboxFailure("crash", f"sandbox pipe broken before {cmd}: {e}", self.log_tail())
         reply = self._wait(timeout, heartbeat, cmd)
         self.reserved = reply.get("reserved", self.reserved)
+        if self.role == "reference" and reply.get("device_free") is not None:
+            Sandbox.device_free = (time.monotonic(), int(reply["device_free"]))
         if reply.get("fatal"):
             # CUDA context is unusable after an illegal access or OOM: this process is done
             self.close(graceful=False)

@@ -136,7 +136,8 @@ def main() -> int:
                          "for draining, reports and --bench, and the archive is written before it ends")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--population", type=int, default=8)
-    ap.add_argument("--compact-every", type=int, default=50)
+    ap.add_argument("--compact-every", type=int, default=None,
+                    help="default: marathon start's (8 x population, at least 10; decisions.default_compact_every)")
     ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU workers")
     ap.add_argument("--bench", default="", help="after the runs: `marathon bench` per GPU, e.g. 'kda|mla_decode mla_prefill'"
                     " (GPU 0 measures kda, GPU 1 the two MLA problems), each with the runs' crowned best and "
@@ -223,8 +224,9 @@ def main() -> int:
             rid = f"h200-{p}-{int(T0)}"
             queue = ["--gpu-queue", f"marathon-gpu-{gpu_of[p]}"] if a.split else []
             # the hours budget is wall clock from the start, so a run spread over several device calls gets room
+            compact = ["--compact-every", str(a.compact_every)] if a.compact_every else []
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
-                         "--compact-every", str(a.compact_every), "--hours", "8", "--id", rid, *queue)
+                         *compact, "--hours", "8", "--id", rid, *queue)
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
         for p, rid in resumed.items():

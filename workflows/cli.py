@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from workflows import decisions
 from workflows.contracts import (AGENT_QUEUE, BudgetChange, Hint, RunResult, RunSpec, Status, StopRequest,
                                  explain)
 
@@ -58,10 +59,15 @@ def parse_spec(args) -> RunSpec:
         v = getattr(args, flag, None)
         if v is not None:
             raw[flag] = v
+    if ("compact_every" not in raw and raw.get("policy", "search") == "search" and isinstance(raw.get("population"), int)
+            and raw["population"] > 0):
+        raw["compact_every"] = decisions.default_compact_every(raw["population"])
     try:
         spec = RunSpec.model_validate(raw)
     except ValidationError as e:
         raise UsageError(f"invalid run spec: {explain(e)}")
+    if problem := decisions.compaction_problem(spec.policy, spec.population, spec.compact_every):
+        raise UsageError(f"invalid run spec: {problem}")
     if spec.carried is not None:
         raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
     try:
@@ -556,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--tokens", type=int)
         c.add_argument("--gpu-seconds", type=float, dest="gpu_seconds")
         c.add_argument("--population", type=int)
-        c.add_argument("--compact-every", type=int, dest="compact_every")
+        c.add_argument("--compact-every", type=int, dest="compact_every",
+                       help="iterations between compactions (default: 10, or 8 x population when larger)")
         c.add_argument("--seed", type=int)
         c.add_argument("--shape")
         c.add_argument("--model")

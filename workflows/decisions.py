@@ -92,6 +92,24 @@ def time_to_compact(iterations_this_run: int, compact_every: int, history_sugges
     return iterations_this_run >= compact_every or history_suggests
 
 
+def default_compact_every(population: int) -> int:
+    """Iterations between compactions when the user names none: 10, or 8 x population when larger. A
+    compaction continues the run as new, which carries no evaluation in flight, so the population drains
+    before each one (slots_to_fill); with 24 in flight and a compaction every 50 the pipeline ran part-empty
+    much of the time (docs/throughput.md, session e)."""
+    return max(10, 8 * population)
+
+
+def compaction_problem(policy: str, population: int, compact_every: int) -> str | None:
+    """Why a search run's compaction interval cannot work with its population, or None. Below the
+    population, at most `compact_every` evaluations could ever run at once (slots_to_fill)."""
+    if policy == "search" and compact_every < population:
+        return (f"compact_every {compact_every} is below population {population}: every compaction drains the "
+                f"population, so at most {compact_every} evaluations would ever run at once; use at least "
+                f"{population} ({default_compact_every(population)} keeps the drains rare)")
+    return None
+
+
 def trim(text: str, limit: int = 400) -> str:
     """Reasons stay short in history; the full log lives in the artifact store."""
     text, mark = text.strip(), " ...[trimmed]"

@@ -536,6 +536,38 @@ def test_device_memory_admission():
     assert mem.used == 0 and mem.holders == 0
 
 
+def test_device_memory_admission_calibrated_by_the_devices_reading():
+    import time as _t
+
+    from gpu_worker.harness import DeviceMemory
+
+    reading = [None]
+    mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0], fresh_s=5.0)
+    mem.learn(None, 0, total=1000)
+    key = ("p", "s", "verify")
+    mem.learn(key, 500)
+    first = mem.hold(key)
+    assert first.__enter__() == 500  # alone: always admitted
+    # the model refuses a second 500 (500 + 500 > 800) and, without a reading, that is the answer
+    assert mem._fits(500) is None
+    # a stale reading does not count
+    reading[0] = (_t.monotonic() - 10, 900)
+    assert mem._fits(500) is None
+    # a fresh one does: 900 free - 500 for this stage leaves 400 >= 200 (the 20% margin)
+    reading[0] = (_t.monotonic(), 900)
+    assert mem._fits(500) == "device"
+    # ...but a stage admitted after that reading is not in it yet: 900 - 500 - 500 < 200
+    second = mem.hold(key)
+    assert second.__enter__() == 500 and mem.by_device == 1
+    assert mem._fits(500) is None
+    # the device's reading alone never admits past its margin: 650 free - 500 < 200
+    second.__exit__(None, None, None)
+    reading[0] = (_t.monotonic(), 650)
+    assert mem._fits(500) is None
+    first.__exit__(None, None, None)
+    assert mem.used == 0 and mem.holders == 0 and not mem._admitted
+
+
 def test_timing_cpus_split(monkeypatch):
     import os
 

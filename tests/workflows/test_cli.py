@@ -38,6 +38,8 @@ def marathon(*args, env_address=None, check=False):
     (["start", "--spec", "[1]"], "--spec must be a JSON object"),
     (["start", "softmax", "--shape", "huge"], "problem softmax has no shape 'huge'"),
     (["start", "softmax", "--population", "0"], "population must be at least 1"),
+    (["start", "softmax", "--population", "24", "--compact-every", "10"],
+     "compact_every 10 is below population 24: every compaction drains the population"),
     (["start", "softmax", "--gpu-queue", "two words"], "gpu_queue must be a task queue name"),
     (["worker", "--role", "gpu", "--gpu-queue", "a/b"], "invalid --gpu-queue"),
     (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
@@ -50,6 +52,22 @@ def test_bad_input_is_one_clear_line(args, message):
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("marathon: error: ") and message in lines[0], p.stderr
+
+
+def test_compaction_default_grows_with_the_population():
+    import argparse
+
+    from workflows.cli import parse_spec
+
+    def spec(**kw):
+        base = dict(spec=None, problem="softmax", iterations=None, hours=None, tokens=None, gpu_seconds=None,
+                    policy=None, population=None, compact_every=None, seed=None, shape=None, model=None,
+                    gpu_queue=None)
+        return parse_spec(argparse.Namespace(**{**base, **kw}))
+
+    assert spec().compact_every == 10  # population 1: as before
+    assert spec(population=24).compact_every == 192  # 8 x population: the drains stay rare
+    assert spec(population=24, compact_every=30).compact_every == 30  # named: kept, as it is not below 24
 
 
 def test_unreachable_server_is_one_clear_line():

@@ -95,3 +95,12 @@ def test_compaction_time_and_trim():
     assert not decisions.time_to_compact(9, 10, False)
     long = "x" * 1000
     assert len(decisions.trim(long, 100)) == 100 and decisions.trim(long, 100).endswith("[trimmed]")
+
+
+def test_default_compaction_interval_and_its_check():
+    from workflows.decisions import compaction_problem, default_compact_every
+
+    assert [default_compact_every(p) for p in (1, 2, 24)] == [10, 16, 192]
+    assert compaction_problem("search", 24, 24) is None
+    assert "at most 10 evaluations would ever run at once" in compaction_problem("search", 24, 10)
+    assert compaction_problem("llm", 24, 10) is None  # the llm policy runs one turn at a time
