@@ -12,6 +12,8 @@ the worker is built; if they fail, this raises and no worker is built, and activ
 from __future__ import annotations
 
 import os
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.worker import Worker
@@ -44,6 +46,27 @@ def gpu_concurrency(cuda: bool) -> int:
     return int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if cuda else "2"))
 
 
+def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thread:
+    """Warm the evaluator (Evaluator.warm, per problem and shape) in a thread while the worker already
+    serves. Warming first took 166 s of a 10-minute device call before the first poll (docs/throughput.md,
+    session e); meanwhile compiles, which need no oracle, can run on the CPU cores. Verifications that
+    come early wait for the reference child as warming holds it, as they would for their own first oracle.
+    A failure is printed and leaves that problem cold: its first verification does the work instead."""
+    def run():
+        for name, shape in items:
+            t0 = time.monotonic()
+            try:
+                r = ev.warm(name, shape)
+                print(f"warm {name}: {r.get('oracles')} oracles in {time.monotonic() - t0:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - a cold start is slower, not wrong
+                print(f"warm {name} failed after {time.monotonic() - t0:.1f} s, left cold: "
+                      f"{type(e).__name__}: {e}", flush=True)
+
+    t = threading.Thread(target=run, name="gpu-warm", daemon=True)
+    t.start()
+    return t
+
+
 class SelfTestFailed(RuntimeError):
     pass
 
@@ -61,11 +84,9 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
         if not res["ok"]:
             raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
-    # (FLA autotunes) before serving. Otherwise each problem's first verification does this while holding
-    # the GPU lock, which once stalled a cold two-GPU session for 100 s per GPU (docs/throughput.md).
-    for name, shape in warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
-                                 os.environ.get("MARATHON_WARM_SHAPE") or None):
-        ev.warm(name, shape)
+    # (FLA autotunes), so that no candidate's verification pays for a first oracle
+    warm_in_background(ev, warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
+                                     os.environ.get("MARATHON_WARM_SHAPE") or None))
     n = max_concurrent or gpu_concurrency(ev.cuda)
     return Worker(client, task_queue=task_queue, activities=gpu_activities(),
                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),

@@ -29,3 +29,20 @@ def test_kernels_over_the_shared_memory_limit_are_a_compile_rejection():
     msg = shared_over_limit(ks, 232448)                   # the H200's opt-in limit
     assert msg.startswith("compile-error: OutOfResources: state needs 241664 bytes") and "232448" in msg
     assert shared_over_limit([{"name": "x"}], 232448) is None  # unknown need: let the launch decide
+
+
+def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(capsys):
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.worker import warm_in_background
+
+    ev = Evaluator(interpreter=True, spares=0)
+    try:
+        t = warm_in_background(ev, [("softmax", None), ("softmax", "no such shape")])
+        t.join(300)
+        assert not t.is_alive()
+        out = capsys.readouterr().out
+        assert "warm softmax:" in out and " oracles in " in out  # the bank is made
+        assert ev._ref_meta  # ... and kept for the verifications to come
+        assert "warm softmax failed" in out and "no such shape" in out  # printed, not raised
+    finally:
+        ev.close()
