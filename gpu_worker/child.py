@@ -123,8 +123,10 @@ class Server:
         self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
         self.device = "cuda" if self.cuda else "cpu"
         self.cuda_ready = False
+        self.triton_warm = False  # Triton's per-process keys computed (cmd_warm_triton)
         if self.cuda and role == "reference":
             self.cmd_cuda_init()  # a reference child is made rarely, at worker start or under the GPU lock
+            self.cmd_warm_triton()
         self.module = None
         self.ran = False  # the candidate has run for real here: its kernels are loaded (see cmd_prepare)
         self.problem = None
@@ -165,17 +167,26 @@ class Server:
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
 
     def cmd_cuda_init(self):
-        """Create this child's CUDA context and warm Triton's per-process keys. The worker asks for it
-        under its GPU gate's shared side (a spare does it while it waits), so the context is never created
-        while another job is being timed, nor later under the exclusive lock (seconds per child)."""
+        """Create this child's CUDA context. The worker asks for it under its GPU gate's shared side (a
+        spare does it while it waits), so the context is never created while another job is being timed,
+        nor later under the exclusive lock."""
         if self.cuda and not self.cuda_ready:
             import torch
 
             torch.empty(1, device="cuda")
             torch.cuda.synchronize()
-            _warm_triton()
             self.cuda_ready = True
         return {"cuda": self.cuda}
+
+    def cmd_warm_triton(self):
+        """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
+        so the worker asks for it outside its GPU gate. Inside the gate it made compiles hold the shared
+        side ~6 s each, and every timing request waited for such holds to drain (docs/throughput.md,
+        session e)."""
+        if self.cuda and not self.triton_warm:
+            _warm_triton()
+            self.triton_warm = True
+        return {}
 
     def cmd_mem(self):
         """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's

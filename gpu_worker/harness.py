@@ -290,16 +290,18 @@ class Evaluator:
         return token
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
-        """A candidate child's CUDA context, made under the gate's shared side (once per child)."""
+        """A candidate child's CUDA context, made under the gate's shared side (once per child); then
+        Triton's per-process keys, host work, outside the gate."""
         with self._shared():
             r = sb.call("cuda_init", self.timeouts["load"], hb)
         self._check_reply(r, "sandbox", sb)
+        self._check_reply(sb.call("warm_triton", self.timeouts["load"], hb), "sandbox", sb)
 
     def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> dict:
         from gpu_worker.sandbox import triton_cache_dir
 
         if self.cuda:
-            self._cuda_init(sb, hb)  # a spare has one already: then this is one round trip
+            self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
             if self.mem.total is None:
                 self.mem.learn(None, 0, sb.call("mem", 60).get("total"))
         r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,

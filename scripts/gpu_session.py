@@ -397,7 +397,7 @@ def best_args(names: list[str], runs: dict) -> list[str]:
 
 
 def bench(a, summary: dict) -> list:
-    """`marathon bench` (all shapes) in one process per GPU, at the same time; then the gpu-marked tests."""
+    """`marathon bench` in one process per GPU, at the same time, each with the runs' `bench_source_keys`."""
     groups = [g.split() for g in a.bench.split("|")]
     procs = []
     for gpu, names in enumerate(groups):

@@ -671,3 +671,17 @@ def test_timing_cpus_explicit(monkeypatch):
     assert timed == {cpus[-1]} and rest == set(cpus[:-1])
     monkeypatch.setenv("MARATHON_TIMING_CPUS", "9999,10000")  # cores this host does not have: no split
     assert timing_cpus() is None
+
+
+def test_context_and_triton_keys_are_two_commands():
+    """The CUDA context (made under the GPU gate) and Triton's per-process keys (host work, outside it)
+    are separate child commands, each idempotent; on the CPU both are no-ops that answer."""
+    from gpu_worker.sandbox import Sandbox
+
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        for cmd in ("cuda_init", "warm_triton", "warm_triton"):
+            r = sb.call(cmd, 120)
+            assert r.get("ok"), r
+    finally:
+        sb.close()
