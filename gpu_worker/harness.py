@@ -998,12 +998,14 @@ class DeviceMemory:
     calibrates it: a stage the model refuses is admitted when the device's free memory, as a reference
     child read it in the last `fresh_s` seconds, less the estimates of the stages admitted since that
     reading (not yet visible in it) and less its own estimate, still leaves `1 - fraction` of the device
-    free. That margin absorbs what stages admitted before the reading may still grow by."""
+    free. That margin absorbs what stages admitted before the reading may still grow by. Waiters are
+    served oldest first once the oldest has waited `grace_s` (see _turn)."""
 
     CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
 
     def __init__(self, fraction: float, carried: Callable[[], int],
-                 device_free: Callable[[], tuple[float, int] | None] = lambda: None, fresh_s: float = 5.0):
+                 device_free: Callable[[], tuple[float, int] | None] = lambda: None, fresh_s: float = 5.0,
+                 grace_s: float = 10.0):
         self.fraction = fraction
         self.carried = carried  # bytes the device holds outside the admitted stages, recomputed per check
         self.device_free = device_free  # (monotonic time, free bytes) of the latest trusted reading
@@ -1013,6 +1015,9 @@ class DeviceMemory:
         self.holders = 0
         self.by_device = 0  # admissions the model refused and the device's reading allowed
         self._admitted: dict[int, tuple[float, int]] = {}  # hold -> (when, estimate)
+        self._waiting: dict[int, float] = {}  # ticket -> when it began to wait, oldest first
+        self._tickets = 0
+        self.grace_s = grace_s
         self._est: dict = {}
         self._cv = threading.Condition()
 
@@ -1043,14 +1048,28 @@ class DeviceMemory:
             return "device"
         return None
 
+    def _turn(self, ticket: int, now: float) -> bool:
+        """Whether waiter `ticket` may take memory now: the oldest waiter always; a younger one only while
+        the oldest has waited less than `grace_s`. Without this, a stage could wait indefinitely while
+        younger ones took each freed block, and the run records in iteration order: in session e one
+        prefill verification waited the whole call and held back the records of the 46 behind it."""
+        oldest = next(iter(self._waiting))
+        return ticket == oldest or now - self._waiting[oldest] < self.grace_s
+
     @contextlib.contextmanager
     def hold(self, key):
         n = self.estimate(key)
         t = time.monotonic()
         with self._cv:
-            while not (why := self._fits(n)):
-                self._cv.wait(0.5)  # what the device carries changes without a notify: look again
-                _beat()
+            ticket = self._tickets = self._tickets + 1
+            self._waiting[ticket] = t
+            try:
+                while not (self._turn(ticket, time.monotonic()) and (why := self._fits(n))):
+                    self._cv.wait(0.5)  # what the device carries changes without a notify: look again
+                    _beat()
+            finally:
+                del self._waiting[ticket]
+                self._cv.notify_all()  # the next oldest may now be first in line
             self.used += n
             self.holders += 1
             me = object()

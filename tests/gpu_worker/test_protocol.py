@@ -536,6 +536,44 @@ def test_device_memory_admission():
     assert mem.used == 0 and mem.holders == 0
 
 
+def test_device_memory_serves_the_oldest_waiter_after_its_grace():
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import DeviceMemory
+
+    mem = DeviceMemory(0.5, lambda: 0, grace_s=0.3)
+    mem.learn(None, 0, total=1000)
+    big, small, other = ("p", "s", "verify"), ("p", "s", "compile"), ("p", "s", "benchmark")
+    mem.learn(big, 400)
+    mem.learn(small, 100)
+    mem.learn(other, 200)
+    order = []
+
+    def stage(name, key, hold_s=0.0):
+        with mem.hold(key):
+            order.append(name)
+            _t.sleep(hold_s)
+
+    first = mem.hold(other)
+    first.__enter__()  # 200 of the 500 held: the big stage (400) cannot start, a small one (100) can
+    waiter = threading.Thread(target=stage, args=("big", big))
+    waiter.start()
+    _t.sleep(0.05)
+    stage("small-early", small)  # the big one has waited under its grace: the small one passes
+    assert order == ["small-early"]
+    _t.sleep(0.4)  # now the big one has waited past it
+    late = threading.Thread(target=stage, args=("small-late", small))
+    late.start()
+    late.join(0.8)
+    assert late.is_alive() and order == ["small-early"]  # it fits, but waits its turn behind the oldest
+    first.__exit__(None, None, None)  # 200 freed: the big one goes first, then the small one
+    waiter.join(3)
+    late.join(3)
+    assert order == ["small-early", "big", "small-late"]
+    assert mem.used == 0 and mem.holders == 0 and not mem._waiting
+
+
 def test_device_memory_admission_calibrated_by_the_devices_reading():
     import time as _t
 
