@@ -1014,7 +1014,7 @@ class DeviceMemory:
         self.used = 0
         self.holders = 0
         self.by_device = 0  # admissions the model refused and the device's reading allowed
-        self._admitted: dict[int, tuple[float, int]] = {}  # hold -> (when, estimate)
+        self._admitted: dict[int, tuple[float, int]] = {}  # ticket -> (when admitted, estimate)
         self._waiting: dict[int, float] = {}  # ticket -> when it began to wait, oldest first
         self._tickets = 0
         self.grace_s = grace_s
@@ -1072,8 +1072,7 @@ class DeviceMemory:
                 self._cv.notify_all()  # the next oldest may now be first in line
             self.used += n
             self.holders += 1
-            me = object()
-            self._admitted[id(me)] = (time.monotonic(), n)
+            self._admitted[ticket] = (time.monotonic(), n)
             if why == "device":
                 self.by_device += 1
         _add_phase("mem-wait", time.monotonic() - t)
@@ -1085,7 +1084,7 @@ class DeviceMemory:
             with self._cv:
                 self.used -= n
                 self.holders -= 1
-                del self._admitted[id(me)]
+                del self._admitted[ticket]
                 self._cv.notify_all()
 
 

@@ -281,9 +281,10 @@ def main() -> int:
             st = status(rid) or {}
             summary["runs"][p] = st
             serving = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
-            summary["runs"][p]["throughput"] = throughput(rid, st, serving, t_start, summary["samples"])
-            summary["runs"][p]["best_source_key"] = best_source_key(st)
-            summary["runs"][p]["bench_source_keys"] = bench_source_keys(st)
+            recs = run_records(st)  # the ledger, read once for the three below
+            summary["runs"][p]["throughput"] = throughput(recs, serving, t_start, summary["samples"])
+            summary["runs"][p]["best_source_key"] = best_source_key(st, recs)
+            summary["runs"][p]["bench_source_keys"] = bench_source_keys(st, recs=recs)
             if left(a) < 30:
                 log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
                 continue
@@ -358,15 +359,21 @@ def left(a) -> float:
     return T0 + a.budget_s - time.time()
 
 
-def best_source_key(st: dict) -> str | None:
+def run_records(st: dict) -> list:
+    """The run's records from its ledger (status's ledger_key); none before its first."""
     from activities.artifacts import ArtifactStore
     from activities.ledger import read_ledger
 
+    return read_ledger(ArtifactStore(), st["ledger_key"]) if st.get("ledger_key") else []
+
+
+def best_source_key(st: dict, recs: list | None = None) -> str | None:
+    """The source key of the run's crowned best, from its records (read here unless given)."""
     b = st.get("best")
-    if not b or not st.get("ledger_key"):
+    if not b:
         return None
-    return next((r.source_key for r in read_ledger(ArtifactStore(), st["ledger_key"])
-                 if r.candidate_id == b["candidate_id"]), None)
+    recs = run_records(st) if recs is None else recs
+    return next((r.source_key for r in recs if r.candidate_id == b["candidate_id"]), None)
 
 
 def fastest_passing_source_keys(records: list, n: int = 3) -> list[str]:
@@ -377,17 +384,14 @@ def fastest_passing_source_keys(records: list, n: int = 3) -> list[str]:
     return list(dict.fromkeys(r.source_key for r in passing))[:n]
 
 
-def bench_source_keys(st: dict, fastest: int = 3) -> list[str]:
+def bench_source_keys(st: dict, fastest: int = 3, recs: list | None = None) -> list[str]:
     """What --bench measures of a run: its crowned best, then its fastest passing candidates. The crown is not
     always the fastest kernel (an older acceptance rule crowned slower ones, and in-run times are noisy), so
-    the scoreboard measures them side by side. From the run's ledger (status's ledger_key), which holds every
-    record once the run has ended (its last compaction); a run left going (--keep-running) lacks those since
-    its last compaction."""
-    from activities.artifacts import ArtifactStore
-    from activities.ledger import read_ledger
-
-    recs = read_ledger(ArtifactStore(), st["ledger_key"]) if st.get("ledger_key") else []
-    return list(dict.fromkeys(k for k in [best_source_key(st), *fastest_passing_source_keys(recs, fastest)] if k))
+    the scoreboard measures them side by side. From the run's ledger, which holds every record once the run
+    has ended (its last compaction); a run left going (--keep-running) lacks those since its last compaction."""
+    recs = run_records(st) if recs is None else recs
+    return list(dict.fromkeys(k for k in [best_source_key(st, recs), *fastest_passing_source_keys(recs, fastest)]
+                              if k))
 
 
 def best_args(names: list[str], runs: dict) -> list[str]:
@@ -444,14 +448,10 @@ def finish_gpu_tests(pr: subprocess.Popen | None, timeout: float) -> None:
     log((WORK / "pytest-gpu.log").read_text()[-1500:])
 
 
-def throughput(rid: str, st: dict, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
-    """Evaluations per hour and GPU busy fraction per window with a fixed number of GPU workers. Busy:
-    the increase of each worker's marathon_gpu_busy_seconds_total between the window's first and last
-    sample over the time between them."""
-    from activities.artifacts import ArtifactStore
-    from activities.ledger import read_ledger
-
-    recs = read_ledger(ArtifactStore(), st.get("ledger_key")) if st.get("ledger_key") else []
+def throughput(recs: list, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
+    """Evaluations per hour and GPU busy fraction per window with a fixed number of GPU workers, from the
+    run's records (`run_records`). Busy: the increase of each worker's marathon_gpu_busy_seconds_total
+    between the window's first and last sample over the time between them."""
     ends = sorted(r.finished_at for r in recs if r.finished_at)
     lo0 = max(t_start, workers[0]["since"])
     # the ledger is written as iterations are recorded; one with nothing newer than this session's start

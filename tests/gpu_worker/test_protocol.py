@@ -542,7 +542,7 @@ def test_device_memory_serves_the_oldest_waiter_after_its_grace():
 
     from gpu_worker.harness import DeviceMemory
 
-    mem = DeviceMemory(0.5, lambda: 0, grace_s=0.3)
+    mem = DeviceMemory(0.5, lambda: 0, grace_s=2.0)  # wide enough for a slow machine
     mem.learn(None, 0, total=1000)
     big, small, other = ("p", "s", "verify"), ("p", "s", "compile"), ("p", "s", "benchmark")
     mem.learn(big, 400)
@@ -562,7 +562,7 @@ def test_device_memory_serves_the_oldest_waiter_after_its_grace():
     _t.sleep(0.05)
     stage("small-early", small)  # the big one has waited under its grace: the small one passes
     assert order == ["small-early"]
-    _t.sleep(0.4)  # now the big one has waited past it
+    _t.sleep(2.1)  # now the big one has waited past it
     late = threading.Thread(target=stage, args=("small-late", small))
     late.start()
     late.join(0.8)
