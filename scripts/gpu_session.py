@@ -129,6 +129,12 @@ def main() -> int:
                     help="problems, space-separated; with --split, '|' separates the GPUs' groups, e.g. "
                          "'kda|mla_decode mla_prefill'")
     ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--devices", default="",
+                    help="the CUDA devices of GPU workers 0, 1, ..., comma-separated (default 0..gpus-1); worker "
+                         "names, metrics ports and --split queues follow the device, so a resumed run queued on "
+                         "marathon-gpu-1 is served by `--devices 1` while device 0 does other work")
+    ap.add_argument("--fresh", default="",
+                    help="problems, space-separated, whose resumed run is stopped and replaced by a new one")
     ap.add_argument("--second-gpu-after", type=float, default=0.0)
     ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
     ap.add_argument("--budget-s", type=float, default=560,
@@ -144,8 +150,8 @@ def main() -> int:
                     "3 fastest passing kernels")
     ap.add_argument("--bench-timeout", type=float, default=200)
     ap.add_argument("--split", action="store_true",
-                    help="one problem group per GPU: group i's runs on task queue marathon-gpu-i, served by GPU "
-                         "worker i alone, warmed for its group (one group per GPU, both workers from the start)")
+                    help="one problem group per GPU: group i's runs on task queue marathon-gpu-D (D: worker i's "
+                         "device), served by GPU worker i alone, warmed for its group (one group per GPU, both workers from the start)")
     ap.add_argument("--keep-running", action="store_true",
                     help="do not stop the runs at the deadline: save the server's history, the artifacts and the "
                          "run ids to $OUT/state.tar.gz for a later --resume")
@@ -161,6 +167,17 @@ def main() -> int:
         ap.error("--split needs one problem group per GPU ('|' between groups) and no --second-gpu-after")
     if not problems or len(set(problems)) != len(problems):
         ap.error(f"--problems: each problem once, at least one (got {a.problems!r})")
+    try:
+        devices = [int(x) for x in a.devices.split(",")] if a.devices else list(range(a.gpus))
+    except ValueError:
+        ap.error(f"--devices: comma-separated device numbers (got {a.devices!r})")
+    if len(devices) != a.gpus or len(set(devices)) != a.gpus or min(devices) < 0:
+        ap.error(f"--devices: {a.gpus} distinct device numbers for --gpus {a.gpus} (got {a.devices!r})")
+    if a.bench and len(a.bench.split("|")) > a.gpus:
+        ap.error(f"--bench: at most one group per GPU ({a.gpus}), got {a.bench!r}")
+    fresh = set(a.fresh.split())
+    if not fresh <= set(problems):
+        ap.error(f"--fresh: {sorted(fresh - set(problems))} not in --problems")
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MARATHON_HOME", str(WORK / "home"))
@@ -183,15 +200,20 @@ def main() -> int:
         gpu_env = {"MARATHON_WARM_PROBLEM": a.warm} if a.warm else {}
 
         def gpu_worker(i: int) -> subprocess.Popen:
-            args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * i)]
-            env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(i))
+            d = devices[i]
+            args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * d)]
+            env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(d))
             ncpu = os.cpu_count() or 0
             if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.sandbox.timing_cpus)
-                env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * i}-{ncpu - 1 - 2 * i}"
+                env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * d}-{ncpu - 1 - 2 * d}"
             if a.split:
-                args += ["--gpu-queue", f"marathon-gpu-{i}"]
+                args += ["--gpu-queue", f"marathon-gpu-{d}"]
                 env["MARATHON_WARM_PROBLEM"] = ",".join(groups[i])
-            return spawn(f"gpu{i}", args, env)
+            return spawn(f"gpu{d}", args, env)
+
+        def serving(i: int, since: float) -> None:
+            workers.append({"name": f"gpu{devices[i]}", "port": 9101 + 10 * devices[i], "since": since})
+            log(f"gpu{devices[i]} serving")
 
         workers = []  # name, counters port (the Temporal runtime's metrics are on the port below), since
         t_spawn0 = time.time()
@@ -199,30 +221,28 @@ def main() -> int:
         procs.append(w0)
         w1 = None
         early_tests = a.gpu_tests and a.gpus > 1 and a.second_gpu_after > 0
-        tests = start_gpu_tests(1) if early_tests else None
+        tests = start_gpu_tests(devices[1]) if early_tests else None
         if a.gpus > 1 and not a.second_gpu_after:
             w1 = gpu_worker(1)
             procs.append(w1)
-        t_serve0 = wait_log("gpu0", r"polling", 300, w0)
+        t_serve0 = wait_log(f"gpu{devices[0]}", r"polling", 300, w0)
         if t_serve0 is None:
             return 1
-        log("gpu0 serving")
-        workers.append({"name": "gpu0", "port": 9101, "since": t_serve0})
+        serving(0, t_serve0)
         if w1 is not None:
-            t1 = wait_log("gpu1", r"polling", 300, w1)
+            t1 = wait_log(f"gpu{devices[1]}", r"polling", 300, w1)
             if t1:
-                workers.append({"name": "gpu1", "port": 9111, "since": t1})
-                log("gpu1 serving")
+                serving(1, t1)
         ids = {}
         for p in problems:
-            if p in resumed:  # the run goes on from its history: its queue and budget are in its spec
+            if p in resumed and p not in fresh:  # the run goes on from its history: its queue and budget are in its spec
                 st = status(resumed[p]) or {}
                 if st.get("phase") != "done":
                     ids[p] = resumed[p]
                     continue
                 log(f"{p}: run {resumed[p]} had ended ({st.get('stopped_by')}); a new one starts")
             rid = f"h200-{p}-{int(T0)}"
-            queue = ["--gpu-queue", f"marathon-gpu-{gpu_of[p]}"] if a.split else []
+            queue = ["--gpu-queue", f"marathon-gpu-{devices[gpu_of[p]]}"] if a.split else []
             # the hours budget is wall clock from the start, so a run spread over several device calls gets room
             compact = ["--compact-every", str(a.compact_every)] if a.compact_every else []
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
@@ -230,8 +250,8 @@ def main() -> int:
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
         for p, rid in resumed.items():
-            if p not in problems:  # a resumed run this session does not serve ends here (its history stays)
-                log(f"stop resumed {p} ({rid}), not in --problems:",
+            if p not in problems or p in fresh:  # a resumed run this session does not serve ends here (its history stays)
+                log(f"stop resumed {p} ({rid}), not in --problems or --fresh:",
                     marathon("stop", rid, "--reason", "not served in this session").returncode)
         summary["run_ids"] = ids
         t_start = time.time()
@@ -249,10 +269,9 @@ def main() -> int:
                 w1 = gpu_worker(1)
                 procs.append(w1)
             if w1 is not None and len(workers) == 1:
-                text = (WORK / "gpu1.log").read_text(errors="replace")
+                text = (WORK / f"gpu{devices[1]}.log").read_text(errors="replace")
                 if "polling" in text:
-                    workers.append({"name": "gpu1", "port": 9111, "since": time.time()})
-                    log("gpu1 serving")
+                    serving(1, time.time())
             sample = {"t": time.time(), "busy": {w["name"]: scrape_busy(w["port"]) for w in workers},
                       "timed": {w["name"]: scrape_busy(w["port"], "timed") for w in workers}, "runs": {}}
             done = True
@@ -294,7 +313,7 @@ def main() -> int:
         smi_stop.set()
         summary["smi"] = SMI
         if a.gpu_tests and not early_tests:
-            tests = start_gpu_tests(a.gpus - 1)
+            tests = start_gpu_tests(devices[-1])
         finish_gpu_tests(tests, min(150, left(a) - 20))
         tests = None
         for pr in procs[1:]:  # workers down before the GPUs are measured; the dev server can stay
@@ -302,7 +321,7 @@ def main() -> int:
         for pr in procs[1:]:
             pr.wait(30)
         if a.bench:
-            summary["bench"] = bench(a, summary)
+            summary["bench"] = bench(a, summary, devices)
     finally:
         for pr in reversed(procs):
             if pr.poll() is None:
@@ -400,11 +419,11 @@ def best_args(names: list[str], runs: dict) -> list[str]:
             for key in runs.get(problem, {}).get("bench_source_keys", []) for x in ("--best", f"{problem}={key}")]
 
 
-def bench(a, summary: dict) -> list:
+def bench(a, summary: dict, devices: list[int]) -> list:
     """`marathon bench` in one process per GPU, at the same time, each with the runs' `bench_source_keys`."""
     groups = [g.split() for g in a.bench.split("|")]
     procs = []
-    for gpu, names in enumerate(groups):
+    for gpu, names in zip(devices, groups):
         out = WORK / f"scoreboard-gpu{gpu}"
         f = open(WORK / f"scoreboard-gpu{gpu}.log", "w")
         env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))

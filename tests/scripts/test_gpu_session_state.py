@@ -45,3 +45,20 @@ def test_resume_refuses_what_is_not_a_state(session, tmp_path):
         tar.add(tmp_path / "runs.json", arcname="runs.json")
     with pytest.raises(SystemExit, match="no temporal.db"):
         session.restore_state(bad)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "2", "--devices", "1"], "--devices: 2 distinct device numbers"),
+    (["--devices", "x"], "--devices: comma-separated device numbers"),
+    (["--gpus", "2", "--devices", "1,1"], "--devices: 2 distinct"),
+    (["--problems", "kda", "--fresh", "mla_prefill"], "--fresh: ['mla_prefill'] not in --problems"),
+    (["--bench", "kda|mla_decode"], "--bench: at most one group per GPU"),
+])
+def test_session_arguments_refused_with_one_line(session, monkeypatch, capsys, argv, message):
+    # refused before anything starts: no dev server, no worker, nothing written to the work dir
+    monkeypatch.setattr("sys.argv", ["gpu_session.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        session.main()
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not any(session.WORK.iterdir())
