@@ -129,6 +129,7 @@ class Evaluator:
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
         self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU (see TimedLock)
+        self._ceilings_lock = threading.Lock()  # the ceilings are measured once
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
@@ -216,26 +217,29 @@ class Evaluator:
                     info.update(r)
         return entry
 
-    def _ref_call(self, problem, shape, hb, cmd, timeout, **kw) -> dict:
+    def _ref_call(self, problem, shape, hb, cmd, timeout, gate: str = "shared", **kw) -> dict:
+        """One call to the reference child, under the GPU gate's `gate` side ("shared" or "exclusive"),
+        taken after the child's lock: the wait for the child is never spent holding the gate (TimedLock)."""
         sb, lock, _ = self._ref(problem, shape, hb)
         t = time.monotonic()
         with lock:
             _add_phase("ref-wait", time.monotonic() - t)  # the reference child serves one call at a time
-            t = time.monotonic()
-            r = sb.call(cmd, timeout, hb, **kw)
-            _add_phase(f"ref.{cmd}", time.monotonic() - t)
+            with self._exclusive() if gate == "exclusive" else self._shared():
+                t = time.monotonic()
+                r = sb.call(cmd, timeout, hb, **kw)
+                _add_phase(f"ref.{cmd}", time.monotonic() - t)
         if not r.get("ok"):
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
         return r
 
-    def reference(self, problem, shape, cases, hb) -> list[dict]:
+    def reference(self, problem, shape, cases, hb, gate: str = "shared") -> list[dict]:
         def key(c):
             return (problem.name, shape.name, c[0], c[1])
 
         with self._ref_meta_lock:
             missing = [c for c in cases if key(c) not in self._ref_meta]
         if missing:
-            r = self._ref_call(problem, shape, hb, "reference", self.timeouts["reference"], cases=missing)
+            r = self._ref_call(problem, shape, hb, "reference", self.timeouts["reference"], gate=gate, cases=missing)
             with self._ref_meta_lock:
                 for c, res in zip(missing, r["cases"]):
                     self._ref_meta[key(c)] = res
@@ -285,7 +289,7 @@ class Evaluator:
         """The jobs' output files onto the reference child's device, under the gate's shared side, ahead of
         a comparison; returns the token that comparison names."""
         token = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-        with _phase("stage"), self._shared():
+        with _phase("stage"):
             self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
         return token
 
@@ -470,10 +474,10 @@ class Evaluator:
             self._check_reply(pre, "verify", sb)
             for k, v in (pre.get("timing") or {}).items():
                 _add_phase(f"prepare.{k}", v)
+            with _phase("reference"):  # the oracles, from the bank (computed there if missing)
+                refs = self.reference(problem, shape, cases, hb)
             # verification is untimed device work: the shared side (it never overlaps a timing)
             with self._shared():
-                with _phase("reference"):
-                    refs = self.reference(problem, shape, cases, hb)
                 with _phase("run-cases"):
                     r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
             self._check_reply(r, "verify", sb)
@@ -504,10 +508,8 @@ class Evaluator:
                 jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                          for n in names]
             token = self._stage(problem, shape, jobs, hb)
-            with self._shared():
-                with _phase("compare"):
-                    cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs,
-                                        token=token)
+            with _phase("compare"):
+                cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs, token=token)
             self._learn(problem, shape, "verify", [sb], jobs)
             mem.close()
             cmp = iter(cr["results"])  # in the order the jobs were listed
@@ -572,11 +574,10 @@ class Evaluator:
         self.ensure_ceilings(problem, shape, hb)
         cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
         for i in range(0, len(cases), 4):
-            with self._exclusive():
-                self.reference(problem, shape, cases[i:i + 4], hb)
+            self.reference(problem, shape, cases[i:i + 4], hb, gate="exclusive")
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
-        with self._shared(), ref_lock:
+        with ref_lock, self._shared():
             ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0}
 
@@ -585,9 +586,9 @@ class Evaluator:
         if not self.cuda:
             return None
         if self.ceilings is None:
-            with self.gpu_lock:
+            with self._ceilings_lock:
                 if self.ceilings is None:
-                    self.ceilings = self._ref_call(problem, shape, hb, "ceilings", 300)
+                    self.ceilings = self._ref_call(problem, shape, hb, "ceilings", 300, gate="exclusive")
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
@@ -623,7 +624,7 @@ class Evaluator:
                         self._check_reply(pre, "benchmark", s_)
                         for k, v in (pre.get("timing") or {}).items():
                             _add_phase(f"prepare.{k}", v)
-                with self._shared(), ref_lock:
+                with ref_lock, self._shared():
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                     with _phase("receipt"):  # clocks read just before the timed section, outside the lock
                         receipt = ref_sb.call("receipt", 60, hb)
@@ -637,7 +638,7 @@ class Evaluator:
                         pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
                     self._check_reply(pre, "benchmark", fresh)
                 timed_children = [cand, ref_sb, best, fresh]
-                with self._exclusive(), ref_lock:
+                with ref_lock, self._exclusive():
                     g0 = time.monotonic()
                     # the timed processes get cores of their own while they are timed (see timing_cpus)
                     pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
@@ -795,8 +796,7 @@ class Evaluator:
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
         token = self._stage(problem, shape, jobs, hb)
-        with self._shared():
-            cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
+        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
             err = c["rel_err"]
@@ -898,8 +898,12 @@ class TimedLock:
     downloads, kernel loading, a new child's CUDA context, verification runs, comparisons with the
     oracle), any number at once, never while timed work runs, because another process's device work
     inflates timings (a many-launch baseline most: docs/throughput.md). Exclusive has preference: once
-    it waits, no new shared work starts. Busy time is the union of both sides' holds. Order: this gate
-    before any reference child's lock, never the other way round."""
+    it waits, no new shared work starts. Busy time is the union of both sides' holds.
+
+    Order: a reference child's lock before this gate, and nothing waited for while holding it but the
+    device. A timing request waits for every shared hold to end, and nothing else starts meanwhile; in
+    session f the shared holds included waits for the (one, serial) reference child, so each drain lasted
+    as long as that child's queue, about 11 s per benchmark (docs/throughput.md, session f)."""
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -1076,6 +1080,11 @@ class DeviceMemory:
             if why == "device":
                 self.by_device += 1
         _add_phase("mem-wait", time.monotonic() - t)
+        _add_phase("mem-est-gb", n / 1e9)  # what the model charged this stage (a size, not seconds)
+        reading = self.device_free()
+        if reading is not None:  # the device's latest trusted reading of its free memory, and its age
+            _add_phase("mem-free-gb", reading[1] / 1e9)
+            _add_phase("mem-reading-age", time.monotonic() - reading[0])
         if why == "device":
             _add_phase("mem-by-device", 1)
         try:

@@ -489,6 +489,47 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
     assert gate.busy_s < 0.5 + 0.3  # the overlapping shared holds are counted once
 
 
+def test_reference_wait_does_not_hold_the_gate(tmp_path):
+    """A call queued for the (serial) reference child waits outside the GPU gate: a timing request is not
+    held up by that queue (session f: shared holds that included the reference child's queue made every
+    timing request's drain about 11 s long). The gate is the real TimedLock; the child is a stand-in."""
+    import threading
+    import time as _t
+
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e.cuda = True  # the gate is only used with a device; nothing below touches one
+
+    class Child:
+        def call(self, cmd, timeout, hb=None, **kw):
+            held.append(e.gpu_lock._shared)  # the gate's shared holders while the reference child works
+            return {"ok": True}
+
+    held = []
+    ref_lock = threading.Lock()
+    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {"baseline": "stand-in"})
+    ref_lock.acquire()  # the reference child is busy with someone else's call
+    caller = threading.Thread(target=e._ref_call, args=(None, None, None, "compare", 10))
+    caller.start()
+    _t.sleep(0.2)  # the caller now waits for the child
+    timed = threading.Event()
+
+    def timing():
+        with e.gpu_lock:
+            timed.set()
+
+    t = threading.Thread(target=timing)
+    t.start()
+    assert timed.wait(2), "a timing request waited for a call queued on the reference child"
+    t.join(5)
+    ref_lock.release()
+    caller.join(5)
+    assert held == [1]  # the call itself ran under the gate's shared side
+    e.close()
+
+
 def test_device_memory_admission():
     import threading
     import time as _t
