@@ -218,16 +218,13 @@ class Evaluator:
         return entry
 
     def _ref_call(self, problem, shape, hb, cmd, timeout, gate: str = "shared", **kw) -> dict:
-        """One call to the reference child, under the GPU gate's `gate` side ("shared" or "exclusive"),
-        taken after the child's lock: the wait for the child is never spent holding the gate (TimedLock)."""
+        """One call to the reference child with its lock and the GPU gate's `gate` side ("shared" or
+        "exclusive"; see _with_ref)."""
         sb, lock, _ = self._ref(problem, shape, hb)
-        t = time.monotonic()
-        with lock:
-            _add_phase("ref-wait", time.monotonic() - t)  # the reference child serves one call at a time
-            with self._exclusive() if gate == "exclusive" else self._shared():
-                t = time.monotonic()
-                r = sb.call(cmd, timeout, hb, **kw)
-                _add_phase(f"ref.{cmd}", time.monotonic() - t)
+        with self._with_ref(lock, gate):
+            t = time.monotonic()
+            r = sb.call(cmd, timeout, hb, **kw)
+            _add_phase(f"ref.{cmd}", time.monotonic() - t)
         if not r.get("ok"):
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
         return r
@@ -270,6 +267,24 @@ class Evaluator:
     def _shared(self):
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
         return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _with_ref(self, lock: threading.Lock, gate: str = "shared"):
+        """A reference child's lock together with the gate's `gate` side. Shared: TimedLock.shared(also=),
+        which never holds one while waiting for the other. Exclusive: the gate first, then the lock, which
+        is then held at most by a call that is giving it back (it cannot have the shared side)."""
+        if not self.cuda:
+            with lock:
+                yield
+        elif gate == "exclusive":
+            with self._exclusive():
+                t = time.monotonic()
+                with lock:
+                    _add_phase("ref-wait", time.monotonic() - t)
+                    yield
+        else:
+            with self.gpu_lock.shared(also=lock):
+                yield
 
     def _exclusive(self):
         """The GPU gate's exclusive side (timed work); nothing to exclude on the CPU."""
@@ -577,7 +592,7 @@ class Evaluator:
             self.reference(problem, shape, cases[i:i + 4], hb, gate="exclusive")
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
-        with ref_lock, self._shared():
+        with self._with_ref(ref_lock):
             ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0}
 
@@ -624,7 +639,7 @@ class Evaluator:
                         self._check_reply(pre, "benchmark", s_)
                         for k, v in (pre.get("timing") or {}).items():
                             _add_phase(f"prepare.{k}", v)
-                with ref_lock, self._shared():
+                with self._with_ref(ref_lock):
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
                     with _phase("receipt"):  # clocks read just before the timed section, outside the lock
                         receipt = ref_sb.call("receipt", 60, hb)
@@ -638,7 +653,7 @@ class Evaluator:
                         pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
                     self._check_reply(pre, "benchmark", fresh)
                 timed_children = [cand, ref_sb, best, fresh]
-                with ref_lock, self._exclusive():
+                with self._with_ref(ref_lock, "exclusive"):
                     g0 = time.monotonic()
                     # the timed processes get cores of their own while they are timed (see timing_cpus)
                     pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
@@ -900,10 +915,12 @@ class TimedLock:
     inflates timings (a many-launch baseline most: docs/throughput.md). Exclusive has preference: once
     it waits, no new shared work starts. Busy time is the union of both sides' holds.
 
-    Order: a reference child's lock before this gate, and nothing waited for while holding it but the
-    device. A timing request waits for every shared hold to end, and nothing else starts meanwhile; in
-    session f the shared holds included waits for the (one, serial) reference child, so each drain lasted
-    as long as that child's queue, about 11 s per benchmark (docs/throughput.md, session f)."""
+    A holder of either side waits for nothing but the device: a timing request waits for every shared
+    hold to end, and nothing else starts meanwhile. In session f1 shared holds included waits for the
+    (one, serial) reference child, so each drain lasted that child's queue, about 11 s per benchmark;
+    taking the child's lock first (f2) made the child's queue wait for every drain instead (about 20 s
+    per activity). `shared(also=lock)` takes both without holding one while waiting for the other;
+    the exclusive side takes the gate first, then the child's lock (Evaluator._with_ref)."""
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -955,17 +972,43 @@ class TimedLock:
             self._leave()
             self._cv.notify_all()
 
-    @contextlib.contextmanager
-    def shared(self):
-        t0 = time.monotonic()
+    def _try_shared(self) -> bool:
+        with self._cv:
+            if self._exclusive or self._waiting:
+                return False
+            self._shared += 1
+            self._enter()
+            return True
+
+    def _await_shared(self) -> None:
         with self._cv:
             while self._exclusive or self._waiting:
                 self._cv.wait(2.0)
                 _beat()
-            self._shared += 1
-            self._enter()
+
+    @contextlib.contextmanager
+    def shared(self, also: threading.Lock | None = None):
+        """The shared side; with `also` (a reference child's lock), that lock and the shared side together,
+        neither waited for while holding the other: the lock is taken first and given back whenever the
+        gate is closed. So a holder of the gate never waits for the serial reference child (a timing
+        request's drain would last that child's whole queue), and a holder of the child's lock never
+        waits for the gate (the child's queue would last every drain): sessions f1 and f2."""
+        t0 = time.monotonic()
+        also_wait = 0.0
+        while True:
+            if also is not None:
+                ta = time.monotonic()
+                also.acquire()
+                also_wait += time.monotonic() - ta
+            if self._try_shared():
+                break
+            if also is not None:
+                also.release()
+            self._await_shared()
         t = time.monotonic()
-        _add_phase("gpu-shared-wait", t - t0)
+        _add_phase("gpu-shared-wait", t - t0 - also_wait)
+        if also is not None:
+            _add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
         try:
             yield self
         finally:
@@ -976,6 +1019,8 @@ class TimedLock:
                 self._leave()
                 if not self._shared:
                     self._cv.notify_all()
+            if also is not None:
+                also.release()
 
     def __enter__(self):
         self.acquire()

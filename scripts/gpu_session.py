@@ -155,7 +155,9 @@ def main() -> int:
     ap.add_argument("--keep-running", action="store_true",
                     help="do not stop the runs at the deadline: save the server's history, the artifacts and the "
                          "run ids to $OUT/state.tar.gz for a later --resume")
-    ap.add_argument("--resume", default="", help="a state.tar.gz from an earlier --keep-running session: its runs go on")
+    ap.add_argument("--resume", default="",
+                    help="a state.tar.gz from an earlier --keep-running session: its runs of --problems go on; with "
+                         "--keep-running the others wait in the saved state, else they are stopped")
     ap.add_argument("--gpu-tests", action="store_true",
                     help="`pytest -m gpu` on the last GPU: while GPU 1 waits for --second-gpu-after (its worker "
                          "starts once they end), else after the runs")
@@ -249,11 +251,16 @@ def main() -> int:
                          *compact, "--hours", "8", "--id", rid, *queue)
             log(f"start {p}: rc={r.returncode} {r.stdout.strip()[-200:]} {r.stderr.strip()[-300:]}")
             ids[p] = rid
+        waiting = {}  # resumed runs left for a later session: with --keep-running, one not served here waits
         for p, rid in resumed.items():
-            if p not in problems or p in fresh:  # a resumed run this session does not serve ends here (its history stays)
-                log(f"stop resumed {p} ({rid}), not in --problems or --fresh:",
+            if p in fresh or (p not in problems and not a.keep_running):  # it ends here (its history stays)
+                log(f"stop resumed {p} ({rid}), replaced (--fresh) or not served:",
                     marathon("stop", rid, "--reason", "not served in this session").returncode)
+            elif p not in problems:
+                waiting[p] = rid
+                log(f"resumed {p} ({rid}) is not served in this session; it waits in the saved state")
         summary["run_ids"] = ids
+        summary["waiting_run_ids"] = waiting
         t_start = time.time()
         reserve = 100 + (a.bench_timeout if a.bench else 0) + (90 if a.gpu_tests and not early_tests else 0)
         # the second worker is started as long before its window as the first one took to warm up, so
@@ -332,7 +339,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 pr.kill()
         if a.keep_running and summary.get("run_ids"):
-            save_state(summary["run_ids"])
+            save_state({**summary.get("waiting_run_ids", {}), **summary["run_ids"]})
         (OUT / "session.json").write_text(json.dumps(summary, indent=1, default=str))
         with tarfile.open(OUT / "session.tar.gz", "w:gz") as tar:
             for f in sorted(WORK.glob("*.log")) + sorted(WORK.glob("report-*")) + sorted(WORK.glob("scoreboard-*")):

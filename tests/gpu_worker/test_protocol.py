@@ -530,6 +530,44 @@ def test_reference_wait_does_not_hold_the_gate(tmp_path):
     e.close()
 
 
+def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
+    """The converse (session f2): a call that has the reference child's lock but finds the gate closed
+    (a timing runs) gives the lock back while it waits, so the child serves others meanwhile; once the
+    gate opens the call runs, under the shared side and the lock together."""
+    import threading
+    import time as _t
+
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e.cuda = True
+    ref_lock = threading.Lock()
+    ran = []
+
+    class Child:
+        def call(self, cmd, timeout, hb=None, **kw):
+            ran.append((cmd, e.gpu_lock._shared, ref_lock.locked()))
+            return {"ok": True}
+
+    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {})
+    e.gpu_lock.acquire()  # a timing holds the gate
+    caller = threading.Thread(target=e._ref_call, args=(None, None, None, "stage", 10))
+    caller.start()
+    _t.sleep(0.3)
+    assert ref_lock.acquire(timeout=2), "the reference child's lock was held while waiting for the gate"
+    ref_lock.release()
+    assert ran == []  # nothing ran while the gate was closed
+    e.gpu_lock.release()
+    caller.join(5)
+    assert ran == [("stage", 1, True)]
+    # the exclusive side with the child: the gate first, then the lock
+    with e._with_ref(ref_lock, "exclusive"):
+        assert e.gpu_lock._exclusive and ref_lock.locked()
+    assert not ref_lock.locked() and not e.gpu_lock._exclusive
+    e.close()
+
+
 def test_device_memory_admission():
     import threading
     import time as _t
@@ -764,3 +802,55 @@ def test_context_and_triton_keys_are_two_commands():
             assert r.get("ok"), r
     finally:
         sb.close()
+
+
+def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
+    """Threads mixing every way the harness takes the gate (shared, shared with the reference child's
+    lock, exclusive, exclusive then the child's lock) all finish, and a timing never overlaps device work."""
+    import random
+    import threading
+    import time
+
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e.cuda = True
+    ref_lock = threading.Lock()
+    state = {"shared": 0, "exclusive": 0, "bad": 0}
+    guard = threading.Lock()
+
+    def inside(kind):
+        with guard:
+            state[kind] += 1
+            if state["exclusive"] > 1 or (state["exclusive"] and state["shared"]):
+                state["bad"] += 1
+        time.sleep(random.uniform(0, 0.002))
+        with guard:
+            state[kind] -= 1
+
+    def worker(seed):
+        rnd = random.Random(seed)
+        for _ in range(60):
+            way = rnd.randrange(4)
+            if way == 0:
+                with e._shared():
+                    inside("shared")
+            elif way == 1:
+                with e._with_ref(ref_lock):
+                    inside("shared")
+            elif way == 2:
+                with e._exclusive():
+                    inside("exclusive")
+            else:
+                with e._with_ref(ref_lock, "exclusive"):
+                    inside("exclusive")
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "deadlock: a thread never finished"
+    assert state["bad"] == 0
+    e.close()
