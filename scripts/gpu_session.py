@@ -308,7 +308,7 @@ def main() -> int:
             summary["runs"][p] = st
             serving = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
             recs = run_records(st)  # the ledger, read once for the three below
-            summary["runs"][p]["throughput"] = throughput(recs, serving, t_start, summary["samples"])
+            summary["runs"][p]["throughput"] = throughput(recs, serving, t_start, summary["samples"], p)
             summary["runs"][p]["best_source_key"] = best_source_key(st, recs)
             summary["runs"][p]["bench_source_keys"] = bench_source_keys(st, recs=recs)
             if left(a) < 30:
@@ -474,10 +474,12 @@ def finish_gpu_tests(pr: subprocess.Popen | None, timeout: float) -> None:
     log((WORK / "pytest-gpu.log").read_text()[-1500:])
 
 
-def throughput(recs: list, workers: list[dict], t_start: float, samples: list[dict]) -> dict:
+def throughput(recs: list, workers: list[dict], t_start: float, samples: list[dict], problem: str = "") -> dict:
     """Evaluations per hour and GPU busy fraction per window with a fixed number of GPU workers, from the
     run's records (`run_records`). Busy: the increase of each worker's marathon_gpu_busy_seconds_total
-    between the window's first and last sample over the time between them."""
+    between the window's first and last sample over the time between them. The ledger holds a run's records
+    up to its last compaction only, so a run left going (--keep-running) also gets `recorded`: the increase
+    of its recorded iterations (`marathon status`, sampled every 10 s) over the window, and its rate."""
     ends = sorted(r.finished_at for r in recs if r.finished_at)
     lo0 = max(t_start, workers[0]["since"])
     # the ledger is written as iterations are recorded; one with nothing newer than this session's start
@@ -500,8 +502,13 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
                        if lo <= x["t"] <= hi and x.get(key, {}).get(w["name"]) is not None]
                 if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
                     into[w["name"]] = round((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]), 3)
+        its = [(x["t"], x["runs"][problem]["iteration"]) for x in samples if lo <= x["t"] <= hi
+               and isinstance(x.get("runs", {}).get(problem, {}).get("iteration"), int)]
+        recorded = its[-1][1] - its[0][1] if len(its) >= 2 else None
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
+                    "recorded": recorded, "recorded_per_hour": round(recorded / (its[-1][0] - its[0][0]) * 3600, 1)
+                    if recorded is not None and its[-1][0] > its[0][0] else None,
                     "busy_fraction": busy, "timed_fraction": timed, "smi_utilization": util, "smi_max_memory_mib": mem,
                     "smi_mean_sm_mhz": clk})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
