@@ -448,7 +448,7 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
 
     from gpu_worker.harness import TimedLock
 
-    gate = TimedLock()
+    gate = TimedLock(patience_s=0)  # preference at once (the patience has a test of its own)
     log, lock = [], threading.Lock()
 
     def note(x):
@@ -487,6 +487,57 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
     # busy: the union of both sides' holds (0.3 s shared, then 0.2 s exclusive, then 0.01 s); timed: exclusive
     assert gate.timed_s >= 0.2 and gate.busy_s >= 0.5
     assert gate.busy_s < 0.5 + 0.3  # the overlapping shared holds are counted once
+
+
+def test_gpu_gate_patience_then_one_drain_for_the_batch():
+    """A timing request waits `patience_s` while new shared work still starts; then the gate closes: shared
+    work arriving later waits until the drained holds and every queued timing request (one batch) are done."""
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import TimedLock
+
+    gate = TimedLock(patience_s=1.0)
+    log, lock = [], threading.Lock()
+
+    def note(x):
+        with lock:
+            log.append((x, _t.monotonic()))
+
+    def shared_job(name, hold):
+        with gate.shared():
+            note(name + "+")
+            _t.sleep(hold)
+            note(name + "-")
+
+    def timing(name):
+        with gate:
+            note(name + "+")
+            _t.sleep(0.05)
+            note(name + "-")
+
+    jobs = [threading.Thread(target=shared_job, args=("a", 1.6))]  # a long shared hold, first
+    jobs[0].start()
+    _t.sleep(0.05)
+    t0 = _t.monotonic()
+    jobs.append(threading.Thread(target=timing, args=("x",)))  # a timing request, patient for 1 s
+    jobs[-1].start()
+    _t.sleep(0.1)
+    jobs.append(threading.Thread(target=shared_job, args=("b", 0.1)))  # within the patience: starts
+    jobs[-1].start()
+    _t.sleep(1.1)  # past the patience: the gate is closed to new shared work
+    jobs.append(threading.Thread(target=shared_job, args=("c", 0.01)))
+    jobs[-1].start()
+    _t.sleep(0.05)
+    jobs.append(threading.Thread(target=timing, args=("y",)))  # queued behind x: the same batch
+    jobs[-1].start()
+    for j in jobs:
+        j.join(5)
+    at = {name: t for name, t in log}
+    assert at["b+"] - t0 < 1.0 and at["b+"] < at["x+"]  # shared work went on while x was patient
+    assert at["x+"] >= at["a-"]  # x ran once the holds had drained
+    assert at["c+"] >= at["x-"] and at["c+"] >= at["y-"]  # c waited for the whole batch, x and y
+    assert not gate._closing and gate._waiting == 0  # the gate reopened
 
 
 def test_reference_wait_does_not_hold_the_gate(tmp_path):
@@ -816,6 +867,7 @@ def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
     e.cuda = True
+    e.gpu_lock.patience_s = 0.005  # closing the gate happens often, as it does under load
     ref_lock = threading.Lock()
     state = {"shared": 0, "exclusive": 0, "bad": 0}
     guard = threading.Lock()
