@@ -1,6 +1,11 @@
 """Seconds per phase and per evaluation from a GPU worker's activity log (JSON lines, plain or .gz):
-`python scripts/phase_summary.py [--concurrency] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The
-tables in docs/throughput.md are its output."""
+`python scripts/phase_summary.py [--concurrency] [--rate] [--run ID_PREFIX] [--after S] [--smi session.json
+--gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
+
+--run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
+after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
+and the last (session f's table), with nvidia-smi's mean utilization and peak memory over that span from a
+gpu_session.py session.json."""
 
 from __future__ import annotations
 
@@ -10,14 +15,46 @@ import sys
 from collections import defaultdict
 
 
-def summarize(path: str, top: int = 14) -> str:
+def _end(d: dict) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
+
+
+def activities(path: str, run: str = "", after: float = 0.0) -> list[dict]:
+    """The log's activity lines (JSON), those of runs whose workflow id starts with `run`, that started at
+    least `after` seconds after the first activity of the whole log started."""
     opener = gzip.open if path.endswith(".gz") else open
-    acts: dict[str, list[dict]] = defaultdict(list)
     with opener(path, "rt") as f:
-        for line in f:
-            if line.startswith("{"):
-                d = json.loads(line)
-                acts[d.get("event")].append(d)
+        rows = [json.loads(line) for line in f if line.startswith("{")]
+    if not rows:
+        return []
+    t0 = min(_end(d) - (d.get("seconds") or 0) for d in rows)
+    return [d for d in rows if d.get("workflow_id", "").startswith(run)
+            and _end(d) - (d.get("seconds") or 0) >= t0 + after]
+
+
+def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
+    """Benchmarks finished per hour between the first and the last finished one; with nvidia-smi rows
+    ((time, gpu, utilization %, memory MiB, SM MHz), gpu_session.py's session.json "smi"), the mean
+    utilization and the peak memory of `gpu` over the same span."""
+    ends = sorted(_end(d) for d in rows if d.get("event") == "benchmark")
+    if len(ends) < 2:
+        return f"{len(ends)} benchmarks: no rate"
+    span = ends[-1] - ends[0]
+    out = f"{len(ends)} benchmarks, {(len(ends) - 1) / span * 3600:.0f}/h over {span:.0f} s (first to last)"
+    if smi:
+        inside = [r for r in smi if r[1] == gpu and ends[0] <= r[0] <= ends[-1]]
+        if inside:
+            out += (f"; nvidia-smi GPU {gpu}: utilization {sum(r[2] for r in inside) / len(inside):.1f}%, "
+                    f"peak memory {max(r[3] for r in inside) / 1024:.0f} GiB")
+    return out
+
+
+def summarize(path: str, top: int = 14, run: str = "", after: float = 0.0) -> str:
+    acts: dict[str, list[dict]] = defaultdict(list)
+    for d in activities(path, run, after):
+        acts[d.get("event")].append(d)
     out = []
     for event, rows in acts.items():
         out.append(f"{event}: {len(rows)} activities, mean {sum(r.get('seconds') or 0 for r in rows) / len(rows):.2f} s")
@@ -30,19 +67,10 @@ def summarize(path: str, top: int = 14) -> str:
     return "\n".join(out)
 
 
-def concurrency(path: str, step: float = 15.0, window: float = 30.0) -> str:
+def concurrency(path: str, step: float = 15.0, window: float = 30.0, run: str = "", after: float = 0.0) -> str:
     """Activities running at every `step` seconds of the log's span (each line's end time less its
     duration is its start), and benchmarks finished per `window` seconds: how full the pipeline was."""
-    from datetime import datetime
-
-    opener = gzip.open if path.endswith(".gz") else open
-    spans = []
-    with opener(path, "rt") as f:
-        for line in f:
-            if line.startswith("{"):
-                d = json.loads(line)
-                end = datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
-                spans.append((end - (d.get("seconds") or 0), end, d.get("event")))
+    spans = [(_end(d) - (d.get("seconds") or 0), _end(d), d.get("event")) for d in activities(path, run, after)]
     if not spans:
         return "no activities"
     t0, t1 = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
@@ -53,10 +81,27 @@ def concurrency(path: str, step: float = 15.0, window: float = 30.0) -> str:
             f"    benchmarks finished per {window:g} s: {done}")
 
 
+def main(argv: list[str]) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("logs", nargs="+")
+    ap.add_argument("--concurrency", action="store_true", help="how full the pipeline was over time (session e)")
+    ap.add_argument("--rate", action="store_true", help="benchmarks per hour, first to last (session f)")
+    ap.add_argument("--run", default="", help="only the runs whose workflow id starts with this")
+    ap.add_argument("--after", type=float, default=0.0, help="only activities started this many seconds in")
+    ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi figures")
+    ap.add_argument("--gpu", type=int, default=0, help="the nvidia-smi GPU index for --smi")
+    a = ap.parse_args(argv)
+    smi = json.load(open(a.smi)).get("smi") if a.smi else None
+    for p in a.logs:
+        print(f"== {p}\n{summarize(p, run=a.run, after=a.after)}")
+        if a.concurrency:
+            print(concurrency(p, run=a.run, after=a.after))
+        if a.rate:
+            print(rate(activities(p, a.run, a.after), smi, a.gpu))
+    return 0
+
+
 if __name__ == "__main__":
-    # `--concurrency` also prints how full the pipeline was over time (docs/throughput.md, session e)
-    paths = [p for p in sys.argv[1:] if p != "--concurrency"]
-    for p in paths:
-        print(f"== {p}\n{summarize(p)}")
-        if "--concurrency" in sys.argv[1:]:
-            print(concurrency(p))
+    sys.exit(main(sys.argv[1:]))

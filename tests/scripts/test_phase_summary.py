@@ -1,0 +1,71 @@
+"""scripts/phase_summary.py: the figures docs/throughput.md quotes are recomputed from a phase log."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def ps():
+    spec = importlib.util.spec_from_file_location("phase_summary", ROOT / "scripts" / "phase_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _line(run, event, end_s, seconds, phases):
+    ts = f"2026-11-30T16:00:{end_s:06.3f}Z"
+    return json.dumps({"workflow_id": run, "event": event, "seconds": seconds, "phases": phases, "timestamp": ts})
+
+
+@pytest.fixture()
+def log(tmp_path):
+    lines = [
+        "worker (gpu) polling marathon-gpu-0",  # plain text lines are skipped
+        _line("old-run", "benchmark", 5.0, 5.0, {"gpu-wait": 1.0}),  # starts at 0: the log's first activity
+        _line("new-run", "verify", 12.0, 4.0, {"gpu-shared-wait": 3.0}),
+        _line("new-run", "benchmark", 20.0, 6.0, {"gpu-wait": 2.0}),
+        _line("new-run", "benchmark", 30.0, 4.0, {"gpu-wait": 4.0}),
+        _line("new-run", "benchmark", 40.0, 5.0, {"gpu-wait": 6.0}),
+    ]
+    p = tmp_path / "gpu0.log.gz"
+    with gzip.open(p, "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    return str(p)
+
+
+def test_run_and_after_filter_the_activities(ps, log):
+    assert len(ps.activities(log)) == 5
+    assert {d["workflow_id"] for d in ps.activities(log, run="new")} == {"new-run"}
+    # started at least 15 s after the log's first activity started (0 s): the last two benchmarks
+    late = ps.activities(log, run="new", after=15)
+    assert sorted(d["phases"]["gpu-wait"] for d in late) == [4.0, 6.0]
+    text = ps.summarize(log, run="new", after=15)
+    assert "benchmark: 2 activities, mean 4.50 s" in text and "gpu-wait" in text and "verify" not in text
+
+
+def test_rate_first_to_last_benchmark_with_smi(ps, log):
+    rows = ps.activities(log, run="new")
+    t = {d["event"] + str(d["seconds"]): ps._end(d) for d in rows}
+    first = t["benchmark6.0"]
+    smi = [(first + 1, 0, 40.0, 2048.0, 1980.0), (first + 2, 0, 20.0, 4096.0, 1980.0),
+           (first + 2, 1, 99.0, 9999.0, 1980.0),  # another GPU: not counted
+           (first + 100, 0, 100.0, 8192.0, 1980.0)]  # after the last benchmark: not counted
+    out = ps.rate(rows, smi, gpu=0)
+    # 3 benchmarks over 20 s: 2 intervals -> 360/h
+    assert out.startswith("3 benchmarks, 360/h over 20 s")
+    assert "utilization 30.0%" in out and "peak memory 4 GiB" in out
+    assert ps.rate(rows[:1]) == "0 benchmarks: no rate"
+
+
+def test_command_line(ps, log, tmp_path, capsys):
+    session = tmp_path / "session.json"
+    session.write_text(json.dumps({"smi": []}))
+    assert ps.main(["--rate", "--run", "new", "--smi", str(session), log]) == 0
+    out = capsys.readouterr().out
+    assert "3 benchmarks, 360/h" in out and "old-run" not in out
