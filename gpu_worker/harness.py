@@ -966,8 +966,13 @@ class TimedLock:
                         self._closing = True  # no new shared work from now: the holds drain
                     self._cv.wait(min(2.0, left) if left > 0 else 2.0)
                     _beat()
-            finally:
+            except BaseException:  # cancelled while waiting: the gate must not stay closed for nobody
                 self._waiting -= 1
+                if not self._waiting and not self._exclusive:
+                    self._closing = False
+                    self._cv.notify_all()
+                raise
+            self._waiting -= 1
             self._exclusive = True
             self._enter()
         self._t = time.monotonic()
@@ -1009,16 +1014,25 @@ class TimedLock:
         waits for the gate (the child's queue would last every drain): sessions f1 and f2."""
         t0 = time.monotonic()
         also_wait = 0.0
-        while True:
-            if also is not None:
-                ta = time.monotonic()
-                also.acquire()
-                also_wait += time.monotonic() - ta
-            if self._try_shared():
-                break
-            if also is not None:
+        have_also = have_shared = False
+        try:  # an activity's cancellation arrives as an exception anywhere: nothing taken stays taken
+            while True:
+                if also is not None:
+                    ta = time.monotonic()
+                    have_also = also.acquire()
+                    also_wait += time.monotonic() - ta
+                have_shared = self._try_shared()
+                if have_shared:
+                    break
+                if also is not None:
+                    have_also = also.release()  # given back (release returns None): one statement, no gap
+                self._await_shared()
+        except BaseException:
+            if have_shared:
+                self._release_shared()
+            if have_also:
                 also.release()
-            self._await_shared()
+            raise
         t = time.monotonic()
         _add_phase("gpu-shared-wait", t - t0 - also_wait)
         if also is not None:
@@ -1028,13 +1042,16 @@ class TimedLock:
         finally:
             # how long shared holds last decides how long a timing request waits for them to drain
             _add_phase("gpu-shared-held", time.monotonic() - t)
-            with self._cv:
-                self._shared -= 1
-                self._leave()
-                if not self._shared:
-                    self._cv.notify_all()
+            self._release_shared()
             if also is not None:
                 also.release()
+
+    def _release_shared(self) -> None:
+        with self._cv:
+            self._shared -= 1
+            self._leave()
+            if not self._shared:
+                self._cv.notify_all()
 
     def __enter__(self):
         self.acquire()

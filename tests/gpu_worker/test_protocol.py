@@ -489,6 +489,71 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
     assert gate.busy_s < 0.5 + 0.3  # the overlapping shared holds are counted once
 
 
+def test_gpu_gate_cancelled_waits_leave_nothing_taken():
+    """An activity's cancellation arrives as an exception in its waiting thread (here: its heartbeat
+    raises). A cancelled timing request must not leave the gate closed, and a cancelled reference call
+    must not keep the reference child's lock."""
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import TimedLock, _waiting_heartbeat
+
+    class Cancelled(Exception):
+        pass
+
+    def cancelled():
+        raise Cancelled()
+
+    gate = TimedLock(patience_s=0)
+    release_a = threading.Event()
+
+    def holder():
+        with gate.shared():
+            release_a.wait(10)
+
+    a = threading.Thread(target=holder)
+    a.start()
+    _t.sleep(0.05)
+    errors = []
+
+    def timing():
+        _waiting_heartbeat(cancelled)
+        try:
+            with gate:
+                pass
+        except Cancelled:
+            errors.append("x")
+
+    x = threading.Thread(target=timing)
+    x.start()
+    x.join(5)  # closed the gate at once (no patience), then cancelled at its first heartbeat
+    assert errors == ["x"] and not gate._closing and gate._waiting == 0
+    got_in = threading.Event()
+    threading.Thread(target=lambda: (gate.shared().__enter__(), got_in.set())).start()
+    assert got_in.wait(2), "the gate stayed closed after a cancelled timing request"
+    release_a.set()
+    a.join(5)
+
+    # a reference call cancelled while the gate is closed gives the child's lock back
+    ref_lock = threading.Lock()
+    gate2 = TimedLock(patience_s=0)
+    gate2.acquire()
+
+    def ref_call():
+        _waiting_heartbeat(cancelled)
+        try:
+            with gate2.shared(also=ref_lock):
+                pass
+        except Cancelled:
+            errors.append("r")
+
+    r = threading.Thread(target=ref_call)
+    r.start()
+    r.join(5)
+    assert errors == ["x", "r"] and not ref_lock.locked() and gate2._shared == 0
+    gate2.release()
+
+
 def test_gpu_gate_patience_then_one_drain_for_the_batch():
     """A timing request waits `patience_s` while new shared work still starts; then the gate closes: shared
     work arriving later waits until the drained holds and every queued timing request (one batch) are done."""
