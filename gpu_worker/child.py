@@ -141,7 +141,6 @@ class Server:
         self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
         self.set_baseline: dict = {}  # reference role: set index -> the baseline's outputs on that set
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
-        self.staged: OrderedDict = OrderedDict()  # reference role: token -> outputs on the device, see cmd_stage
         self.flush = None
         # trusted references, captured before any candidate code exists in this process
         self.T = {
@@ -951,18 +950,7 @@ class Server:
         raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
         return raw.view(dtype).reshape(handle["shape"]).to(self.device)
 
-    def cmd_stage(self, token: str, jobs: list):
-        """Load the jobs' output files onto this child's device ahead of `compare` (which the worker
-        calls under the GPU lock, passing the same token). At most a few stagings are kept: one whose
-        compare never came (its verification failed in between) is dropped."""
-        t0 = self.T["perf"]()
-        self.staged[token] = [(self._import(j["out"]), self._import(j["other"]) if j.get("other") else None)
-                              for j in jobs]
-        while len(self.staged) > 8:
-            self.staged.popitem(last=False)
-        return {"timing": {"stage": round(self.T["perf"]() - t0, 4)}}
-
-    def cmd_compare_timed(self, token: str, jobs: list):
+    def cmd_compare_timed(self, jobs: list):
         """Each job: a candidate's output from a timed call on timing set `set`, compared with the
         baseline's output on the same set (computed once per set here). Returns rel-RMS and non-finite
         count per job."""
@@ -970,9 +958,9 @@ class Server:
 
         from baselines.problem import rel_rms
 
-        staged = self.staged.pop(token, None) or [(self._import(j["out"]), None) for j in jobs]
         res = []
-        for job, (o, _) in zip(jobs, staged):
+        for job in jobs:
+            o = self._import(job["out"])  # one output on the device at a time
             idx = job["set"]
             if idx not in self.set_baseline:
                 inputs = self.sets[idx][0]
@@ -981,11 +969,11 @@ class Server:
             ref = self.set_baseline[idx][job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
-        staged = o = of = None  # noqa: F841 - dropped before the release below, also when jobs is empty
+            o = of = None  # noqa: F841 - freed before the next output is read, and before the release below
         self._release()
         return {"results": res}
 
-    def cmd_compare(self, jobs: list, token: str | None = None):
+    def cmd_compare(self, jobs: list):
         """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with
         another output file (`other`, the determinism rerun). Returns per job: rel_err (rel-RMS in fp64,
         NaN if anything is non-finite), nonfinite (count in the output), constant (the output is constant
@@ -997,16 +985,15 @@ class Server:
         res = []
         t_import = t_math = 0.0
         perf = self.T["perf"]
-        staged = self.staged.pop(token, None) if token else None
-        for i, job in enumerate(jobs):
+        for job in jobs:
             t0 = perf()
-            o, other = staged[i] if staged else (self._import(job["out"]), None)
+            o = self._import(job["out"])  # one output on the device at a time
             t_import += perf() - t0
             t0 = perf()
             if job.get("case") is not None:
                 t = self._oracle(*job["case"])[job["name"]]
             else:
-                t = other if other is not None else self._import(job["other"])
+                t = self._import(job["other"])
             of = o.double()
             nonfinite = int((~torch.isfinite(of)).sum())
             constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)
@@ -1014,8 +1001,7 @@ class Server:
                         "constant": constant})
             del o, of
             t_math += perf() - t0
-        del staged
-        self._release()  # staged outputs are gone: their blocks go back, the worker's budget sees it
+        self._release()  # the imported outputs are gone: their blocks go back, the worker's budget sees it
         return {"results": res, "timing": {"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)}}
 
     def cmd_ceilings(self):

@@ -256,12 +256,13 @@ class Evaluator:
 
     def _learn(self, problem, shape, stage: str, children: list, jobs: list = ()) -> None:
         """The stage's footprint, learned for the next admission: the children's peak since their last
-        report plus the outputs staged in the reference child (and the fp64 copy one comparison makes)."""
+        report plus what one comparison adds in the reference child (an output read onto its device and
+        its fp64 copy; the comparisons read their outputs one at a time)."""
         if not self.mem:
             return
         peak = sum(int(sb.call("mem", 60).get("peak") or 0) for sb in children if sb is not None and sb.alive())
         sizes = [_nbytes(h) for j in jobs for h in (j.get("out"), j.get("other")) if h]
-        staged = sum(b for b, _ in sizes) + max((8 * n for _, n in sizes), default=0)
+        staged = max((b + 8 * n for b, n in sizes), default=0)
         self.mem.learn((problem.name, shape.name, stage), peak + staged)
 
     def _shared(self):
@@ -299,14 +300,6 @@ class Evaluator:
         with _phase("export-write"):
             self._check_reply(sb.call("write_exports", self.timeouts["verify"], hb), stage, sb)
         return ex
-
-    def _stage(self, problem, shape, jobs: list, hb) -> str:
-        """The jobs' output files onto the reference child's device, under the gate's shared side, ahead of
-        a comparison; returns the token that comparison names."""
-        token = f"{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
-        with _phase("stage"):
-            self._ref_call(problem, shape, hb, "stage", self.timeouts["reference"], token=token, jobs=jobs)
-        return token
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made under the gate's shared side (once per child); then
@@ -522,9 +515,8 @@ class Evaluator:
             if "stale" in r:
                 jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
                          for n in names]
-            token = self._stage(problem, shape, jobs, hb)
-            with _phase("compare"):
-                cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs, token=token)
+            with _phase("compare"):  # one call: the reference child reads each output file as it compares it
+                cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)
             self._learn(problem, shape, "verify", [sb], jobs)
             mem.close()
             cmp = iter(cr["results"])  # in the order the jobs were listed
@@ -810,8 +802,7 @@ class Evaluator:
                     if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
-        token = self._stage(problem, shape, jobs, hb)
-        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], token=token, jobs=jobs)
+        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
             err = c["rel_err"]
