@@ -134,7 +134,9 @@ def main() -> int:
                          "names, metrics ports and --split queues follow the device, so a resumed run queued on "
                          "marathon-gpu-1 is served by `--devices 1` while device 0 does other work")
     ap.add_argument("--fresh", default="",
-                    help="problems, space-separated, whose resumed run is stopped and replaced by a new one")
+                    help="problems, space-separated, whose resumed run is stopped and replaced by a new one. The "
+                         "stop is graceful: the old run's in-flight step still runs on the same GPU beside the new "
+                         "run's first minutes (session f1: about 4 minutes with population 24)")
     ap.add_argument("--second-gpu-after", type=float, default=0.0)
     ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
     ap.add_argument("--budget-s", type=float, default=560,
