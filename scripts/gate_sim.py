@@ -1,0 +1,108 @@
+"""The GPU gate's policy under a synthetic load: the real `TimedLock` (gpu_worker/harness.py), driven by threads
+that stand for a GPU worker's in-flight candidates, each holding the gate's sides for as long as session f4's
+phase log says an evaluation does (after warm-up). Time is scaled down (`--scale`) so that simulated minutes
+take seconds. It compares patience settings; it is a model, not a measurement (docs/throughput.md).
+
+    python scripts/gate_sim.py --patience 0 2 --minutes 20
+
+One evaluation (seconds, unscaled): compile (CPU 9.5 s, then the input upload on the shared side 0.15 s),
+verify (shared 0.6 + 1.5 + 0.5, host 0.35, a reference comparison 0.3 with the reference child's lock),
+benchmark (shared 0.8 + 0.8, reference prepare 0.4, timing 0.6 on the exclusive side with the reference
+child's lock, shared 0.35, host 0.2, reference comparison 0.25), plus `--overhead` seconds per activity
+(Temporal's dispatch and the worker's bookkeeping)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+# (kind, seconds): "cpu" holds nothing; "shared", "ref" (the reference child's lock with the shared side)
+# and "timing" (the exclusive side, then the reference child's lock) take the gate
+EVALUATION = {
+    "compile": [("cpu", 9.5), ("shared", 0.15)],
+    "verify": [("shared", 0.6), ("shared", 1.5), ("shared", 0.5), ("cpu", 0.35), ("ref", 0.3)],
+    "benchmark": [("shared", 0.8), ("shared", 0.8), ("ref", 0.4), ("timing", 0.6), ("shared", 0.35),
+                  ("cpu", 0.2), ("ref", 0.25)],
+}
+
+
+def simulate(patience_s: float, minutes: float, population: int, scale: float, overhead: float) -> dict:
+    from gpu_worker.harness import TimedLock
+
+    gate = TimedLock(patience_s=patience_s * scale)
+    ref = threading.Lock()
+    stop = threading.Event()
+    done = [0]
+    waits = {"shared": [], "timing": []}
+    lock = threading.Lock()
+
+    def step(kind: str, secs: float) -> None:
+        t = time.monotonic()
+        if kind == "cpu":
+            time.sleep(secs * scale)
+            return
+        if kind == "timing":
+            with gate:
+                waited = time.monotonic() - t
+                with ref:
+                    time.sleep(secs * scale)
+        else:
+            with gate.shared(also=ref if kind == "ref" else None):
+                waited = time.monotonic() - t
+                time.sleep(secs * scale)
+        with lock:
+            waits["timing" if kind == "timing" else "shared"].append(waited / scale)
+
+    def candidate() -> None:
+        while not stop.is_set():
+            for activity in ("compile", "verify", "benchmark"):
+                time.sleep(overhead * scale)
+                for kind, secs in EVALUATION[activity]:
+                    step(kind, secs)
+            with lock:
+                done[0] += 1
+
+    threads = [threading.Thread(target=candidate, daemon=True) for _ in range(population)]
+    for th in threads:
+        th.start()
+    warm = 2 * 60 * scale  # the pipeline fills first: count from the third simulated minute
+    time.sleep(warm)
+    with lock:
+        n0, w0 = done[0], {k: len(v) for k, v in waits.items()}
+    t0, timed0 = time.monotonic(), gate.timed_s
+    time.sleep(minutes * 60 * scale)
+    with lock:
+        n1 = done[0]
+        sw = waits["shared"][w0["shared"]:]
+        tw = waits["timing"][w0["timing"]:]
+    span = (time.monotonic() - t0) / scale
+    stop.set()
+    timed = (gate.timed_s - timed0) / scale
+    return {"patience_s": patience_s, "evaluations_per_hour": round((n1 - n0) / span * 3600),
+            "timed_fraction": round(timed / span, 3),
+            "shared_wait_mean_s": round(sum(sw) / max(1, len(sw)), 2),
+            "timing_wait_mean_s": round(sum(tw) / max(1, len(tw)), 2)}
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--patience", type=float, nargs="+", default=[0.0, 2.0])
+    ap.add_argument("--minutes", type=float, default=20.0, help="simulated minutes counted per setting")
+    ap.add_argument("--population", type=int, default=24)
+    ap.add_argument("--scale", type=float, default=0.05, help="real seconds per simulated second")
+    ap.add_argument("--overhead", type=float, default=0.5)
+    a = ap.parse_args(argv)
+    if not 0 < a.scale <= 1 or a.minutes <= 0 or a.population < 1:
+        ap.error("--scale in (0, 1], --minutes > 0, --population >= 1")
+    for p in a.patience:
+        print(simulate(p, a.minutes, a.population, a.scale, a.overhead), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
