@@ -1025,10 +1025,10 @@ class TimedLock:
                 also.release()
             raise
         t = time.monotonic()
-        _add_phase("gpu-shared-wait", t - t0 - also_wait)
-        if also is not None:
-            _add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
         try:
+            _add_phase("gpu-shared-wait", t - t0 - also_wait)
+            if also is not None:
+                _add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
             yield self
         finally:
             # how long shared holds last decides how long a timing request waits for them to drain
@@ -1058,7 +1058,7 @@ class DeviceMemory:
     (an out-of-memory caused by the neighbours would be scored against an innocent candidate). Each
     stage of a candidate (compile, verify, benchmark) holds its estimated footprint from its first upload
     to its last comparison. The estimate is learned: the largest seen for (problem, shape, stage), that is
-    the children's peak reserved bytes plus the outputs staged in the reference child; before one is
+    the children's peak reserved bytes plus what one comparison adds in the reference child; before one is
     seen, a quarter of the capacity. A stage is admitted while the held estimates plus what the device
     carries anyway (reference children, children waiting between stages, one CUDA context per child)
     stay within `fraction` of the device; one stage always runs, so nothing waits forever.

@@ -308,11 +308,11 @@ def main() -> int:
                 time.sleep(3)
             st = status(rid) or {}
             summary["runs"][p] = st
-            serving = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
+            served_by = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
             recs = run_records(st)  # the ledger, read once for the three below
-            summary["runs"][p]["throughput"] = throughput(recs, serving, t_start, summary["samples"], p)
+            summary["runs"][p]["throughput"] = throughput(recs, served_by, t_start, summary["samples"], p)
             summary["runs"][p]["best_source_key"] = best_source_key(st, recs)
-            summary["runs"][p]["bench_source_keys"] = bench_source_keys(st, recs=recs)
+            summary["runs"][p]["bench_source_keys"] = bench_source_keys(st, recs)
             if left(a) < 30:
                 log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
                 continue
@@ -395,12 +395,11 @@ def run_records(st: dict) -> list:
     return read_ledger(ArtifactStore(), st["ledger_key"]) if st.get("ledger_key") else []
 
 
-def best_source_key(st: dict, recs: list | None = None) -> str | None:
-    """The source key of the run's crowned best, from its records (read here unless given)."""
+def best_source_key(st: dict, recs: list) -> str | None:
+    """The source key of the run's crowned best (status `st`), from its records (`run_records`)."""
     b = st.get("best")
     if not b:
         return None
-    recs = run_records(st) if recs is None else recs
     return next((r.source_key for r in recs if r.candidate_id == b["candidate_id"]), None)
 
 
@@ -412,12 +411,11 @@ def fastest_passing_source_keys(records: list, n: int = 3) -> list[str]:
     return list(dict.fromkeys(r.source_key for r in passing))[:n]
 
 
-def bench_source_keys(st: dict, fastest: int = 3, recs: list | None = None) -> list[str]:
+def bench_source_keys(st: dict, recs: list, fastest: int = 3) -> list[str]:
     """What --bench measures of a run: its crowned best, then its fastest passing candidates. The crown is not
     always the fastest kernel (an older acceptance rule crowned slower ones, and in-run times are noisy), so
     the scoreboard measures them side by side. From the run's ledger, which holds every record once the run
     has ended (its last compaction); a run left going (--keep-running) lacks those since its last compaction."""
-    recs = run_records(st) if recs is None else recs
     return list(dict.fromkeys(k for k in [best_source_key(st, recs), *fastest_passing_source_keys(recs, fastest)]
                               if k))
 

@@ -51,9 +51,11 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
     return out
 
 
-def summarize(path: str, top: int = 14, run: str = "", after: float = 0.0) -> str:
+def summarize(rows: list[dict], top: int = 14) -> str:
+    """Per activity kind: how many, their mean seconds, and the phases that took the most, in total and per
+    activity (`activities`' rows)."""
     acts: dict[str, list[dict]] = defaultdict(list)
-    for d in activities(path, run, after):
+    for d in rows:
         acts[d.get("event")].append(d)
     out = []
     for event, rows in acts.items():
@@ -67,10 +69,10 @@ def summarize(path: str, top: int = 14, run: str = "", after: float = 0.0) -> st
     return "\n".join(out)
 
 
-def concurrency(path: str, step: float = 15.0, window: float = 30.0, run: str = "", after: float = 0.0) -> str:
+def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0) -> str:
     """Activities running at every `step` seconds of the log's span (each line's end time less its
     duration is its start), and benchmarks finished per `window` seconds: how full the pipeline was."""
-    spans = [(_end(d) - (d.get("seconds") or 0), _end(d), d.get("event")) for d in activities(path, run, after)]
+    spans = [(_end(d) - (d.get("seconds") or 0), _end(d), d.get("event")) for d in rows]
     if not spans:
         return "no activities"
     t0, t1 = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
@@ -95,11 +97,12 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     smi = json.load(open(a.smi)).get("smi") if a.smi else None
     for p in a.logs:
-        print(f"== {p}\n{summarize(p, run=a.run, after=a.after)}")
+        rows = activities(p, a.run, a.after)  # the log read once for every view below
+        print(f"== {p}\n{summarize(rows)}")
         if a.concurrency:
-            print(concurrency(p, run=a.run, after=a.after))
+            print(concurrency(rows))
         if a.rate:
-            print(rate(activities(p, a.run, a.after), smi, a.gpu))
+            print(rate(rows, smi, a.gpu))
     return 0
 
 

@@ -59,6 +59,8 @@ def parse_spec(args) -> RunSpec:
         v = getattr(args, flag, None)
         if v is not None:
             raw[flag] = v
+    # The default and the check below live at this entry point, not in RunSpec: RunSpec is every stored
+    # run's input, and a new default or a new rule there would change how old histories replay.
     if ("compact_every" not in raw and raw.get("policy", "search") == "search" and isinstance(raw.get("population"), int)
             and raw["population"] > 0):
         raw["compact_every"] = decisions.default_compact_every(raw["population"])

@@ -1,19 +1,11 @@
 """scripts/gate_sim.py drives the real TimedLock with a synthetic load and reports what docs/throughput.md quotes."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture()
-def sim():
-    spec = importlib.util.spec_from_file_location("gate_sim", ROOT / "scripts" / "gate_sim.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def sim(load_script):
+    return load_script("gate_sim")
 
 
 def test_simulation_counts_evaluations_and_waits(sim):

@@ -1,24 +1,16 @@
 """gpu_session.py's --bench: which of a run's kernels the scoreboard measures (the crowned best and the
 fastest passing candidates from the run's ledger), and that `marathon bench` takes them as given."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from activities.ledger import append_chunk
 from gpu_worker.scoreboard import parse_best
 from workflows.contracts import IterationRecord
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture()
-def session():
-    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts" / "gpu_session.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def session(load_script):
+    return load_script("gpu_session")
 
 
 def record(iteration: int, key: str, outcome: str, time_ms: float | None, stage: str | None = None
@@ -49,11 +41,11 @@ def test_bench_measures_the_crowned_best_and_the_fastest_from_the_ledger(session
     head = append_chunk(store, None, "h200-kda-1", 0, RECORDS[:3])
     head = append_chunk(store, head, "h200-kda-1", 1, RECORDS[3:])  # continued-as-new: a second chunk
     st = {"best": {"candidate_id": key("a")[:16], "speedup": 1.0}, "ledger_key": head}
-    assert session.bench_source_keys(st) == [key("a"), key("b"), key("d"), key("c")]
+    assert session.bench_source_keys(st, session.run_records(st)) == [key("a"), key("b"), key("d"), key("c")]
     crowned_fastest = {"best": {"candidate_id": key("b")[:16], "speedup": 1.4}, "ledger_key": head}
-    assert session.bench_source_keys(crowned_fastest) == [key("b"), key("d"), key("c")]
-    assert session.bench_source_keys({"best": None, "ledger_key": head}) == [key("b"), key("d"), key("c")]
-    assert session.bench_source_keys({"best": None, "ledger_key": None}) == []
+    assert session.bench_source_keys(crowned_fastest, session.run_records(crowned_fastest)) == [key("b"), key("d"), key("c")]
+    assert session.bench_source_keys({"best": None}, session.run_records({"ledger_key": head})) == [key("b"), key("d"), key("c")]
+    assert session.bench_source_keys({"best": None}, session.run_records({"ledger_key": None})) == []
 
 
 def test_bench_arguments_reach_the_scoreboard_whole(session):

@@ -1,21 +1,15 @@
 """gpu_session.py's saved state (--keep-running / --resume): what goes in comes back, bad input is refused."""
 
-import importlib.util
 import json
 import tarfile
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture()
-def session(tmp_path, monkeypatch):
+def session(tmp_path, monkeypatch, load_script):
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    spec = importlib.util.spec_from_file_location("gpu_session", ROOT / "scripts" / "gpu_session.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("gpu_session")
     mod.WORK = tmp_path / "work"
     mod.OUT = tmp_path / "out"
     mod.WORK.mkdir()

@@ -1,21 +1,14 @@
 """scripts/phase_summary.py: the figures docs/throughput.md quotes are recomputed from a phase log."""
 
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture()
-def ps():
-    spec = importlib.util.spec_from_file_location("phase_summary", ROOT / "scripts" / "phase_summary.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def ps(load_script):
+    return load_script("phase_summary")
 
 
 def _line(run, event, end_s, seconds, phases):
@@ -45,7 +38,7 @@ def test_run_and_after_filter_the_activities(ps, log):
     # started at least 15 s after the log's first activity started (0 s): the last two benchmarks
     late = ps.activities(log, run="new", after=15)
     assert sorted(d["phases"]["gpu-wait"] for d in late) == [4.0, 6.0]
-    text = ps.summarize(log, run="new", after=15)
+    text = ps.summarize(late)
     assert "benchmark: 2 activities, mean 4.50 s" in text and "gpu-wait" in text and "verify" not in text
 
 
