@@ -133,6 +133,10 @@ def main() -> int:
                     help="the CUDA devices of GPU workers 0, 1, ..., comma-separated (default 0..gpus-1); worker "
                          "names, metrics ports and --split queues follow the device, so a resumed run queued on "
                          "marathon-gpu-1 is served by `--devices 1` while device 0 does other work")
+    ap.add_argument("--queues", default="",
+                    help="with --split, the task queues of GPU workers 0, 1, ..., comma-separated (default "
+                         "marathon-gpu-D, D the worker's device). A run's queue is in its spec, so this lets a "
+                         "machine with one GPU serve a resumed run queued on marathon-gpu-1: `--queues marathon-gpu-1`")
     ap.add_argument("--fresh", default="",
                     help="problems, space-separated, whose resumed run is stopped and replaced by a new one. The "
                          "stop is graceful: the old run's in-flight step still runs on the same GPU beside the new "
@@ -177,6 +181,12 @@ def main() -> int:
         ap.error(f"--devices: comma-separated device numbers (got {a.devices!r})")
     if len(devices) != a.gpus or len(set(devices)) != a.gpus or min(devices) < 0:
         ap.error(f"--devices: {a.gpus} distinct device numbers for --gpus {a.gpus} (got {a.devices!r})")
+    queues = a.queues.split(",") if a.queues else [f"marathon-gpu-{d}" for d in devices]
+    if a.queues and not a.split:
+        ap.error("--queues: only with --split (without it every worker serves the default queue)")
+    if len(queues) != a.gpus or len(set(queues)) != a.gpus or not all(re.fullmatch(r"[A-Za-z0-9_.-]+", q) for q in queues):
+        ap.error(f"--queues: {a.gpus} distinct task queue names (letters, digits, - _ .) for --gpus {a.gpus} "
+                 f"(got {a.queues!r})")
     if a.bench and len(a.bench.split("|")) > a.gpus:
         ap.error(f"--bench: at most one group per GPU ({a.gpus}), got {a.bench!r}")
     fresh = set(a.fresh.split())
@@ -211,7 +221,7 @@ def main() -> int:
             if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.sandbox.timing_cpus)
                 env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * d}-{ncpu - 1 - 2 * d}"
             if a.split:
-                args += ["--gpu-queue", f"marathon-gpu-{d}"]
+                args += ["--gpu-queue", queues[i]]
                 env["MARATHON_WARM_PROBLEM"] = ",".join(groups[i])
             return spawn(f"gpu{d}", args, env)
 
@@ -246,7 +256,7 @@ def main() -> int:
                     continue
                 log(f"{p}: run {resumed[p]} had ended ({st.get('stopped_by')}); a new one starts")
             rid = f"h200-{p}-{int(T0)}"
-            queue = ["--gpu-queue", f"marathon-gpu-{devices[gpu_of[p]]}"] if a.split else []
+            queue = ["--gpu-queue", queues[gpu_of[p]]] if a.split else []
             # the hours budget is wall clock from the start, so a run spread over several device calls gets room
             compact = ["--compact-every", str(a.compact_every)] if a.compact_every else []
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),

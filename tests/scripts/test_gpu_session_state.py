@@ -45,6 +45,9 @@ def test_resume_refuses_what_is_not_a_state(session, tmp_path):
     (["--gpus", "2", "--devices", "1"], "--devices: 2 distinct device numbers"),
     (["--devices", "x"], "--devices: comma-separated device numbers"),
     (["--gpus", "2", "--devices", "1,1"], "--devices: 2 distinct"),
+    (["--split", "--queues", "a,b"], "--queues: 1 distinct task queue names"),
+    (["--split", "--queues", "bad queue"], "--queues: 1 distinct task queue names"),
+    (["--queues", "marathon-gpu-1"], "--queues: only with --split"),
     (["--problems", "kda", "--fresh", "mla_prefill"], "--fresh: ['mla_prefill'] not in --problems"),
     (["--bench", "kda|mla_decode"], "--bench: at most one group per GPU"),
 ])
