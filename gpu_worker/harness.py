@@ -336,6 +336,26 @@ class Evaluator:
             sb.close()
             raise
 
+    def _retried_alone(self, attempt: Callable):
+        """A stage that ran out of device memory, or whose child was killed from outside (the kernel's OOM
+        killer), is run once more with the device to itself (DeviceMemory.alone): beside up to 24 other
+        candidates the memory may have been taken by the neighbours, and an innocent candidate must not
+        be scored for it (session g1: 7 of 49 prefill evaluations). What fails alone is the candidate's.
+        The report says both: the retry's log starts with the first attempt's reason."""
+        first = attempt()
+        why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""
+        if not (self.mem and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
+            return first
+        _add_phase("retried-alone", 1)
+        with self.mem.alone():
+            rep = attempt()
+        extra = {"seconds": (first.seconds or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
+        if hasattr(rep, "gpu_seconds"):
+            extra["gpu_seconds"] = (first.gpu_seconds or 0) + (rep.gpu_seconds or 0)
+        note = f"first attempt beside other candidates: {why[:300]}; retried with the device to itself\n"
+        extra["log_key"] = self._log(note + (self.store.get_text(rep.log_key) if rep.log_key else ""))
+        return rep.model_copy(update=extra)
+
     @staticmethod
     def _check_reply(r: dict, stage: str, sb: Sandbox):
         if r.get("violations"):
@@ -355,6 +375,9 @@ class Evaluator:
 
     # --- compile ---------------------------------------------------------------------------------
     def compile(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
+        return self._retried_alone(lambda: self._compile_once(req, hb))
+
+    def _compile_once(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
         _waiting_heartbeat(hb)
         t0 = time.monotonic()
         source = self._source(req.source_key)
@@ -447,6 +470,9 @@ class Evaluator:
 
     # --- verify ----------------------------------------------------------------------------------
     def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
+        return self._retried_alone(lambda: self._verify_once(req, hb))
+
+    def _verify_once(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
         _waiting_heartbeat(hb)
         t0 = time.monotonic()
         source = self._source(req.source_key)
@@ -599,6 +625,9 @@ class Evaluator:
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
+        return self._retried_alone(lambda: self._benchmark_once(req, hb))
+
+    def _benchmark_once(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
         _waiting_heartbeat(hb)
         source = self._source(req.source_key)
         best_source = self._source(req.best.source_key) if req.best else None
@@ -1090,7 +1119,19 @@ class DeviceMemory:
         self._tickets = 0
         self.grace_s = grace_s
         self._est: dict = {}
+        self._alone_held = 0  # stages admitted with the device to themselves (see alone)
+        self._alone = threading.local()
         self._cv = threading.Condition()
+
+    @contextlib.contextmanager
+    def alone(self):
+        """This thread's stages are admitted only with no other stage admitted, and none is admitted beside
+        them: for a retry of a stage that ran out of memory beside others (Evaluator._retried_alone)."""
+        self._alone.on = True
+        try:
+            yield
+        finally:
+            self._alone.on = False
 
     def learn(self, key, nbytes: int, total: int | None = None) -> None:
         with self._cv:
@@ -1109,6 +1150,8 @@ class DeviceMemory:
         """Why a stage of `n` bytes may start now ("model" or "device"), or None if it must wait."""
         if not self.holders or not self.total:
             return "model"
+        if self._alone_held or getattr(self._alone, "on", False):
+            return None
         if self.used + n + self.carried() <= self.fraction * self.total:
             return "model"
         reading = self.device_free()
@@ -1141,8 +1184,10 @@ class DeviceMemory:
             finally:
                 del self._waiting[ticket]
                 self._cv.notify_all()  # the next oldest may now be first in line
+            alone = bool(getattr(self._alone, "on", False))
             self.used += n
             self.holders += 1
+            self._alone_held += alone
             self._admitted[ticket] = (time.monotonic(), n)
             if why == "device":
                 self.by_device += 1
@@ -1154,12 +1199,15 @@ class DeviceMemory:
             _add_phase("mem-reading-age", time.monotonic() - reading[0])
         if why == "device":
             _add_phase("mem-by-device", 1)
+        if alone:
+            _add_phase("mem-alone", 1)
         try:
             yield n
         finally:
             with self._cv:
                 self.used -= n
                 self.holders -= 1
+                self._alone_held -= alone
                 del self._admitted[ticket]
                 self._cv.notify_all()
 

@@ -971,3 +971,84 @@ def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
     assert not any(t.is_alive() for t in threads), "deadlock: a thread never finished"
     assert state["bad"] == 0
     e.close()
+
+
+def test_device_memory_alone_runs_with_nothing_beside_it():
+    import threading
+    import time as _t
+
+    from gpu_worker.harness import DeviceMemory
+
+    reading = [None]
+    mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0])
+    mem.learn(None, 0, total=1000)
+    key = ("p", "s", "verify")
+    mem.learn(key, 100)
+    first = mem.hold(key)
+    first.__enter__()
+    got = []
+
+    def alone():
+        with mem.alone(), mem.hold(key):
+            got.append(mem.holders)
+            _t.sleep(0.3)
+
+    t = threading.Thread(target=alone)
+    t.start()
+    t.join(0.6)
+    assert t.is_alive() and not got  # 100 + 100 fits the model, but a retry alone waits for the device to empty
+    first.__exit__(None, None, None)
+    _t.sleep(0.15)
+    assert got == [1]  # admitted once nothing else is held
+    # ...and while it runs nothing is admitted beside it, not by the model, not by a fresh device reading
+    reading[0] = (_t.monotonic(), 1000)
+    assert mem._fits(100) is None
+    t.join(2)
+    assert mem._fits(100) == "model" and mem._alone_held == 0
+    with mem.hold(key):  # this thread was never alone: an ordinary admission
+        assert mem._fits(100) == "model"
+
+
+def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
+    """An OOM (or a child killed from outside) may be the neighbours' doing: the stage runs once more with the
+    device to itself, and only what fails then is the candidate's. Other rejections are not retried."""
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import DeviceMemory, Evaluator
+    from workflows.contracts import CompileReport, VerifyReport
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e.mem = DeviceMemory(0.8, lambda: 0)
+    e.mem.learn(None, 0, total=1000)
+    calls = []
+
+    def attempt(first_reason, then):
+        def run():
+            calls.append(bool(e.mem and getattr(e.mem._alone, "on", False)))
+            if len(calls) == 1:
+                return VerifyReport(ok=False, stage="sandbox", reason=first_reason, seconds=2.0,
+                                    log_key=e._log(first_reason))
+            return then
+        return run
+
+    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
+    rep = e._retried_alone(attempt("oom: OutOfMemoryError: CUDA out of memory", ok))
+    assert rep.ok and calls == [False, True] and rep.seconds == 5.0
+    log = e.store.get_text(rep.log_key)
+    assert log.startswith("first attempt beside other candidates: oom:") and log.rstrip().endswith("passed")
+    calls.clear()
+    still = VerifyReport(ok=False, stage="sandbox", reason="oom: again, alone", seconds=1.0)
+    rep = e._retried_alone(attempt("crash: sandbox process died with SIGKILL during verify", still))
+    assert not rep.ok and rep.reason == "oom: again, alone" and calls == [False, True]
+    for reason in ("verify: wrong output", "crash: sandbox process died with SIGSEGV during verify"):
+        calls.clear()
+        rep = e._retried_alone(attempt(reason, ok))
+        assert not rep.ok and rep.reason == reason and calls == [False]  # the candidate's own failure
+    # compile reports carry the reason as `error`
+    calls.clear()
+    rep = e._retried_alone(lambda: (calls.append(1), CompileReport(ok=False, error="oom: x") if len(calls) == 1
+                                    else CompileReport(ok=True))[1])
+    assert rep.ok and len(calls) == 2
+    e.mem = None  # on the CPU (no admission) nothing is retried
+    calls.clear()
+    assert not e._retried_alone(attempt("oom: x", ok)).ok and calls == [False]
+    e.close()
