@@ -337,10 +337,11 @@ class Evaluator:
             raise
 
     def _retried_alone(self, attempt: Callable):
-        """A stage that ran out of device memory, or whose child was killed from outside (the kernel's OOM
-        killer), is run once more with the device to itself (DeviceMemory.alone): beside up to 24 other
-        candidates the memory may have been taken by the neighbours, and an innocent candidate must not
-        be scored for it (session g1: 7 of 49 prefill evaluations). What fails alone is the candidate's.
+        """A stage that ran out of device memory, or whose child was killed by a SIGKILL the harness did not
+        send (most likely the host's OOM killer), is run once more with the device to itself
+        (DeviceMemory.alone): beside up to 24 other candidates the memory may have been taken by the
+        neighbours, and an innocent candidate must not be scored for it (session g1: 9 of 49 prefill
+        evaluations). What fails alone is the candidate's.
         The report says both: the retry's log starts with the first attempt's reason."""
         first = attempt()
         why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""

@@ -1,5 +1,5 @@
 """Seconds per phase and per evaluation from a GPU worker's activity log (JSON lines, plain or .gz):
-`python scripts/phase_summary.py [--concurrency] [--rate] [--run ID_PREFIX] [--after S] [--smi session.json
+`python scripts/phase_summary.py [--concurrency] [--rate] [--per-minute] [--run ID_PREFIX] [--after S] [--smi session.json
 --gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
 
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
@@ -51,6 +51,20 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
     return out
 
 
+def per_minute(rows: list[dict]) -> str:
+    """Benchmarks finished in each whole minute from the first finished one (x60: a rate per hour), so that
+    the warm-up's batch, the pipeline's refill and a compaction's drain show as what they are."""
+    ends = sorted(_end(d) for d in rows if d.get("event") == "benchmark")
+    if not ends:
+        return "no benchmarks"
+    bins = [0] * int((ends[-1] - ends[0]) // 60)  # whole minutes only: a last partial one says nothing
+    for e in ends:
+        k = int((e - ends[0]) // 60)
+        if k < len(bins):
+            bins[k] += 1
+    return f"benchmarks per minute from the first: {bins}; per hour: {[60 * n for n in bins]}"
+
+
 def summarize(rows: list[dict], top: int = 14) -> str:
     """Per activity kind: how many, their mean seconds, and the phases that took the most, in total and per
     activity (`activities`' rows)."""
@@ -90,6 +104,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("logs", nargs="+")
     ap.add_argument("--concurrency", action="store_true", help="how full the pipeline was over time (session e)")
     ap.add_argument("--rate", action="store_true", help="benchmarks per hour, first to last (session f)")
+    ap.add_argument("--per-minute", action="store_true", help="benchmarks finished in each minute (session g)")
     ap.add_argument("--run", default="", help="only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="only activities started this many seconds in")
     ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi figures")
@@ -103,6 +118,8 @@ def main(argv: list[str]) -> int:
             print(concurrency(rows))
         if a.rate:
             print(rate(rows, smi, a.gpu))
+        if a.per_minute:
+            print(per_minute(rows))
     return 0
 
 

@@ -56,6 +56,25 @@ def test_rate_first_to_last_benchmark_with_smi(ps, log):
     assert ps.rate(rows[:1]) == "0 benchmarks: no rate"
 
 
+def test_per_minute_counts_whole_minutes_from_the_first_benchmark(ps, tmp_path):
+    # benchmarks end at 0, 10, 59.9 (minute 0), 60, 61 (minute 1), none in minute 2, 185 (minute 3, partial:
+    # the span is 185 s, three whole minutes, so the last one is left out)
+    from datetime import datetime, timedelta, timezone
+
+    def line(event, end_s):
+        ts = (datetime(2026, 11, 30, 16, tzinfo=timezone.utc) + timedelta(seconds=end_s)).isoformat()
+        return json.dumps({"workflow_id": "r", "event": event, "seconds": 0.5, "phases": {},
+                           "timestamp": ts.replace("+00:00", "Z")})
+
+    lines = [line("benchmark", e) for e in (0.5, 10.5, 60.4, 60.5, 61.5, 185.5)]
+    lines.append(line("verify", 30.5))  # not a benchmark
+    p = tmp_path / "g.log"
+    p.write_text("\n".join(lines) + "\n")
+    out = ps.per_minute(ps.activities(str(p)))
+    assert out == "benchmarks per minute from the first: [3, 2, 0]; per hour: [180, 120, 0]"
+    assert ps.per_minute([]) == "no benchmarks"
+
+
 def test_command_line(ps, log, tmp_path, capsys):
     session = tmp_path / "session.json"
     session.write_text(json.dumps({"smi": []}))
