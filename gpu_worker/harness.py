@@ -103,6 +103,16 @@ def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed
     return float(lo), float(hi)
 
 
+def clearly_slower(best: list[float], cand: list[float], min_samples: int = 30) -> bool:
+    """Whether the timing so far already shows the candidate slower than the current best: the 95% interval
+    of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a party.
+    Such a candidate cannot be accepted (acceptance needs that interval wholly above 1), so its remaining
+    blocks would only hold the GPU's exclusive side, the pipeline's one serial resource (session g)."""
+    if not best or min(len(best), len(cand)) < min_samples:
+        return False
+    return bootstrap_ratio_ci(best, cand)[1] < 1.0
+
+
 def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
     """The compile rejection for kernels that need more shared memory than the device gives a block
     (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
@@ -719,6 +729,9 @@ class Evaluator:
                      f"timed outputs checked against the baseline's: {timed}",
                      f"baseline  times (ms): {[round(x, 5) for x in bt]}",
                      f"wall medians: candidate {median(res['cand_wall']):.4g} ms, baseline {median(res['base_wall']):.4g} ms",
+                     f"timed blocks: {res['blocks']} of {res['planned_blocks']}"
+                     + (" (stopped early: slower than the current best, 95% interval of best/candidate below 1)"
+                        if res["blocks"] < res["planned_blocks"] else ""),
                      f"receipt: {rec.model_dump()}"]
             if self.cuda:
                 floor = problem.floor_ms(shape, 1.1 * ceil["bandwidth"], 1.1 * ceil["flops"])
@@ -794,8 +807,12 @@ class Evaluator:
             # the pipeline's one serial resource)
             total_ms = float(os.environ.get("MARATHON_BENCH_TOTAL_MS", "500"))
             plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
-        out = {"cand": [], "base": [], "best": [], "cand_wall": [], "base_wall": [], "mode": mode}
+        out = {"cand": [], "base": [], "best": [], "cand_wall": [], "base_wall": [], "mode": mode,
+               "blocks": 0, "planned_blocks": plan["blocks"]}
         for b in range(plan["blocks"]):
+            # at least two blocks, so that candidate, baseline and best are always interleaved
+            if b >= 2 and clearly_slower(out["best"], out["cand"]):
+                break
             warm = plan["warmup"] if b == 0 else 1
             for who, sb in (("cand", cand), ("base", ref), ("best", best)):
                 if sb is None:
@@ -812,6 +829,8 @@ class Evaluator:
                     out[who + "_wall"] += r["walls"]
                     if who == "cand":
                         out["mode"] = r.get("mode", mode)
+            out["blocks"] = b + 1
+        _add_phase("timed-blocks", out["blocks"])
         return out
 
     def _check_timed_outputs(self, problem, shape, cand: Sandbox, hb) -> tuple[str, list]:

@@ -1052,3 +1052,52 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
     calls.clear()
     assert not e._retried_alone(attempt("oom: x", ok)).ok and calls == [False]
     e.close()
+
+
+def test_clearly_slower_needs_samples_and_a_whole_interval_below_one():
+    import random as _r
+
+    from gpu_worker.harness import clearly_slower
+
+    rng = _r.Random(0)
+    best = [1.0 + rng.gauss(0, 0.01) for _ in range(40)]
+    slow = [1.1 + rng.gauss(0, 0.01) for _ in range(40)]
+    same = [1.0 + rng.gauss(0, 0.01) for _ in range(40)]
+    fast = [0.9 + rng.gauss(0, 0.01) for _ in range(40)]
+    assert clearly_slower(best, slow)
+    assert not clearly_slower(best, same) and not clearly_slower(best, fast)
+    assert not clearly_slower(best[:20], slow[:20])  # too few samples to decide
+    assert not clearly_slower([], slow)  # no best: nothing to compare with
+
+
+def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):
+    """The interleaved blocks end after two when the candidate is already shown slower than the current best
+    (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e._plan = lambda: {"blocks": 5, "reps": 20, "warmup": 1, "rotate": 2}
+
+    class Child:
+        def __init__(self, ms):
+            self.ms, self.calls = ms, 0
+
+        def call(self, cmd, timeout, hb=None, reps=0, **kw):
+            self.calls += 1
+            return {"ok": True, "times": [self.ms + 0.001 * (i % 7) for i in range(reps)], "walls": [self.ms] * reps}
+
+    def run(cand_ms, with_best=True):
+        cand, base, best = Child(cand_ms), Child(2.0), Child(1.0) if with_best else None
+        return e._interleave(None, cand, base, best, None), cand
+
+    res, cand = run(1.2)
+    assert res["blocks"] == 2 and res["planned_blocks"] == 5 and cand.calls == 2
+    assert len(res["cand"]) == len(res["base"]) == len(res["best"]) == 40
+    res, cand = run(1.0)  # level with the best: no decision, every block
+    assert res["blocks"] == 5 and cand.calls == 5
+    res, cand = run(0.8)  # faster: every block, for the acceptance's interval
+    assert res["blocks"] == 5
+    res, cand = run(1.2, with_best=False)  # no best to compare with
+    assert res["blocks"] == 5 and len(res["cand"]) == 100
+    e.close()
