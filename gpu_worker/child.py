@@ -28,8 +28,27 @@ def _redirect(tmp: str) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
 
 
+def apply_limits(spec: str | None) -> None:
+    """The limits the parent asks for (sandbox.Sandbox: MARATHON_CHILD_LIMITS, JSON), set by the child
+    itself before anything else runs in it: no core dumps, the cores it may use, and an address-space
+    cap where no CUDA mappings need the room (the interpreter)."""
+    import json
+    import resource
+
+    if not spec:
+        return
+    lim = json.loads(spec)
+    if lim.get("core") is not None:
+        resource.setrlimit(resource.RLIMIT_CORE, (lim["core"], lim["core"]))
+    if lim.get("cpus"):
+        os.sched_setaffinity(0, lim["cpus"])
+    if lim.get("address_space"):
+        resource.setrlimit(resource.RLIMIT_AS, (lim["address_space"], lim["address_space"]))
+
+
 def main(argv: list[str]) -> int:
     fd_in, fd_out, tmp, role = int(argv[0]), int(argv[1]), argv[2], argv[3]
+    apply_limits(os.environ.pop("MARATHON_CHILD_LIMITS", None))
     _redirect(tmp)
     from multiprocessing.connection import Connection
 
@@ -929,13 +948,20 @@ class Server:
 
         out = []
         for dist, seed in cases:
+            t0 = time.perf_counter()
             inputs = self._inputs(dist, seed)
             h = self._hash(inputs)
-            ref = self._oracle(dist, seed, inputs)
-            base = self.baseline(inputs)
             self._sync()
+            t1 = time.perf_counter()
+            ref = self._oracle(dist, seed, inputs)
+            self._sync()
+            t2 = time.perf_counter()
+            base = self.baseline(inputs)  # a first call includes the baseline's compilation and autotuning
+            self._sync()
+            t3 = time.perf_counter()
             errs = [rel_rms(ref[k], base[k]) for k in self.outputs]
-            out.append({"dist": dist, "seed": seed, "hash": h, "baseline_err": max(errs)})
+            out.append({"dist": dist, "seed": seed, "hash": h, "baseline_err": max(errs),
+                        "timing": {"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}})
         return {"cases": out}
 
     def _import(self, handle: dict):

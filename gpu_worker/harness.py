@@ -615,15 +615,34 @@ class Evaluator:
         t0 = time.monotonic()
         problem = self._problem(problem_name)
         shape = self._shape(problem, shape_name)
+        # where the warm-up's time goes (about 150 s for KDA's six oracles, sessions f and g): returned per
+        # part, and per case by the reference child (inputs, oracle, baseline), for the worker's log
+        parts: dict[str, float] = {}
+        t = time.monotonic()
+        self._ref(problem, shape, hb)
+        parts["reference-child"] = time.monotonic() - t
+        t = time.monotonic()
         self.ensure_ceilings(problem, shape, hb)
+        parts["ceilings"] = time.monotonic() - t
         cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
+        t = time.monotonic()
         for i in range(0, len(cases), 4):
             self.reference(problem, shape, cases[i:i + 4], hb, gate="exclusive")
+        parts["oracles"] = time.monotonic() - t
+        per_case = {}
+        with self._ref_meta_lock:
+            for d, s_ in cases:
+                for k, v in (self._ref_meta.get((problem.name, shape.name, d, s_), {}).get("timing") or {}).items():
+                    per_case[k] = per_case.get(k, 0.0) + v
+        parts.update({f"oracles.{k}": v for k, v in per_case.items()})
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
+        t = time.monotonic()
         with self._with_ref(ref_lock):
             ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
-        return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0}
+        parts["timing-sets"] = time.monotonic() - t
+        return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
+                "parts": {k: round(v, 1) for k, v in parts.items()}}
 
     # --- benchmark -------------------------------------------------------------------------------
     def ensure_ceilings(self, problem, shape, hb) -> dict | None:

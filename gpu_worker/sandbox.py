@@ -11,9 +11,9 @@ Triton already imported) so the next candidate does not pay the import.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
-import resource
 import shutil
 import signal
 import subprocess
@@ -100,22 +100,19 @@ class Sandbox:
             env["TRITON_INTERPRET"] = "1"
         else:
             env.pop("TRITON_INTERPRET", None)
-        mem = self.mem_limit
-        cpu_only = interpreter
-
-        split = TIMING_CPUS
-
-        def limits():
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if split:  # off the cores kept for timed work until the worker moves it there (see pin)
-                os.sched_setaffinity(0, split[1])
-            if cpu_only:
-                resource.setrlimit(resource.RLIMIT_AS, (mem * 2, mem * 2))
-
+        # The child sets its own limits first thing (child.apply_limits), before it imports anything or
+        # loads a candidate. Not a preexec_fn: Python code between fork and exec in this multi-threaded
+        # worker can deadlock in the forked child (CPython resets its thread states there under a lock
+        # another thread may have held at the fork), and the Popen then waits for the exec forever; a CI
+        # run hung that way. The cores are those outside the ones kept for timed work until the worker
+        # moves the child there (see pin).
+        env["MARATHON_CHILD_LIMITS"] = json.dumps({
+            "core": 0, "address_space": self.mem_limit * 2 if interpreter else None,
+            "cpus": sorted(TIMING_CPUS[1]) if TIMING_CPUS else None})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_worker.child", str(r1), str(w2), self.tmp, role],
             pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=self.tmp, env=env, start_new_session=True, preexec_fn=limits,
+            cwd=self.tmp, env=env, start_new_session=True,
         )
         os.close(r1)
         os.close(w2)

@@ -58,7 +58,8 @@ def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thr
             t0 = time.monotonic()
             try:
                 r = ev.warm(name, shape)
-                print(f"warm {name}: {r.get('oracles')} oracles in {time.monotonic() - t0:.1f} s", flush=True)
+                print(f"warm {name}: {r.get('oracles')} oracles in {time.monotonic() - t0:.1f} s; parts (s): "
+                      f"{r.get('parts')}", flush=True)
             except Exception as e:  # noqa: BLE001 - a cold start is slower, not wrong
                 print(f"warm {name} failed after {time.monotonic() - t0:.1f} s, left cold: "
                       f"{type(e).__name__}: {e}", flush=True)

@@ -1101,3 +1101,27 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
     res, cand = run(1.2, with_best=False)  # no best to compare with
     assert res["blocks"] == 5 and len(res["cand"]) == 100
     e.close()
+
+
+def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
+    """No core dumps and, under the interpreter, an address-space cap: set by the child first thing (no
+    preexec_fn, which can deadlock a multi-threaded worker's fork; a CI run hung that way)."""
+    import inspect
+    import os
+
+    from gpu_worker import sandbox
+    from gpu_worker.sandbox import Sandbox
+
+    assert "preexec_fn=" not in inspect.getsource(sandbox)
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        assert sb.call("cuda_init", 120).get("ok")  # the child is up and serving
+        limits = open(f"/proc/{sb.proc.pid}/limits").read().splitlines()
+        core = next(line for line in limits if line.startswith("Max core file size")).split()
+        assert core[4:6] == ["0", "0"]
+        space = next(line for line in limits if line.startswith("Max address space")).split()
+        assert int(space[3]) == 2 * sb.mem_limit
+        if sandbox.TIMING_CPUS:
+            assert os.sched_getaffinity(sb.proc.pid) == set(sandbox.TIMING_CPUS[1])
+    finally:
+        sb.close()

@@ -42,6 +42,10 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
         assert not t.is_alive()
         out = capsys.readouterr().out
         assert "warm softmax:" in out and " oracles in " in out  # the bank is made
+        # ... and where its time went: per part, and summed per case by the reference child
+        for part in ("'reference-child'", "'ceilings'", "'oracles'", "'oracles.inputs'", "'oracles.oracle'",
+                     "'oracles.baseline'", "'timing-sets'"):
+            assert part in out
         assert ev._ref_meta  # ... and kept for the verifications to come
         assert "warm softmax failed" in out and "no such shape" in out  # printed, not raised
     finally:
