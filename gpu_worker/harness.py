@@ -619,7 +619,7 @@ class Evaluator:
         # part, and per case by the reference child (inputs, oracle, baseline), for the worker's log
         parts: dict[str, float] = {}
         t = time.monotonic()
-        self._ref(problem, shape, hb)
+        ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
         parts["reference-child"] = time.monotonic() - t
         t = time.monotonic()
         self.ensure_ceilings(problem, shape, hb)
@@ -636,7 +636,6 @@ class Evaluator:
                     per_case[k] = per_case.get(k, 0.0) + v
         parts.update({f"oracles.{k}": v for k, v in per_case.items()})
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
-        ref_sb, ref_lock, _ = self._ref(problem, shape, hb)
         t = time.monotonic()
         with self._with_ref(ref_lock):
             ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
@@ -1162,6 +1161,10 @@ class DeviceMemory:
         self._alone = threading.local()
         self._cv = threading.Condition()
 
+    def _asks_alone(self) -> bool:
+        """Whether the calling thread is inside `alone` (its stage is the retry)."""
+        return getattr(self._alone, "on", False)
+
     @contextlib.contextmanager
     def alone(self):
         """This thread's stages are admitted only with no other stage admitted, and none is admitted beside
@@ -1189,7 +1192,7 @@ class DeviceMemory:
         """Why a stage of `n` bytes may start now ("model" or "device"), or None if it must wait."""
         if not self.holders or not self.total:
             return "model"
-        if self._alone_held or getattr(self._alone, "on", False):
+        if self._alone_held or self._asks_alone():
             return None
         if self.used + n + self.carried() <= self.fraction * self.total:
             return "model"
@@ -1223,7 +1226,7 @@ class DeviceMemory:
             finally:
                 del self._waiting[ticket]
                 self._cv.notify_all()  # the next oldest may now be first in line
-            alone = bool(getattr(self._alone, "on", False))
+            alone = self._asks_alone()
             self.used += n
             self.holders += 1
             self._alone_held += alone

@@ -8,7 +8,7 @@ take seconds. It compares patience settings; it is a model, not a measurement (d
 One evaluation (seconds, unscaled): compile (CPU 9.5 s, then the input upload on the shared side 0.15 s),
 verify (shared 0.6 + 1.5 + 0.5, host 0.35, a reference comparison 0.3 with the reference child's lock),
 benchmark (shared 0.8 + 0.8, reference prepare 0.4, timing 0.6 on the exclusive side with the reference
-child's lock, shared 0.35, host 0.2, reference comparison 0.25), plus `--overhead` seconds per activity
+child's lock (`--timing`), shared 0.35, host 0.2, reference comparison 0.25), plus `--overhead` seconds per activity
 (Temporal's dispatch and the worker's bookkeeping)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ EVALUATION = {
 }
 
 
-def simulate(patience_s: float, minutes: float, population: int, scale: float, overhead: float) -> dict:
+def simulate(patience_s: float, minutes: float, population: int, scale: float, overhead: float,
+             timing_s: float = 0.6) -> dict:
     from gpu_worker.harness import TimedLock
 
     gate = TimedLock(patience_s=patience_s * scale)
@@ -63,7 +64,7 @@ def simulate(patience_s: float, minutes: float, population: int, scale: float, o
             for activity in ("compile", "verify", "benchmark"):
                 time.sleep(overhead * scale)
                 for kind, secs in EVALUATION[activity]:
-                    step(kind, secs)
+                    step(kind, timing_s if kind == "timing" else secs)
             with lock:
                 done[0] += 1
 
@@ -96,11 +97,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--population", type=int, default=24)
     ap.add_argument("--scale", type=float, default=0.05, help="real seconds per simulated second")
     ap.add_argument("--overhead", type=float, default=0.5)
+    ap.add_argument("--timing", type=float, default=0.6,
+                    help="seconds of a benchmark's timing on the exclusive side (0.25: the early stop's case)")
     a = ap.parse_args(argv)
-    if not 0 < a.scale <= 1 or a.minutes <= 0 or a.population < 1:
-        ap.error("--scale in (0, 1], --minutes > 0, --population >= 1")
+    if not 0 < a.scale <= 1 or a.minutes <= 0 or a.population < 1 or a.timing <= 0:
+        ap.error("--scale in (0, 1], --minutes > 0, --population >= 1, --timing > 0")
     for p in a.patience:
-        print(simulate(p, a.minutes, a.population, a.scale, a.overhead), flush=True)
+        print(simulate(p, a.minutes, a.population, a.scale, a.overhead, a.timing), flush=True)
     return 0
 
 

@@ -34,11 +34,15 @@ def activities(path: str, run: str = "", after: float = 0.0) -> list[dict]:
             and _end(d) - (d.get("seconds") or 0) >= t0 + after]
 
 
+def _benchmark_ends(rows: list[dict]) -> list[float]:
+    return sorted(_end(d) for d in rows if d.get("event") == "benchmark")
+
+
 def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
     """Benchmarks finished per hour between the first and the last finished one; with nvidia-smi rows
     ((time, gpu, utilization %, memory MiB, SM MHz), gpu_session.py's session.json "smi"), the mean
     utilization and the peak memory of `gpu` over the same span."""
-    ends = sorted(_end(d) for d in rows if d.get("event") == "benchmark")
+    ends = _benchmark_ends(rows)
     if len(ends) < 2:
         return f"{len(ends)} benchmarks: no rate"
     span = ends[-1] - ends[0]
@@ -54,7 +58,7 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
 def per_minute(rows: list[dict]) -> str:
     """Benchmarks finished in each whole minute from the first finished one (x60: a rate per hour), so that
     the warm-up's batch, the pipeline's refill and a compaction's drain show as what they are."""
-    ends = sorted(_end(d) for d in rows if d.get("event") == "benchmark")
+    ends = _benchmark_ends(rows)
     if not ends:
         return "no benchmarks"
     bins = [0] * int((ends[-1] - ends[0]) // 60)  # whole minutes only: a last partial one says nothing

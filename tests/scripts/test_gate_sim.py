@@ -21,3 +21,12 @@ def test_bad_arguments_refused(sim, capsys):
     with pytest.raises(SystemExit) as e:
         sim.main(["--scale", "0"])
     assert e.value.code == 2 and "--scale in (0, 1]" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        sim.main(["--timing", "0"])
+    assert e.value.code == 2 and "--timing > 0" in capsys.readouterr().err
+
+
+def test_shorter_timings_hold_the_exclusive_side_less(sim):
+    full = sim.simulate(patience_s=1.0, minutes=2.0, population=4, scale=0.01, overhead=0.5)
+    short = sim.simulate(patience_s=1.0, minutes=2.0, population=4, scale=0.01, overhead=0.5, timing_s=0.1)
+    assert short["timed_fraction"] < full["timed_fraction"]
