@@ -23,6 +23,9 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
 * ``marathon_gpu_timed_seconds_total``: of that, the exclusive side (timing, profiling): the GPU time
   that cannot overlap anything. The run's ``gpu_seconds`` budget
   is charged from the benchmark reports instead.
+* ``marathon_gpu_closed_seconds_total``: seconds the gate was closed to new untimed work: a timing request
+  waiting for the shared holds to drain, or timing under way. Untimed work that arrives then waits
+  (``gpu-shared-wait`` in the phase log), so this is the gate's own cost in the pipeline.
 
 Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts.py, and all of
 them exist from the start at 0, so ``rate()`` works before the first event.
@@ -117,12 +120,15 @@ if prometheus_client is not None:
         "marathon_gpu_busy_seconds", "Seconds this worker had device work under way (its GPU gate held, either side)")
     _GPU_TIMED = prometheus_client.Counter(
         "marathon_gpu_timed_seconds", "Seconds this worker held its GPU gate exclusively (timing, profiling)")
+    _GPU_CLOSED = prometheus_client.Counter(
+        "marathon_gpu_closed_seconds", "Seconds this worker's GPU gate was closed to new untimed work (a drain "
+        "for timing, or timing)")
     for _o in OUTCOMES:
         _EVALUATIONS.labels(outcome=_o)
     for _s in STAGES:
         _REJECTIONS.labels(stage=_s)
 else:  # pragma: no cover
-    _EVALUATIONS = _REJECTIONS = _GPU_BUSY = _GPU_TIMED = None
+    _EVALUATIONS = _REJECTIONS = _GPU_BUSY = _GPU_TIMED = _GPU_CLOSED = None
 
 
 def counters_available() -> bool:
@@ -159,6 +165,12 @@ def add_gpu_timed(seconds: float) -> None:
     """Add seconds of exclusive (timed) GPU work; 0 and None are ignored. Thread-safe."""
     if seconds and seconds > 0 and _GPU_TIMED is not None:
         _GPU_TIMED.inc(seconds)
+
+
+def add_gpu_closed(seconds: float) -> None:
+    """Add seconds with the GPU gate closed to new untimed work; 0 and None are ignored. Thread-safe."""
+    if seconds and seconds > 0 and _GPU_CLOSED is not None:
+        _GPU_CLOSED.inc(seconds)
 
 
 def observe_report(stage: str, report: Any) -> None:

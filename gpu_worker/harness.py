@@ -997,8 +997,10 @@ class TimedLock:
         self._shared = 0
         self.busy_s = 0.0  # time with the gate held on either side: the harness has work on the device
         self.timed_s = 0.0  # of which exclusive (timing)
+        self.closed_s = 0.0  # closed to new shared work: a drain for timing, or timing (see _closed)
         self._t = 0.0
         self._busy_since: float | None = None
+        self._closed_since: float | None = None
 
     def _enter(self) -> None:  # under _cv: the first holder starts a busy stretch
         if self._busy_since is None:
@@ -1013,6 +1015,18 @@ class TimedLock:
             self.busy_s += dt
             add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
 
+    def _closed(self) -> None:  # under _cv, after any change of _exclusive or _closing
+        from activities.metrics import add_gpu_closed
+
+        if self._exclusive or self._closing:
+            if self._closed_since is None:
+                self._closed_since = time.monotonic()
+        elif self._closed_since is not None:
+            dt = time.monotonic() - self._closed_since
+            self._closed_since = None
+            self.closed_s += dt
+            add_gpu_closed(dt)  # Prometheus: marathon_gpu_closed_seconds_total
+
     def acquire(self):
         t = time.monotonic()
         with self._cv:
@@ -1022,16 +1036,19 @@ class TimedLock:
                     left = t + self.patience_s - time.monotonic()
                     if left <= 0:
                         self._closing = True  # no new shared work from now: the holds drain
+                        self._closed()
                     self._cv.wait(min(2.0, left) if left > 0 else 2.0)
                     _beat()
             except BaseException:  # cancelled while waiting: the gate must not stay closed for nobody
                 self._waiting -= 1
                 if not self._waiting and not self._exclusive:
                     self._closing = False
+                    self._closed()
                     self._cv.notify_all()
                 raise
             self._waiting -= 1
             self._exclusive = True
+            self._closed()
             self._enter()
         self._t = time.monotonic()
         _add_phase("gpu-wait", self._t - t)
@@ -1046,6 +1063,7 @@ class TimedLock:
         with self._cv:
             self._exclusive = False
             self._closing = self._waiting > 0  # the queued timing requests run next, as one batch
+            self._closed()
             self._leave()
             self._cv.notify_all()
 

@@ -87,7 +87,7 @@ def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) ->
 
 def scrape_busy(port: int, name: str = "busy") -> float | None:
     """A GPU worker's marathon_gpu_<name>_seconds_total (busy: the gate held on either side; timed: its
-    exclusive side)."""
+    exclusive side; closed: the gate closed to new untimed work)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except Exception:  # noqa: BLE001
@@ -97,12 +97,39 @@ def scrape_busy(port: int, name: str = "busy") -> float | None:
 
 
 SMI: list = []  # (time, gpu index, utilization %, memory used MiB, SM clock MHz), per GPU per second
+CPU: list = []  # (time, busy share of all the host's cores since the previous row, 1-minute load average)
+
+
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all cores from /proc/stat (idle and iowait are not busy)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [float(x) for x in f.readline().split()[1:]]
+        return sum(v) - v[3] - v[4], sum(v)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def sample_cpu() -> None:
+    """One row of the host's CPU use: whether the cores, not the GPU, are what the pipeline waits for."""
+    now = _cpu_times()
+    if now is None:
+        return
+    prev = getattr(sample_cpu, "prev", None)
+    sample_cpu.prev = now
+    if prev and now[1] > prev[1]:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:
+            load = -1.0
+        CPU.append((time.time(), round((now[0] - prev[0]) / (now[1] - prev[1]), 3), load))
 
 
 def sample_smi(stop) -> None:
     """nvidia-smi's utilization (the share of each sample period in which a kernel ran) every second: the
-    GPU's own busy figure, next to the harness's gate-held fraction."""
+    GPU's own busy figure, next to the harness's gate-held fraction; and the host's CPU use."""
     while not stop.is_set():
+        sample_cpu()
         try:
             out = subprocess.run(["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used,clocks.sm",
                                   "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
@@ -292,7 +319,8 @@ def main() -> int:
                 if "polling" in text:
                     serving(1, time.time())
             sample = {"t": time.time(), "busy": {w["name"]: scrape_busy(w["port"]) for w in workers},
-                      "timed": {w["name"]: scrape_busy(w["port"], "timed") for w in workers}, "runs": {}}
+                      "timed": {w["name"]: scrape_busy(w["port"], "timed") for w in workers},
+                      "closed": {w["name"]: scrape_busy(w["port"], "closed") for w in workers}, "runs": {}}
             done = True
             for p, rid in ids.items():
                 st = status(rid)
@@ -331,6 +359,7 @@ def main() -> int:
         summary["workers"] = workers
         smi_stop.set()
         summary["smi"] = SMI
+        summary["cpu"] = CPU
         if a.gpu_tests and not early_tests:
             tests = start_gpu_tests(devices[-1])
         finish_gpu_tests(tests, min(150, left(a) - 20))
@@ -499,7 +528,7 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
         n = sum(lo <= t < hi for t in ends)
-        busy, timed, util, mem, clk = {}, {}, {}, {}, {}
+        busy, timed, closed, util, mem, clk = {}, {}, {}, {}, {}, {}
         for w in workers[:i + 1]:
             gpu = int(w["name"][3:])
             rows = [(u, m, c) for t, g, u, m, c in SMI if g == gpu and lo <= t <= hi]
@@ -507,7 +536,7 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
                 util[w["name"]] = round(sum(r[0] for r in rows) / len(rows) / 100, 3)
                 mem[w["name"]] = max(r[1] for r in rows)
                 clk[w["name"]] = round(sum(r[2] for r in rows) / len(rows))
-            for key, into in (("busy", busy), ("timed", timed)):
+            for key, into in (("busy", busy), ("timed", timed), ("closed", closed)):
                 pts = [(x["t"], x.get(key, {}).get(w["name"])) for x in samples
                        if lo <= x["t"] <= hi and x.get(key, {}).get(w["name"]) is not None]
                 if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
@@ -515,12 +544,14 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
         its = [(x["t"], x["runs"][problem]["iteration"]) for x in samples if lo <= x["t"] <= hi
                and isinstance(x.get("runs", {}).get(problem, {}).get("iteration"), int)]
         recorded = its[-1][1] - its[0][1] if len(its) >= 2 else None
+        cpus = [c for c in CPU if lo <= c[0] <= hi]
         out.append({"gpus": i + 1, "from_s": round(lo - t_start, 1), "to_s": round(hi - t_start, 1),
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
                     "recorded": recorded, "recorded_per_hour": round(recorded / (its[-1][0] - its[0][0]) * 3600, 1)
                     if recorded is not None and its[-1][0] > its[0][0] else None,
-                    "busy_fraction": busy, "timed_fraction": timed, "smi_utilization": util, "smi_max_memory_mib": mem,
-                    "smi_mean_sm_mhz": clk})
+                    "busy_fraction": busy, "timed_fraction": timed, "gate_closed_fraction": closed,
+                    "smi_utilization": util, "smi_max_memory_mib": mem, "smi_mean_sm_mhz": clk,
+                    "cpu_busy": round(sum(c[1] for c in cpus) / len(cpus), 3) if cpus else None})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
     return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
 

@@ -5,7 +5,7 @@
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
 and the last (session f's table), with nvidia-smi's mean utilization and peak memory over that span from a
-gpu_session.py session.json."""
+gpu_session.py session.json (and, from session h, the host's CPU use and the GPU gate's closed share)."""
 
 from __future__ import annotations
 
@@ -38,10 +38,13 @@ def _benchmark_ends(rows: list[dict]) -> list[float]:
     return sorted(_end(d) for d in rows if d.get("event") == "benchmark")
 
 
-def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
+def rate(rows: list[dict], smi: list | None = None, gpu: int = 0, cpu: list | None = None,
+         samples: list | None = None) -> str:
     """Benchmarks finished per hour between the first and the last finished one; with nvidia-smi rows
     ((time, gpu, utilization %, memory MiB, SM MHz), gpu_session.py's session.json "smi"), the mean
-    utilization and the peak memory of `gpu` over the same span."""
+    utilization and the peak memory of `gpu` over the same span; with its "cpu" rows (time, busy share,
+    load average), the host's mean CPU use; with its "samples", the share of the span that worker gpu`gpu`'s
+    GPU gate was closed to untimed work (marathon_gpu_closed_seconds_total, from session h)."""
     ends = _benchmark_ends(rows)
     if len(ends) < 2:
         return f"{len(ends)} benchmarks: no rate"
@@ -52,6 +55,14 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0) -> str:
         if inside:
             out += (f"; nvidia-smi GPU {gpu}: utilization {sum(r[2] for r in inside) / len(inside):.1f}%, "
                     f"peak memory {max(r[3] for r in inside) / 1024:.0f} GiB")
+    inside = [r for r in cpu or () if ends[0] <= r[0] <= ends[-1]]
+    if inside:
+        out += (f"; host CPU busy {100 * sum(r[1] for r in inside) / len(inside):.0f}% "
+                f"(load average {sum(r[2] for r in inside) / len(inside):.1f})")
+    pts = [(x["t"], x["closed"][f"gpu{gpu}"]) for x in samples or ()
+           if ends[0] <= x["t"] <= ends[-1] and (x.get("closed") or {}).get(f"gpu{gpu}") is not None]
+    if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
+        out += f"; gate closed {100 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]):.0f}% of the time"
     return out
 
 
@@ -111,17 +122,18 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--per-minute", action="store_true", help="benchmarks finished in each minute (session g)")
     ap.add_argument("--run", default="", help="only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="only activities started this many seconds in")
-    ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi figures")
+    ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi, CPU and "
+                    "gate figures")
     ap.add_argument("--gpu", type=int, default=0, help="the nvidia-smi GPU index for --smi")
     a = ap.parse_args(argv)
-    smi = json.load(open(a.smi)).get("smi") if a.smi else None
+    session = json.load(open(a.smi)) if a.smi else {}
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
         if a.concurrency:
             print(concurrency(rows))
         if a.rate:
-            print(rate(rows, smi, a.gpu))
+            print(rate(rows, session.get("smi"), a.gpu, session.get("cpu"), session.get("samples")))
         if a.per_minute:
             print(per_minute(rows))
     return 0

@@ -191,7 +191,8 @@ def test_observe_report_counts_gpu_worker_reports():
     # busy time comes from the GPU lock (verification and timing alike), not from reports
     assert delta("marathon_gpu_busy_seconds_total") == pytest.approx(lock.busy_s)
     assert delta("marathon_gpu_timed_seconds_total") == pytest.approx(lock.timed_s)
-    assert lock.busy_s >= 0.2 and lock.timed_s >= 0.2
+    assert delta("marathon_gpu_closed_seconds_total") == pytest.approx(lock.closed_s)
+    assert lock.busy_s >= 0.2 and lock.timed_s >= 0.2 and lock.closed_s >= 0.2
 
 
 def test_setup_metrics_as_default_runtime_for_workflows_client_connect(tmp_path):

@@ -1,25 +1,30 @@
 """References for KDA, written from the math (kernel-notes section 1.1/1.2), not from FLA code.
 
-`recurrent_fp64`: the oracle. Token-by-token recurrence in float64 (state S fp64), vectorised over B and H,
-a Python loop over T only, so it runs on CUDA tensors too:
-
-    S <- diag(exp(g_t)) S ;  S <- S + beta_t k_t (v_t - S^T k_t)^T ;  o_t = S^T (scale q_t)
-
-Cost: T iterations of ~8 small tensor ops on [B, H, K, V]: 4*B*H*K*V fp64 FLOPs-ish per step plus launch
-overhead. On a CPU, B1 T80 H2 D32 takes milliseconds; on an H200, T = 8192 with H = 32 is ~8192 * 8 launches
-(~0.5-1 s, launch-bound; fp64 throughput is not the limit). The CUDA version needs B*H*K*V*8 bytes of state
-(4 MB at H32 D128) plus the fp64 copies of the inputs (~10 GB at B1 T32768 H32: use moderate T there).
-
-`chunked`: the chunked (WY/UT) form in any float dtype, a second oracle for tests (fp64) and the CPU
-baseline (fp32). Per chunk of C tokens, G = chunk-local cumsum of g; every e^{G_i - G_j} is computed per pair
-with the exponent masked to j <= i before exp (so exponents are <= 0: no overflow under any gate):
+`chunked`, in float64: the oracle (`KDA.oracle`). The chunked (WY/UT) form in any float dtype; fp64 for the
+oracle, fp32 for the CPU baseline. Per chunk of C tokens, G = chunk-local cumsum of g; every e^{G_i - G_j} is
+computed per pair with the exponent masked to j <= i before exp (so exponents are <= 0: no overflow under
+any gate):
 
     A_kk[i,j] = beta_i sum_d k_id k_jd e^{G_id - G_jd}   (j < i)
     A_qk[i,j] = sum_d (scale q_id) k_jd e^{G_id - G_jd}  (j <= i)
     T = (I + A_kk)^-1 diag(beta) ;  w = T (e^G * k) ;  u = T v
     v_new = u - w S ;  o = (scale q * e^G) S + A_qk v_new ;  S <- diag(e^{G_last}) S + (e^{G_last - G} * k)^T v_new
 
-Its cost is B*H*C*C*K elements per chunk for the pairwise exponent tensor (memory-heavy but exact).
+Its cost is B*H*C*C*K elements per chunk for the pairwise exponent tensor (memory-heavy but exact) and about
+20 tensor ops per chunk: at B1 T8192 H32 that is ~2,600 launches, where the recurrence below makes ~65,000.
+That is why it is the oracle: the worker computes its oracles while candidates compile on every core, and a
+launch-bound loop slowed from ~1.3 s per case on an idle H200 to ~20 s beside them (docs/throughput.md,
+session h). In fp64 the two agree to ~1e-15 (tests/baselines/test_kda.py, at the CPU test shapes and on the
+H200 at the primary shape).
+
+`recurrent_fp64`: the oracle's oracle, the definition itself. Token-by-token recurrence in float64 (state S
+fp64), vectorised over B and H, a Python loop over T only, so it runs on CUDA tensors too:
+
+    S <- diag(exp(g_t)) S ;  S <- S + beta_t k_t (v_t - S^T k_t)^T ;  o_t = S^T (scale q_t)
+
+A one-step test checks it against the formula worked out by hand, and the chunked form is tested against it.
+The CUDA versions need B*H*K*V*8 bytes of state (4 MB at H32 D128) plus the fp64 copies of the inputs (~10 GB
+at B1 T32768 H32: use moderate T there).
 """
 
 from __future__ import annotations

@@ -487,6 +487,9 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
     # busy: the union of both sides' holds (0.3 s shared, then 0.2 s exclusive, then 0.01 s); timed: exclusive
     assert gate.timed_s >= 0.2 and gate.busy_s >= 0.5
     assert gate.busy_s < 0.5 + 0.3  # the overlapping shared holds are counted once
+    # closed to new shared work from the timing request (no patience) to the end of its hold: the drain
+    # (~0.25 s) and the timing (0.2 s), not the shared job after it
+    assert 0.4 <= gate.closed_s < 0.5 + 0.3
 
 
 def test_gpu_gate_cancelled_waits_leave_nothing_taken():

@@ -53,6 +53,12 @@ def test_rate_first_to_last_benchmark_with_smi(ps, log):
     # 3 benchmarks over 20 s: 2 intervals -> 360/h
     assert out.startswith("3 benchmarks, 360/h over 20 s")
     assert "utilization 30.0%" in out and "peak memory 4 GiB" in out
+    cpu = [(first + 1, 0.5, 8.0), (first + 2, 0.7, 10.0), (first + 100, 1.0, 16.0)]  # the last: outside
+    samples = [{"t": first, "closed": {"gpu0": 3.0}}, {"t": first + 10, "closed": {"gpu0": 7.0}},
+               {"t": first + 20, "closed": {"gpu0": 9.0, "gpu1": 0.0}}, {"t": first + 50, "closed": {"gpu0": 50.0}}]
+    out = ps.rate(rows, smi, gpu=0, cpu=cpu, samples=samples)
+    assert "host CPU busy 60% (load average 9.0)" in out
+    assert "gate closed 30% of the time" in out  # (9 - 3) s over 20 s
     assert ps.rate(rows[:1]) == "0 benchmarks: no rate"
 
 
