@@ -367,7 +367,12 @@ def main() -> int:
         for pr in procs[1:]:  # workers down before the GPUs are measured; the dev server can stay
             pr.terminate()
         for pr in procs[1:]:
-            pr.wait(30)
+            try:  # a worker still letting its activities finish is killed: its runs resume on the next worker
+                pr.wait(30)
+            except subprocess.TimeoutExpired:
+                log(f"process {pr.pid} still running 30 s after its stop: killed")
+                pr.kill()
+                pr.wait(10)
         if a.bench:
             summary["bench"] = bench(a, summary, devices)
     finally:
