@@ -707,8 +707,10 @@ class Evaluator:
                             _add_phase(f"prepare.{k}", v)
                 with self._with_ref(ref_lock):
                     ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
-                    with _phase("receipt"):  # clocks read just before the timed section, outside the lock
-                        receipt = ref_sb.call("receipt", 60, hb)
+                # clocks read just before the timed section: nvidia-smi, host work, so the reference child's
+                # lock without the gate (a shared hold of up to 0.9 s for it lengthened timing's drains)
+                with _phase("receipt"), ref_lock:
+                    receipt = ref_sb.call("receipt", 60, hb)
                 fresh = None
                 if req.fresh_process and self.cuda:
                     # the re-measuring child is loaded and fed before the lock: only timing holds the GPU
