@@ -153,7 +153,6 @@ class Server:
         self.cpu_mode = not self.cuda
         self.bank_tag = None
         self._prefetched: dict = {}
-        self._staged: dict = {}  # (dist, seed) -> inputs in host memory, read before the gate (cmd_stage)
         self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self.prep_timing: dict = {}
@@ -316,12 +315,8 @@ class Server:
         is checked against, so an altered bank file is a rejection, not a silent agreement."""
         import torch
 
-        t0 = self.T["perf"]()
-        staged = self._staged.pop((dist, seed), None)
-        if staged is not None:
-            self._count("staged", t0)
-            return staged
         path = self._bank_path(dist, seed)
+        t0 = self.T["perf"]()
         if path and self.role == "candidate" and os.path.exists(path):
             try:
                 inp = torch.load(path, mmap=True, weights_only=True)
@@ -596,28 +591,6 @@ class Server:
                     info.append(d)
         return info
 
-    def cmd_stage(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None):
-        """Host work only, which the worker asks for before it takes its GPU gate: read the inputs that the
-        next `prepare` uploads (the verification cases, or the timing sets when they are not made yet) into
-        this process's memory. The bank's files are memory-mapped, so without this step their pages were
-        read by the upload itself, inside a shared hold of the gate, and every timing request waited for such
-        holds to drain: the gate was closed to new work 65% of the time in session h (docs/throughput.md).
-        The staged copies are used once and dropped (see _host_inputs)."""
-        self.prep_timing = {}
-        wanted = [tuple(c) for c in cases or ()]
-        if rotate and len(self.sets) != rotate:
-            wanted += [(dist or self.problem.distributions[0], 1000 + i) for i in range(rotate)]
-        for d, s_ in wanted:
-            if (d, s_) in self._staged or (d, s_) in self._prefetched:
-                continue
-            inp = self._host_inputs(d, s_)
-            t0 = self.T["perf"]()
-            # every page read now (a clone of the mapped file), not by the upload under the gate
-            self._staged[(d, s_)] = {k: (self.T["clone"](v) if hasattr(v, "element_size") else v)
-                                     for k, v in inp.items()}
-            self._count("read", t0)
-        return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
-
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
                     kernels: bool = True):
         """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
@@ -873,7 +846,6 @@ class Server:
         self.sets = []
         self.set_baseline = {}
         self.flush = None
-        self._staged = {}
         self._release()
         return {}
 

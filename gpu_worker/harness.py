@@ -377,15 +377,6 @@ class Evaluator:
             st = {"cuda-error": "sandbox", "oom": "sandbox", "contract": "rules"}.get(kind, stage)
             raise Rejection(st, f"{kind}: {r.get('error', '')}", (r.get("traceback") or "") + "\n" + sb.log_tail())
 
-    def _stage(self, sb: Sandbox, stage: str, hb, **kw) -> None:
-        """The child reads the inputs its next `prepare` uploads (child.cmd_stage), outside the GPU gate: a
-        shared hold then covers the upload only, and a timing request's drain waits for less."""
-        with _phase("stage"):
-            r = sb.call("stage", self.timeouts["load"], hb, **kw)
-        self._check_reply(r, stage, sb)
-        for k, v in (r.get("timing") or {}).items():
-            _add_phase(f"stage.{k}", v)
-
     def _rules(self, source: str, problem: str):
         if not self.static_rules:
             return
@@ -410,7 +401,6 @@ class Evaluator:
             try:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
-                self._stage(sb, "compile", hb, cases=[[problem.distributions[0], 0]])
                 with self._hold(problem, shape, "compile"):
                     with _phase("prepare"), self._shared():  # the one device step of compiling: the inputs' upload
                         pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[problem.distributions[0], 0]],
@@ -525,7 +515,6 @@ class Evaluator:
         handed_on = False
         mem = contextlib.ExitStack()  # device-memory admission: from the upload to the last comparison
         try:
-            self._stage(sb, "verify", hb, cases=[list(c) for c in cases])
             mem.enter_context(self._hold(problem, shape, "verify"))
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
@@ -694,9 +683,6 @@ class Evaluator:
                     best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
                 plan = self._plan()
-                for s_ in (cand, best):
-                    if s_ is not None:
-                        self._stage(s_, "benchmark", hb, rotate=plan["rotate"])
                 mem.enter_context(self._hold(problem, shape, "benchmark"))
                 for s_ in (cand, best):  # one shared hold each: a timing request waits for the shorter one
                     if s_ is not None:
@@ -717,7 +703,6 @@ class Evaluator:
                     fresh = self.pool.acquire()
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
-                    self._stage(fresh, "benchmark", hb, rotate=3)
                     with self._shared():
                         pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
                     self._check_reply(pre, "benchmark", fresh)

@@ -320,40 +320,6 @@ def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, 
         e.close()
 
 
-def test_inputs_are_read_before_the_gate_and_uploaded_under_it(store, monkeypatch, tmp_path):
-    """Each stage's child reads the bank's files (memory-mapped) into its own memory in a `stage` call,
-    outside the GPU gate; the `prepare` under the gate then takes those copies and reads no file."""
-    import gpu_worker.harness as h
-    from baselines.registry import get_problem
-    from gpu_worker.harness import phases_begin, phases_end
-
-    monkeypatch.setenv("MARATHON_GPU_WORKDIR", str(tmp_path))
-    monkeypatch.setattr(h, "SEED_POOL", 3)
-    e = h.Evaluator(store=store, interpreter=True, spares=0)
-    try:
-        e.warm("softmax")
-        r = req(store, canary("fast"))
-        n = len(e.cases(get_problem("softmax"), r.candidate_id))
-        phases_begin()
-        assert e.compile(r).ok
-        ph = phases_end()
-        assert ph.get("stage.bank-n") == 1 and ph.get("prepare.staged-n") == 1 and "prepare.bank-n" not in ph, ph
-        phases_begin()
-        assert e.verify(r).ok
-        ph = phases_end()
-        assert ph.get("stage.bank-n") == n and ph.get("prepare.staged-n") == n, ph
-        assert "prepare.bank-n" not in ph and "stage" in ph, ph
-        phases_begin()
-        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
-        ph = phases_end()
-        rotate = e._plan()["rotate"]
-        assert b.ok, b.reason
-        assert ph.get("stage.bank-n") == rotate and ph.get("prepare.staged-n") == rotate, ph
-        assert "prepare.bank-n" not in ph, ph
-    finally:
-        e.close()
-
-
 def test_late_write_rejected(ev_raw, store):
     # outputs are snapshotted right after each call and the candidate's buffers must still match them
     # when the worker exports them: the zeros the call produced are what is judged, and the change is named
