@@ -274,6 +274,29 @@ def test_warm_fills_oracle_bank(store, monkeypatch):
         e.close()
 
 
+def test_an_oracle_computed_twice_at_once_keeps_the_first_entry(store):
+    """Warm-up and an early verification may compute the same case at once; the second computation
+    (oracle cached, baseline compiled) must not replace the first one's entry and timings."""
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=store, interpreter=True, spares=0)
+    try:
+        p = e._problem("softmax")
+        sh = e._shape(p, None)
+        case = (p.distributions[0], 0)
+        first = {"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 20.0}}
+
+        def racing_call(problem, shape, hb, cmd, timeout, gate="shared", **kw):
+            # the other caller finished its computation of the case while this one waited for the child
+            e._ref_meta[(problem.name, shape.name, *case)] = first
+            return {"ok": True, "cases": [{"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 0.0}}]}
+
+        e._ref_call = racing_call
+        assert e.reference(p, sh, [case], None) == [first]
+    finally:
+        e.close()
+
+
 def test_verification_reports_where_its_time_went(ev, store):
     # the activity wrapper logs these phases with every GPU activity (docs/throughput.md reads them)
     from gpu_worker.harness import phases_begin, phases_end
