@@ -153,6 +153,7 @@ class Server:
         self.cpu_mode = not self.cuda
         self.bank_tag = None
         self._prefetched: dict = {}
+        self._verifying: dict | None = None  # a verification's state between its steps (cmd_verify_case ...)
         self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self.prep_timing: dict = {}
@@ -625,69 +626,93 @@ class Server:
                 self._count("kernels", t0)
         return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
 
-    def cmd_verify(self, cases: list, determinism: bool = True, stale: bool = True):
-        """Run the candidate on each (distribution, seed) case on fresh, NaN-poisoned outputs; return the
-        outputs' handles and the inputs' hashes before and after. Then a determinism rerun on fresh buffers
-        and a stale-output probe (same buffers, new contents). Outputs are copied on the device right after
-        each call; `export` and `write_exports`, which the worker calls next, turn the copies into the
-        handles' files."""
-        perf, tm = self.T["perf"], {}
-        self._pending = []
+    # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
+    # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
+    # drain, and one hold for all eight calls lasted 1.9 s on average (docs/throughput.md, session h).
 
-        def tick(name, t0):  # seconds per step, reported to the worker's phase log (docs/throughput.md)
-            tm[name] = tm.get(name, 0.0) + perf() - t0
-            return perf()
+    def _tick(self, name: str, t0: float) -> float:
+        """Seconds per verification step, reported to the worker's phase log (docs/throughput.md)."""
+        tm = self._verifying["timing"]
+        tm[name] = tm.get(name, 0.0) + self.T["perf"]() - t0
+        return self.T["perf"]()
 
-        results = []
-        first = None
-        for dist, seed in cases:
-            t = perf()
-            inputs = self._inputs(dist, seed)
-            t = tick("inputs", t)
-            h0 = self._hash(inputs)
-            pristine = self._pristine(inputs)
+    def cmd_verify_case(self, cases: list, i: int):
+        """Case i of `cases`: the candidate runs on the case's fresh inputs with fresh, NaN-poisoned outputs;
+        the inputs' hash before the call, whether the call changed them, and the outputs' handles are kept
+        for `verify_reply`. Outputs are copied right after the call; `export` and `write_exports`, which
+        the worker calls after the reply, turn the copies into the handles' files. Case 0 starts a new
+        verification; a later case must follow the one before it."""
+        if i == 0:
+            self._pending = []
+            self._verifying = {"cases": [], "timing": {}, "first": None, "extra": {}}
+        v = self._verifying
+        if v is None or len(v["cases"]) != i or v["extra"]:
+            return {"ok": False, "kind": "exception", "error": f"verification step out of order: case {i}"}
+        dist, seed = cases[i]
+        t = self.T["perf"]()
+        inputs = self._inputs(dist, seed)
+        t = self._tick("inputs", t)
+        h0 = self._hash(inputs)
+        pristine = self._pristine(inputs)
+        outs = self._outputs()
+        t = self._tick("hash-copy", t)
+        self._call(inputs, outs, guarded=True)
+        t = self._tick("first-call" if v["first"] is None else "call", t)
+        mutated = self._mutated(inputs, pristine)
+        del pristine
+        t = self._tick("hash-copy", t)
+        v["cases"].append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
+                           "outputs": self._export(outs, f"case{i}"),
+                           "out_type_ok": all(type(x) is __import__("torch").Tensor for x in outs.values())})
+        self._tick("export", t)
+        if v["first"] is None:
+            v["first"] = (inputs, outs)
+        return {}
+
+    def cmd_verify_rerun(self, cases: list):
+        """The determinism rerun: case 0 again, on fresh buffers (copies of its prefetched inputs)."""
+        v = self._verifying
+        if v is None or not v["first"]:
+            return {"ok": False, "kind": "exception", "error": "verification step out of order: rerun before case 0"}
+        t = self.T["perf"]()
+        inputs = self._inputs(*cases[0])
+        outs = self._outputs()
+        self._call(inputs, outs, guarded=True)
+        v["extra"]["rerun"] = self._export(outs, "rerun")
+        self._tick("rerun", t)
+        return {}
+
+    def cmd_verify_stale(self, cases: list):
+        """The stale-output probe: case 0's input buffers (same pointers) now hold case 1's contents, on
+        fresh outputs; a candidate that caches its outputs by pointer returns case 0's again."""
+        v = self._verifying
+        if v is None or not v["first"] or len(cases) < 2:
+            return {"ok": False, "kind": "exception", "error": "verification step out of order: stale probe"}
+        t = self.T["perf"]()
+        inputs0, _ = v["first"]
+        fresh = self._inputs(*cases[1])
+        if all(getattr(fresh[k], "shape", None) == getattr(inputs0[k], "shape", None) for k in fresh):
+            for k, x in fresh.items():
+                if hasattr(x, "copy_"):
+                    self.T["copy_"](inputs0[k], x)
+                else:
+                    inputs0[k] = x
             outs = self._outputs()
-            t = tick("hash-copy", t)
-            self._call(inputs, outs, guarded=True)
-            t = tick("first-call" if first is None else "call", t)
-            mutated = self._mutated(inputs, pristine)
-            del pristine
-            t = tick("hash-copy", t)
-            results.append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
-                            "outputs": self._export(outs, f"case{len(results)}"),
-                            "out_type_ok": all(type(v) is __import__("torch").Tensor for v in outs.values())})
-            tick("export", t)
-            if first is None:
-                first = (inputs, outs)
-        reply = {"cases": results}
-        if determinism and first:
-            t = perf()
-            dist, seed = cases[0]
-            inputs = self._inputs(dist, seed)  # fresh buffers already (copies of the prefetched set)
-            outs = self._outputs()
-            self._call(inputs, outs, guarded=True)
-            reply["rerun"] = self._export(outs, "rerun")
-            tick("rerun", t)
-        if stale and len(cases) > 1 and first:
-            t = perf()
-            # the first case's input buffers (same pointers) now hold the second case's contents
-            inputs0, _ = first
-            dist, seed = cases[1]
-            fresh = self._inputs(dist, seed)
-            same_shapes = all(getattr(fresh[k], "shape", None) == getattr(inputs0[k], "shape", None) for k in fresh)
-            if same_shapes:
-                for k, v in fresh.items():
-                    if hasattr(v, "copy_"):
-                        self.T["copy_"](inputs0[k], v)
-                    else:
-                        inputs0[k] = v
-                outs = self._outputs()
-                self._call(inputs0, outs, guarded=True)
-                reply["stale"] = {"case": 1, "outputs": self._export(outs, "stale")}
-            tick("stale", t)
+            self._call(inputs0, outs, guarded=True)
+            v["extra"]["stale"] = {"case": 1, "outputs": self._export(outs, "stale")}
+        self._tick("stale", t)
+        return {}
+
+    def cmd_verify_reply(self):
+        """Host work only: what the steps gathered (cases, and "rerun" / "stale" where they ran), with their
+        timings. The verification's inputs are dropped here."""
+        v = self._verifying
+        if v is None:
+            return {"ok": False, "kind": "exception", "error": "verification step out of order: no verification"}
+        reply = {"cases": v["cases"], **v["extra"], "timing": {k: round(x, 4) for k, x in v["timing"].items()}}
+        self._verifying = None
         self._prefetched = {}
         self.ran = True
-        reply["timing"] = {k: round(v, 4) for k, v in tm.items()}
         return reply
 
     def _export(self, outs: dict, tag: str) -> dict:

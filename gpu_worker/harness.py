@@ -525,10 +525,17 @@ class Evaluator:
                 _add_phase(f"prepare.{k}", v)
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.reference(problem, shape, cases, hb)
-            # verification is untimed device work: the shared side (it never overlaps a timing)
-            with self._shared():
-                with _phase("run-cases"):
-                    r = sb.call("verify", self.timeouts["verify"], hb, cases=[list(c) for c in cases])
+            # verification is untimed device work: the shared side (it never overlaps a timing), one hold per
+            # step, so that a timing request's drain waits for one case, not for all of them (child.py)
+            listed = [list(c) for c in cases]
+            steps = [("verify_case", {"i": i}) for i in range(len(cases))] + [("verify_rerun", {})]
+            if len(cases) > 1:
+                steps.append(("verify_stale", {}))
+            for cmd, kw in steps:
+                with self._shared(), _phase("run-cases"):
+                    step = sb.call(cmd, self.timeouts["verify"], hb, cases=listed, **kw)
+                self._check_reply(step, "verify", sb)
+            r = sb.call("verify_reply", self.timeouts["verify"], hb)
             self._check_reply(r, "verify", sb)
             for k, v in (r.get("timing") or {}).items():
                 _add_phase(f"run-cases.{k}", v)

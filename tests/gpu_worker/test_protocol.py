@@ -1151,3 +1151,32 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
             assert os.sched_getaffinity(sb.proc.pid) == set(sandbox.TIMING_CPUS[1])
     finally:
         sb.close()
+
+
+def test_verification_steps_run_in_order_only(ev, store):
+    """Verification is one call per step (each case, the rerun, the stale probe, the reply), so that each
+    holds the GPU gate alone. A step out of order is an error, never a half-checked reply."""
+    from baselines.registry import get_problem
+
+    p = get_problem("softmax")
+    cases = [list(c) for c in ev.cases(p, "steps")]
+    sb, _ = ev._loaded_child(("x",), canary("fast"), p, ev._shape(p, None), None)
+    try:
+        assert sb.call("prepare", 120, cases=cases).get("ok")
+        for cmd, kw in (("verify_case", {"i": 1}), ("verify_rerun", {}), ("verify_stale", {})):
+            r = sb.call(cmd, 120, cases=cases, **kw)
+            assert not r.get("ok") and "out of order" in r["error"], (cmd, r)
+        assert "out of order" in sb.call("verify_reply", 120)["error"]
+        for i in range(len(cases)):
+            assert sb.call("verify_case", 120, cases=cases, i=i).get("ok")
+        assert "out of order" in sb.call("verify_case", 120, cases=cases, i=0 + len(cases) + 1)["error"]
+        assert sb.call("verify_rerun", 120, cases=cases).get("ok")
+        assert "out of order" in sb.call("verify_case", 120, cases=cases, i=len(cases))["error"]
+        assert sb.call("verify_stale", 120, cases=cases).get("ok")
+        r = sb.call("verify_reply", 120)
+        assert [(c["dist"], c["seed"]) for c in r["cases"]] == [tuple(c) for c in cases]
+        assert "rerun" in r and "stale" in r and r["timing"]["first-call"] >= 0
+        assert not any(c["mutated"] for c in r["cases"])
+        assert "out of order" in sb.call("verify_reply", 120)["error"]  # the state went with the reply
+    finally:
+        sb.close()
