@@ -156,6 +156,7 @@ class Server:
         self._verifying: dict | None = None  # a verification's state between its steps (cmd_verify_case ...)
         self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
+        self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
         self.prep_timing: dict = {}
         self.sets: list = []  # timing input/output sets
         self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
@@ -743,16 +744,25 @@ class Server:
             self._to_write.append((self.T["view"](flat, torch.uint8), handles[name]["path"]))
 
     def cmd_write_exports(self):
+        """Host work, outside the GPU gate: the late-write check of the outputs `export` downloaded, then
+        the downloads' files. Returns the outputs that changed after their call returned."""
         t0 = self.T["perf"]()
+        changed = []
+        for tag, now, snap in self._to_check:  # bitwise, NaN-safe: the buffers as downloaded vs the copies
+            changed += [f"{tag}/{name}" for name in self._mutated(now, snap)]
+        self._to_check = []
+        t1 = self.T["perf"]()
         for raw, path in self._to_write:
             raw.numpy().tofile(path)
         self._to_write = []
-        return {"timing": {"write": round(self.T["perf"]() - t0, 4)}}
+        return {"changed": changed, "timing": {"check": round(t1 - t0, 4), "write": round(self.T["perf"]() - t1, 4)}}
 
     def cmd_export(self):
         """Download the outputs `verify` kept, for `write_exports`. They are the copies taken
         right after each call, and the candidate's own buffers must still equal them: an output that
-        changed after the call returned means work outside the call (a late write), which is reported."""
+        changed after the call returned means work outside the call (a late write), which is reported.
+        The buffers are downloaded here, under the worker's GPU gate; `write_exports` compares them, on
+        the host, without it."""
         import torch
 
         t0 = self.T["perf"]()
@@ -760,10 +770,9 @@ class Server:
         for tag, outs, snap, handles in self._pending:
             if any(type(outs.get(name)) is not torch.Tensor for name in snap):
                 changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
-            else:  # bitwise, NaN-safe: the buffers as they are now, downloaded, against the copies on the host
-                now = {name: self.T["to"](outs[name].detach(), "cpu", copy=True) for name in snap}
-                changed += [f"{tag}/{name}" for name in self._mutated(now, snap)]
-                del now
+            else:  # the buffers as they are now, for write_exports' comparison with the copies
+                self._to_check.append((tag, {name: self.T["to"](outs[name].detach(), "cpu", copy=True)
+                                             for name in snap}, snap))
             self._download(snap, handles)
         self._pending = []
         self._sync()

@@ -309,9 +309,10 @@ class Evaluator:
         with _phase("export"), self._shared():
             ex = sb.call(cmd, self.timeouts["verify"], hb)
         self._check_reply(ex, stage, sb)
-        with _phase("export-write"):
-            self._check_reply(sb.call("write_exports", self.timeouts["verify"], hb), stage, sb)
-        return ex
+        with _phase("export-write"):  # the late-write check and the files: host work, no gate
+            wr = sb.call("write_exports", self.timeouts["verify"], hb)
+        self._check_reply(wr, stage, sb)
+        return {**ex, "changed": ex.get("changed", []) + wr.get("changed", [])}
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made under the gate's shared side (once per child); then
