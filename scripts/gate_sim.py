@@ -9,7 +9,10 @@ One evaluation (seconds, unscaled): compile (CPU 9.5 s, then the input upload on
 verify (shared 0.6 + 1.5 + 0.5, host 0.35, a reference comparison 0.3 with the reference child's lock),
 benchmark (shared 0.8 + 0.8, reference prepare 0.4, timing 0.6 on the exclusive side with the reference
 child's lock (`--timing`), shared 0.35, host 0.2, reference comparison 0.25), plus `--overhead` seconds per activity
-(Temporal's dispatch and the worker's bookkeeping)."""
+(Temporal's dispatch and the worker's bookkeeping). From session h: `--verify-steps` splits the verification's
+runs into that many holds, `--context S --context-share F` makes a share F of compiles first hold the
+shared side S seconds for a new child's CUDA context, and the output adds the share of the time the gate
+was closed to untimed work."""
 
 from __future__ import annotations
 
@@ -31,8 +34,23 @@ EVALUATION = {
 }
 
 
+def plan(activity: str, verify_steps: int = 1, context_s: float = 0.0) -> list[tuple[str, float]]:
+    """One activity's holds: verification's 1.5 s of runs as `verify_steps` holds (session h's change), and
+    a compile that makes a new child's CUDA context first holds the shared side `context_s` for it."""
+    steps = list(EVALUATION[activity])
+    if activity == "verify" and verify_steps > 1:
+        i = steps.index(("shared", 1.5))
+        steps[i:i + 1] = [("shared", 1.5 / verify_steps)] * verify_steps
+    if activity == "compile" and context_s > 0:
+        steps.insert(0, ("shared", context_s))
+    return steps
+
+
 def simulate(patience_s: float, minutes: float, population: int, scale: float, overhead: float,
-             timing_s: float = 0.6) -> dict:
+             timing_s: float = 0.6, verify_steps: int = 1, context_s: float = 0.0,
+             context_share: float = 0.0) -> dict:
+    import random
+
     from gpu_worker.harness import TimedLock
 
     gate = TimedLock(patience_s=patience_s * scale)
@@ -59,23 +77,24 @@ def simulate(patience_s: float, minutes: float, population: int, scale: float, o
         with lock:
             waits["timing" if kind == "timing" else "shared"].append(waited / scale)
 
-    def candidate() -> None:
+    def candidate(rng: random.Random) -> None:
         while not stop.is_set():
             for activity in ("compile", "verify", "benchmark"):
                 time.sleep(overhead * scale)
-                for kind, secs in EVALUATION[activity]:
+                ctx = context_s if rng.random() < context_share else 0.0
+                for kind, secs in plan(activity, verify_steps, ctx):
                     step(kind, timing_s if kind == "timing" else secs)
             with lock:
                 done[0] += 1
 
-    threads = [threading.Thread(target=candidate, daemon=True) for _ in range(population)]
+    threads = [threading.Thread(target=candidate, args=(random.Random(i),), daemon=True) for i in range(population)]
     for th in threads:
         th.start()
     warm = 2 * 60 * scale  # the pipeline fills first: count from the third simulated minute
     time.sleep(warm)
     with lock:
         n0, w0 = done[0], {k: len(v) for k, v in waits.items()}
-    t0, timed0 = time.monotonic(), gate.timed_s
+    t0, timed0, closed0 = time.monotonic(), gate.timed_s, gate.closed_s
     time.sleep(minutes * 60 * scale)
     with lock:
         n1 = done[0]
@@ -84,8 +103,9 @@ def simulate(patience_s: float, minutes: float, population: int, scale: float, o
     span = (time.monotonic() - t0) / scale
     stop.set()
     timed = (gate.timed_s - timed0) / scale
+    closed = (gate.closed_s - closed0) / scale  # stretches still open at the end are not counted yet
     return {"patience_s": patience_s, "evaluations_per_hour": round((n1 - n0) / span * 3600),
-            "timed_fraction": round(timed / span, 3),
+            "timed_fraction": round(timed / span, 3), "closed_fraction": round(closed / span, 3),
             "shared_wait_mean_s": round(sum(sw) / max(1, len(sw)), 2),
             "timing_wait_mean_s": round(sum(tw) / max(1, len(tw)), 2)}
 
@@ -99,11 +119,20 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--overhead", type=float, default=0.5)
     ap.add_argument("--timing", type=float, default=0.6,
                     help="seconds of a benchmark's timing on the exclusive side (0.25: the early stop's case)")
+    ap.add_argument("--verify-steps", type=int, default=1,
+                    help="holds a verification's runs take (8: one per step, as from session h)")
+    ap.add_argument("--context", type=float, default=0.0,
+                    help="seconds a new child's CUDA context holds the shared side (1.9-8.7 in session h)")
+    ap.add_argument("--context-share", type=float, default=0.0,
+                    help="share of compiles that make a context (about 0.5 in session h)")
     a = ap.parse_args(argv)
-    if not 0 < a.scale <= 1 or a.minutes <= 0 or a.population < 1 or a.timing <= 0:
-        ap.error("--scale in (0, 1], --minutes > 0, --population >= 1, --timing > 0")
+    if not 0 < a.scale <= 1 or a.minutes <= 0 or a.population < 1 or a.timing <= 0 or a.verify_steps < 1 \
+            or a.context < 0 or not 0 <= a.context_share <= 1:
+        ap.error("--scale in (0, 1], --minutes > 0, --population >= 1, --timing > 0, --verify-steps >= 1, "
+                 "--context >= 0, --context-share in [0, 1]")
     for p in a.patience:
-        print(simulate(p, a.minutes, a.population, a.scale, a.overhead, a.timing), flush=True)
+        print(simulate(p, a.minutes, a.population, a.scale, a.overhead, a.timing, a.verify_steps, a.context,
+                       a.context_share), flush=True)
     return 0
 
 

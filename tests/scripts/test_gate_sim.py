@@ -30,3 +30,22 @@ def test_shorter_timings_hold_the_exclusive_side_less(sim):
     full = sim.simulate(patience_s=1.0, minutes=2.0, population=4, scale=0.01, overhead=0.5)
     short = sim.simulate(patience_s=1.0, minutes=2.0, population=4, scale=0.01, overhead=0.5, timing_s=0.1)
     assert short["timed_fraction"] < full["timed_fraction"]
+
+
+def test_plan_splits_verification_and_adds_a_context(sim):
+    assert sim.plan("verify") == sim.EVALUATION["verify"]
+    split = sim.plan("verify", verify_steps=8)
+    assert split.count(("shared", 1.5 / 8)) == 8 and ("shared", 1.5) not in split
+    assert sum(x for k, x in split if k == "shared") == pytest.approx(sum(x for k, x in sim.EVALUATION["verify"]
+                                                                         if k == "shared"))
+    assert sim.plan("compile", context_s=3.0)[0] == ("shared", 3.0)
+    assert sim.plan("benchmark", verify_steps=8, context_s=3.0) == sim.EVALUATION["benchmark"]
+
+
+def test_long_shared_holds_keep_the_gate_closed_longer(sim):
+    base = sim.simulate(patience_s=1.0, minutes=2.0, population=6, scale=0.01, overhead=0.5, timing_s=0.3)
+    ctx = sim.simulate(patience_s=1.0, minutes=2.0, population=6, scale=0.01, overhead=0.5, timing_s=0.3,
+                       context_s=8.0, context_share=1.0)
+    assert 0 < base["timed_fraction"] <= base["closed_fraction"] <= 1
+    assert ctx["closed_fraction"] > base["closed_fraction"]
+    assert ctx["timing_wait_mean_s"] > base["timing_wait_mean_s"]
