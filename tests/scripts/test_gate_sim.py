@@ -43,9 +43,13 @@ def test_plan_splits_verification_and_adds_a_context(sim):
 
 
 def test_long_shared_holds_keep_the_gate_closed_longer(sim):
-    base = sim.simulate(patience_s=1.0, minutes=2.0, population=6, scale=0.01, overhead=0.5, timing_s=0.3)
-    ctx = sim.simulate(patience_s=1.0, minutes=2.0, population=6, scale=0.01, overhead=0.5, timing_s=0.3,
-                       context_s=8.0, context_share=1.0)
-    assert 0 < base["timed_fraction"] <= base["closed_fraction"] <= 1
-    assert ctx["closed_fraction"] > base["closed_fraction"]
-    assert ctx["timing_wait_mean_s"] > base["timing_wait_mean_s"]
+    # session h's case (docs/throughput.md, finding 8): 24 in flight, half the compiles holding the shared
+    # side 8.7 s for a CUDA context. On this VM, also with two cores kept busy, the model closed the gate
+    # 68-72% of the time (37-39% without the contexts) and made timing wait 6-7.8 s (2.3-2.4 s)
+    base = sim.simulate(patience_s=2.0, minutes=2.0, population=24, scale=0.02, overhead=0.5, timing_s=0.3)
+    ctx = sim.simulate(patience_s=2.0, minutes=2.0, population=24, scale=0.02, overhead=0.5, timing_s=0.3,
+                       context_s=8.7, context_share=0.5)
+    assert 0 < base["closed_fraction"] <= 1 and 0 < ctx["closed_fraction"] <= 1
+    assert ctx["closed_fraction"] > base["closed_fraction"] + 0.15, (base, ctx)
+    assert ctx["timing_wait_mean_s"] > 1.5 * base["timing_wait_mean_s"], (base, ctx)
+    assert ctx["evaluations_per_hour"] < base["evaluations_per_hour"]
