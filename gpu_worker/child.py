@@ -631,6 +631,10 @@ class Server:
     # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
     # drain, and one hold for all eight calls lasted 1.9 s on average (docs/throughput.md, session h).
 
+    @staticmethod
+    def _out_of_order(step: str) -> dict:
+        return {"ok": False, "kind": "exception", "error": f"verification step out of order: {step}"}
+
     def _tick(self, name: str, t0: float) -> float:
         """Seconds per verification step, reported to the worker's phase log (docs/throughput.md)."""
         tm = self._verifying["timing"]
@@ -648,7 +652,7 @@ class Server:
             self._verifying = {"cases": [], "timing": {}, "first": None, "extra": {}}
         v = self._verifying
         if v is None or len(v["cases"]) != i or v["extra"]:
-            return {"ok": False, "kind": "exception", "error": f"verification step out of order: case {i}"}
+            return self._out_of_order(f"case {i}")
         dist, seed = cases[i]
         t = self.T["perf"]()
         inputs = self._inputs(dist, seed)
@@ -674,7 +678,7 @@ class Server:
         """The determinism rerun: case 0 again, on fresh buffers (copies of its prefetched inputs)."""
         v = self._verifying
         if v is None or not v["first"]:
-            return {"ok": False, "kind": "exception", "error": "verification step out of order: rerun before case 0"}
+            return self._out_of_order("rerun before case 0")
         t = self.T["perf"]()
         inputs = self._inputs(*cases[0])
         outs = self._outputs()
@@ -688,7 +692,7 @@ class Server:
         fresh outputs; a candidate that caches its outputs by pointer returns case 0's again."""
         v = self._verifying
         if v is None or not v["first"] or len(cases) < 2:
-            return {"ok": False, "kind": "exception", "error": "verification step out of order: stale probe"}
+            return self._out_of_order("stale probe")
         t = self.T["perf"]()
         inputs0, _ = v["first"]
         fresh = self._inputs(*cases[1])
@@ -709,7 +713,7 @@ class Server:
         timings. The verification's inputs are dropped here."""
         v = self._verifying
         if v is None:
-            return {"ok": False, "kind": "exception", "error": "verification step out of order: no verification"}
+            return self._out_of_order("no verification")
         reply = {"cases": v["cases"], **v["extra"], "timing": {k: round(x, 4) for k, x in v["timing"].items()}}
         self._verifying = None
         self._prefetched = {}

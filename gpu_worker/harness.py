@@ -232,9 +232,14 @@ class Evaluator:
         "exclusive"; see _with_ref)."""
         sb, lock, _ = self._ref(problem, shape, hb)
         with self._with_ref(lock, gate):
-            t = time.monotonic()
-            r = sb.call(cmd, timeout, hb, **kw)
-            _add_phase(f"ref.{cmd}", time.monotonic() - t)
+            return self._ref_do(sb, hb, cmd, timeout, **kw)
+
+    @staticmethod
+    def _ref_do(sb: Sandbox, hb, cmd: str, timeout, **kw) -> dict:
+        """The call itself, its lock and gate side already held."""
+        t = time.monotonic()
+        r = sb.call(cmd, timeout, hb, **kw)
+        _add_phase(f"ref.{cmd}", time.monotonic() - t)
         if not r.get("ok"):
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
         return r
@@ -243,15 +248,22 @@ class Evaluator:
         def key(c):
             return (problem.name, shape.name, c[0], c[1])
 
-        with self._ref_meta_lock:
-            missing = [c for c in cases if key(c) not in self._ref_meta]
-        if missing:
-            r = self._ref_call(problem, shape, hb, "reference", self.timeouts["reference"], gate=gate, cases=missing)
+        def absent(cs):
             with self._ref_meta_lock:
-                for c, res in zip(missing, r["cases"]):
-                    # two callers may compute the same case at once (warm-up and an early verification): the
-                    # first entry stays, with its timings, not the second's (oracle cached, baseline compiled)
-                    self._ref_meta.setdefault(key(c), res)
+                return [c for c in cs if key(c) not in self._ref_meta]
+
+        missing = absent(cases)
+        if missing:
+            sb, lock, _ = self._ref(problem, shape, hb)
+            with self._with_ref(lock, gate):
+                # read again with the child's lock held: another caller (the warm-up, an early verification)
+                # may have computed these cases while this one waited for it, and each case is computed once
+                missing = absent(missing)
+                if missing:
+                    r = self._ref_do(sb, hb, "reference", self.timeouts["reference"], cases=missing)
+                    with self._ref_meta_lock:
+                        for c, res in zip(missing, r["cases"]):
+                            self._ref_meta[key(c)] = res
         with self._ref_meta_lock:
             return [self._ref_meta[key(c)] for c in cases]
 
@@ -627,8 +639,8 @@ class Evaluator:
         t0 = time.monotonic()
         problem = self._problem(problem_name)
         shape = self._shape(problem, shape_name)
-        # where the warm-up's time goes (about 150 s for KDA's six oracles, sessions f and g): returned per
-        # part, and per case by the reference child (inputs, oracle, baseline), for the worker's log
+        # where the warm-up's time goes (about 130 s for KDA, most of it FLA's first call: session h): returned
+        # per part, and per case by the reference child (inputs, oracle, baseline), for the worker's log
         parts: dict[str, float] = {}
         t = time.monotonic()
         ref_sb, ref_lock, _ = self._ref(problem, shape, hb)

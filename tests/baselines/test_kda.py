@@ -218,6 +218,29 @@ def test_strong_gates_break_a_naive_factorisation(tmp_path):
     assert math.isnan(rel_rms(P.oracle(x)["o"], out["o"]))
 
 
+# Settings that died with an illegal memory access on the H200 (docs/throughput.md, session h, finding 6):
+# exact here, so the fault is in the compiled code on the device, not in the kernel's arithmetic.
+FAULTED_ON_H200 = [
+    {"BK": 64, "BOUND": 40.0, "BV": 16, "CHUNK": 64, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 1,
+     "num_warps_prep": 8, "num_warps_state": 4},
+    {"BK": 16, "BOUND": 60.0, "BV": 32, "CHUNK": 64, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 1,
+     "num_warps_prep": 8, "num_warps_state": 4},
+]
+
+
+@pytest.mark.parametrize("knobs", FAULTED_ON_H200, ids=["BK64-BV16", "BK16-BV32"])
+@pytest.mark.parametrize("dist", P.distributions)
+def test_settings_that_faulted_on_the_h200_are_exact_under_the_interpreter(knobs, dist, tmp_path):
+    sh = shp(B=1, T=192, H=2, D=64, state=1)  # three chunks of 64, BK and BV below D
+    x = P.make_inputs(sh, dist, seed=1, device="cpu", cpu=True)
+    ref = P.oracle(x)
+    out = run_candidate(load_kernel(knobs, tmp_path), sh, x)
+    for n in P.compared_outputs(sh):
+        err = rel_rms(ref[n], out[n])
+        print(f"{knobs['BK']}/{knobs['BV']} {dist} {n}: rel_rms {err:.2e}")
+        assert err < 1e-5, (n, err)
+
+
 # --- GPU ---------------------------------------------------------------------------------------------
 
 

@@ -274,9 +274,12 @@ def test_warm_fills_oracle_bank(store, monkeypatch):
         e.close()
 
 
-def test_an_oracle_computed_twice_at_once_keeps_the_first_entry(store):
-    """Warm-up and an early verification may compute the same case at once; the second computation
-    (oracle cached, baseline compiled) must not replace the first one's entry and timings."""
+def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
+    """Warm-up and an early verification may ask for the same case at once; the one that waited for the
+    reference child finds the other's entry (with its timings) and computes nothing again."""
+    import contextlib
+    import threading
+
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=store, interpreter=True, spares=0)
@@ -285,14 +288,25 @@ def test_an_oracle_computed_twice_at_once_keeps_the_first_entry(store):
         sh = e._shape(p, None)
         case = (p.distributions[0], 0)
         first = {"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 20.0}}
+        calls = []
 
-        def racing_call(problem, shape, hb, cmd, timeout, gate="shared", **kw):
+        class Child:
+            def call(self, cmd, timeout, hb=None, **kw):
+                calls.append(cmd)
+                return {"ok": True, "cases": [{"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 0.0}}]}
+
+        @contextlib.contextmanager
+        def racing_lock(lock, gate="shared"):
             # the other caller finished its computation of the case while this one waited for the child
-            e._ref_meta[(problem.name, shape.name, *case)] = first
-            return {"ok": True, "cases": [{"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 0.0}}]}
+            e._ref_meta[(p.name, sh.name, *case)] = first
+            yield
 
-        e._ref_call = racing_call
+        e._ref = lambda problem, shape, hb: (Child(), threading.Lock(), {})
+        e._with_ref = racing_lock
         assert e.reference(p, sh, [case], None) == [first]
+        assert calls == []
+        other = (p.distributions[0], 1)  # not computed by anyone yet: computed here, once
+        assert e.reference(p, sh, [case, other], None)[0] == first and calls == ["reference"]
     finally:
         e.close()
 
