@@ -862,16 +862,22 @@ def test_timing_cpus_split(monkeypatch):
 
 def test_pool_readies_spares_before_handing_them_out():
     # on CUDA the harness passes its _cuda_init here (the context is made under the GPU gate's shared side);
-    # the same path on the CPU: spares start side by side, each is readied once, then handed out
+    # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
     import time as _t
 
     from gpu_worker.sandbox import SandboxPool
 
+    import threading
+
     readied = []
+    # both spares must be readied at once (side by side): readied one after another, the first would wait
+    # here for the second until the barrier broke, and would be dropped
+    both = threading.Barrier(2, timeout=60)
 
     def ready(sb):
         r = sb.call("cuda_init", 120)
         assert r["ok"] and r["cuda"] is False
+        both.wait()
         readied.append(sb)
 
     pool = SandboxPool(interpreter=True, spares=2, ready=ready)
