@@ -142,6 +142,14 @@ def sample_smi(stop) -> None:
         stop.wait(1.0)
 
 
+def iterations_to_raise(st: dict, wanted: int) -> int | None:
+    """The iteration budget a resumed run gets, or None to leave it: a resumed run keeps the budget in its
+    spec, so --iterations above it is sent as a budget change (session i3 resumed a run at 960 of 1000 with
+    --iterations 1200, and it ended after 40). Never lowered: that is `marathon budget`'s job."""
+    have = (st.get("budget") or {}).get("iterations")
+    return wanted if have is not None and wanted > have else None
+
+
 def status(run_id: str) -> dict | None:
     r = marathon("status", run_id, "--json", timeout=60)
     try:
@@ -280,6 +288,10 @@ def main() -> int:
                 st = status(resumed[p]) or {}
                 if st.get("phase") != "done":
                     ids[p] = resumed[p]
+                    more = iterations_to_raise(st, a.iterations)
+                    if more:  # --iterations is the session's wish; a resumed run's budget is in its spec
+                        r = marathon("budget", resumed[p], "--iterations", str(more))
+                        log(f"{p}: iteration budget raised to {more}: rc={r.returncode} {r.stderr.strip()[-300:]}")
                     continue
                 log(f"{p}: run {resumed[p]} had ended ({st.get('stopped_by')}); a new one starts")
             rid = f"h200-{p}-{int(T0)}"

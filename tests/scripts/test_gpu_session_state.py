@@ -70,3 +70,13 @@ def test_throughput_of_a_run_left_going_counts_its_recorded_iterations(session):
     assert w["evaluations"] == 0 and w["recorded"] == 36
     assert abs(w["recorded_per_hour"] - 36 / 120 * 3600) < 1e-6
     assert abs(w["busy_fraction"]["gpu0"] - 0.5) < 1e-9
+
+
+def test_resumed_run_gets_the_sessions_iteration_budget(session):
+    # the status a resumed run reports (`marathon status --json`): its budget comes from its spec
+    st = {"phase": "benchmarking", "budget": {"iterations": 1000, "hours": 8.0}}
+    assert session.iterations_to_raise(st, 1200) == 1200
+    assert session.iterations_to_raise(st, 1000) is None
+    assert session.iterations_to_raise(st, 800) is None  # never lowered here
+    assert session.iterations_to_raise({"phase": "x", "budget": {"iterations": None}}, 1200) is None  # unlimited
+    assert session.iterations_to_raise({}, 1200) is None  # no status: nothing to change
