@@ -82,8 +82,9 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         cmd = msg.pop("cmd")
+        seq = msg.pop("seq", None)  # echoed in the reply: the worker never takes one reply for another
         if cmd == "exit":
-            cout.send({"ok": True})
+            cout.send({"ok": True, "seq": seq})
             return 0
         try:
             reply = getattr(server, "cmd_" + cmd)(**msg)
@@ -94,11 +95,12 @@ def main(argv: list[str]) -> int:
         reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (harness.DeviceMemory)
         if server.role == "reference":  # trusted: its reading of the whole device calibrates that budget
             reply["device_free"] = server.device_free()
+        reply["seq"] = seq
         try:
             cout.send(reply)
         except Exception as e:  # unpicklable reply
             cout.send({"ok": False, "kind": "exception", "error": f"reply could not be sent: {e}",
-                       "violations": server.violations()})
+                       "violations": server.violations(), "seq": seq})
         if reply.get("fatal"):
             return 3
 

@@ -220,10 +220,11 @@ class Evaluator:
         if not info:
             with lock:
                 if not info:
-                    r = sb.call("setup", self.timeouts["load"], hb, problem=problem.name, shape=shape.name)
-                    if not r.get("ok"):
+                    try:
+                        r = self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name, shape=shape.name)
+                    except RuntimeError:
                         sb.close()
-                        raise RuntimeError(f"reference process for {problem.name} failed: {r.get('error')}")
+                        raise
                     info.update(r)
         return entry
 
@@ -238,7 +239,12 @@ class Evaluator:
     def _ref_do(sb: Sandbox, hb, cmd: str, timeout, **kw) -> dict:
         """The call itself, its lock and gate side already held."""
         t = time.monotonic()
-        r = sb.call(cmd, timeout, hb, **kw)
+        try:
+            r = sb.call(cmd, timeout, hb, **kw)
+        except SandboxFailure as f:
+            # the trusted child failed (or was killed by an interrupted call, Sandbox.call): a harness error,
+            # which the activity's retry meets with a new reference child, never the candidate's rejection
+            raise RuntimeError(f"reference process {cmd} failed: {f}") from f
         _add_phase(f"ref.{cmd}", time.monotonic() - t)
         if not r.get("ok"):
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
@@ -662,7 +668,7 @@ class Evaluator:
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
         with self._with_ref(ref_lock):
-            ref_sb.call("prepare", self.timeouts["load"], hb, rotate=self._plan()["rotate"])
+            self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], rotate=self._plan()["rotate"])
         parts["timing-sets"] = time.monotonic() - t
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
                 "parts": {k: round(v, 1) for k, v in parts.items()}}
@@ -714,11 +720,11 @@ class Evaluator:
                         for k, v in (pre.get("timing") or {}).items():
                             _add_phase(f"prepare.{k}", v)
                 with self._with_ref(ref_lock):
-                    ref_sb.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
+                    self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], rotate=plan["rotate"])
                 # clocks read just before the timed section: nvidia-smi, host work, so the reference child's
                 # lock without the gate (a shared hold of up to 0.9 s for it lengthened timing's drains)
                 with _phase("receipt"), ref_lock:
-                    receipt = ref_sb.call("receipt", 60, hb)
+                    receipt = self._ref_do(ref_sb, hb, "receipt", 60)
                 fresh = None
                 if req.fresh_process and self.cuda:
                     # the re-measuring child is loaded and fed before the lock: only timing holds the GPU
@@ -832,9 +838,8 @@ class Evaluator:
         plan = self._plan()
         mode = "eager"
         if self.cuda:
-            probe = ref.call("time", self.timeouts["time"], hb, reps=5, warmup=3, rotate=plan["rotate"], mode="eager")
-            if not probe.get("ok"):
-                raise RuntimeError(f"baseline timing failed: {probe.get('error')}")
+            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=5, warmup=3, rotate=plan["rotate"],
+                                 mode="eager")
             base_ms = median(probe["times"])
             cand_ms = None
             if base_ms >= GRAPH_BELOW_MS:  # the candidate may be the microsecond one (MLA decode)
@@ -861,12 +866,11 @@ class Evaluator:
             for who, sb in (("cand", cand), ("base", ref), ("best", best)):
                 if sb is None:
                     continue
-                r = sb.call("time", self.timeouts["time"], hb, reps=plan["reps"], warmup=warm, rotate=plan["rotate"],
-                            mode=mode, keep_one=(who == "cand"))
-                if who == "base":
-                    if not r.get("ok"):
-                        raise RuntimeError(f"baseline timing failed: {r.get('error')}")
+                kw = dict(reps=plan["reps"], warmup=warm, rotate=plan["rotate"], mode=mode, keep_one=(who == "cand"))
+                if who == "base":  # the trusted child: its failure is the harness's (_ref_do)
+                    r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
                 else:
+                    r = sb.call("time", self.timeouts["time"], hb, **kw)
                     self._check_reply(r, "benchmark", sb)
                 out[who] += r["times"]
                 if who in ("cand", "base"):

@@ -122,6 +122,7 @@ class Sandbox:
         self.closed = False
         self.started = time.time()
         self.reserved = 0  # device bytes its allocator holds, as of its last reply (harness.DeviceMemory)
+        self._seq = 0  # each request's number, which its reply carries back (see call)
         with Sandbox._live_lock:
             Sandbox.live += 1
 
@@ -177,12 +178,31 @@ class Sandbox:
         if self.closed:
             raise SandboxFailure("crash", "sandbox already closed")
         self.wait_ready(heartbeat=heartbeat)
+        self._seq += 1
+        seq = self._seq
         try:
-            self._send.send_bytes(pickle.dumps({"cmd": cmd, **kw}, protocol=pickle.HIGHEST_PROTOCOL))
+            self._send.send_bytes(pickle.dumps({"cmd": cmd, "seq": seq, **kw}, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, BrokenPipeError) as e:
             self.close()
             raise SandboxFailure("crash", f"sandbox pipe broken before {cmd}: {e}", self.log_tail())
-        reply = self._wait(timeout, heartbeat, cmd)
+        try:
+            reply = self._wait(timeout, heartbeat, cmd)
+        except SandboxFailure:
+            raise
+        except BaseException:
+            # Interrupted between request and reply (an activity's cancellation arrives as an exception in
+            # this thread, in the heartbeat or the poll): the command may still be running, on the device
+            # too, and its reply would be read by the next caller as the answer to another command. In
+            # session i4 a verification cancelled while the reference child computed oracles left that reply
+            # in the pipe; every later call to that child read its predecessor's reply (90 harness errors, and
+            # a compare's results could have gone to the wrong candidate). The child is killed instead; the
+            # harness makes a new one when it next needs one.
+            self.close()
+            raise
+        if reply.get("seq") != seq:  # defence in depth: a reply that answers another request is never used
+            self.close()
+            raise SandboxFailure("crash", f"sandbox reply out of step during {cmd}: request {seq}, reply "
+                                 f"{reply.get('seq')!r}; process killed", self.log_tail())
         self.reserved = reply.get("reserved", self.reserved)
         if self.role == "reference" and reply.get("device_free") is not None:
             Sandbox.device_free = (time.monotonic(), int(reply["device_free"]))

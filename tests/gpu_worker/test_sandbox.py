@@ -1,0 +1,44 @@
+"""The worker's channel to a child (gpu_worker.sandbox): a reply always answers its own request."""
+
+import pickle
+
+import pytest
+
+from gpu_worker.sandbox import Sandbox, SandboxFailure
+
+
+class Interrupted(Exception):
+    """Stands for an activity's cancellation, which temporalio raises in the activity's thread."""
+
+
+def test_a_call_interrupted_before_its_reply_kills_the_child():
+    # session i4: a verification cancelled while the reference child worked left that reply in the pipe,
+    # and every later call read its predecessor's reply
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        sb.wait_ready()
+
+        def cancelled():
+            raise Interrupted()
+
+        with pytest.raises(Interrupted):
+            sb.call("cuda_init", 60, heartbeat=cancelled)  # the request is sent; the wait is interrupted
+        assert sb.closed and not sb.alive()
+        with pytest.raises(SandboxFailure, match="already closed"):
+            sb.call("cuda_init", 60)
+    finally:
+        sb.close()
+
+
+def test_a_reply_to_another_request_is_refused():
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        sb.wait_ready()
+        assert sb.call("cuda_init", 60)["ok"]
+        # a request whose reply nobody read (what an interrupted call left behind before the fix)
+        sb._send.send_bytes(pickle.dumps({"cmd": "cuda_init", "seq": 999}))
+        with pytest.raises(SandboxFailure, match="out of step"):
+            sb.call("cuda_init", 60)
+        assert sb.closed
+    finally:
+        sb.close()
