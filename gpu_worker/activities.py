@@ -1,15 +1,21 @@
 """Temporal activities of the GPU worker (sync `def`s: the worker runs them in a ThreadPoolExecutor).
 
-They heartbeat while they wait on the sandbox child, so a cancelled or timed-out activity kills its
-child process group. Rejections are data (ok=False, stage, reason, log_key); only infrastructure
-failures raise: an unreadable/unwritable artifact store becomes a non-retryable ApplicationError.
+Compile, verify and benchmark run on the worker's own threads (SharedCalls), keyed by their request; the
+activity waits for that work and heartbeats. A workflow that continues as new carries its evaluations in
+flight (CarriedState.in_flight) and asks again with the same requests: it gets the work already under way
+or just finished instead of starting over. Rejections are data (ok=False, stage, reason, log_key); only
+infrastructure failures raise: an unreadable/unwritable artifact store becomes a non-retryable
+ApplicationError.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import os
 import threading
 import time
+from collections import OrderedDict
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -74,7 +80,66 @@ def _guarded(fn, *args):
                                non_retryable=True) from e
 
 
-def _observed(stage: str, fn, req):
+class SharedCalls:
+    """Harness calls keyed by their request, run once on a thread of their own: a second caller with the same
+    key while the first runs waits for the same result, and one within `keep_s` after it finished gets that
+    result. Failures (exceptions) are never kept: a retry runs again.
+
+    Why: a workflow that continues as new abandons its activities in flight; Temporal cancels them (the
+    cancellation is raised in the activity's thread). The next run starts the same evaluations again with
+    the same requests (CarriedState.in_flight), and without this each would start over, on a GPU pipeline
+    that had just emptied. The harness work also no longer receives the cancellation anywhere inside it: it
+    ends by its own time limits. Same request, same work: the key is the stage and the whole request, so a
+    different best, iteration or fresh-process flag is other work."""
+
+    def __init__(self, keep_s: float = 900.0, keep_max: int = 1024):
+        self.keep_s, self.keep_max = keep_s, keep_max
+        self._lock = threading.Lock()
+        self._running: dict[str, concurrent.futures.Future] = {}
+        self._done: OrderedDict[str, tuple[float, object]] = OrderedDict()
+        self.counts = {"ran": 0, "joined": 0, "kept": 0}  # new work, joined running work, a kept result
+
+    def submit(self, key: str, fn) -> concurrent.futures.Future:
+        with self._lock:
+            now = time.monotonic()
+            while self._done and (len(self._done) > self.keep_max
+                                  or now - next(iter(self._done.values()))[0] > self.keep_s):
+                self._done.popitem(last=False)
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            if key in self._done:
+                self.counts["kept"] += 1
+                fut.set_result(self._done[key][1])
+                return fut
+            if key in self._running:
+                self.counts["joined"] += 1
+                return self._running[key]
+            self.counts["ran"] += 1
+            self._running[key] = fut
+        threading.Thread(target=self._work, args=(key, fn, fut), daemon=True, name=f"shared-{key[:24]}").start()
+        return fut
+
+    def _work(self, key: str, fn, fut: concurrent.futures.Future) -> None:
+        try:
+            result = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to every waiter
+            with self._lock:
+                self._running.pop(key, None)
+            fut.set_exception(e)
+            return
+        with self._lock:
+            self._running.pop(key, None)
+            self._done[key] = (time.monotonic(), result)
+        fut.set_result(result)
+
+
+CALLS = SharedCalls()
+
+
+def request_key(stage: str, req) -> str:
+    return stage + ":" + hashlib.sha256(req.model_dump_json().encode()).hexdigest()
+
+
+def _observed(stage: str, fn, req, log=None):
     """Run a harness step, count it (Prometheus) and log it (JSON, with workflow, run and iteration)."""
     from activities.logs import activity_logger
     from activities.metrics import observe_report
@@ -85,25 +150,40 @@ def _observed(stage: str, fn, req):
     phases_begin()
     rep = _guarded(fn, req)
     observe_report(stage, rep)
-    activity_logger().info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
-                           reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
-                           seconds=round(time.monotonic() - t0, 3), phases=phases_end())
+    (log or activity_logger()).info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
+                                    reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
+                                    seconds=round(time.monotonic() - t0, 3), phases=phases_end())
     return rep
+
+
+def _shared(stage: str, fn, req):
+    """The harness step on a thread of its own (SharedCalls), awaited here with heartbeats. Its heartbeat
+    callback does nothing outside an activity, so a cancellation reaches only this waiting thread."""
+    from activities.logs import activity_logger
+
+    log = activity_logger()  # bound to the activity that started the work: the phase log keeps its run
+    fut = CALLS.submit(request_key(stage, req), lambda: _observed(stage, fn, req, log))
+    beat = _heartbeat()
+    while True:
+        try:
+            return fut.result(timeout=1.0)
+        except concurrent.futures.TimeoutError:
+            beat()
 
 
 @activity.defn(name="compile_candidate")
 def compile_candidate(req: EvalRequest) -> CompileReport:
-    return _observed("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
+    return _shared("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
 
 
 @activity.defn(name="verify_candidate")
 def verify_candidate(req: EvalRequest) -> VerifyReport:
-    return _observed("verify", lambda ev, r: ev.verify(r, _heartbeat()), req)
+    return _shared("verify", lambda ev, r: ev.verify(r, _heartbeat()), req)
 
 
 @activity.defn(name="benchmark_candidate")
 def benchmark_candidate(req: BenchRequest) -> BenchReport:
-    return _observed("benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
+    return _shared("benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
 
 
 @activity.defn(name="profile_candidate")

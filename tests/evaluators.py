@@ -12,6 +12,7 @@ from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalR
                                  Receipt, VerifyReport)
 
 DELAY_S = 0.0  # raised by tests that need an activity to be in flight when something is killed
+REQUESTS: list[tuple[str, str, str]] = []  # (activity, workflow run id, request JSON) of every GPU call
 SLOW_EVERY, SLOW_S = 0, 0.0  # iterations 1, 1 + SLOW_EVERY, ... take SLOW_S longer to compile
 
 
@@ -50,6 +51,7 @@ def _source(key: str) -> str:
 
 @activity.defn(name="compile_candidate")
 def compile_candidate(req: EvalRequest) -> CompileReport:
+    _note("compile_candidate", req)
     if DELAY_S:
         _sleep_heartbeating(DELAY_S)
     if SLOW_EVERY and req.iteration is not None and req.iteration % SLOW_EVERY == 1:
@@ -59,6 +61,7 @@ def compile_candidate(req: EvalRequest) -> CompileReport:
 
 @activity.defn(name="verify_candidate")
 def verify_candidate(req: EvalRequest) -> VerifyReport:
+    _note("verify_candidate", req)
     if _fails(_source(req.source_key)):
         return VerifyReport(ok=False, reason="synthetic: rel err 0.3 > threshold 1e-5", rel_err=0.3,
                             interpreter=True)
@@ -67,6 +70,7 @@ def verify_candidate(req: EvalRequest) -> VerifyReport:
 
 @activity.defn(name="benchmark_candidate")
 def benchmark_candidate(req: BenchRequest) -> BenchReport:
+    _note("benchmark_candidate", req)
     if DELAY_S:
         _sleep_heartbeating(DELAY_S)
     t = synthetic_ms(_source(req.source_key))
@@ -79,6 +83,14 @@ def benchmark_candidate(req: BenchRequest) -> BenchReport:
 @activity.defn(name="profile_candidate")
 def profile_candidate(req: EvalRequest) -> ProfileReport:
     return ProfileReport(ok=True, summary="synthetic", tool="none")
+
+
+def _note(name: str, req) -> None:
+    try:
+        run = activity.info().workflow_run_id
+    except RuntimeError:  # called directly (tests/bench_overhead.py)
+        return
+    REQUESTS.append((name, run, req.model_dump_json()))
 
 
 def _sleep_heartbeating(seconds: float) -> None:

@@ -152,6 +152,18 @@ class ToolResult(Strict):
     implicit: bool = False  # answers a reply that had no tool call (fed back as a user message)
 
 
+class InFlight(Strict):
+    """An evaluation started but not recorded when its run continued as new: the next run starts it again
+    with the same arguments, and the GPU worker hands that run the result of the work already under way
+    (gpu_worker.activities.SharedCalls), so a compaction no longer drains the population."""
+
+    iteration: int
+    slot: int
+    proposal: Proposal
+    best: BestRef | None = None
+    started_at: float = 0.0
+
+
 class CarriedState(Strict):
     """Everything a run hands to the next one on continue-as-new: counters, keys, the leaderboard."""
 
@@ -171,6 +183,7 @@ class CarriedState(Strict):
     conversation_key: str | None = None  # llm policy: the transcript lives in the artifact store
     pending_tool_results: list[ToolResult] = Field(default_factory=list)  # llm: for the next turn
     last: IterationRecord | None = None
+    in_flight: list[InFlight] = Field(default_factory=list)  # in iteration order
 
 
 class RunSpec(Strict):
@@ -482,3 +495,8 @@ class LlmToolRequest(Strict):
     call: ToolCall
     notebook_key: str | None = None
     best: BestRef | None = None
+
+
+# InFlight names Proposal, which is defined further down
+for _m in (InFlight, CarriedState, RunSpec):
+    _m.model_rebuild()

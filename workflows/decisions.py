@@ -29,16 +29,20 @@ def iterations_this_step(budget: Budget, used: Used, population: int) -> int:
 
 
 def slots_to_fill(budget: Budget, used: Used, population: int, in_flight: int, running: int,
-                  iterations_this_run: int, compact_every: int, continue_as_new_suggested: bool) -> int:
+                  iterations_this_run: int, compact_every: int, continue_as_new_suggested: bool,
+                  carry: bool = False) -> int:
     """How many new candidates a rolling step starts: enough to keep `population` evaluations running,
-    never past what is left of the iteration budget (counting those already in flight), never past the
-    next compaction point (the run drains there and continues as new with nothing in flight), and at
-    most 2 x population started-but-unrecorded (a slow oldest evaluation must not grow the backlog)."""
+    never past what is left of the iteration budget (counting those already in flight), and at most
+    2 x population started-but-unrecorded (a slow oldest evaluation must not grow the backlog). Without
+    `carry` also never past the next compaction point, where the run drains and continues as new with
+    nothing in flight; with it (patch "carry-in-flight") the evaluations in flight go on into the next run
+    (CarriedState.in_flight), so the population stays full across the compaction."""
     if continue_as_new_suggested:
         return 0
     n = population - running
     n = min(n, 2 * population - in_flight)
-    n = min(n, compact_every - iterations_this_run - in_flight)
+    if not carry:
+        n = min(n, compact_every - iterations_this_run - in_flight)
     if budget.iterations is not None:
         n = min(n, budget.iterations - used.iterations - in_flight)
     return max(0, n)

@@ -19,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
         AGENT_QUEUE, WORKFLOW_TYPE, BenchReport, BenchRequest, BestRef, BestSummary,
         BudgetChange, Budget, CarriedState, CompactRequest, CompactResult, CompileReport, EvalRequest,
-        Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RuleReport, RuleRequest,
+        Hint, InFlight, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RuleReport, RuleRequest,
         RunResult, RunSpec, Status, StopRequest, VerifyReport, explain,
     )
     from pydantic import ValidationError
@@ -69,6 +69,8 @@ class KernelOptimization:
         self.rolling = False  # set by run(): the rolling population (patch "rolling-population")
         # rolling population: iteration -> (candidate id, task of _evaluate), started but not yet recorded
         self.in_flight: dict[int, tuple[str, asyncio.Task]] = {}
+        self.launched: dict[int, InFlight] = {}  # the same iterations' arguments, carried at continue-as-new
+        self.carry = False  # set by run(): evaluations in flight go on into the next run (patch "carry-in-flight")
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
@@ -80,6 +82,14 @@ class KernelOptimization:
         # before its marker was announced, take the old branch and fail as nondeterministic (seen once in
         # CI under load). Histories recorded before it replay the lockstep step.
         self.rolling = workflow.patched("rolling-population")
+        # A compaction used to drain the population: continue-as-new carried nothing in flight, and the GPU
+        # pipeline emptied and refilled around each one (about 45 s every 192 iterations on the H200,
+        # docs/throughput.md, session i). Now the evaluations in flight are carried and started again in
+        # the next run, where the GPU worker hands back the work already under way.
+        self.carry = self.rolling and self.spec.policy == "search" and workflow.patched("carry-in-flight")
+        for f in self.st.in_flight:
+            self._launch(f)
+        self.st.in_flight = []
         if self.first_run:
             self.st.started_at = workflow.now().timestamp()
             if workflow.patched("check-spec"):  # added after the first recorded histories
@@ -112,8 +122,8 @@ class KernelOptimization:
             self._account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
                 continue  # the top of the loop says why; _finish compacts, no needless new run
-            if not self.in_flight and decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
-                                         workflow.info().is_continue_as_new_suggested()):
+            if (not self.in_flight or self.carry) and decisions.time_to_compact(
+                    self.iterations_this_run, self.spec.compact_every, workflow.info().is_continue_as_new_suggested()):
                 await self._compact(final=False)
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self._account_time()
@@ -175,10 +185,13 @@ class KernelOptimization:
                 reason = await self._drain()
                 raise _Paused(reason or f"evaluation #{it} failed")
         await self._record_finished()
+        if self.carry and decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
+                                                    workflow.info().is_continue_as_new_suggested()):
+            return False  # run() compacts and continues as new now, carrying what is in flight
         n = decisions.slots_to_fill(
             self.spec.budget, self.st.used, self.spec.population, len(self.in_flight),
             sum(not t.done() for _, t in self.in_flight.values()), self.iterations_this_run,
-            self.spec.compact_every, workflow.info().is_continue_as_new_suggested())
+            self.spec.compact_every, workflow.info().is_continue_as_new_suggested(), carry=self.carry)
         exhausted = False
         for _ in range(n):
             it = self.st.iteration + len(self.in_flight) + 1
@@ -192,9 +205,8 @@ class KernelOptimization:
                 exhausted = True
                 break
             self._set_phase("checking")
-            task = asyncio.get_running_loop().create_task(
-                self._evaluate(it, (it - 1) % self.spec.population, prop, self.st.best))
-            self.in_flight[it] = (prop.candidate.candidate_id, task)
+            self._launch(InFlight(iteration=it, slot=(it - 1) % self.spec.population, proposal=prop,
+                                  best=self.st.best, started_at=workflow.now().timestamp()))
         if not self.in_flight:
             return exhausted
         # Wait for a change: one of the evaluations running now finishes. (Waiting for "any done" would
@@ -204,6 +216,13 @@ class KernelOptimization:
             await workflow.wait_condition(lambda: any(t.done() for t in running))
         return False
 
+    def _launch(self, f: InFlight) -> None:
+        """Start one evaluation of the rolling population (or, at a run's start, one carried from the last)."""
+        task = asyncio.get_running_loop().create_task(
+            self._evaluate(f.iteration, f.slot, f.proposal, f.best, f.started_at))
+        self.in_flight[f.iteration] = (f.proposal.candidate.candidate_id, task)
+        self.launched[f.iteration] = f
+
     async def _record_finished(self) -> None:
         """Record the finished evaluations at the front of the queue, in iteration order."""
         while self.st.iteration + 1 in self.in_flight:
@@ -211,6 +230,7 @@ class KernelOptimization:
             if not task.done() or task.exception() is not None:
                 return
             del self.in_flight[self.st.iteration + 1]
+            self.launched.pop(self.st.iteration + 1, None)
             self._set_phase("recording")
             await self._record(task.result())
 
@@ -231,6 +251,7 @@ class KernelOptimization:
                 if exc is not None and not isinstance(exc, _Paused):
                     raise exc  # a bug, not infrastructure: fail the workflow task, as the lockstep path does
             self.in_flight = {}
+            self.launched = {}
         return failure
 
     async def _propose(self, first: int, n: int, hints: list[str], taken: list[str] | None = None
@@ -247,9 +268,9 @@ class KernelOptimization:
             out.append(await self._local("propose_candidate", req, Proposal))
         return out
 
-    async def _evaluate(self, iteration: int, slot: int, prop: Proposal, best: BestRef | None
-                        ) -> IterationRecord:
-        started = workflow.now().timestamp()
+    async def _evaluate(self, iteration: int, slot: int, prop: Proposal, best: BestRef | None,
+                        started_at: float | None = None) -> IterationRecord:
+        started = started_at or workflow.now().timestamp()  # a carried evaluation keeps its first start
         cand = prop.candidate
         if cand is None:
             return IterationRecord(iteration=iteration, slot=slot, candidate_id="-", source_key="-",
@@ -384,6 +405,7 @@ class KernelOptimization:
     def _carry(self) -> CarriedState:
         st = self.st.model_copy(deep=True)
         st.runs += 1
+        st.in_flight = [self.launched[it] for it in sorted(self.in_flight)]  # empty unless self.carry
         return st
 
     # ---- activity calls ------------------------------------------------------------------------
@@ -401,6 +423,11 @@ class KernelOptimization:
         except ActivityError as e:
             msg = str(e.cause) if e.cause is not None else str(e)
             raise _Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+        except ApplicationError as e:
+            # A local activity's failure can also arrive as its cause alone, without the ActivityError around
+            # it: seen after a workflow task timed out and the task was retried (the store-breaks test, with a
+            # rolling population of 3). Escaping here it failed the whole run instead of pausing it.
+            raise _Paused(f"{name} failed: {decisions.trim(str(e), 300)}") from e
 
     async def _gpu(self, name: str, arg, result_type, minutes: int):
         return await self._call(name, arg, result_type, self.spec.gpu_queue, minutes)

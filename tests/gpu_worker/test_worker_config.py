@@ -50,3 +50,60 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
         assert "warm softmax failed" in out and "no such shape" in out  # printed, not raised
     finally:
         ev.close()
+
+
+def test_shared_calls_run_each_request_once_and_never_keep_a_failure():
+    # A workflow run that continues as new asks again for the evaluations it had in flight (same requests):
+    # the second caller joins the work under way, or gets the result just finished; a failure is not kept
+    import threading
+
+    from gpu_worker.activities import SharedCalls
+
+    calls = SharedCalls(keep_s=60)
+    release = threading.Event()
+    ran = []
+
+    def work():
+        ran.append(1)
+        release.wait(30)
+        return "report"
+
+    first = calls.submit("compile:a", work)
+    second = calls.submit("compile:a", work)  # while the first runs
+    assert second is first and not first.done()
+    release.set()
+    assert first.result(30) == "report" and second.result(30) == "report"
+    assert calls.submit("compile:a", work).result(30) == "report"  # finished: the kept result
+    assert len(ran) == 1 and calls.counts == {"ran": 1, "joined": 1, "kept": 1}
+    assert calls.submit("compile:b", work).result(30) == "report" and len(ran) == 2  # another request
+
+    def broken():
+        ran.append(1)
+        raise RuntimeError("reference process died")
+
+    import pytest
+
+    with pytest.raises(RuntimeError, match="died"):
+        calls.submit("verify:a", broken).result(30)
+    with pytest.raises(RuntimeError, match="died"):
+        calls.submit("verify:a", broken).result(30)  # ran again, not kept
+    assert len(ran) == 4
+
+    old = SharedCalls(keep_s=0.0)  # kept results expire
+    old.submit("k", lambda: 1).result(30)
+    old.submit("k", lambda: 2)
+    assert old.counts["ran"] == 2
+
+
+def test_request_key_is_the_whole_request():
+    from gpu_worker.activities import request_key
+    from workflows.contracts import BenchRequest, BestRef, EvalRequest
+
+    ev = EvalRequest(problem="kda", candidate_id="c1", source_key="s1", iteration=7)
+    assert request_key("verify", ev) == request_key("verify", EvalRequest.model_validate_json(ev.model_dump_json()))
+    assert request_key("verify", ev) != request_key("compile", ev)
+    assert request_key("verify", ev) != request_key("verify", ev.model_copy(update={"iteration": 8}))
+    best = BestRef(candidate_id="b", source_key="sb", speedup=1.1, time_ms=1.0, baseline_ms=1.1, iteration=3)
+    b1 = BenchRequest(**ev.model_dump(), best=best)
+    assert request_key("benchmark", b1) != request_key("benchmark", BenchRequest(**ev.model_dump()))
+    assert request_key("benchmark", b1) != request_key("benchmark", b1.model_copy(update={"fresh_process": True}))

@@ -36,6 +36,11 @@ def test_rolling_slots_fill_the_population_within_budget_and_compaction():
     assert f(b, Used(iterations=98), 4, 1, 1, 0, 50, False) == 1  # iteration budget counts in-flight
     assert f(Budget(iterations=None), u, 4, 0, 0, 0, 50, True) == 0  # continue-as-new suggested: drain
     assert f(Budget(iterations=None), u, 4, 0, 0, 60, 50, False) == 0
+    # carrying the evaluations in flight across continue-as-new: the compaction point no longer caps
+    assert f(b, u, 4, 2, 2, 47, 50, False, carry=True) == 2
+    assert f(b, u, 4, 2, 2, 60, 50, False, carry=True) == 2
+    assert f(Budget(iterations=None), u, 4, 0, 0, 0, 50, True, carry=True) == 0
+    assert f(b, Used(iterations=98), 4, 1, 1, 0, 50, False, carry=True) == 1  # the budget still does
 
 
 def test_budget_changes_below_what_is_used_are_refused():

@@ -10,7 +10,7 @@ from temporalio.client import WorkflowUpdateFailedError
 from activities.ledger import read_ledger
 from tests import evaluators
 from tests.workflows.helpers import assert_contiguous, start as _start, until as _until, workers
-from workflows.contracts import BudgetChange, Hint, RunResult, RunSpec, StopRequest
+from workflows.contracts import BudgetChange, EvalRequest, Hint, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
 
 
@@ -186,3 +186,33 @@ async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, st
                 objects.unlink()
             shutil.rmtree(objects, ignore_errors=True)
             moved.rename(objects)
+
+
+async def test_compaction_carries_the_evaluations_in_flight(env, store):
+    # Population 4, a compaction every 6: each continue-as-new happens with evaluations still in flight, and
+    # the next run starts those again with the very same requests (the GPU worker hands back the work under
+    # way: gpu_worker.activities.SharedCalls), instead of the population draining before every compaction.
+    evaluators.DELAY_S = 0.3
+    evaluators.REQUESTS.clear()
+    try:
+        spec = RunSpec(problem="softmax", budget={"iterations": 16}, compact_every=6, population=4)
+        async with workers(env.client):
+            res = await (await _start(env.client, spec, "carry")).result()
+    finally:
+        evaluators.DELAY_S = 0.0
+    assert_contiguous(store, res, 16)
+    assert res.runs == 3  # compactions after 6 and 12 records
+    recs = read_ledger(store, res.ledger_key)
+    assert len({r.candidate_id for r in recs}) == 16
+    by_iteration: dict[int, dict[str, set]] = {}
+    for name, run, body in evaluators.REQUESTS:
+        if name == "compile_candidate":
+            it = EvalRequest.model_validate_json(body).iteration
+            by_iteration.setdefault(it, {}).setdefault(body, set()).add(run)
+    carried = [it for it, bodies in by_iteration.items() if len(set().union(*bodies.values())) > 1]
+    assert carried, "no evaluation was in flight at a compaction"
+    for it in carried:
+        assert len(by_iteration[it]) == 1, f"iteration {it} was asked again with another request"
+    # a carried evaluation keeps the start of its first run in the record
+    first = {r.iteration: r for r in recs}
+    assert all(first[it].started_at <= first[it].finished_at for it in carried)
