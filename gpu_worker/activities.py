@@ -45,10 +45,12 @@ def evaluator():
 
 
 def set_evaluator(ev) -> None:
-    """Install a specific Evaluator (tests, worker start-up with a self-test)."""
-    global _EV
+    """Install a specific Evaluator (tests, worker start-up with a self-test). Results kept for the previous
+    one are not handed out for this one: the kept calls start empty."""
+    global _EV, CALLS
     with _EV_LOCK:
         _EV = ev
+        CALLS = SharedCalls()
 
 
 def _heartbeat():
