@@ -101,7 +101,8 @@ class SharedCalls:
         self._done: OrderedDict[str, tuple[float, object]] = OrderedDict()
         self.counts = {"ran": 0, "joined": 0, "kept": 0}  # new work, joined running work, a kept result
 
-    def submit(self, key: str, fn) -> concurrent.futures.Future:
+    def submit(self, key: str, fn) -> tuple[concurrent.futures.Future, str]:
+        """The future of `key`'s work, and how it came: "ran" (started now), "joined" or "kept"."""
         with self._lock:
             now = time.monotonic()
             while self._done and (len(self._done) > self.keep_max
@@ -111,14 +112,14 @@ class SharedCalls:
             if key in self._done:
                 self.counts["kept"] += 1
                 fut.set_result(self._done[key][1])
-                return fut
+                return fut, "kept"
             if key in self._running:
                 self.counts["joined"] += 1
-                return self._running[key]
+                return self._running[key], "joined"
             self.counts["ran"] += 1
             self._running[key] = fut
         threading.Thread(target=self._work, args=(key, fn, fut), daemon=True, name=f"shared-{key[:24]}").start()
-        return fut
+        return fut, "ran"
 
     def _work(self, key: str, fn, fut: concurrent.futures.Future) -> None:
         try:
@@ -164,13 +165,19 @@ def _shared(stage: str, fn, req):
     from activities.logs import activity_logger
 
     log = activity_logger()  # bound to the activity that started the work: the phase log keeps its run
-    fut = CALLS.submit(request_key(stage, req), lambda: _observed(stage, fn, req, log))
+    t0 = time.monotonic()
+    fut, how = CALLS.submit(request_key(stage, req), lambda: _observed(stage, fn, req, log))
     beat = _heartbeat()
     while True:
         try:
-            return fut.result(timeout=1.0)
+            rep = fut.result(timeout=1.0)
+            break
         except concurrent.futures.TimeoutError:
             beat()
+    if how != "ran":  # the phase log shows where a continued run picked up work under way or done
+        log.info("shared-call", stage=stage, how=how, iteration=req.iteration, candidate=req.candidate_id,
+                 seconds=round(time.monotonic() - t0, 3))
+    return rep
 
 
 @activity.defn(name="compile_candidate")

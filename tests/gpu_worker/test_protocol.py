@@ -203,6 +203,23 @@ def test_activities_in_activity_environment(ev, store):
     assert not bad.ok and bad.stage == "verify"
 
 
+def test_a_repeated_request_gets_the_work_already_done(ev, store):
+    # what a run continued as new does with the evaluations it carried (gpu_worker.activities.SharedCalls)
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+
+    acts.set_evaluator(ev)
+    r = req(store, canary("fast"))
+    env = ActivityEnvironment()
+    first = env.run(acts.compile_candidate, r)
+    again = env.run(acts.compile_candidate, r)
+    assert first.ok and again == first
+    assert acts.CALLS.counts == {"ran": 1, "joined": 0, "kept": 1}
+    env.run(acts.compile_candidate, r.model_copy(update={"iteration": (r.iteration or 0) + 1}))
+    assert acts.CALLS.counts["ran"] == 2  # another iteration is another request
+
+
 def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment

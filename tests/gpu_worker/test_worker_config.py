@@ -68,14 +68,15 @@ def test_shared_calls_run_each_request_once_and_never_keep_a_failure():
         release.wait(30)
         return "report"
 
-    first = calls.submit("compile:a", work)
-    second = calls.submit("compile:a", work)  # while the first runs
-    assert second is first and not first.done()
+    first, how1 = calls.submit("compile:a", work)
+    second, how2 = calls.submit("compile:a", work)  # while the first runs
+    assert second is first and not first.done() and (how1, how2) == ("ran", "joined")
     release.set()
     assert first.result(30) == "report" and second.result(30) == "report"
-    assert calls.submit("compile:a", work).result(30) == "report"  # finished: the kept result
+    third, how3 = calls.submit("compile:a", work)  # finished: the kept result
+    assert third.result(30) == "report" and how3 == "kept"
     assert len(ran) == 1 and calls.counts == {"ran": 1, "joined": 1, "kept": 1}
-    assert calls.submit("compile:b", work).result(30) == "report" and len(ran) == 2  # another request
+    assert calls.submit("compile:b", work)[0].result(30) == "report" and len(ran) == 2  # another request
 
     def broken():
         ran.append(1)
@@ -84,13 +85,13 @@ def test_shared_calls_run_each_request_once_and_never_keep_a_failure():
     import pytest
 
     with pytest.raises(RuntimeError, match="died"):
-        calls.submit("verify:a", broken).result(30)
+        calls.submit("verify:a", broken)[0].result(30)
     with pytest.raises(RuntimeError, match="died"):
-        calls.submit("verify:a", broken).result(30)  # ran again, not kept
+        calls.submit("verify:a", broken)[0].result(30)  # ran again, not kept
     assert len(ran) == 4
 
     old = SharedCalls(keep_s=0.0)  # kept results expire
-    old.submit("k", lambda: 1).result(30)
+    old.submit("k", lambda: 1)[0].result(30)
     old.submit("k", lambda: 2)
     assert old.counts["ran"] == 2
 
