@@ -280,11 +280,9 @@ class SandboxPool:
         # and are readied side by side, each handed out as soon as it is ready: readied one after another,
         # a burst of compiles (a population's proposals arrive together) found the pool dry while the last
         # spares waited for the first ones' contexts, and made their own (docs/throughput.md, session i)
-        threads = [threading.Thread(target=self._ready_one, args=(sb,), daemon=True) for sb in new[1:]]
+        threads = [threading.Thread(target=self._ready_one, args=(sb,), daemon=True) for sb in new]
         for t in threads:
             t.start()
-        if new:
-            self._ready_one(new[0])
         for t in threads:
             t.join()
 

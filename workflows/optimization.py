@@ -67,9 +67,9 @@ class KernelOptimization:
         self.iterations_this_run = 0
         self.finished = False
         self.rolling = False  # set by run(): the rolling population (patch "rolling-population")
-        # rolling population: iteration -> (candidate id, task of _evaluate), started but not yet recorded
-        self.in_flight: dict[int, tuple[str, asyncio.Task]] = {}
-        self.launched: dict[int, InFlight] = {}  # the same iterations' arguments, carried at continue-as-new
+        # rolling population: iteration -> (its arguments, task of _evaluate), started but not yet recorded;
+        # the arguments are what continue-as-new carries (CarriedState.in_flight)
+        self.in_flight: dict[int, tuple[InFlight, asyncio.Task]] = {}
         self.carry = False  # set by run(): evaluations in flight go on into the next run (patch "carry-in-flight")
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -122,8 +122,7 @@ class KernelOptimization:
             self._account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
                 continue  # the top of the loop says why; _finish compacts, no needless new run
-            if (not self.in_flight or self.carry) and decisions.time_to_compact(
-                    self.iterations_this_run, self.spec.compact_every, workflow.info().is_continue_as_new_suggested()):
+            if (not self.in_flight or self.carry) and self._time_to_compact():
                 await self._compact(final=False)
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 self._account_time()
@@ -185,8 +184,7 @@ class KernelOptimization:
                 reason = await self._drain()
                 raise _Paused(reason or f"evaluation #{it} failed")
         await self._record_finished()
-        if self.carry and decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
-                                                    workflow.info().is_continue_as_new_suggested()):
+        if self.carry and self._time_to_compact():
             return False  # run() compacts and continues as new now, carrying what is in flight
         n = decisions.slots_to_fill(
             self.spec.budget, self.st.used, self.spec.population, len(self.in_flight),
@@ -197,7 +195,8 @@ class KernelOptimization:
             it = self.st.iteration + len(self.in_flight) + 1
             hints, self.st.hints = self.st.hints, []
             try:
-                prop = (await self._propose(it, 1, hints, taken=[c for c, _ in self.in_flight.values()]))[0]
+                prop = (await self._propose(it, 1, hints, taken=[f.proposal.candidate.candidate_id
+                                                                  for f, _ in self.in_flight.values()]))[0]
             except _Paused:
                 self.st.hints = hints + self.st.hints  # not shown to anyone yet
                 raise
@@ -220,8 +219,11 @@ class KernelOptimization:
         """Start one evaluation of the rolling population (or, at a run's start, one carried from the last)."""
         task = asyncio.get_running_loop().create_task(
             self._evaluate(f.iteration, f.slot, f.proposal, f.best, f.started_at))
-        self.in_flight[f.iteration] = (f.proposal.candidate.candidate_id, task)
-        self.launched[f.iteration] = f
+        self.in_flight[f.iteration] = (f, task)
+
+    def _time_to_compact(self) -> bool:
+        return decisions.time_to_compact(self.iterations_this_run, self.spec.compact_every,
+                                         workflow.info().is_continue_as_new_suggested())
 
     async def _record_finished(self) -> None:
         """Record the finished evaluations at the front of the queue, in iteration order."""
@@ -230,7 +232,6 @@ class KernelOptimization:
             if not task.done() or task.exception() is not None:
                 return
             del self.in_flight[self.st.iteration + 1]
-            self.launched.pop(self.st.iteration + 1, None)
             self._set_phase("recording")
             await self._record(task.result())
 
@@ -251,7 +252,6 @@ class KernelOptimization:
                 if exc is not None and not isinstance(exc, _Paused):
                     raise exc  # a bug, not infrastructure: fail the workflow task, as the lockstep path does
             self.in_flight = {}
-            self.launched = {}
         return failure
 
     async def _propose(self, first: int, n: int, hints: list[str], taken: list[str] | None = None
@@ -405,7 +405,7 @@ class KernelOptimization:
     def _carry(self) -> CarriedState:
         st = self.st.model_copy(deep=True)
         st.runs += 1
-        st.in_flight = [self.launched[it] for it in sorted(self.in_flight)]  # empty unless self.carry
+        st.in_flight = [f for _, (f, _) in sorted(self.in_flight.items())]  # empty unless self.carry
         return st
 
     # ---- activity calls ------------------------------------------------------------------------
