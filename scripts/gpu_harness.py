@@ -171,9 +171,6 @@ def main():
     if "best" not in skip:
         @section("best", 30, args)
         def _():
-            from baselines.registry import get_problem
-
-            p = get_problem("softmax")
             slow = canary_source("slow")
             best = BestRef(candidate_id="slow", source_key=store.put_text(slow), speedup=1.0, time_ms=1.0,
                            baseline_ms=1.0, iteration=0)

@@ -1,5 +1,5 @@
 """Seconds per phase and per evaluation from a GPU worker's activity log (JSON lines, plain or .gz):
-`python scripts/phase_summary.py [--concurrency] [--rate] [--per-minute] [--run ID_PREFIX] [--after S] [--smi session.json
+`python scripts/phase_summary.py [--concurrency [--agent agent.log.gz]] [--rate] [--per-minute] [--run ID_PREFIX] [--after S] [--smi session.json
 --gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
 
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
@@ -98,9 +98,21 @@ def summarize(rows: list[dict], top: int = 14) -> str:
     return "\n".join(out)
 
 
-def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0) -> str:
+def compactions(path: str, run: str = "") -> list[float]:
+    """When each compaction of the runs whose workflow id starts with `run` finished (epoch seconds), from
+    the agent worker's log (`compacted` lines)."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        rows = [json.loads(line) for line in f if line.startswith("{")]
+    return sorted(_end(d) for d in rows if d.get("event") == "compacted" and d.get("workflow_id", "").startswith(run))
+
+
+def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0,
+                compacted: list[float] | None = None) -> str:
     """Activities running at every `step` seconds of the log's span (each line's end time less its
-    duration is its start), and benchmarks finished per `window` seconds: how full the pipeline was."""
+    duration is its start), and benchmarks finished per `window` seconds: how full the pipeline was.
+    `compacted` (epoch seconds, from compactions()) is printed on the same clock, so a compaction's
+    effect on the two series can be read off (session j)."""
     spans = [(_end(d) - (d.get("seconds") or 0), _end(d), d.get("event")) for d in rows]
     if not spans:
         return "no activities"
@@ -108,8 +120,11 @@ def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0) -> s
     running = [sum(s <= t0 + k < e for s, e, _ in spans) for k in range(0, int(t1 - t0), int(step))]
     bench = [e - t0 for _, e, ev in spans if ev == "benchmark"]
     done = [sum(k <= x < k + window for x in bench) for k in range(0, int(t1 - t0), int(window))]
-    return (f"span {t1 - t0:.0f} s\n    running activities every {step:g} s: {running}\n"
-            f"    benchmarks finished per {window:g} s: {done}")
+    out = (f"span {t1 - t0:.0f} s\n    running activities every {step:g} s: {running}\n"
+           f"    benchmarks finished per {window:g} s: {done}")
+    if compacted is not None:
+        out += f"\n    compactions finished at (s): {[round(c - t0) for c in compacted]}"
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -125,13 +140,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi, CPU and "
                     "gate figures")
     ap.add_argument("--gpu", type=int, default=0, help="the nvidia-smi GPU index for --smi")
+    ap.add_argument("--agent", default="", help="the agent worker's log, for --concurrency's compaction times")
     a = ap.parse_args(argv)
     session = json.load(open(a.smi)) if a.smi else {}
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
         if a.concurrency:
-            print(concurrency(rows))
+            print(concurrency(rows, compacted=compactions(a.agent, a.run) if a.agent else None))
         if a.rate:
             print(rate(rows, session.get("smi"), a.gpu, session.get("cpu"), session.get("samples")))
         if a.per_minute:

@@ -98,19 +98,22 @@ def time_to_compact(iterations_this_run: int, compact_every: int, history_sugges
 
 def default_compact_every(population: int) -> int:
     """Iterations between compactions when the user names none: 10, or 8 x population when larger. A
-    compaction continues the run as new, which carries no evaluation in flight, so the population drains
-    before each one (slots_to_fill); with 24 in flight and a compaction every 50 the pipeline ran part-empty
-    much of the time (docs/throughput.md, session e)."""
+    search run's compaction no longer drains the population (it carries its evaluations in flight,
+    slots_to_fill), but each one still costs a notebook compaction and a new run, and 8 x 24 = 192
+    iterations are about 4,100 history events, where Temporal suggests continuing as new anyway
+    (docs/throughput.md, session i)."""
     return max(10, 8 * population)
 
 
 def compaction_problem(policy: str, population: int, compact_every: int) -> str | None:
     """Why a search run's compaction interval cannot work with its population, or None. Below the
-    population, at most `compact_every` evaluations could ever run at once (slots_to_fill)."""
+    population a run continues as new before it records as many evaluations as it has in flight, so the
+    same evaluations are carried into run after run (and, in runs recorded before the carry, at most
+    `compact_every` could ever run at once)."""
     if policy == "search" and compact_every < population:
-        return (f"compact_every {compact_every} is below population {population}: every compaction drains the "
-                f"population, so at most {compact_every} evaluations would ever run at once; use at least "
-                f"{population} ({default_compact_every(population)} keeps the drains rare)")
+        return (f"compact_every {compact_every} is below population {population}: each run would continue as "
+                f"new with more evaluations in flight than it records, carrying the same ones into run after "
+                f"run; use at least {population} ({default_compact_every(population)} is the default)")
     return None
 
 

@@ -87,3 +87,25 @@ def test_command_line(ps, log, tmp_path, capsys):
     assert ps.main(["--rate", "--run", "new", "--smi", str(session), log]) == 0
     out = capsys.readouterr().out
     assert "3 benchmarks, 360/h" in out and "old-run" not in out
+
+
+def test_concurrency_with_compactions_on_the_same_clock(ps, log, tmp_path, capsys):
+    # the log's first activity starts at 16:00:00; compactions of new-run finish at 16:00:25 and 16:00:38,
+    # one of another run (not asked for) at 16:00:30
+    agent = tmp_path / "agent.log"
+    agent.write_text("\n".join([
+        "agent worker started",
+        json.dumps({"workflow_id": "new-run", "event": "compacted", "timestamp": "2026-11-30T16:00:25.000Z"}),
+        json.dumps({"workflow_id": "other", "event": "compacted", "timestamp": "2026-11-30T16:00:30.000Z"}),
+        json.dumps({"workflow_id": "new-run", "event": "proposed", "timestamp": "2026-11-30T16:00:31.000Z"}),
+        json.dumps({"workflow_id": "new-run", "event": "compacted", "timestamp": "2026-11-30T16:00:38.000Z"}),
+    ]) + "\n")
+    rows = ps.activities(log)
+    out = ps.concurrency(rows, step=10, window=20, compacted=ps.compactions(str(agent), "new"))
+    # activities span 0-5 (old), 8-12, 14-20, 26-30, 35-40; sampled at 0, 10, 20, 30
+    assert "running activities every 10 s: [1, 1, 0, 0]" in out
+    assert "benchmarks finished per 20 s: [1, 2]" in out
+    assert out.endswith("compactions finished at (s): [25, 38]")
+    assert "compactions" not in ps.concurrency(rows)
+    assert ps.main(["--concurrency", "--run", "new", "--agent", str(agent), log]) == 0
+    assert "compactions finished at (s): [17, 30]" in capsys.readouterr().out  # t0: new-run's first start, 8 s

@@ -39,7 +39,7 @@ def marathon(*args, env_address=None, check=False):
     (["start", "softmax", "--shape", "huge"], "problem softmax has no shape 'huge'"),
     (["start", "softmax", "--population", "0"], "population must be at least 1"),
     (["start", "softmax", "--population", "24", "--compact-every", "10"],
-     "compact_every 10 is below population 24: every compaction drains the population"),
+     "compact_every 10 is below population 24: each run would continue as new with more"),
     (["start", "softmax", "--gpu-queue", "two words"], "gpu_queue must be a task queue name"),
     (["worker", "--role", "gpu", "--gpu-queue", "a/b"], "invalid --gpu-queue"),
     (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
@@ -66,7 +66,7 @@ def test_compaction_default_grows_with_the_population():
         return parse_spec(argparse.Namespace(**{**base, **kw}))
 
     assert spec().compact_every == 10  # population 1: as before
-    assert spec(population=24).compact_every == 192  # 8 x population: the drains stay rare
+    assert spec(population=24).compact_every == 192  # 8 x population
     assert spec(population=24, compact_every=30).compact_every == 30  # named: kept, as it is not below 24
 
 

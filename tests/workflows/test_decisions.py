@@ -107,5 +107,5 @@ def test_default_compaction_interval_and_its_check():
 
     assert [default_compact_every(p) for p in (1, 2, 24)] == [10, 16, 192]
     assert compaction_problem("search", 24, 24) is None
-    assert "at most 10 evaluations would ever run at once" in compaction_problem("search", 24, 10)
+    assert "carrying the same ones into run after run" in compaction_problem("search", 24, 10)
     assert compaction_problem("llm", 24, 10) is None  # the llm policy runs one turn at a time
