@@ -121,8 +121,8 @@ def main():
                     src = canary_source(name.split(":")[1]) if name.startswith("canary:") else (KERNELS / f"{name}.py").read_text()
                     v = ev.verify(req(store, src))
                     rows[name] = {"ok": v.ok, "stage": v.stage, "reason": v.reason[:200]}
-                for name in ["late_write", "rt_library", "rt_importlib", "rt_subprocess", "rt_socket", "rt_write", "rt_timer",
-                             "rt_hang", "rt_crash", "rt_exception"]:
+                for name in ["late_write", "rt_library", "rt_importlib", "rt_subprocess", "rt_socket", "rt_write",
+                             "rt_timer", "rt_hang", "rt_crash", "rt_exception"]:
                     v = raw.verify(req(store, (KERNELS / f"{name}.py").read_text()))
                     rows["raw:" + name] = {"ok": v.ok, "stage": v.stage, "reason": v.reason[:200]}
                 # right while it is checked, cheaper once timed: only the benchmark's timed-output check sees it

@@ -1,6 +1,6 @@
 """Seconds per phase and per evaluation from a GPU worker's activity log (JSON lines, plain or .gz):
-`python scripts/phase_summary.py [--concurrency [--agent agent.log.gz]] [--rate] [--per-minute] [--run ID_PREFIX] [--after S] [--smi session.json
---gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
+`python scripts/phase_summary.py [--concurrency [--agent agent.log.gz]] [--rate] [--per-minute] [--run ID_PREFIX]
+[--after S] [--smi session.json --gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
 
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
