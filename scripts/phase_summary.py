@@ -21,12 +21,17 @@ def _end(d: dict) -> float:
     return datetime.fromisoformat(d["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
+def _json_lines(path: str) -> list[dict]:
+    """A worker log's JSON lines (plain or .gz); its plain-text lines are left out."""
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.startswith("{")]
+
+
 def activities(path: str, run: str = "", after: float = 0.0) -> list[dict]:
     """The log's activity lines (JSON), those of runs whose workflow id starts with `run`, that started at
     least `after` seconds after the first activity of the whole log started."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.startswith("{")]
+    rows = _json_lines(path)
     if not rows:
         return []
     t0 = min(_end(d) - (d.get("seconds") or 0) for d in rows)
@@ -101,10 +106,8 @@ def summarize(rows: list[dict], top: int = 14) -> str:
 def compactions(path: str, run: str = "") -> list[float]:
     """When each compaction of the runs whose workflow id starts with `run` finished (epoch seconds), from
     the agent worker's log (`compacted` lines)."""
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.startswith("{")]
-    return sorted(_end(d) for d in rows if d.get("event") == "compacted" and d.get("workflow_id", "").startswith(run))
+    return sorted(_end(d) for d in _json_lines(path)
+                  if d.get("event") == "compacted" and d.get("workflow_id", "").startswith(run))
 
 
 def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0,
