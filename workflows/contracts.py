@@ -407,6 +407,8 @@ class Status(Strict):
     notebook_version: int = 0
     ledger_key: str | None = None
     pending_hints: int = 0
+    best_source_key: str | None = None  # the crowned best's kernel source in the artifact store
+    stop_reason: str | None = None  # the stop signal's reason, once one has arrived
 
 
 class RunResult(Strict):
@@ -422,6 +424,7 @@ class RunResult(Strict):
     notebook_key: str | None = None
     ledger_key: str | None = None
     reverified: bool | None = None
+    stop_reason: str | None = None  # the stop signal's reason when stopped_by is "stop-signal"
 
 
 class StopRequest(Strict):

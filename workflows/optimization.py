@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
     from workflows import decisions
     from workflows.llm_loop import llm_step
+    from workflows.text import INTERPRETER_NOTE, best_text, budget_text, run_summary, used_text
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
 ITERATION = SearchAttributeKey.for_int("MarathonIteration")
@@ -390,7 +391,8 @@ class KernelOptimization:
                          best_source_key=self.st.best.source_key if self.st.best else None,
                          stopped_by=stopped_by, runs=self.st.runs, used=self.st.used,
                          notebook_key=self.st.notebook_key, ledger_key=self.st.ledger_key,
-                         reverified=reverified)
+                         reverified=reverified,
+                         stop_reason=self.stop.reason if self.stop and stopped_by == "stop-signal" else None)
 
     async def _reverify_best(self) -> bool:
         b = self.st.best
@@ -488,7 +490,9 @@ class KernelOptimization:
                       runs=self.st.runs, paused=self.st.paused, pause_reason=self.st.pause_reason,
                       stopping=self.stop is not None, last=self.st.last, notebook_key=self.st.notebook_key,
                       notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
-                      pending_hints=len(self.st.hints))
+                      pending_hints=len(self.st.hints),
+                      best_source_key=self.st.best.source_key if self.st.best else None,
+                      stop_reason=self.stop.reason if self.stop else None)
 
     @workflow.query
     def leaderboard(self) -> list[LeaderEntry]:
@@ -519,29 +523,41 @@ class KernelOptimization:
         """Web UI: search attributes and the live leaderboard as current details."""
         attrs = [PROBLEM.value_set(self.spec.problem), ITERATION.value_set(self.st.iteration),
                  PHASE.value_set(self.phase)]
-        if self.st.best is not None:
+        if self.st.best is not None and not self.st.best.interpreter:  # interpreter ratios mean nothing
             attrs.append(BEST_SPEEDUP.value_set(self.st.best.speedup))
         workflow.upsert_search_attributes(attrs)
         workflow.set_current_details(self._details())
 
     def _details(self) -> str:
-        b = self.st.best
-        label = " (interpreter timing)" if b and b.interpreter else ""
-        lines = [f"## {self.spec.problem}: iteration {self.st.iteration}, run {self.st.runs}",
-                 f"budget {self.spec.budget.model_dump(exclude_none=True)}, used {self.st.used.iterations} "
-                 f"iterations, {self.st.used.seconds / 3600:.2f} h, {self.st.used.gpu_seconds:.0f} GPU-s, "
-                 f"{self.st.used.tokens} tokens"
-                 + (f" ({self.st.used.tokens_in} in, {self.st.used.tokens_out} out), {self.st.used.turns} "
-                    f"model turns, {self.st.used.tool_calls} tool calls, ~${self.st.used.cost_usd:.4f}"
-                    if self.spec.policy == "llm" else ""),
-                 f"best: {b.candidate_id} {b.speedup:.3g}x ({b.time_ms:.4g} ms){label}" if b else "best: none yet",
-                 "", "| # | candidate | speedup | ms | iteration |", "|---|---|---|---|---|"]
-        for i, e in enumerate(self.st.leaderboard, 1):
-            lines.append(f"| {i} | {e.candidate_id} | {e.speedup:.3g} | {e.time_ms:.4g} | {e.iteration} |")
-        if self.st.last is not None:
-            r = self.st.last
-            lines += ["", f"last: #{r.iteration} {r.outcome}" + (f" at {r.stage}: {r.reason[:120]}"
-                                                                 if r.outcome == "rejected" else "")]
+        """Markdown for the Web UI's current details, set again in every run (continue-as-new carries no
+        start summary, so the summary heads the details): the state, then the crowned best and the
+        leaderboard as one table."""
+        b, last = self.st.best, self.st.last
+        interp = (b is not None and b.interpreter) or (last is not None and last.interpreter)
+        lines = [f"**{run_summary(self.spec)}**", "",
+                 f"- iteration {self.st.iteration}, run {self.st.runs}, phase {self.phase}",
+                 f"- budget: {budget_text(self.spec.budget)}",
+                 f"- used: {used_text(self.st.used, self.spec.policy == 'llm')}",
+                 f"- best: {best_text(b)}"]
+        if self.st.paused:
+            lines.append(f"- paused: {self.st.pause_reason}")
+        if self.stop is not None:
+            lines.append(f"- stopping: {self.stop.reason}")
+        if last is not None:
+            lines.append(f"- last: #{last.iteration} {last.outcome}"
+                         + (f" at {last.stage}: {last.reason.splitlines()[0][:120] if last.reason else ''}"
+                            if last.outcome == "rejected" else ""))
+        if interp:
+            lines += ["", f"_{INTERPRETER_NOTE}._"]
+        rows = ([(b.candidate_id, b.speedup, b.time_ms, b.iteration, "crowned best")] if b else []) + [
+            (e.candidate_id, e.speedup, e.time_ms, e.iteration, "") for e in self.st.leaderboard
+            if b is None or e.candidate_id != b.candidate_id]
+        if rows:
+            lines += ["", "| # | candidate | " + ("interpreter ms" if interp else "speedup | ms")
+                      + " | iteration | |", "|---|---|---|---|---|" + ("" if interp else "---|")]
+            for i, (cid, speedup, ms, it, note) in enumerate(rows, 1):
+                figures = f"{ms:.4g}" if interp else f"{speedup:.3g}x | {ms:.4g}"
+                lines.append(f"| {i} | `{cid}` | {figures} | {it} | {note} |")
         return "\n".join(lines)[:19000]
 
 

@@ -145,7 +145,9 @@ async def test_status_and_search_attributes(env, store):
     desc = await h.describe()
     sa = {k.name: v for k, v in desc.typed_search_attributes.search_attributes}
     assert sa["MarathonProblem"] == "softmax" and sa["MarathonIteration"] == 4
-    assert sa["MarathonPhase"] == "done" and sa["MarathonBestSpeedup"] == pytest.approx(res.best.speedup)
+    assert sa["MarathonPhase"] == "done"
+    # the synthetic evaluator reports interpreter timings, whose ratios are not published as speedups
+    assert res.best.interpreter and "MarathonBestSpeedup" not in sa
 
 
 @pytest.mark.parametrize("population", [1, 3])

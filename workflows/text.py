@@ -1,0 +1,68 @@
+"""How budgets, bests and iterations read to a person: one wording for the CLI, the Web UI's details and
+the report. Pure functions of the contracts (the workflow renders its details with them)."""
+
+from __future__ import annotations
+
+from workflows.contracts import Budget, Used
+
+# Said wherever interpreter timings are shown instead of a speedup.
+INTERPRETER_NOTE = ("no GPU: kernels ran under the Triton interpreter on the CPU, and interpreter times measure "
+                    "nothing about a kernel's speed, so no speedups are shown. The loop still ranks candidates "
+                    "by them and crowns one only when it beats the best in the same head-to-head timing with "
+                    "95% confidence, so its choices here check the machinery, not the kernels")
+
+
+def _num(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}"
+
+
+def budget_text(budget: Budget) -> str:
+    """`30 iterations, 2 h, 50,000 tokens, 600 GPU-s`; fields without a limit are left out."""
+    parts = []
+    if budget.iterations is not None:
+        parts.append(f"{budget.iterations:,} iterations")
+    if budget.hours is not None:
+        parts.append(f"{_num(budget.hours)} h")
+    if budget.tokens is not None:
+        parts.append(f"{budget.tokens:,} tokens")
+    if budget.gpu_seconds is not None:
+        parts.append(f"{_num(budget.gpu_seconds)} GPU-s")
+    return ", ".join(parts) or "no limit"
+
+
+def used_text(used: Used, llm: bool = False) -> str:
+    text = (f"{used.iterations:,} iterations, {used.seconds / 3600:.2f} h, {used.gpu_seconds:,.1f} GPU-s, "
+            f"{used.tokens:,} tokens")
+    if llm:
+        text += (f" ({used.tokens_in:,} in, {used.tokens_out:,} out), {used.turns} model turns, "
+                 f"{used.tool_calls} tool calls, ~${used.cost_usd:.2f}")
+    return text
+
+
+def best_text(best) -> str:
+    """A BestRef or BestSummary; interpreter timings without a ratio."""
+    if best is None:
+        return "none yet"
+    where = f"{best.candidate_id}, iteration {best.iteration}"
+    if best.interpreter:
+        return f"{best.time_ms:.4g} ms under the interpreter ({where})"
+    return f"{best.speedup:.3g}x, {best.time_ms:.4g} ms vs baseline {best.baseline_ms:.4g} ms ({where})"
+
+
+def record_text(rec) -> str:
+    """One IterationRecord as a short line."""
+    if rec.outcome == "rejected":
+        reason = rec.reason.splitlines()[0][:70] if rec.reason else ""
+        return f"#{rec.iteration} rejected at {rec.stage}: {reason}"
+    if rec.time_ms is None:
+        return f"#{rec.iteration} {rec.outcome}"
+    if rec.interpreter or rec.speedup is None:
+        return f"#{rec.iteration} {rec.outcome} {rec.time_ms:.4g} ms" + (" [interpreter]" if rec.interpreter else "")
+    return f"#{rec.iteration} {rec.outcome} {rec.speedup:.3g}x {rec.time_ms:.4g} ms"
+
+
+def run_summary(spec) -> str:
+    """One line for a RunSpec: the Web UI's summary of the run's start, repeated atop every run's details."""
+    extra = "".join(f", {k} {v}" for k, v in (("shape", spec.shape), ("population", spec.population))
+                    if v not in (None, 1))
+    return f"{spec.problem}: {spec.policy} policy, budget {budget_text(spec.budget)}{extra}"[:190]
