@@ -1,9 +1,11 @@
-"""One batched GPU session for the evaluation harness (gpu_worker): canaries, cheating families, honest
-kernels with receipts and profiler cross-checks, a profile, and a throughput run.
+"""Every check of the evaluation harness (gpu_worker) on one GPU: canaries, ceilings, cheating families,
+honest kernels with receipts and profiler cross-checks, a best measured head-to-head, a profile, and a
+throughput run.
 
-    source .gpu-bundle/setup.sh && python scripts/gpu_harness.py [--throughput-s 120] [--problem kda]
+    python scripts/gpu_harness.py [--throughput-s 120] [--problem kda] [--skip throughput,...]
 
-Full results go to $OUT/harness.json (and $OUT/harness.log); a short table is printed last.
+Full results go to $OUT/harness.json and $OUT/harness.log (OUT defaults to /tmp/gpu-harness-out); a short
+table is printed last.
 Sections are skipped, and say so, when the wall-clock budget (--budget-s) runs short.
 """
 

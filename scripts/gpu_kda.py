@@ -1,8 +1,8 @@
 """KDA on one GPU: correctness of the starting kernel (vs the fp64 oracle and vs FLA) and timing against FLA.
 
-Run on the GPU host from the repo root (FLA from the bundle):
-    source .gpu-bundle/setup.sh && python scripts/gpu_kda.py [--variants N] [--shapes all|primary]
-Writes the full log and a JSON of every number to $OUT (or ./out_kda). The last lines are a short table.
+Run from the repository root on a CUDA host where FLA (fla-core) is installed:
+    python scripts/gpu_kda.py [--variants N] [--shapes all|primary]
+Writes the full log and a JSON of every number to $OUT (default ./out_kda). The last lines are a short table.
 Timing: triton.testing.do_bench, median, warmup 25 ms / rep 100 ms; do_bench zeroes a 256 MB buffer before each
 repetition, so L2 (60 MB) is flushed between calls (inputs of the primary shape are ~400 MB anyway).
 """

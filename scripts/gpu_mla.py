@@ -7,7 +7,8 @@ the fp64 oracle by rel-RMS; it passes when err <= max(tolerance_floor, tolerance
 error) and no NaN is left. Timing: triton.testing.do_bench median (it zeroes a 256 MB buffer before every
 call, so the 9.4 MB decode cache is not served from the 60 MB L2), and for decode also a CUDA graph of
 ROT back-to-back calls over ROT different input sets (ROT * 9.4 MB > L2), replayed, time / call.
-Full output goes to $OUT/gpu_mla.log and $OUT/gpu_mla.json; a short table is printed last.
+Full output goes to $OUT/gpu_mla.log and $OUT/gpu_mla.json (OUT defaults to /tmp/gpu_mla_out); a short
+table is printed last.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ ROT = 8
 PROBE_SDPA = False
 PREFILL_DISTS = False
 
-# run 3 lists (runs 1 and 2 are recorded in docs/mla.md); P = PARTIAL_BF16, dv = SPLIT_DV
+# the settings compared; P = PARTIAL_BF16, dv = SPLIT_DV
 _D = dict(PARTIAL_BF16=False, SPLIT_DV=1)
 DECODE_CONFIGS = [
-    {**_D, **dict(BLOCK_H=16, BLOCK_N=32, NUM_SPLITS=64, num_warps=4, num_stages=2)},  # template default
+    {**_D, **dict(BLOCK_H=16, BLOCK_N=32, NUM_SPLITS=64, num_warps=4, num_stages=2)},
     {**_D, **dict(BLOCK_H=16, BLOCK_N=32, NUM_SPLITS=64, num_warps=4, num_stages=3)},
     dict(BLOCK_H=16, BLOCK_N=32, NUM_SPLITS=64, PARTIAL_BF16=True, SPLIT_DV=1, num_warps=4, num_stages=3),
     dict(BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=64, PARTIAL_BF16=True, SPLIT_DV=1, num_warps=4, num_stages=2),

@@ -1,4 +1,4 @@
-"""One device session: the whole stack on a GPU host, measured.
+"""The whole stack on a GPU host, measured: a search run per problem, its throughput and the GPU's use.
 
 Starts the dev server, an agent worker and one GPU worker per GPU (`marathon worker --role gpu` with
 CUDA_VISIBLE_DEVICES set), starts a search run per problem with `marathon start`, samples every run's
@@ -6,21 +6,19 @@ status and every GPU worker's Prometheus counters while they run, stops what is 
 deadline (`marathon stop`), writes each run's `marathon report`, and summarises evaluations per hour and
 GPU busy fraction per window (a window is a stretch with a fixed number of GPU workers serving).
 
-    source .gpu-bundle/setup.sh && export PYTHONPATH=$PWD:$PYTHONPATH
-    python scripts/gpu_session.py --problems kda --gpus 2 --second-gpu-after 150 --minutes 7
+    python scripts/gpu_session.py --problems kda --gpus 2 --second-gpu-after 150 --minutes 7 --out DIR
 
 `--second-gpu-after S` starts the second GPU worker S seconds after the first one serves, so one run
 gives the one-GPU and the two-GPU figure on the same candidates stream.
 
-A search longer than one device call (at most 10 minutes) spans calls the way the design says a run
-survives anything: `--keep-running` does not stop the runs at the deadline; the processes are shut down
-and the dev server's SQLite history, the artifact store and the run ids go into $OUT/state.tar.gz. The
-next call's `--resume state.tar.gz` restores them, restarts the server and the workers on the same
-history, and the same runs go on where they were (interrupted activities are retried by Temporal).
+A search can span several invocations, on the same host or another one, the way a run survives
+anything: `--keep-running` does not stop the runs at the deadline; the processes are shut down and the dev
+server's SQLite history, the artifact store and the run ids go into DIR/state.tar.gz. A later
+`--resume state.tar.gz` restores them, restarts the server and the workers on the same history, and the
+same runs go on where they were (interrupted activities are retried by Temporal).
 
-Everything lands in
-$OUT/session.tar.gz (the device tool brings back few files) plus $OUT/session.json; the summary is
-printed last.
+The processes' logs and reports are written under /tmp/marathon-session and archived, with the summary, in
+DIR/session.tar.gz; DIR/session.json holds the summary alone, which is also printed last.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = Path(os.environ.get("OUT") or "/tmp/gpu-session-out")
+OUT = Path("gpu-session-out")  # --out
 WORK = Path("/tmp/marathon-session")
 T0 = time.time()
 
@@ -144,8 +142,8 @@ def sample_smi(stop) -> None:
 
 def iterations_to_raise(st: dict, wanted: int) -> int | None:
     """The iteration budget a resumed run gets, or None to leave it: a resumed run keeps the budget in its
-    spec, so --iterations above it is sent as a budget change (session i3 resumed a run at 960 of 1000 with
-    --iterations 1200, and it ended after 40). Never lowered: that is `marathon budget`'s job."""
+    spec, so --iterations above it is sent as a budget change (otherwise a run resumed at 960 of 1000 with
+    --iterations 1200 would end after 40). Never lowered: that is `marathon budget`'s job."""
     have = (st.get("budget") or {}).get("iterations")
     return wanted if have is not None and wanted > have else None
 
@@ -159,6 +157,7 @@ def status(run_id: str) -> dict | None:
 
 
 def main() -> int:
+    global OUT
     ap = argparse.ArgumentParser()
     ap.add_argument("--problems", default="kda",
                     help="problems, space-separated; with --split, '|' separates the GPUs' groups, e.g. "
@@ -175,12 +174,14 @@ def main() -> int:
     ap.add_argument("--fresh", default="",
                     help="problems, space-separated, whose resumed run is stopped and replaced by a new one. The "
                          "stop is graceful: the old run's in-flight step still runs on the same GPU beside the new "
-                         "run's first minutes (session f1: about 4 minutes with population 24)")
+                         "run's first minutes")
     ap.add_argument("--second-gpu-after", type=float, default=0.0)
     ap.add_argument("--minutes", type=float, default=6.0, help="search deadline after the first GPU worker serves")
-    ap.add_argument("--budget-s", type=float, default=560,
-                    help="the whole session's wall-clock budget: the search stops early enough to leave time "
-                         "for draining, reports and --bench, and the archive is written before it ends")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="a wall-clock limit for the whole script, where it runs under one: the search stops "
+                         "early enough to leave time for draining, reports and --bench, and the archive is "
+                         "written before the limit")
+    ap.add_argument("--out", default=str(OUT), help="where session.json, session.tar.gz and state.tar.gz go")
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--population", type=int, default=8)
     ap.add_argument("--compact-every", type=int, default=None,
@@ -195,7 +196,7 @@ def main() -> int:
                          "device), served by GPU worker i alone, warmed for its group (one group per GPU, both workers from the start)")
     ap.add_argument("--keep-running", action="store_true",
                     help="do not stop the runs at the deadline: save the server's history, the artifacts and the "
-                         "run ids to $OUT/state.tar.gz for a later --resume")
+                         "run ids to OUT/state.tar.gz for a later --resume")
     ap.add_argument("--resume", default="",
                     help="a state.tar.gz from an earlier --keep-running session: its runs of --problems go on; with "
                          "--keep-running the others wait in the saved state, else they are stopped")
@@ -227,6 +228,7 @@ def main() -> int:
     fresh = set(a.fresh.split())
     if not fresh <= set(problems):
         ap.error(f"--fresh: {sorted(fresh - set(problems))} not in --problems")
+    OUT = Path(a.out)
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("MARATHON_HOME", str(WORK / "home"))
@@ -294,9 +296,9 @@ def main() -> int:
                         log(f"{p}: iteration budget raised to {more}: rc={r.returncode} {r.stderr.strip()[-300:]}")
                     continue
                 log(f"{p}: run {resumed[p]} had ended ({st.get('stopped_by')}); a new one starts")
-            rid = f"h200-{p}-{int(T0)}"
+            rid = f"{p}-{int(T0)}"
             queue = ["--gpu-queue", queues[gpu_of[p]]] if a.split else []
-            # the hours budget is wall clock from the start, so a run spread over several device calls gets room
+            # the hours budget is wall clock from the start, so a run spread over several invocations gets room
             compact = ["--compact-every", str(a.compact_every)] if a.compact_every else []
             r = marathon("start", p, "--iterations", str(a.iterations), "--population", str(a.population),
                          *compact, "--hours", "8", "--id", rid, *queue)
@@ -317,7 +319,7 @@ def main() -> int:
         # the second worker is started as long before its window as the first one took to warm up, so
         # that it joins warm (oracle bank, timing sets, baseline tuned) and the 2-GPU window is not a cold one
         lead = t_serve0 - t_spawn0
-        deadline = min(t_serve0 + 60 * a.minutes, T0 + a.budget_s - reserve)
+        deadline = min(t_serve0 + 60 * a.minutes, time.time() + left(a) - reserve)
         pending_w1 = a.gpus > 1 and a.second_gpu_after > 0
         while time.time() < deadline:
             if pending_w1 and time.time() >= t_serve0 + a.second_gpu_after - lead and (tests is None or tests.poll() is not None):
@@ -366,7 +368,7 @@ def main() -> int:
             if left(a) < 30:
                 log(f"report {p}: skipped, {left(a):.0f} s of the budget left")
                 continue
-            r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=max(10, left(a) - 20))
+            r = marathon("report", rid, "--out", str(WORK / f"report-{p}"), timeout=max(10, min(600, left(a) - 20)))
             log(f"report {p}: rc={r.returncode} {r.stdout.strip()[-300:]} {r.stderr.strip()[-300:]}")
         summary["workers"] = workers
         smi_stop.set()
@@ -439,8 +441,8 @@ def restore_state(path: Path) -> dict:
 
 
 def left(a) -> float:
-    """Seconds left of the session's --budget-s."""
-    return T0 + a.budget_s - time.time()
+    """Seconds left of --budget-s (infinite without one)."""
+    return float("inf") if a.budget_s is None else T0 + a.budget_s - time.time()
 
 
 def run_records(st: dict) -> list:

@@ -3,9 +3,8 @@ and whether wgmma was emitted, per knob setting of its search space. One JSON li
 
     python scripts/offline_compile_mla_prefill.py [--out FILE]
 
-The figures in docs/mla.md and baselines/mla_prefill/knobs.py about which settings exceed the H200's
-227 KiB of shared memory come from this (Triton 3.9.0 on the development VM, 2026-11-30; results in
-docs/mla_runs/prefill-offline-sm90.json). Another Triton version can differ.
+The figures in baselines/mla_prefill/knobs.py about which settings exceed the H200's 227 KiB of shared
+memory come from this (Triton 3.9.0, no GPU). Another Triton version can differ.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """Seconds per phase and per evaluation from a GPU worker's activity log (JSON lines, plain or .gz):
-`python scripts/phase_summary.py [--concurrency [--agent agent.log.gz]] [--rate] [--per-minute] [--run ID_PREFIX]
-[--after S] [--smi session.json --gpu N] docs/gpu_runs/session-2026-11-30c/run3/gpu0.log.gz`. The tables in docs/throughput.md are its output.
+`python scripts/phase_summary.py [--concurrency [--agent agent.log]] [--rate] [--per-minute] [--run ID_PREFIX]
+[--after S] [--smi session.json --gpu N] gpu0.log` (the logs and session.json that scripts/gpu_session.py
+writes). docs/results.md's search throughput is its output.
 
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
-and the last (session f's table), with nvidia-smi's mean utilization and peak memory over that span from a
-gpu_session.py session.json (and, from session h, the host's CPU use and the GPU gate's closed share)."""
+and the last, with nvidia-smi's mean utilization and peak memory over that span from a gpu_session.py
+session.json, the host's CPU use and the GPU gate's closed share."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0, cpu: list | No
     ((time, gpu, utilization %, memory MiB, SM MHz), gpu_session.py's session.json "smi"), the mean
     utilization and the peak memory of `gpu` over the same span; with its "cpu" rows (time, busy share,
     load average), the host's mean CPU use; with its "samples", the share of the span that worker gpu`gpu`'s
-    GPU gate was closed to untimed work (marathon_gpu_closed_seconds_total, from session h)."""
+    GPU gate was closed to untimed work (marathon_gpu_closed_seconds_total)."""
     ends = _benchmark_ends(rows)
     if len(ends) < 2:
         return f"{len(ends)} benchmarks: no rate"
@@ -115,7 +116,7 @@ def concurrency(rows: list[dict], step: float = 15.0, window: float = 30.0,
     """Activities running at every `step` seconds of the log's span (each line's end time less its
     duration is its start), and benchmarks finished per `window` seconds: how full the pipeline was.
     `compacted` (epoch seconds, from compactions()) is printed on the same clock, so a compaction's
-    effect on the two series can be read off (session j)."""
+    effect on the two series can be read off."""
     spans = [(_end(d) - (d.get("seconds") or 0), _end(d), d.get("event")) for d in rows]
     if not spans:
         return "no activities"
@@ -135,9 +136,9 @@ def main(argv: list[str]) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("logs", nargs="+")
-    ap.add_argument("--concurrency", action="store_true", help="how full the pipeline was over time (session e)")
-    ap.add_argument("--rate", action="store_true", help="benchmarks per hour, first to last (session f)")
-    ap.add_argument("--per-minute", action="store_true", help="benchmarks finished in each minute (session g)")
+    ap.add_argument("--concurrency", action="store_true", help="how full the pipeline was over time")
+    ap.add_argument("--rate", action="store_true", help="benchmarks per hour, first to last")
+    ap.add_argument("--per-minute", action="store_true", help="benchmarks finished in each minute")
     ap.add_argument("--run", default="", help="only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="only activities started this many seconds in")
     ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi, CPU and "

@@ -1,4 +1,4 @@
-"""scripts/phase_summary.py: the figures docs/throughput.md quotes are recomputed from a phase log."""
+"""scripts/phase_summary.py: the figures docs/results.md quotes are recomputed from a phase log."""
 
 import gzip
 import json
