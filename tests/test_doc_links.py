@@ -1,0 +1,42 @@
+"""Every relative link in the README and docs/ points to a file or folder inside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# docs/scoreboard.md is rewritten by `marathon bench` (gpu_worker.scoreboard.write) at each measurement
+DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "scoreboard.md")
+
+INLINE = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title"), ![img](target)
+REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)  # [label]: target
+
+
+def relative_links(text: str) -> list[str]:
+    """Link targets that name a path: no URL scheme, no bare #anchor; the #fragment is dropped."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)  # code blocks hold commands, not links
+    out = []
+    for target in INLINE.findall(text) + REFERENCE.findall(text):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        out.append(target.split("#", 1)[0])
+    return out
+
+
+def test_link_parser_finds_relative_targets_only():
+    text = ("see [a](docs/a.md), ![img](p.png \"t\"), [b](../deploy/k8s/#x), [web](https://x.org/y), "
+            "[here](#top), [m](mailto:a@b)\n[ref]: docs/r.md\n```\n[not](in/code.md)\n```\n")
+    assert relative_links(text) == ["docs/a.md", "p.png", "../deploy/k8s/", "docs/r.md"]
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve_inside_the_repository(doc):
+    broken = []
+    for target in relative_links(doc.read_text()):
+        path = (doc.parent / target).resolve()
+        if not path.is_relative_to(ROOT) or not path.exists():
+            broken.append(target)
+    assert not broken, f"{doc.relative_to(ROOT)} links to what is not in the repository: {broken}"
