@@ -8,6 +8,7 @@ from pathlib import Path
 from activities.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from workflows.contracts import IterationRecord
+from workflows.text import INTERPRETER_NOTE, best_text
 
 
 async def write_report(client, wid: str, out: Path | None) -> Path:
@@ -33,25 +34,24 @@ async def write_report(client, wid: str, out: Path | None) -> Path:
 
 def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[str], best_src: str | None,
                     receipt: str | None = None) -> str:
-    interp = any(r.interpreter for r in records)
+    interp = any(r.interpreter for r in records) or bool(st.best and st.best.interpreter)
     stopped = getattr(st, "stopped_by", None)
+    reason = getattr(st, "stop_reason", None)
     lines = [f"# Run {wid}: {st.problem}", ""]
     lines.append(f"- iterations: {len(records)} recorded"
-                 + (f", stopped by {stopped}" if stopped else f", still running (phase {getattr(st, 'phase', '?')})"))
+                 + (f", stopped by {stopped}" if stopped else f", still running (phase {getattr(st, 'phase', '?')})")
+                 + (f", stop reason: {reason}" if reason else ""))
     lines.append(f"- workflow runs (continue-as-new generations): {st.runs}")
     u = st.used
     lines.append(f"- used: {u.seconds / 3600:.3f} h wall, {u.gpu_seconds:.1f} GPU-s, "
                  f"{u.tokens_in} tokens in / {u.tokens_out} out, {u.turns} model turns, {u.tool_calls} tool calls, "
                  f"estimated cost ${u.cost_usd:.2f}")
     if st.best:
-        b = st.best
-        label = " **(interpreter timing on CPU: not a GPU speed)**" if b.interpreter else ""
-        lines.append(f"- best: `{b.candidate_id}` at iteration {b.iteration}: {b.speedup:.3g}x, "
-                     f"{b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms{label}")
+        lines.append(f"- best: {best_text(st.best)}; `marathon export {wid}` writes it to a file")
     else:
         lines.append("- best: none passed")
     if interp:
-        lines.append("- timings in this run come from the Triton interpreter on the CPU")
+        lines.append(f"- **{INTERPRETER_NOTE}.**")
     lines.append("")
     for p in plots:
         lines.append(f"![{p}]({p})")
@@ -61,7 +61,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup | ms | note |", "|---|---|---|---|---|---|"]
     for r in records:
         note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
-        sp = f"{r.speedup:.3g}" if r.speedup is not None else "-"
+        sp = f"{r.speedup:.3g}" if r.speedup is not None and not r.interpreter else "-"
         ms = f"{r.time_ms:.4g}" if r.time_ms is not None else "-"
         lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {note.replace('|', '/')} |")
     if best_src:
@@ -92,23 +92,24 @@ def _plots(records: list[IterationRecord], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    best, xs, ys, ts = 0.0, [], [], []
+    # Interpreter timings have no meaningful ratio to the baseline: plot the crowned best's own time.
+    interp = any(r.interpreter for r in records)
+    best, xs, ys, ts = float("nan"), [], [], []
     t0 = records[0].started_at
     for r in records:
         if r.outcome == "improved" and r.speedup:
-            best = r.speedup
+            best = r.time_ms if interp else r.speedup
         xs.append(r.iteration)
         ys.append(best)
         ts.append((r.finished_at - t0) / 60)
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
     ax[0].step(xs, ys, where="post")
     ax[0].set_xlabel("iteration")
-    ax[0].set_ylabel("best speedup")
+    ax[0].set_ylabel("crowned best's interpreter time (ms)" if interp else "best speedup")
     ax[1].step(ts, ys, where="post")
     ax[1].set_xlabel("wall time (min)")
-    interp = any(r.interpreter for r in records)
-    fig.suptitle(f"best verified speedup over the baseline{' (Triton interpreter on CPU timings)' if interp else ''}",
-                 fontsize=10)
+    fig.suptitle("Triton interpreter on the CPU: these times measure nothing about GPU speed" if interp
+                 else "best verified speedup over the baseline", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "progress.png", dpi=100)
     plt.close(fig)

@@ -23,12 +23,23 @@ from pydantic import ValidationError
 from workflows import decisions
 from workflows.contracts import (AGENT_QUEUE, BudgetChange, Hint, RunResult, RunSpec, Status, StopRequest,
                                  explain)
+from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, run_summary, used_text
 
 HOME = Path(os.environ.get("MARATHON_HOME") or Path.home() / ".marathon")
 
 
 class UsageError(Exception):
     """Bad input: printed as one line, exit status 2."""
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's own errors (an unknown flag, a missing argument, `--iterations abc`) as one line and exit
+    status 2, like every other bad input; `--help` still prints the usage."""
+
+    def error(self, message: str):
+        print(f"marathon: error: {self.prog.removeprefix('marathon ')}: {message}" if self.prog != "marathon"
+              else f"marathon: error: {message}", file=sys.stderr)
+        sys.exit(2)
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -38,7 +49,10 @@ def parse_spec(args) -> RunSpec:
 
     raw: dict = {}
     if args.spec:
-        text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+        try:
+            text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--spec {args.spec}: cannot read the file: {getattr(e, 'strerror', None) or e}")
         try:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
@@ -130,19 +144,56 @@ async def _status(client, wid: str) -> Status:
 
 
 def _fmt_best(best) -> str:
-    if best is None:
-        return "-"
-    tag = " [interpreter timing]" if best.interpreter else ""
-    return f"{best.speedup:.3g}x {best.time_ms:.4g} ms ({best.candidate_id}, #{best.iteration}){tag}"
+    return "-" if best is None else best_text(best)
 
 
 def _fmt_last(last) -> str:
-    if last is None:
-        return "-"
-    if last.outcome == "rejected":
-        return f"#{last.iteration} rejected at {last.stage}: {last.reason.splitlines()[0][:70] if last.reason else ''}"
-    tag = " [interp]" if last.interpreter else ""
-    return f"#{last.iteration} {last.outcome} {last.speedup:.3g}x {last.time_ms:.4g} ms{tag}"
+    return "-" if last is None else record_text(last)
+
+
+def _fmt_end(res: RunResult) -> str:
+    why = res.stopped_by + (f" ({res.stop_reason})" if res.stop_reason else "")
+    return f"done: {res.iterations} iterations, stopped by {why}, best {_fmt_best(res.best)}"
+
+
+async def _run_spec(client, wid: str) -> RunSpec | None:
+    """The spec the run's latest execution started with (its first history event): no worker needed.
+    None when that input does not validate (such a run fails at once anyway)."""
+    from temporalio.api.common.v1 import WorkflowExecution
+    from temporalio.api.workflowservice.v1 import GetWorkflowExecutionHistoryRequest
+    from temporalio.service import RPCError
+
+    try:
+        resp = await client.workflow_service.get_workflow_execution_history(GetWorkflowExecutionHistoryRequest(
+            namespace=client.namespace, execution=WorkflowExecution(workflow_id=wid), maximum_page_size=1))
+    except RPCError as e:
+        raise UsageError(f"no run {wid!r}: {e.message}")
+    try:
+        payloads = resp.history.events[0].workflow_execution_started_event_attributes.input.payloads
+        (raw,) = await client.data_converter.decode(payloads, [dict])
+        return RunSpec.model_validate(raw)
+    except (IndexError, ValueError, TypeError):
+        return None
+
+
+def check_hint(problem: str, text: str) -> None:
+    """A search run's hint must be `KNOB=value` pairs from the problem's knob space: anything else would be
+    ignored by the search proposer without a word."""
+    from baselines.registry import get_problem
+
+    space = get_problem(problem).knob_space()
+    knobs = ", ".join(space)
+    for tok in text.replace(",", " ").split():
+        name, sep, val = tok.partition("=")
+        if not sep:
+            raise UsageError(f"a search run takes KNOB=value hints (free text is for --policy llm); {tok!r} is "
+                             f"not one; {problem}'s knobs: {knobs}")
+        if name not in space:
+            raise UsageError(f"{problem} has no knob {name!r}; its knobs: {knobs}")
+        values = [str(v) for v in space[name]]
+        if val.strip("'\"") not in values:
+            raise UsageError(f"knob {name} has no value {val!r}; its values: "
+                             + ", ".join(repr(v) if v == "" else v for v in values))
 
 
 # ---- commands -----------------------------------------------------------------------------------
@@ -293,12 +344,14 @@ async def cmd_start(args) -> int:
 
     from workflows.optimization import KernelOptimization
 
-    budget = ", ".join(f"{k}={v}" for k, v in spec.budget.model_dump(exclude_none=True).items())
+    summary = run_summary(spec)
     try:
+        # The static summary shows on the first execution only (continue-as-new cannot set one); the memo,
+        # which continue-as-new carries, and every run's current details repeat it.
         await client.start_workflow(
             KernelOptimization.run, spec, id=wid, task_queue=AGENT_QUEUE,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            static_summary=f"{spec.problem}: {spec.policy} policy, budget {budget}"[:190],
+            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE, memo={"summary": summary},
+            static_summary=summary,
             static_details=f"```json\n{spec.model_dump_json(indent=1, exclude_none=True)}\n```")
     except WorkflowAlreadyStartedError:
         raise UsageError(f"a run with id {wid!r} already exists; pick another --id")
@@ -312,15 +365,15 @@ async def cmd_status(args) -> int:
     if args.json:
         print(st.model_dump_json(indent=2))
         return 0
-    b = st.budget.model_dump(exclude_none=True)
     print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
           f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
+    if st.stop_reason is not None:
+        print(f"stopping: {st.stop_reason}")
     print(f"best: {_fmt_best(st.best)}")
-    u = st.used
-    llm = (f", {u.turns} turns, {u.tool_calls} tool calls, ${u.cost_usd:.2f} est." if st.policy == "llm" else "")
-    print(f"budget: {b}; used: {u.iterations} iterations, {u.seconds / 3600:.3f} h, {u.gpu_seconds:.1f} GPU-s, "
-          f"{u.tokens_in} tokens in / {u.tokens_out} out{llm}")
+    print(f"budget: {budget_text(st.budget)}; used: {used_text(st.used, st.policy == 'llm')}")
     print(f"last: {_fmt_last(st.last)}")
+    if (st.best and st.best.interpreter) or (st.last and st.last.interpreter):
+        print(f"note: {INTERPRETER_NOTE}")
     return 0
 
 
@@ -328,7 +381,7 @@ async def cmd_budget(args) -> int:
     fields = {k: getattr(args, k) for k in ("iterations", "hours", "tokens", "gpu_seconds")
               if getattr(args, k) is not None}
     try:
-        change = BudgetChange(**fields)
+        BudgetChange(**fields)
     except ValidationError as e:
         raise UsageError(f"invalid budget: {explain(e)}")
     client = await _client(args)
@@ -338,12 +391,13 @@ async def cmd_budget(args) -> int:
     from workflows.optimization import KernelOptimization
 
     try:
-        budget = await _handle(client, args.id).execute_update(KernelOptimization.set_budget, change)
+        # only the fields given: a BudgetChange would be sent with every other field null, and null clears
+        budget = await _handle(client, args.id).execute_update(KernelOptimization.set_budget, fields)
     except WorkflowUpdateFailedError as e:
         raise UsageError(f"budget change rejected: {e.cause.message if e.cause else e}")
     except RPCError as e:
         raise UsageError(f"cannot update run {args.id!r}: {e.message}")
-    print(f"budget now {budget.model_dump(exclude_none=True)}")
+    print(f"budget now {budget_text(budget)}")
     return 0
 
 
@@ -377,6 +431,10 @@ async def cmd_hint(args) -> int:
         h = Hint(text=args.text)
     except ValidationError as e:
         raise UsageError(f"invalid hint: {explain(e)}")
+    client = await _client(args)
+    spec = await _run_spec(client, args.id)
+    if spec is not None and spec.policy == "search":
+        check_hint(spec.problem, h.text)
     return await _signal(args, "hint", h)
 
 
@@ -384,9 +442,15 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
     """Print a table row whenever the iteration or phase changes; return the result at the end."""
     from temporalio.client import WorkflowExecutionStatus
 
+    from temporalio.service import RPCError
+
     h = _handle(client, wid)
-    print(f"{'iter':>5} {'phase':<13} {'best speedup':<44} last result", file=out)
-    seen = None
+    try:
+        await h.describe()
+    except RPCError as e:
+        raise UsageError(f"no run {wid!r}: {e.message}")
+    print(f"{'iter':>5} {'phase':<13} {'best':<58} last result", file=out)
+    seen, noted = None, False
     while True:
         desc = await h.describe()
         if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -399,8 +463,11 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
         row = (st.iteration, st.phase, st.paused)
         if row != seen:
             seen = row
+            if not noted and st.last is not None and st.last.interpreter:
+                noted = True
+                print(f"note: {INTERPRETER_NOTE}", file=out)
             phase = "paused" if st.paused else st.phase
-            print(f"{st.iteration:>5} {phase:<13} {_fmt_best(st.best):<44} {_fmt_last(st.last)}", file=out,
+            print(f"{st.iteration:>5} {phase:<13} {_fmt_best(st.best):<58} {_fmt_last(st.last)}", file=out,
                   flush=True)
         await asyncio.sleep(interval)
     return await h.result()
@@ -414,7 +481,7 @@ async def cmd_watch(args) -> int:
         res = await watch(client, args.id)
     except WorkflowFailureError as e:
         raise UsageError(f"run {args.id} failed: {e.cause}")
-    print(f"done: {res.iterations} iterations, stopped by {res.stopped_by}, best {_fmt_best(res.best)}")
+    print(_fmt_end(res))
     return 0
 
 
@@ -470,13 +537,22 @@ async def _status_or_result(client, wid: str):
         raise UsageError(f"no run {wid!r}: {e.message}")
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return await _status(client, wid)
-    return await h.result()
+    from temporalio.client import WorkflowFailureError
+
+    try:
+        return await h.result()
+    except WorkflowFailureError as e:
+        raise UsageError(f"run {wid} did not complete: {e.cause or e}")
 
 
 async def cmd_demo(args) -> int:
     """What `make run` does: dev server (reused if up), a worker, a run, progress, report."""
     from workflows.client import Unreachable, connect
 
+    for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
+              "gpu_seconds", "gpu_queue", "spec"):
+        setattr(args, k, getattr(args, k, None))
+    parse_spec(args)  # bad input is refused before a server or worker starts
     HOME.mkdir(parents=True, exist_ok=True)
     server = None
     try:
@@ -492,13 +568,10 @@ async def cmd_demo(args) -> int:
                               stdout=log, stderr=log, start_new_session=True)
     try:
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-        for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
-                  "gpu_seconds", "gpu_queue", "spec"):
-            setattr(args, k, getattr(args, k, None))
         await cmd_start(args)
         print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
         res = await watch(client, args.id)
-        print(f"done: {res.iterations} iterations, stopped by {res.stopped_by}, best {_fmt_best(res.best)}")
+        print(_fmt_end(res))
         from activities.report import write_report
 
         print(f"report: {await write_report(client, args.id, None)}")
@@ -514,6 +587,52 @@ async def cmd_demo(args) -> int:
     return 0
 
 
+async def cmd_problems(args) -> int:
+    from baselines.registry import get_problem, problem_names
+
+    rows = []
+    for name in problem_names():
+        p = get_problem(name)
+        rows.append({"name": name, "description": p.description, "shapes": [s.name for s in p.shapes],
+                     "cpu_shape": p.cpu_shape.name, "distributions": list(p.distributions),
+                     "knobs": list(p.knob_space())})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['name']}: {r['description']}")
+        print(f"  shapes: {r['shapes'][0]} (primary)" + "".join(f", {s}" for s in r["shapes"][1:])
+              + f"; without a GPU: {r['cpu_shape']}")
+        print(f"  input distributions: {', '.join(r['distributions'])}")
+        print(f"  knobs: {', '.join(r['knobs'])}")
+    return 0
+
+
+async def cmd_export(args) -> int:
+    """The crowned best kernel as a candidate module file (`run(inputs, out)`), ready to import or bench."""
+    from activities.artifacts import ArtifactStore
+    from activities.ledger import read_ledger
+
+    client = await _client(args)
+    st = await _status_or_result(client, args.id)
+    if st.best is None:
+        raise UsageError(f"run {args.id} has no best kernel yet (no candidate has passed)")
+    store = ArtifactStore()
+    key = st.best_source_key or next((r.source_key for r in read_ledger(store, st.ledger_key)
+                                      if r.candidate_id == st.best.candidate_id), None)
+    if not key or not store.exists(key):
+        raise UsageError(f"the best kernel of run {args.id} is not in the artifact store at {store.root} "
+                         "(MARATHON_ARTIFACTS names another)")
+    source = store.get_text(key)
+    if args.out == "-":
+        sys.stdout.write(source)
+        return 0
+    out = Path(args.out) if args.out else Path(f"{st.problem}_{st.best.candidate_id}.py")
+    out.write_text(source)
+    print(f"{out}: {st.problem} best, {best_text(st.best)}")
+    return 0
+
+
 async def cmd_selftest(args) -> int:
     from gpu_worker.activities import gpu_selftest
 
@@ -525,12 +644,17 @@ async def cmd_bench(args) -> int:
     from gpu_worker.scoreboard import main as scoreboard
 
     argv = list(args.problems) + [x for b in args.best for x in ("--best", b)] + ["--out", args.out]
-    return scoreboard(argv + (["--primary-only"] if args.primary_only else []))
+    try:
+        return scoreboard(argv + (["--primary-only"] if args.primary_only else []))
+    except SystemExit as e:
+        if isinstance(e.code, str):  # the scoreboard's own refusals: one line, like every bad input
+            raise UsageError(e.code.removeprefix("marathon bench: ")) from None
+        raise
 
 
 # ---- argument parsing ---------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="marathon", description="Long-horizon GPU kernel optimization on Temporal")
+    p = OneLineParser(prog="marathon", description="Long-horizon GPU kernel optimization on Temporal")
     sub = p.add_subparsers(dest="command", required=True)
 
     def client_cmd(name, fn, help_):
@@ -593,6 +717,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "notebook":
             c.add_argument("--version", type=int)
 
+    c = client_cmd("export", cmd_export, "write a run's best kernel to a file")
+    c.add_argument("id")
+    c.add_argument("--out", help="file (default ./PROBLEM_CANDIDATE.py; - for stdout)")
+
+    c = sub.add_parser("problems", help="list the problems with their shapes, input distributions and knobs")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(fn=cmd_problems)
+
     c = client_cmd("budget", cmd_budget, "change a run's budget (only the fields given)")
     c.add_argument("id")
     c.add_argument("--iterations", type=int)
@@ -604,7 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("id")
     c.add_argument("--reason", default="operator")
 
-    c = client_cmd("hint", cmd_hint, "send free text to the proposer")
+    c = client_cmd("hint", cmd_hint, "steer the proposer: KNOB=value pairs (search), free text (llm)")
     c.add_argument("id")
     c.add_argument("text")
 
@@ -620,7 +752,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--best", action="append", default=[],
                    help="PROBLEM=SOURCE_KEY of a run's kernel; repeat it to measure several, the fastest counts")
     c.add_argument("--primary-only", action="store_true")
-    c.add_argument("--out", default="docs")
+    c.add_argument("--out", default=str(HOME / "bench"),
+                   help=f"directory for scoreboard.md and .json (default {HOME / 'bench'})")
     c.set_defaults(fn=cmd_bench)
     return p
 
@@ -632,18 +765,41 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"marathon: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return _quiet_closed_pipe()
+    except OSError as e:  # a file or directory given that cannot be read or written
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        print(f"marathon: error: {e.strerror or e}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _quiet_closed_pipe() -> int:
+    """The reader went away (`marathon status ID | head`): end quietly, and keep the interpreter's final
+    flush of stdout from raising again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError:
+        pass
+    return 0
 
 
 def entry() -> None:
     """Console-script entry. Exits with os._exit: after a failed connection the Temporal core's
     threads can abort the interpreter during finalization, turning a clean exit 2 into a crash."""
     code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            _quiet_closed_pipe()
     os._exit(code)
 
 
 if __name__ == "__main__":
-    entry()
+    # run the importable module, not this __main__ copy: commands that import workflows.cli (the report)
+    # must raise the UsageError that main() catches
+    from workflows.cli import entry as _entry
+
+    _entry()

@@ -45,6 +45,12 @@ def marathon(*args, env_address=None, check=False):
     (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
     (["budget", "some-id"], "at least one of"),
     (["hint", "some-id", "   "], "hint text is empty"),
+    (["start", "softmax", "--spec", "@/nonexistent/spec.json"], "--spec @/nonexistent/spec.json: cannot read the file"),
+    (["start", "softmax", "--iterations", "abc"], "start: argument --iterations: invalid int value: 'abc'"),
+    (["status"], "status: the following arguments are required: id"),
+    (["start", "softmax", "--bogus"], "unrecognized arguments: --bogus"),
+    (["demo", "nosuch"], "unknown problem 'nosuch'"),  # refused before a dev server or worker starts
+    (["demo", "softmax", "--iterations", "0"], "budget iterations must be positive"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     # unreachable address: validation must fail first, before any connection is tried
@@ -70,6 +76,36 @@ def test_compaction_default_grows_with_the_population():
     assert spec(population=24, compact_every=30).compact_every == 30  # named: kept, as it is not below 24
 
 
+def test_problems_lists_shapes_distributions_and_knobs():
+    p = marathon("problems", check=True)
+    assert "softmax: row-wise softmax" in p.stdout
+    assert "  shapes: M4096 N4096 (primary), M16384 N1024; without a GPU: M64 N300" in p.stdout
+    assert "  input distributions: normal, wide" in p.stdout and "kda: " in p.stdout
+    rows = json.loads(marathon("problems", "--json", check=True).stdout)
+    assert {r["name"] for r in rows} == {"kda", "mla_decode", "mla_prefill", "softmax"}
+    assert next(r for r in rows if r["name"] == "kda")["distributions"] == ["mild", "strong"]
+
+
+def closed_pipe_run(*args, env_address=None) -> subprocess.CompletedProcess:
+    """Run marathon with its stdout a pipe whose reader has already gone (`marathon ... | head`)."""
+    import os
+
+    env = {**os.environ, "TEMPORAL_ADDRESS": env_address} if env_address else None
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run(MARATHON + list(args), stdout=w, stderr=subprocess.PIPE, text=True, env=env,
+                           timeout=120)
+    finally:
+        os.close(w)
+    return p
+
+
+def test_a_closed_pipe_ends_quietly():
+    p = closed_pipe_run("problems")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
 def test_unreachable_server_is_one_clear_line():
     p = marathon("start", "softmax", env_address="127.0.0.1:1")
     assert p.returncode == 2
@@ -83,8 +119,8 @@ async def test_client_commands_against_the_dev_server(env, store):
     async with workers(env.client):
         # a budget the run cannot exhaust while the CLI calls below run (each is a fresh process: slow
         # on a loaded machine), so that it is still running when the budget is changed and stopped
-        p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "4000", "--id", wid,
-                                    env_address=address, check=True)
+        p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "4000", "--tokens", "900000",
+                                    "--id", wid, env_address=address, check=True)
         assert p.stdout.strip() == wid
         dup = await asyncio.to_thread(marathon, "start", "softmax", "--id", wid, env_address=address)
         assert dup.returncode == 2 and "already exists" in dup.stderr
@@ -93,24 +129,61 @@ async def test_client_commands_against_the_dev_server(env, store):
                                                  check=True)).stdout)
         assert {"iteration", "phase", "best", "budget", "used", "runs"} <= set(st)
         text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
-        assert text.startswith(f"{wid}: softmax (search) iteration") and "tokens in / " in text
+        assert text.startswith(f"{wid}: softmax (search) iteration")
+        assert "\nbudget: 4,000 iterations, 900,000 tokens; used: " in text
+        assert "\nnote: no GPU: kernels ran under the Triton interpreter" in text  # the synthetic evaluator's timings
         bad = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "1", env_address=address)
         if st["iteration"] >= 1:
             assert bad.returncode == 2 and "budget change rejected" in bad.stderr
         ok = await asyncio.to_thread(marathon, "budget", wid, "--iterations", "4500", env_address=address,
                                      check=True)
-        assert "'iterations': 4500" in ok.stdout
+        assert ok.stdout.strip() == "budget now 4,500 iterations, 900,000 tokens"
+        # only the fields given change: the iteration and token limits stay
+        ok = await asyncio.to_thread(marathon, "budget", wid, "--hours", "5", env_address=address, check=True)
+        assert ok.stdout.strip() == "budget now 4,500 iterations, 5 h, 900,000 tokens"
+        st = json.loads((await asyncio.to_thread(marathon, "status", wid, "--json", env_address=address,
+                                                 check=True)).stdout)
+        assert st["budget"] == {"iterations": 4500, "hours": 5.0, "tokens": 900000, "gpu_seconds": None}
+
+        # hints to a search run name knobs and values of the problem's knob space
+        for text, message in (("BLOCK_N=3", "knob BLOCK_N has no value '3'; its values: 64, 128"),
+                              ("BLOK_N=1024", "softmax has no knob 'BLOK_N'; its knobs: VARIANT, BLOCK_N"),
+                              ("make it faster", "a search run takes KNOB=value hints")):
+            bad = await asyncio.to_thread(marathon, "hint", wid, text, env_address=address)
+            lines = bad.stderr.strip().splitlines()
+            assert bad.returncode == 2 and len(lines) == 1 and message in lines[0], bad.stderr
+        await asyncio.to_thread(marathon, "hint", wid, "BLOCK_N=1024 num_warps=8", env_address=address,
+                                check=True)
+
+        piped = await asyncio.to_thread(closed_pipe_run, "status", wid, env_address=address)
+        assert piped.returncode == 0 and piped.stderr == "", piped.stderr
+
         await asyncio.to_thread(marathon, "stop", wid, "--reason", "cli test", env_address=address, check=True)
         res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
-        assert res.stopped_by == "stop-signal" and res.iterations < 4500
+        assert res.stopped_by == "stop-signal" and res.iterations < 4500 and res.stop_reason == "cli test"
+        text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
+        assert "\nstopping: cli test\n" in text
+        done = await asyncio.to_thread(marathon, "watch", wid, env_address=address, check=True)
+        assert "stopped by stop-signal (cli test)" in done.stdout
         rep = await asyncio.to_thread(marathon, "report", wid, "--out", str(store.root.parent / "rep"),
                                       env_address=address, check=True)
         text = open(rep.stdout.strip()).read()
         assert f"# Run {wid}: softmax" in text and "progress.png" in text
+        assert "stopped by stop-signal, stop reason: cli test" in text
         nb = await asyncio.to_thread(marathon, "notebook", wid, env_address=address, check=True)
         assert nb.stdout.startswith("# Notebook: softmax")
-    missing = marathon("status", "no-such-run", env_address=address)
-    assert missing.returncode == 2 and "no-such-run" in missing.stderr
+        kernel = store.root.parent / "best.py"
+        await asyncio.to_thread(marathon, "export", wid, "--out", str(kernel), env_address=address, check=True)
+        assert kernel.read_text() == store.get_text(res.best_source_key) and "def run(" in kernel.read_text()
+
+
+@pytest.mark.parametrize("args", [["status", "no-such-run"], ["watch", "no-such-run"], ["report", "no-such-run"],
+                                  ["export", "no-such-run"], ["notebook", "no-such-run"], ["stop", "no-such-run"],
+                                  ["budget", "no-such-run", "--hours", "1"], ["hint", "no-such-run", "BLOCK_N=64"]])
+async def test_an_unknown_run_is_one_clear_line(env, args):
+    p = await asyncio.to_thread(marathon, *args, env_address=env.client.service_client.config.target_host)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "'no-such-run'" in lines[0], p.stderr
 
 
 async def test_plain_temporal_cli_drives_the_workflow(env, store):
