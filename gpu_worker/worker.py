@@ -48,10 +48,9 @@ def gpu_concurrency(cuda: bool) -> int:
 
 def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thread:
     """Warm the evaluator (Evaluator.warm, per problem and shape) in a thread while the worker already
-    serves. Warming first took 166 s of a 10-minute device call before the first poll (docs/throughput.md,
-    session e); meanwhile compiles run on the CPU cores, but their device steps wait while the oracles are
-    computed on the gate's exclusive side (about 150 s for KDA's six, session f). Verifications that come
-    early wait for the reference child as warming holds it, as they would for their own first oracle.
+    serves: warming takes minutes (KDA's oracle bank and FLA's first, autotuning call), and compiles can use
+    the CPU cores meanwhile instead of waiting for the first poll. Verifications that come early wait for
+    the reference child as warming holds it, as they would for their own first oracle.
     A failure is printed and leaves that problem cold: its first verification does the work instead."""
     def run():
         for name, shape in items:

@@ -70,10 +70,10 @@ def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> 
     cannot take the crown. The first passing candidate is the first best. Takes a fresh BenchReport, or a
     recorded IterationRecord when acceptance is re-decided in order.
 
-    The evidence is the head-to-head of the same session (the best is timed interleaved with the
+    The evidence is the head-to-head of the same benchmark (the best is timed interleaved with the
     candidate): the interval of best time / candidate time lies above 1. Speedups from different
-    sessions are not compared: the baseline's own time moved by up to 1.5x between benchmarks of one
-    run on the H200 (docs/throughput.md, session d), which crowned slower kernels. Without a head-to-head
+    benchmarks are not compared: a baseline's own time moves between benchmarks of one run by more than
+    the differences a search has to resolve, so comparing them crowns slower kernels. Without a head-to-head
     against this very best (older histories, or the best changed while the candidate was measured) the
     rule is the earlier one: the speedup's interval lies above the best's speedup."""
     if not getattr(result, "ok", True) or result.speedup is None:
@@ -98,10 +98,9 @@ def time_to_compact(iterations_this_run: int, compact_every: int, history_sugges
 
 def default_compact_every(population: int) -> int:
     """Iterations between compactions when the user names none: 10, or 8 x population when larger. A
-    search run's compaction no longer drains the population (it carries its evaluations in flight,
+    search run's compaction does not drain the population (it carries its evaluations in flight,
     slots_to_fill), but each one still costs a notebook compaction and a new run, and 8 x 24 = 192
-    iterations are about 4,100 history events, where Temporal suggests continuing as new anyway
-    (docs/throughput.md, session i)."""
+    iterations are about 4,100 history events, where Temporal suggests continuing as new anyway."""
     return max(10, 8 * population)
 
 
