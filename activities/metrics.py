@@ -19,7 +19,7 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
 * ``marathon_gpu_busy_seconds_total``: seconds the worker had device work under way (the harness's GPU
   gate held on either side: uploads, verification, comparisons, timing, profiling). An upper bound of the
   GPU's busy fraction: a shared hold also covers host-side work around its device calls, so it can read
-  ~100% while nvidia-smi's utilization reads a fifth of that; read nvidia-smi for the device's own figure.
+  near 100% while nvidia-smi's utilization is far lower; nvidia-smi gives the device's own figure.
 * ``marathon_gpu_timed_seconds_total``: of that, the exclusive side (timing, profiling): the GPU time
   that cannot overlap anything. The run's ``gpu_seconds`` budget
   is charged from the benchmark reports instead.
