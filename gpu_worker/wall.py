@@ -1,0 +1,387 @@
+"""The operating-system wall around a candidate child: what the process may do, enforced by the kernel.
+
+Installed in the child after CUDA and Triton are initialised (their own subprocesses, `ldconfig`, the C
+compiler for Triton's driver module and `ptxas --version`, have run by then) and before the candidate's
+module executes. Once installed it cannot be removed, and every thread and process the child makes
+inherits it:
+
+* network: no sockets but AF_UNIX (seccomp on socket()); where Landlock has network rules, TCP bind and
+  connect are refused as well;
+* process: no fork, no execve (seccomp); threads (clone with CLONE_THREAD) still work. Where the caller
+  names binaries that must still run (Triton's `ptxas`, which compiles each kernel lazily at its first
+  launch), Landlock allows executing exactly those files (and the ELF loader they need), and seccomp
+  allows the vfork-style clone that `posix_spawn` makes for them; anything else fails to execute;
+* filesystem: writes only beneath the given directories (Landlock). Without Landlock, seccomp refuses
+  every open for writing and every namespace change (unlink, rename, mkdir, ...): stricter, since the
+  harness's own files written after the load fail too;
+* also refused: ptrace and cross-process memory access, io_uring (its operations bypass seccomp),
+  namespaces, mounts, BPF, kernel modules and keyrings; with Landlock's scopes, signals to processes
+  outside the wall (the worker) and abstract unix sockets.
+
+`install(...)` returns a description of the wall that is active ({"network": "seccomp+landlock", ...}),
+which the child reports in its load reply. A refusal is an errno (EACCES/EPERM), so Python raises
+PermissionError at the call site; the guard then names the family.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import glob
+import os
+import platform
+import struct
+
+# --- Linux constants ------------------------------------------------------------------------------
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_SET_MODE_FILTER = 1
+SECCOMP_FILTER_FLAG_TSYNC = 1  # every thread of the process, not only the caller
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+AF_UNIX = 1
+CLONE_VM = 0x00000100
+CLONE_VFORK = 0x00004000
+CLONE_THREAD = 0x00010000
+O_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+
+# classic BPF opcodes
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_JSET_K = 0x45
+_RET_K = 0x06
+
+# seccomp_data: nr (u32), arch (u32), ip (u64), args[6] (u64 each, little-endian: low word first)
+_OFF_NR, _OFF_ARCH = 0, 4
+
+
+def _arg(i: int) -> int:
+    return 16 + 8 * i
+
+
+#: per architecture: the audit arch, the seccomp syscall number, Landlock's, and the syscalls named below
+_ARCH = {
+    "x86_64": {
+        "audit": 0xC000003E, "seccomp": 317, "landlock": (444, 445, 446), "x32": 0x40000000,
+        "nr": {"socket": 41, "execve": 59, "execveat": 322, "fork": 57, "vfork": 58, "clone": 56,
+               "clone3": 435, "open": 2, "openat": 257, "openat2": 437, "creat": 85,
+               "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+               "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+               "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+               "bpf": 321, "init_module": 175, "finit_module": 313, "delete_module": 176,
+               "kexec_load": 246, "kexec_file_load": 320, "keyctl": 250, "add_key": 248, "request_key": 249,
+               "userfaultfd": 323, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsmount": 432,
+               "mount_setattr": 442,
+               "rename": 82, "renameat": 264, "renameat2": 316, "unlink": 87, "unlinkat": 263,
+               "mkdir": 83, "mkdirat": 258, "rmdir": 84, "symlink": 88, "symlinkat": 266, "link": 86,
+               "linkat": 265, "truncate": 76, "mknod": 133, "mknodat": 259, "chmod": 90, "fchmodat": 268,
+               "chown": 92, "lchown": 94, "fchownat": 260}},
+    "aarch64": {
+        "audit": 0xC00000B7, "seccomp": 277, "landlock": (444, 445, 446), "x32": None,
+        "nr": {"socket": 198, "execve": 221, "execveat": 281, "clone": 220, "clone3": 435,
+               "openat": 56, "openat2": 437,
+               "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+               "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
+               "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
+               "bpf": 280, "init_module": 105, "finit_module": 273, "delete_module": 106,
+               "kexec_load": 104, "kexec_file_load": 294, "keyctl": 219, "add_key": 217, "request_key": 218,
+               "userfaultfd": 282, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsmount": 432,
+               "mount_setattr": 442,
+               "renameat": 38, "renameat2": 276, "unlinkat": 35, "mkdirat": 34, "symlinkat": 36,
+               "linkat": 37, "truncate": 45, "mknodat": 33, "fchmodat": 53, "fchownat": 54}},
+}
+#: refused whatever the filesystem wall
+ALWAYS_REFUSED = ("ptrace", "process_vm_readv", "process_vm_writev", "io_uring_setup", "io_uring_enter",
+                  "io_uring_register", "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "bpf",
+                  "init_module", "finit_module", "delete_module", "kexec_load", "kexec_file_load", "keyctl",
+                  "add_key", "request_key", "userfaultfd", "open_tree", "move_mount", "fsopen", "fsmount",
+                  "mount_setattr")
+#: refused when Landlock is absent (seccomp cannot read paths, so no namespace change is allowed)
+NAMESPACE_CHANGES = ("rename", "renameat", "renameat2", "unlink", "unlinkat", "mkdir", "mkdirat", "rmdir",
+                     "symlink", "symlinkat", "link", "linkat", "truncate", "mknod", "mknodat", "chmod",
+                     "fchmodat", "chown", "lchown", "fchownat")
+
+# Landlock access rights (uapi/linux/landlock.h)
+LL_EXECUTE = 1 << 0
+LL_WRITE_FILE = 1 << 1
+LL_REMOVE_DIR = 1 << 4
+LL_REMOVE_FILE = 1 << 5
+LL_MAKE_CHAR = 1 << 6
+LL_MAKE_DIR = 1 << 7
+LL_MAKE_REG = 1 << 8
+LL_MAKE_SOCK = 1 << 9
+LL_MAKE_FIFO = 1 << 10
+LL_MAKE_BLOCK = 1 << 11
+LL_MAKE_SYM = 1 << 12
+LL_REFER = 1 << 13  # ABI 2
+LL_TRUNCATE = 1 << 14  # ABI 3
+LL_NET_BIND_TCP = 1 << 0  # ABI 4
+LL_NET_CONNECT_TCP = 1 << 1
+LL_SCOPE_ABSTRACT_UNIX = 1 << 0  # ABI 6
+LL_SCOPE_SIGNAL = 1 << 1
+LL_CREATE_RULESET_VERSION = 1
+LL_RULE_PATH_BENEATH = 1
+
+
+class WallError(RuntimeError):
+    """The wall could not be installed as asked."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc.prctl.restype = ctypes.c_int
+
+
+def _arch() -> dict | None:
+    return _ARCH.get(platform.machine())
+
+
+def landlock_abi() -> int:
+    """Landlock's ABI version in this kernel, 0 when it is absent or disabled (or refused by a container's
+    own seccomp profile)."""
+    a = _arch()
+    if a is None:
+        return 0
+    r = _libc.syscall(a["landlock"][0], None, ctypes.c_size_t(0), ctypes.c_uint32(LL_CREATE_RULESET_VERSION))
+    return int(r) if r > 0 else 0
+
+
+def installed() -> bool:
+    """Whether this process already runs under a seccomp filter (of ours or of its container)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Seccomp:"):
+                    return line.split()[1] != "0"
+    except OSError:
+        pass
+    return False
+
+
+# --- seccomp ---------------------------------------------------------------------------------------
+class _Program:
+    """A tiny classic-BPF assembler: jumps name labels, resolved at the end."""
+
+    def __init__(self):
+        self.ins: list = []  # (code, jt, jf, k), jt/jf as labels or ints
+        self.labels: dict[str, int] = {}
+
+    def label(self, name: str):
+        self.labels[name] = len(self.ins)
+
+    def ld(self, off: int):
+        self.ins.append((_LD_W_ABS, 0, 0, off))
+
+    def jump(self, code: int, k: int, jt, jf):
+        self.ins.append((code, jt, jf, k))
+
+    def ret(self, k: int):
+        self.ins.append((_RET_K, 0, 0, k))
+
+    def assemble(self) -> bytes:
+        out = b""
+        for i, (code, jt, jf, k) in enumerate(self.ins):
+            def rel(t):
+                if isinstance(t, str):
+                    d = self.labels[t] - i - 1
+                    if not 0 <= d < 256:
+                        raise WallError(f"seccomp jump to {t} out of range")
+                    return d
+                return t
+            out += struct.pack("<HBBI", code, rel(jt), rel(jf), k & 0xFFFFFFFF)
+        return out
+
+
+def _errno(e: int) -> int:
+    return SECCOMP_RET_ERRNO | (e & 0xFFFF)
+
+
+def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = None) -> bytes:
+    """The filter: see the module's docstring. `allow_exec`: execve (its target then limited by Landlock)
+    and the vfork-style clone posix_spawn makes; `deny_writes`: the filesystem fallback without Landlock."""
+    a = arch or _arch()
+    if a is None:
+        raise WallError(f"no seccomp table for {platform.machine()}")
+    nr = a["nr"]
+    p = _Program()
+    p.ld(_OFF_ARCH)
+    p.jump(_JEQ_K, a["audit"], 0, "kill")
+    p.ld(_OFF_NR)
+    if a["x32"] is not None:
+        p.jump(_JGE_K, a["x32"], "eperm", 0)  # the x32 ABI's numbers would dodge the table
+    checks = []  # (syscall, label)
+
+    def on(name, label):
+        if name in nr:
+            checks.append((nr[name], label))
+
+    on("socket", "socket")
+    on("clone", "clone")
+    on("clone3", "enosys")  # its flags sit in memory seccomp cannot read; libc falls back to clone
+    on("openat2", "enosys")  # likewise its flags; libc's open() never uses it
+    for name in ("execve", "execveat", "vfork"):
+        on(name, "allow" if allow_exec else "eperm")
+    on("fork", "eperm")
+    for name in ALWAYS_REFUSED:
+        on(name, "eperm")
+    if deny_writes:
+        on("open", "open")
+        on("openat", "openat")
+        on("creat", "eacces")
+        for name in NAMESPACE_CHANGES:
+            on(name, "eacces")
+    for number, label in checks:
+        p.jump(_JEQ_K, number, label, 0)
+    p.ret(SECCOMP_RET_ALLOW)
+    p.label("socket")
+    p.ld(_arg(0))
+    p.jump(_JEQ_K, AF_UNIX, "allow", "eacces")
+    p.label("clone")
+    p.ld(_arg(0))
+    p.jump(_JSET_K, CLONE_THREAD, "allow", 0)
+    if allow_exec:  # vfork semantics: the child shares the parent's memory and may only exec or exit
+        p.jump(_JSET_K, CLONE_VFORK, 0, "eperm")
+        p.jump(_JSET_K, CLONE_VM, "allow", "eperm")
+    else:
+        p.ret(_errno(errno.EPERM))
+    if deny_writes:
+        p.label("open")
+        p.ld(_arg(1))
+        p.jump(_JSET_K, O_WRITE_FLAGS, "eacces", "allow")
+        p.label("openat")
+        p.ld(_arg(2))
+        p.jump(_JSET_K, O_WRITE_FLAGS, "eacces", "allow")
+    p.label("allow")
+    p.ret(SECCOMP_RET_ALLOW)
+    p.label("eperm")
+    p.ret(_errno(errno.EPERM))
+    p.label("eacces")
+    p.ret(_errno(errno.EACCES))
+    p.label("enosys")
+    p.ret(_errno(errno.ENOSYS))
+    p.label("kill")
+    p.ret(SECCOMP_RET_KILL_PROCESS)
+    return p.assemble()
+
+
+def _no_new_privs() -> None:
+    if _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise WallError(f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}")
+
+
+def _load_seccomp(program: bytes) -> None:
+    a = _arch()
+    buf = ctypes.create_string_buffer(program, len(program))
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = SockFprog(len(program) // 8, ctypes.addressof(buf))
+    r = _libc.syscall(a["seccomp"], SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, ctypes.byref(prog))
+    if r != 0:
+        e = ctypes.get_errno()
+        raise WallError(f"seccomp filter refused: {os.strerror(e) if r < 0 else f'thread {r} could not sync'}")
+
+
+# --- Landlock ---------------------------------------------------------------------------------------
+def _landlock(abi: int, write_dirs: list[str], write_files: list[str], exec_files: list[str]) -> dict:
+    a = _arch()
+    create, add, restrict = a["landlock"]
+    fs_write = (LL_WRITE_FILE | LL_REMOVE_DIR | LL_REMOVE_FILE | LL_MAKE_CHAR | LL_MAKE_DIR | LL_MAKE_REG
+                | LL_MAKE_SOCK | LL_MAKE_FIFO | LL_MAKE_BLOCK | LL_MAKE_SYM)
+    if abi >= 2:
+        fs_write |= LL_REFER
+    if abi >= 3:
+        fs_write |= LL_TRUNCATE
+    handled = fs_write | LL_EXECUTE
+    net = (LL_NET_BIND_TCP | LL_NET_CONNECT_TCP) if abi >= 4 else 0
+    scoped = (LL_SCOPE_ABSTRACT_UNIX | LL_SCOPE_SIGNAL) if abi >= 6 else 0
+    attr = struct.pack("<QQQ", handled, net, scoped)
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    abuf = ctypes.create_string_buffer(attr[:size], size)
+    fd = _libc.syscall(create, abuf, ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise WallError(f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}")
+    file_write = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
+    try:
+        rules = [(d, fs_write) for d in write_dirs] + [(f, file_write) for f in write_files] \
+            + [(f, LL_EXECUTE) for f in exec_files]
+        for path, access in rules:
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = ctypes.create_string_buffer(struct.pack("<Qi", access, pfd), 12)
+                if _libc.syscall(add, fd, LL_RULE_PATH_BENEATH, rule, 0) != 0:
+                    raise WallError(f"landlock_add_rule({path}): {os.strerror(ctypes.get_errno())}")
+            finally:
+                os.close(pfd)
+        if _libc.syscall(restrict, fd, 0) != 0:
+            raise WallError(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+    return {"net": bool(net), "scoped": bool(scoped)}
+
+
+def _elf_interpreter(path: str) -> str | None:
+    """The loader a dynamically linked executable names (PT_INTERP); the kernel executes it too."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit only
+                return None
+            phoff, = struct.unpack_from("<Q", head, 32)
+            phentsize, phnum = struct.unpack_from("<HH", head, 54)
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+            for i in range(phnum):
+                ptype, = struct.unpack_from("<I", table, i * phentsize)
+                if ptype == 3:  # PT_INTERP
+                    off, = struct.unpack_from("<Q", table, i * phentsize + 8)
+                    size, = struct.unpack_from("<Q", table, i * phentsize + 32)
+                    f.seek(off)
+                    return f.read(size).rstrip(b"\0").decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return None
+
+
+def device_files() -> list[str]:
+    """Character devices a child keeps opening for writing: /dev/null and the GPU's nodes."""
+    return [p for p in ["/dev/null", *sorted(glob.glob("/dev/nvidia*")), *sorted(glob.glob("/dev/dri/*"))]
+            if os.path.exists(p) and not os.path.isdir(p)]
+
+
+def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock: bool = False) -> dict:
+    """Put this process behind the wall. `write_dirs`: the only directories writable from now on;
+    `exec_files`: binaries that may still be executed (needs Landlock; without it nothing is).
+    Returns which wall guards each of network, process and filesystem."""
+    if _arch() is None:
+        raise WallError(f"no OS wall for {platform.machine()}")
+    dirs = [os.path.realpath(d) for d in write_dirs if os.path.isdir(d)]
+    abi = landlock_abi()
+    if require_landlock and abi == 0:
+        raise WallError("Landlock is not available in this kernel")
+    execs: list[str] = []
+    if abi:
+        for f in exec_files:
+            real = os.path.realpath(f)
+            if os.path.isfile(real):
+                execs.append(real)
+                interp = _elf_interpreter(real)
+                if interp and os.path.exists(interp):
+                    execs.append(os.path.realpath(interp))
+        execs = sorted(set(execs))
+    _no_new_privs()
+    desc = {"landlock_abi": abi, "exec": execs}
+    if abi:
+        ll = _landlock(abi, dirs, device_files(), execs)
+        desc["filesystem"] = "landlock"
+        desc["network"] = "seccomp+landlock" if ll["net"] else "seccomp"
+        desc["signals"] = "landlock" if ll["scoped"] else "none"
+    else:
+        desc["filesystem"] = "seccomp (no writes at all)"
+        desc["network"] = "seccomp"
+        desc["signals"] = "none"
+    _load_seccomp(seccomp_program(allow_exec=bool(execs), deny_writes=not abi))
+    desc["process"] = "seccomp+landlock (exec: listed binaries only)" if execs else "seccomp"
+    return desc
