@@ -1,8 +1,8 @@
 """Baselines for KDA. This is the ONLY file of the project that imports FLA.
 
 * `fla_chunk_kda`: FLA's Triton `chunk_kda` (fla-core 0.6.0 on the GPU host). FLA_FLASH_KDA is set to "0" before
-  the import (kernel-notes 1.4: otherwise, where the `flash_kda` package is importable, chunk_kda may silently
-  dispatch to MoonshotAI's CUTLASS kernel); the value in force is recorded in `FLA_ENV`.
+  the import (otherwise, where the `flash_kda` package is importable, chunk_kda may silently dispatch to
+  MoonshotAI's CUTLASS kernel, which is no Triton baseline); the value in force is recorded in `FLA_ENV`.
 * `torch_chunked_fp32`: the project's chunked form (oracle.chunked) in fp32. On a machine without CUDA or fla
   it is the primary baseline (spec.baselines()); it is an error-budget stand-in, not a speed baseline.
 """

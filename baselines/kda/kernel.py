@@ -1,4 +1,4 @@
-"""Starting kernel for KDA forward: chunked Triton, two launches, written from the math (docs/kda.md).
+"""Starting kernel for KDA forward: chunked Triton, two launches, written from the math (docs/problems.md).
 
 Launch 1, `_kda_prep`, one program per (chunk, batch*head), all chunks in parallel. With G = chunk-local cumsum
 of g (so every exponent below is bounded by one chunk's decay, never by T):
@@ -19,7 +19,7 @@ of g (so every exponent below is bounded by one chunk's decay, never by T):
   The unit lower-triangular solve: the 16x16 diagonal blocks are inverted together by 15-step forward
   substitution on the [C, C] tile (step s finalises row s of every block), then X = (I + N)^-1 Xd with
   N = Xd L_off nilpotent (N^NC = 0), by a Horner sum of NC - 1 products at SOLVE_PREC. tf32 there costs
-  ~3e-5 relative error in w, 50x under the bf16 rounding of w itself (docs/kda.md); tf32x3 spills.
+  ~3e-5 relative error in w, 50x under the bf16 rounding of w itself; tf32x3 spills.
 Launch 2, `_kda_state`, one program per (V block, batch*head), sequential over chunks, fp32 state S [K, BV]:
     v_new = u - w S ;  o = qg S + A_qk v_new ;  S <- diag(e^{G_last}) S + kg^T v_new
 Tail chunks (T not a multiple of C) load zeros past T (g = 0 there, so G stays at the last valid row).
@@ -31,8 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-# The best setting the search found on an H200 (run h200-kda-1796017969, iteration 35, docs/kda-search-report.md):
-# 1.23 ms vs fla.chunk_kda 1.277 ms interleaved in the harness; the previous default measured 1.80 ms.
+# The default knobs: the fastest setting a search over this space found on an H200.
 KNOBS = {"BK": 128, "BOUND": 40.0, "BV": 16, "CHUNK": 32, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 4, "num_warps_prep": 4, "num_warps_state": 4}
 
 

@@ -1,4 +1,4 @@
-"""References for KDA, written from the math (kernel-notes section 1.1/1.2), not from FLA code.
+"""References for KDA, written from the math (the delta-rule recurrence and its chunked form), not from FLA code.
 
 `chunked`, in float64: the oracle (`KDA.oracle`). The chunked (WY/UT) form in any float dtype; fp64 for the
 oracle, fp32 for the CPU baseline. Per chunk of C tokens, G = chunk-local cumsum of g; every e^{G_i - G_j} is
@@ -13,9 +13,8 @@ any gate):
 Its cost is B*H*C*C*K elements per chunk for the pairwise exponent tensor (memory-heavy but exact) and about
 20 tensor ops per chunk: at B1 T8192 H32 that is ~2,600 launches, where the recurrence below makes ~65,000.
 That is why it is the oracle: the worker computes its oracles while candidates compile on every core, where
-a launch-bound loop is slowed by every other process; the six KDA oracles take 1.2-1.5 s that way on the
-H200 (docs/throughput.md, session h). In fp64 the two forms agree to ~1e-15 (tests/baselines/test_kda.py,
-at the CPU test shapes and on the H200 at the primary shape).
+a launch-bound loop is slowed by every other process. In fp64 the two forms agree to ~1e-15
+(tests/baselines/test_kda.py, at the CPU test shapes and, gpu-marked, at the primary shape).
 
 `recurrent_fp64`: the oracle's oracle, the definition itself. Token-by-token recurrence in float64 (state S
 fp64), vectorised over B and H, a Python loop over T only, so it runs on CUDA tensors too:

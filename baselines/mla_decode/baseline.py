@@ -1,16 +1,16 @@
 """Baselines for mla_decode: the plain PyTorch absorbed reference, written the fast way.
 
 All heads (and all Q query tokens) share one cache, so the scores are ONE matrix product
-[Q*H, D] @ [D, S] -- not a broadcast 4-D matmul ([1,H,1,D] @ [1,1,D,S] measured 3.7x slower on an H200,
-kernel-notes section 0). Softmax in fp32, then one product [Q*H, S] @ [S, DL] with V = cache[:, :DL].
+[Q*H, D] @ [D, S] -- not a broadcast 4-D matmul ([1,H,1,D] @ [1,1,D,S] measured 3.7x slower on an H200).
+Softmax in fp32, then one product [Q*H, S] @ [S, DL] with V = cache[:, :DL].
 
 * `torch_bmm` (primary): the score GEMM in the input dtype with an fp32 result
   (`torch.mm(..., out_dtype=torch.float32)` on CUDA: bf16 tensor cores, fp32 accumulation, scores NOT
   rounded to bf16), fp32 scale + softmax, P cast to bf16 for the second GEMM. Same precision recipe as the
   kernels. Where `out_dtype` is unavailable (CPU) it falls back to `(a @ b).float()`.
-* `torch_bmm_bf16`: scores from a plain bf16 GEMM (rounded to bf16) then `.float()` -- the 0.098 ms form of
-  kernel-notes section 0; its bf16-rounded logits give 2.5x (unit) to 12x (peaked) the error of the
-  primary, so it is not used for the tolerance.
+* `torch_bmm_bf16`: scores from a plain bf16 GEMM (rounded to bf16) then `.float()`, the common fast form;
+  its bf16-rounded logits give 2.5x (unit) to 12x (peaked) the error of the primary, so it is not used for
+  the tolerance.
 * `torch_bmm_fp32`: both products in fp32; slower, most accurate.
 """
 

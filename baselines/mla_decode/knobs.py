@@ -9,7 +9,7 @@ SPLIT_DV = 2 halves the accumulator and recomputes the scores (measured slower e
 
 Every value compiles on its own; a few corners exceed the H200's 227 KB of shared memory and raise
 OutOfResources at compile time (measured: BLOCK_H 32/64 + BLOCK_N 64 + SPLIT_DV 2 at 2-3 stages) -- the
-harness must score those as failed candidates. Measured numbers: docs/mla.md.
+harness must score those as failed candidates.
 """
 
 SPACE = {

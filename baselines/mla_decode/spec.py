@@ -7,7 +7,7 @@ Math (per query token t and head h; D = DL + DR, DL = latent width, DR = rope wi
     o[t, h, :] = sum_j p[t, h, j] * kv_cache[j, :DL]            (V = the first DL columns of the same row)
 
 The cache is shared by every head (MQA-like), SCALE = 1/sqrt(192) whatever the dims (DeepSeek's
-qk_nope + qk_rope = 128 + 64; see kernel-notes section 2.2: not 1/sqrt(576)).
+qk_nope + qk_rope = 128 + 64; not 1/sqrt(576), FlashMLA's default for these widths).
 
 Several query tokens (Q > 1, e.g. speculative decode / MTP): every query attends to the *full* cache
 (no causal mask among the Q new tokens); the Q tokens are just more rows sharing the same K/V.

@@ -6,7 +6,8 @@
   fp32 softmax, P cast to the input dtype, one GEMM with V = cache[:i1, :DL].
 * `torch_sdpa`: torch.nn.functional.scaled_dot_product_attention(is_causal=True, scale=1/sqrt(192)) with
   q [1, H, N, D], K = the cache expanded (stride 0) over heads, V = cache[:, :DL] expanded likewise
-  (d_k = 576 != d_v = 512; torch picks the backend -- which one runs on the H200 is recorded in docs/mla.md).
+  (d_k = 576 != d_v = 512; torch picks the backend: on an H200 EFFICIENT_ATTENTION, since the flash and
+  cuDNN backends refuse head dimensions above 256).
 """
 
 import torch

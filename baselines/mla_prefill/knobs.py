@@ -29,7 +29,7 @@ exceed 232448 B:
 Among those that fit, R = 128 with SPLIT_DV 1 spills (ptxas: 3.3-5.2 KB of spill stores per thread at 8
 warps, 12-16.5 KB at 4 warps), as the accumulator arithmetic predicts, and R = 128 is spill-free only with
 SPLIT_DV 2 at 8 warps; 4 warps with R = 64 and SPLIT_DV 1 spills too (measured at BLOCK_H 1: 450 spilled
-registers, 2x slower). BLOCK_H > 1 is not yet timed on the H200. Numbers: docs/mla.md.
+registers, 2x slower).
 """
 
 SPACE = {

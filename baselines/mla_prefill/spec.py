@@ -5,7 +5,7 @@ Math (query token i, head h; D = DL + DR; S = N cache rows, cache row j belongs 
     s[i, h, j] = SCALE * <q[i, h, :], kv_cache[j, :]>        for j <= i (causal), -inf otherwise
     o[i, h, :] = softmax_j(s[i, h, :]) @ kv_cache[:, :DL]      (V = the first DL columns of the same row)
 
-SCALE = 1/sqrt(192) (kernel-notes 2.2). This is the absorbed ("data-movement friendly") form run at
+SCALE = 1/sqrt(192), as in mla_decode. This is the absorbed ("data-movement friendly") form run at
 prefill size: it is compute-bound (4.67 TFLOP at N = 8192, H = 64) -- vLLM/FlashInfer run prefill in the
 non-absorbed MHA form instead (3.1x fewer FLOPs); here the absorbed form is the problem by definition.
 
