@@ -1,10 +1,11 @@
 """Soak (not a test): a 1000-iteration softmax run with compaction every 25 iterations and restarts
 injected, on a dev server with a SQLite file; the synthetic evaluator keeps it to minutes.
 
-    python -m tests.soak [--iterations 1000] [--compact-every 25]
+    python -m tests.soak [--iterations 1000] [--compact-every 25] [--out FILE]
 
-Checks and writes to docs/soak.md: iterations 1..N each recorded exactly once, every run's history
-length, artifact store consistency, and the worker's RSS at start and end."""
+Checks and prints (and writes to FILE) as Markdown: iterations 1..N each recorded exactly once, every
+run's history length, artifact store consistency, and the worker's RSS at start and end. docs/results.md
+quotes it."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def start_worker(address: str, log) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
-async def main(n: int, every: int, out: Path) -> None:
+async def main(n: int, every: int, out: Path | None) -> None:
     tmp = Path(tempfile.mkdtemp())
     os.environ["MARATHON_ARTIFACTS"] = str(tmp / "artifacts")
     port = _free_port()
@@ -120,7 +121,8 @@ Worker resident memory:
 | when | RSS (MB) |
 |---|---|
 """ + "\n".join(f"| {w} | {m:.0f} |" for w, m in rss) + "\n"
-    out.write_text(text)
+    if out:
+        out.write_text(text)
     print(text)
     if not (ok_iters and not bad and max(lengths) < 10000):
         sys.exit(1)
@@ -130,6 +132,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=1000)
     ap.add_argument("--compact-every", type=int, default=25)
-    ap.add_argument("--out", default="docs/soak.md")
+    ap.add_argument("--out", default=None, help="also write the Markdown here")
     a = ap.parse_args()
-    asyncio.run(main(a.iterations, a.compact_every, Path(a.out)))
+    asyncio.run(main(a.iterations, a.compact_every, Path(a.out) if a.out else None))

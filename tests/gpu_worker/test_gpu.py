@@ -1,5 +1,5 @@
-"""GPU tests of the harness (marked `gpu`, skipped without CUDA). Run on an H200 via
-scripts/gpu_harness.py (their figures are saved in docs/harness.md)."""
+"""GPU tests of the harness (marked `gpu`, skipped without CUDA): `pytest -m gpu tests/gpu_worker` on a
+CUDA host; scripts/gpu_harness.py runs the same checks and prints their figures."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""GPU faults inside candidates (issue 5), marked `gpu`: an illegal memory access, a device-side hang,
-device out-of-memory and a host segfault each become a rejection with its reason, and the same
-Evaluator then still verifies an honest kernel. Run on an H200 with `pytest -m gpu tests/gpu_worker`."""
+"""GPU faults inside candidates, marked `gpu`: an illegal memory access, a device-side hang, device
+out-of-memory and a host segfault each become a rejection with its reason, and the same Evaluator then
+still verifies an honest kernel. Run on a CUDA host with `pytest -m gpu tests/gpu_worker`."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ class Interrupted(Exception):
 
 
 def test_a_call_interrupted_before_its_reply_kills_the_child():
-    # session i4: a verification cancelled while the reference child worked left that reply in the pipe,
-    # and every later call read its predecessor's reply
+    # a call cancelled while the child works leaves that reply in the pipe; unless the child is killed,
+    # every later call reads its predecessor's reply
     sb = Sandbox("candidate", interpreter=True)
     try:
         sb.wait_ready()

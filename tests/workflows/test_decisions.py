@@ -66,9 +66,9 @@ def test_a_new_best_needs_its_whole_interval_above_the_old_best():
     assert not decisions.improves_on(rec, _best(2.0))
 
 
-def test_the_head_to_head_with_this_best_decides_not_speedups_from_other_sessions():
-    # session d on the H200: a 0.1115 ms kernel was crowned over a 0.0704 ms best because its baseline
-    # happened to time slow; the same-session head-to-head says it is slower
+def test_the_head_to_head_with_this_best_decides_not_speedups_from_other_benchmarks():
+    # a slower kernel whose baseline happened to time slow shows a higher speedup than the best's; the
+    # head-to-head of the same benchmark says it is slower
     best = _best(1.77)
     slower = BenchReport(ok=True, speedup=2.95, speedup_ci=(2.8, 3.1), vs_best_ci=(0.60, 0.66),
                          vs_best=best.candidate_id)
