@@ -83,10 +83,9 @@ class KernelOptimization:
         # before its marker was announced, take the old branch and fail as nondeterministic (seen once in
         # CI under load). Histories recorded before it replay the lockstep step.
         self.rolling = workflow.patched("rolling-population")
-        # A compaction used to drain the population: continue-as-new carried nothing in flight, and the GPU
-        # pipeline emptied and refilled around each one (about 45 s every 192 iterations on the H200,
-        # docs/throughput.md, session i). Now the evaluations in flight are carried and started again in
-        # the next run, where the GPU worker hands back the work already under way.
+        # A search run carries its evaluations in flight across continue-as-new and starts them again in the
+        # next run, where the GPU worker hands back the work already under way: the GPU pipeline stays full
+        # instead of draining and refilling around each compaction.
         self.carry = self.rolling and self.spec.policy == "search" and workflow.patched("carry-in-flight")
         for f in self.st.in_flight:
             self._launch(f)
@@ -417,7 +416,7 @@ class KernelOptimization:
     async def _local(self, name: str, arg, result_type):
         """Short CPU-only agent steps (the search proposer, the static rule check) run as local
         activities: recorded in history like any activity, without two trips through the server's
-        task queues (about 35 ms each on the dev server; see docs/orchestration-overhead.md)."""
+        task queues (tens of milliseconds each on the dev server; docs/results.md)."""
         try:
             return await workflow.execute_local_activity(
                 name, arg, result_type=result_type, start_to_close_timeout=timedelta(seconds=60),
