@@ -329,7 +329,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
 
 
 def test_verification_reports_where_its_time_went(ev, store):
-    # the activity wrapper logs these phases with every GPU activity (docs/throughput.md reads them)
+    # the activity wrapper logs these phases with every GPU activity (scripts/phase_summary.py reads them)
     from gpu_worker.harness import phases_begin, phases_end
 
     phases_begin()
@@ -664,8 +664,8 @@ def test_gpu_gate_patience_then_one_drain_for_the_batch():
 
 def test_reference_wait_does_not_hold_the_gate(tmp_path):
     """A call queued for the (serial) reference child waits outside the GPU gate: a timing request is not
-    held up by that queue (session f: shared holds that included the reference child's queue made every
-    timing request's drain about 11 s long). The gate is the real TimedLock; the child is a stand-in."""
+    held up by that queue (shared holds that included the reference child's queue would make every timing
+    request's drain as long as that queue). The gate is the real TimedLock; the child is a stand-in."""
     import threading
     import time as _t
 
@@ -704,7 +704,7 @@ def test_reference_wait_does_not_hold_the_gate(tmp_path):
 
 
 def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
-    """The converse (session f2): a call that has the reference child's lock but finds the gate closed
+    """The converse: a call that has the reference child's lock but finds the gate closed
     (a timing runs) gives the lock back while it waits, so the child serves others meanwhile; once the
     gate opens the call runs, under the shared side and the lock together."""
     import threading
