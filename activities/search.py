@@ -65,8 +65,9 @@ class KnobSearch:
             if passed and rng.random() > EXPLORE:
                 parent = max(rng.sample(passed, min(TOURNAMENT, len(passed))), key=lambda r: r.speedup)
                 knobs, what = self._mutate(parent.knobs, rng, stats)
-                c = self._choice(knobs, parent.candidate_id,
-                                 f"mutate {parent.candidate_id} ({parent.speedup:.3g}x): {what}")
+                # an interpreter timing's ratio says nothing about speed: name the parent without it
+                score = "" if parent.interpreter else f" ({parent.speedup:.3g}x)"
+                c = self._choice(knobs, parent.candidate_id, f"mutate {parent.candidate_id}{score}: {what}")
             else:
                 knobs = {k: self._draw(k, rng, stats) for k in self.space}
                 c = self._choice(knobs, None, "fresh sample weighted by each knob value's record")

@@ -72,6 +72,7 @@ class KernelOptimization:
         # the arguments are what continue-as-new carries (CarriedState.in_flight)
         self.in_flight: dict[int, tuple[InFlight, asyncio.Task]] = {}
         self.carry = False  # set by run(): evaluations in flight go on into the next run (patch "carry-in-flight")
+        self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
@@ -117,7 +118,7 @@ class KernelOptimization:
                 self._pause(p.reason)
                 continue
             if exhausted:
-                stopped_by = "exhausted"
+                stopped_by = self.llm_stopped_by or "exhausted"
                 break
             self._account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
@@ -319,7 +320,9 @@ class KernelOptimization:
                                    speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
                                    vs_best=bench.vs_best, rel_err=ver.rel_err,
                                    interpreter=bench.interpreter, gpu_seconds=gpu_s,
-                                   log_key=bench.log_key, finished_at=workflow.now().timestamp())
+                                   log_key=bench.log_key, deciding_dist=bench.deciding_dist,
+                                   host_ms=bench.host_ms, baseline_host_ms=bench.baseline_host_ms,
+                                   finished_at=workflow.now().timestamp())
         except _Rejected as r:
             return IterationRecord(**base, outcome="rejected", stage=r.stage,
                                    reason=decisions.trim(r.reason), finished_at=workflow.now().timestamp(),
@@ -357,7 +360,7 @@ class KernelOptimization:
                              policy=self.spec.policy, model=self.spec.model, run=self.st.runs,
                              records=self.records, notebook_key=self.st.notebook_key,
                              notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
-                             best=self.st.best, final=final)
+                             best=self.st.best, final=final, adapted=self.st.llm_adapted)
         while True:
             try:
                 res = await self._agent("compact_notebook", req, CompactResult, minutes=10)
@@ -465,9 +468,23 @@ class KernelOptimization:
             raise ValueError(f"invalid budget change: {explain(e)}") from None
         decisions.check_budget_change(self.spec.budget, parsed, self.st.used)
 
+    # llm policy: the prompt's size cap, changed on a running run (an endpoint with a smaller context)
+    @workflow.update
+    def set_context_tokens(self, tokens: int) -> int:
+        self.spec = self.spec.model_copy(update={"context_tokens": tokens})
+        return tokens
+
+    @set_context_tokens.validator
+    def _check_context_tokens(self, tokens: int) -> None:
+        if self.finished:
+            raise ValueError("the run has finished")
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2000:
+            raise ValueError(f"context_tokens must be a whole number of at least 2000, got {tokens!r}")
+
     @workflow.signal
     def stop(self, req: StopRequest) -> None:
         self.stop = req
+        workflow.set_current_details(self._details())
 
     @workflow.signal
     def pause(self) -> None:
@@ -517,6 +534,7 @@ class KernelOptimization:
         self.phase = phase
         if phase in ("paused", "compacting", "done", "reverifying", "proposing"):
             workflow.upsert_search_attributes([PHASE.value_set(phase)])
+        workflow.set_current_details(self._details())  # not a command: history is unchanged
 
     def _publish(self) -> None:
         """Web UI: search attributes and the live leaderboard as current details."""

@@ -1,0 +1,95 @@
+"""What the Temporal Web UI and the CPU demo show: every execution of a run, after each continue-as-new
+too, carries the run's summary and its current details (the crowned best and the leaderboard as one
+markdown table); interpreter timings never appear as speedups in the live view, the report or the UI."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import re
+
+from temporalio import activity
+
+from tests import evaluators
+from tests.workflows.helpers import run_id, start, workers
+from tests.workflows.test_cli import marathon
+from workflows.cli import watch
+from workflows.contracts import BenchReport, BenchRequest, RunSpec
+from workflows.optimization import KernelOptimization
+from workflows.text import INTERPRETER_NOTE
+
+RATIO = re.compile(r"\b\d+(\.\d+)?x\b")  # "1.15x", "0.03x"
+
+
+async def _details(client, wid: str, run: str | None = None) -> str:
+    meta = await client.get_workflow_handle(wid, run_id=run).query("__temporal_workflow_metadata")
+    return meta.current_details
+
+
+async def _executions(client, wid: str, n: int) -> list:
+    """The run's n executions from visibility, which the dev server updates a moment after each closes."""
+    for _ in range(100):
+        found = [w async for w in client.list_workflows(f"WorkflowId = '{wid}'")]
+        if len(found) >= n:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"visibility lists {len(found)} executions of {wid}, expected {n}")
+
+
+async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no_interpreter_ratio(env, store):
+    from activities.report import write_report
+
+    address = env.client.service_client.config.target_host
+    wid = run_id("webui")
+    live = io.StringIO()
+    async with workers(env.client):  # the synthetic evaluator: interpreter timings
+        await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "6", "--compact-every", "2",
+                                "--id", wid, env_address=address, check=True)
+        res = await watch(env.client, wid, interval=0.05, out=live)
+        assert res.runs == 3  # continued as new twice
+        summary = "softmax: search policy, budget 6 iterations"
+        executions = await _executions(env.client, wid, 3)
+        for ex in executions:
+            assert (await ex.memo()) == {"summary": summary}
+            text = await _details(env.client, wid, ex.run_id)
+            assert text.startswith(f"**{summary}**\n") and "- best: " in text and INTERPRETER_NOTE in text
+            assert not RATIO.search(text), text
+        latest = await _details(env.client, wid)
+        report = (await write_report(env.client, wid, store.root.parent / "report")).read_text()
+        board = await env.client.get_workflow_handle(wid).query(KernelOptimization.leaderboard)
+
+    # the latest details: the crowned best heads one table with the rest of the leaderboard
+    table = [ln for ln in latest.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| # | candidate | interpreter ms | iteration | |"
+    assert table[1] == (f"| 1 | `{res.best.candidate_id}` | {res.best.time_ms:.4g} | {res.best.iteration} "
+                        f"| crowned best |")
+    assert {e.candidate_id for e in board} <= {ln.split("`")[1] for ln in table[1:]}
+
+    assert INTERPRETER_NOTE in live.getvalue() and INTERPRETER_NOTE in report
+    for shown in (live.getvalue(), report):
+        assert not RATIO.search(shown), RATIO.search(shown)
+    assert f"ms under the interpreter ({res.best.candidate_id}" in report
+
+
+@activity.defn(name="benchmark_candidate")
+def gpu_timed_benchmark(req: BenchRequest) -> BenchReport:
+    """The synthetic benchmark as if timed on a GPU."""
+    return evaluators.benchmark_candidate(req).model_copy(update={"interpreter": False})
+
+
+async def test_gpu_timings_show_as_speedups_with_the_crowned_best_first(env, store):
+    gpu = [evaluators.compile_candidate, evaluators.verify_candidate, gpu_timed_benchmark,
+           evaluators.profile_candidate]
+    async with workers(env.client, gpu_activities=gpu):
+        h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 6}, compact_every=3), "gpuui")
+        res = await h.result()
+        text = await _details(env.client, h.id)
+    b = res.best
+    assert not b.interpreter and res.runs == 2 and INTERPRETER_NOTE not in text
+    assert f"- best: {b.speedup:.3g}x, {b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms" in text
+    table = [ln for ln in text.splitlines() if ln.startswith("| ")]
+    assert table[0] == "| # | candidate | speedup | ms | iteration | |"
+    assert table[1] == f"| 1 | `{b.candidate_id}` | {b.speedup:.3g}x | {b.time_ms:.4g} | {b.iteration} | crowned best |"
+    desc = await h.describe()
+    sa = {k.name: v for k, v in desc.typed_search_attributes.search_attributes}
+    assert sa["MarathonBestSpeedup"] == b.speedup
