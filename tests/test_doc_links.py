@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# docs/scoreboard.md is rewritten by `marathon bench` (gpu_worker.scoreboard.write) at each measurement
+# docs/scoreboard.md is rewritten whole by `marathon bench --out docs` (gpu_worker.scoreboard.write)
 DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "scoreboard.md")
 
 INLINE = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title"), ![img](target)
