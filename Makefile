@@ -4,6 +4,10 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 ITERATIONS ?= 30
 PROBLEM ?= softmax
+# test: the test suite's needs; test,gpu on a GPU host adds fla-core for the KDA baseline
+EXTRAS ?= test
+# PyPI's Linux torch wheel is the multi-GB CUDA build: where no torch is installed, take the CPU wheel
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: install run test bench-overhead clean
 
@@ -11,13 +15,16 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	# CPU torch first where none is installed: a plain `torch` requirement would pull a multi-GB CUDA build.
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -e '.[test]'
+	# A torch already in the venv (a GPU host's CUDA build) is kept: the constraint stops pip replacing it.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 --index-url $(TORCH_CPU_INDEX)
+	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	$(PIP) install -e '.[$(EXTRAS)]' -c $(VENV)/torch-constraint.txt
 	touch $@
 
 run: install
-	$(VENV)/bin/marathon demo $(PROBLEM) --iterations $(ITERATIONS)
+	$(VENV)/bin/marathon demo $(PROBLEM) --iterations $(ITERATIONS); status=$$?; \
+	echo; echo "The CLI: $(VENV)/bin/marathon --help, or 'source $(VENV)/bin/activate' to put marathon and temporal on PATH"; \
+	exit $$status
 
 test: install
 	$(PY) -m pytest -q
