@@ -187,6 +187,8 @@ class CarriedState(Strict):
 
 
 class RunSpec(Strict):
+    llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
+    turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
     """The workflow's one input. Everything but `problem` has a default; `carried` is set only by
     continue-as-new."""
 
@@ -202,6 +204,8 @@ class RunSpec(Strict):
     top_k: int = 8
     heartbeat_seconds: int = 60  # a worker that dies mid-activity is noticed after this long
     # the task queue of the GPU workers that evaluate this run: one queue per pool of GPUs (H200s apart
+    # llm policy: model turns allowed without a new iteration recorded; past it the run stops (turn-budget)
+    turns_per_iteration: int = 30
     # from H100s, or one problem per GPU on a shared host); the worker side is `marathon worker --gpu-queue`
     gpu_queue: str = GPU_QUEUE
     carried: CarriedState | None = None
@@ -220,7 +224,8 @@ class RunSpec(Strict):
             raise ValueError(f"gpu_queue must be a task queue name (letters, digits, - _ .), got {v!r}")
         return v
 
-    @field_validator("compact_every", "population", "top_k", "heartbeat_seconds", "context_tokens")
+    @field_validator("compact_every", "population", "top_k", "heartbeat_seconds", "context_tokens",
+                     "turns_per_iteration")
     @classmethod
     def _at_least_one(cls, v, info):
         if v < 1:
@@ -396,6 +401,7 @@ class Status(Strict):
     iteration: int
     phase: Phase
     best: BestSummary | None
+    adapted: dict = Field(default_factory=dict)  # llm policy: endpoint settings the run has learned
     budget: Budget
     used: Used
     runs: int
@@ -418,7 +424,7 @@ class RunResult(Strict):
     best: BestSummary | None
     best_source_key: str | None = None
     stopped_by: Literal["budget-iterations", "budget-hours", "budget-tokens", "budget-gpu-seconds",
-                        "stop-signal", "exhausted"]
+                        "stop-signal", "exhausted", "turn-budget"]
     runs: int
     used: Used
     notebook_key: str | None = None
@@ -503,3 +509,9 @@ class LlmToolRequest(Strict):
 # InFlight names Proposal, which is defined further down
 for _m in (InFlight, CarriedState, RunSpec):
     _m.model_rebuild()
+    ledger_key: str | None = None  # earlier runs' records: a submission seen there is a duplicate
+    adapted: dict = Field(default_factory=dict)  # endpoint settings learned earlier in the run
+    turns_per_iteration: int | None = None
+    turns_since_submission: int = 0
+    adapted: dict = Field(default_factory=dict)  # endpoint settings learned so far, kept for the run
+    learned: list[str] = Field(default_factory=list)  # what this turn changed, one line each
