@@ -62,7 +62,8 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
         "Write the new notebook now (without the version header; it is added for you)."])
     try:
         ep = endpoint(req.model)
-        reply = chat([{"role": "system", "content": NOTEBOOK_SYSTEM}, {"role": "user", "content": user}], ep)
+        reply = chat([{"role": "system", "content": NOTEBOOK_SYSTEM}, {"role": "user", "content": user}], ep,
+                     adapted=req.adapted)
     except Exception as e:  # noqa: BLE001 - any failure: the deterministic notebook is the fallback
         reason = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
         return (deterministic_text.rstrip() + f"\n\n> The model did not rewrite this version ({reason}); "

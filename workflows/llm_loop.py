@@ -78,7 +78,9 @@ async def llm_step(wf) -> bool:
         model=wf.spec.model, turn=turn, iteration=wf.st.iteration, conversation_key=wf.st.conversation_key,
         notebook_key=wf.st.notebook_key, best=wf.st.best, leaderboard=wf.st.leaderboard,
         recent=wf.records[-8:], baseline_ms=_baseline_ms(wf), budget=wf.spec.budget, used=wf.st.used,
-        hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens)
+        hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens,
+        ledger_key=wf.st.ledger_key, adapted=wf.st.llm_adapted, turns_per_iteration=wf.spec.turns_per_iteration,
+        turns_since_submission=wf.st.turns_since_submission)
     try:
         res = await _turn(wf, req)
     except BaseException:
@@ -87,6 +89,8 @@ async def llm_step(wf) -> bool:
     # The turn happened: its answers were delivered, its cost is spent.
     wf.st.conversation_key = res.conversation_key
     wf.st.pending_tool_results = []
+    wf.st.llm_adapted = dict(res.adapted)  # kept for the run: later turns start from what was learned
+    wf.st.turns_since_submission += 1
     u = wf.st.used
     u.turns += 1
     u.tokens_in += res.tokens_in
@@ -97,9 +101,10 @@ async def llm_step(wf) -> bool:
 
     if not res.tool_calls:
         wf._llm_idle = getattr(wf, "_llm_idle", 0) + 1
-        return wf._llm_idle >= IDLE_TURNS_EXHAUST
+        return wf._llm_idle >= IDLE_TURNS_EXHAUST or _turn_budget_spent(wf)
     wf._llm_idle = 0
 
+    iteration_before = wf.st.iteration
     results: list[ToolResult] = []
     try:
         for call in res.tool_calls:
@@ -115,7 +120,18 @@ async def llm_step(wf) -> bool:
         wf.st.pending_tool_results = results
         raise
     wf.st.pending_tool_results = results
-    return False
+    if wf.st.iteration > iteration_before:
+        wf.st.turns_since_submission = 0
+    return _turn_budget_spent(wf)
+
+
+def _turn_budget_spent(wf) -> bool:
+    """A model that keeps turning without a new iteration (reading, re-submitting one source, talking)
+    ends the run after turns_per_iteration turns, with stopped_by turn-budget."""
+    if wf.st.turns_since_submission < wf.spec.turns_per_iteration:
+        return False
+    wf.llm_stopped_by = "turn-budget"
+    return True
 
 
 def _known_sources(wf, call: ToolCall) -> str | None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from tests.llm.server import Reply, completion
+from tests.llm.server import Reply, completion, is_compaction
 
 
 class TurnScript:
-    """Turn requests (they offer tools) take the next scripted item; compaction requests (no tools)
-    go to `compaction`. An item is a Reply or a callable(body) -> Reply. When the script runs out the
+    """Turn requests take the next scripted item; compaction requests (notebook rewrites) go to
+    `compaction`. An item is a Reply or a callable(body) -> Reply. When the script runs out the
     model answers with prose and no tool call (the run ends once it has been idle long enough)."""
 
     def __init__(self, turns, compaction=None) -> None:
@@ -25,7 +25,7 @@ class TurnScript:
                           completion_tokens=40)
 
     def __call__(self, body, headers) -> Reply:
-        if not body.get("tools"):
+        if is_compaction(body):
             return self.compaction(body)
         if self.i < len(self.turns):
             item = self.turns[self.i]

@@ -2,6 +2,9 @@
 
 `respond(body, headers)` decides each reply (a `Reply`: status, JSON body, headers, delay). Every request
 is recorded (path, headers, JSON body, the status answered, the time) so tests can assert on prompts.
+`Endpoint(kind)` wraps a responder with the refusals of one kind of real server (KINDS): OpenAI's
+reasoning models, vLLM or SGLang without tool calling, Ollama, llama.cpp without --jinja, strict chat
+templates, small contexts; each refusal worded as that server words it.
 """
 
 from __future__ import annotations
@@ -32,27 +35,127 @@ class Seen:
 
 
 def completion(content: str | None = None, calls: list[tuple[str, dict | str]] = (), prompt_tokens: int = 100,
-               completion_tokens: int = 20, model: str = "scripted-model", call_ids: list[str] | None = None
-               ) -> Reply:
+               completion_tokens: int = 20, model: str = "scripted-model", call_ids: list[str] | None = None,
+               object_arguments: bool = False, content_parts: bool = False, reasoning_content: str | None = None,
+               finish_reason: str | None = None) -> Reply:
+    """A 200 reply. object_arguments: `arguments` as a JSON object (some servers); content_parts: content as
+    a list of text parts; reasoning_content: the separate reasoning field of vLLM/SGLang/DeepSeek."""
     tool_calls = []
     for i, (name, args) in enumerate(calls):
+        a = (json.loads(args) if isinstance(args, str) else args) if object_arguments else \
+            (args if isinstance(args, str) else json.dumps(args))
         tool_calls.append({"id": (call_ids[i] if call_ids else f"call_{time.monotonic_ns()}_{i}"),
-                           "type": "function",
-                           "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    msg: dict = {"role": "assistant", "content": content}
+                           "type": "function", "function": {"name": name, "arguments": a}})
+    body_content = [{"type": "text", "text": content}] if content_parts and content is not None else content
+    msg: dict = {"role": "assistant", "content": body_content}
     if tool_calls:
         msg["tool_calls"] = tool_calls
+    if reasoning_content is not None:
+        msg["reasoning_content"] = reasoning_content
     return Reply(200, {"id": f"chatcmpl-{time.monotonic_ns()}", "object": "chat.completion", "created": int(time.time()),
                        "model": model,
-                       "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+                       "choices": [{"index": 0, "message": msg,
+                                    "finish_reason": finish_reason or ("tool_calls" if tool_calls else "stop")}],
                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                                  "total_tokens": prompt_tokens + completion_tokens}})
 
 
 def error(status: int, message: str, retry_after: float | None = None, code: str | None = None,
-          delay: float = 0.0) -> Reply:
+          delay: float = 0.0, param: str | None = None, **extra) -> Reply:
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else {}
-    return Reply(status, {"error": {"message": message, "type": "scripted", "code": code, "param": None}}, headers, delay)
+    return Reply(status, {"error": {"message": message, "type": "scripted", "code": code, "param": param, **extra}},
+                 headers, delay)
+
+
+def is_compaction(body: dict) -> bool:
+    """A notebook rewrite (activities/llm_compaction.py), not a model turn: told by its system prompt."""
+    return any(isinstance(m.get("content"), str) and "You keep the engineering notebook" in m["content"]
+               for m in body.get("messages", [])[:2])
+
+
+def prompt_estimate(body: dict) -> int:
+    return len(json.dumps(body.get("messages", []))) // 4 + len(json.dumps(body.get("tools", []))) // 4
+
+
+@dataclass
+class Kind:
+    """What one kind of endpoint refuses, and in which words."""
+
+    refuse: dict = field(default_factory=dict)  # parameter -> the error Reply it gets
+    tools: Reply | None = None  # set: a request offering tools gets this refusal
+    alternate: Reply | None = None  # set: consecutive messages of one role (or a system one) get this
+    no_system: Reply | None = None
+    context: int | None = None  # refuse a prompt estimate + reply cap above this many tokens
+    context_error: str = "openai"  # openai | vllm | llamacpp
+
+
+def _openai_unsupported(param: str, instead: str | None) -> Reply:
+    tail = f" Use '{instead}' instead." if instead else ""
+    return error(400, f"Unsupported parameter: '{param}' is not supported with this model.{tail}",
+                 code="unsupported_parameter", param=param)
+
+
+KINDS = {
+    "openai-chat": Kind(),
+    "openai-reasoning": Kind(refuse={
+        "max_tokens": _openai_unsupported("max_tokens", "max_completion_tokens"),
+        "temperature": error(400, "Unsupported value: 'temperature' does not support 0.2 with this model. Only "
+                             "the default (1) value is supported.", code="unsupported_value", param="temperature")}),
+    "vllm": Kind(),
+    "vllm-no-tools": Kind(tools=error(400, '"auto" tool choice requires --enable-auto-tool-choice and '
+                                      '--tool-call-parser to be set')),
+    "sglang": Kind(),
+    "ollama": Kind(tools=error(400, "registry.ollama.ai/library/gemma2:9b does not support tools")),
+    "llamacpp": Kind(tools=error(500, "tools param requires --jinja flag"), context=6000, context_error="llamacpp"),
+    "strict-template": Kind(alternate=error(400, "Conversation roles must alternate user/assistant/user/assistant/...")),
+    "gemma": Kind(alternate=error(400, "Conversation roles must alternate user/assistant/user/assistant/..."),
+                  no_system=error(400, "System role not supported")),
+    "small-context": Kind(context=6000, context_error="vllm"),
+}
+
+
+class Endpoint:
+    """A responder behind one kind's refusals: what passes them goes to `respond`."""
+
+    def __init__(self, kind: str, respond) -> None:
+        self.kind, self.rules, self.respond = kind, KINDS[kind], respond
+        self.refused: list[str] = []
+
+    def __call__(self, body, headers) -> Reply:
+        r = self.check(body)
+        if r is not None:
+            self.refused.append(r.body["error"]["message"])
+            return r
+        return self.respond(body, headers)
+
+    def check(self, body) -> Reply | None:
+        k = self.rules
+        for param, reply in k.refuse.items():
+            if param in body:
+                return reply
+        if k.tools is not None and body.get("tools"):
+            return k.tools
+        msgs = body.get("messages", [])
+        if k.no_system is not None and any(m.get("role") == "system" for m in msgs):
+            return k.no_system
+        if k.alternate is not None:
+            roles = [m.get("role") for m in msgs if m.get("role") != "tool"]
+            if roles[:1] == ["system"]:
+                roles = roles[1:]
+            if any(a == b for a, b in zip(roles, roles[1:])) or "system" in roles:
+                return k.alternate
+        if k.context is not None:
+            reply_cap = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+            need = prompt_estimate(body) + reply_cap
+            if need > k.context:
+                if k.context_error == "llamacpp":
+                    return error(400, "the request exceeds the available context size, try increasing it",
+                                 code=None, n_prompt_tokens=need, n_ctx=k.context)
+                return error(400, f"This model's maximum context length is {k.context} tokens. However, you "
+                             f"requested {need} tokens ({need - reply_cap} in the messages, {reply_cap} in the "
+                             f"completion). Please reduce the length of the messages or completion.",
+                             code="context_length_exceeded" if k.context_error == "openai" else None)
+        return None
 
 
 class ChatServer:
@@ -121,13 +224,13 @@ class ChatServer:
 
     # ---- what tests look at ----
     def turns(self) -> list[Seen]:
-        """Requests for model turns (they offer tools), in arrival order."""
+        """Requests for model turns (not notebook rewrites), in arrival order."""
         with self.lock:
-            return [s for s in self.seen if s.body.get("tools")]
+            return [s for s in self.seen if s.path.endswith("/chat/completions") and not is_compaction(s.body)]
 
     def compactions(self) -> list[Seen]:
         with self.lock:
-            return [s for s in self.seen if "tools" not in s.body and s.path.endswith("/chat/completions")]
+            return [s for s in self.seen if s.path.endswith("/chat/completions") and is_compaction(s.body)]
 
     def usage_total(self, which=None) -> tuple[int, int]:
         with self.lock:
