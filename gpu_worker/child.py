@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from collections import OrderedDict
+from dataclasses import dataclass, field
 
 
 def _redirect(tmp: str) -> None:
@@ -49,6 +50,7 @@ def apply_limits(spec: str | None) -> None:
 def main(argv: list[str]) -> int:
     fd_in, fd_out, tmp, role = int(argv[0]), int(argv[1]), argv[2], argv[3]
     apply_limits(os.environ.pop("MARATHON_CHILD_LIMITS", None))
+    guard_fd = os.environ.pop("MARATHON_GUARD_FD", None)  # the guard's reports, read by the worker
     _redirect(tmp)
     from multiprocessing.connection import Connection
 
@@ -75,6 +77,7 @@ def main(argv: list[str]) -> int:
     import triton  # noqa: F401
 
     server = Server(tmp, role)
+    server.guard_fd = int(guard_fd) if guard_fd else None
     cout.send({"ready": True, "cuda": server.cuda, "pid": os.getpid(), "import_s": time.perf_counter() - t0})
     while True:
         try:
@@ -134,6 +137,24 @@ def compared_outputs(problem, shape, cpu: bool) -> tuple:
     return tuple(n for n in problem.outputs if n in specs)
 
 
+@dataclass
+class TimingSet:
+    """One distribution's timing state: static buffers (what graphs read and write) and the value pool."""
+
+    key: tuple
+    sets: list  # [(inputs, outputs)] static buffers, one graph each when captured
+    pool: list  # [inputs] value sets the static inputs are refilled from
+    content: list  # per static set: the pool entry it holds now
+    initial: list  # per static set: the pool entry it held when captured (or first filled)
+    graphs: list | None = None
+    baseline: dict = field(default_factory=dict)  # reference role: pool index -> the baseline's outputs
+
+    def other_entry(self, r: int, rnd: int, held: int | None = None) -> int:
+        """A pool entry other than the one static set r holds (`held`, else its present content)."""
+        held = self.content[r] if held is None else held
+        return [k for k in range(len(self.pool)) if k != held][rnd % (len(self.pool) - 1)]
+
+
 class Server:
     def __init__(self, tmp: str, role: str):
         import hashlib
@@ -160,9 +181,9 @@ class Server:
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
         self.prep_timing: dict = {}
-        self.sets: list = []  # timing input/output sets
-        self.timed_outputs: list = []  # (set index, outputs) of timed calls picked at random, see cmd_time
-        self.set_baseline: dict = {}  # reference role: set index -> the baseline's outputs on that set
+        self.timing: dict[str, TimingSet] = {}  # distribution -> its timing set (see the timing section)
+        self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
+        self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random, see cmd_time
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.flush = None
         # trusted references, captured before any candidate code exists in this process
@@ -183,9 +204,9 @@ class Server:
         self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
-                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph)
+                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep)
             self.watch += [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
-                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph")]
+                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph"), (torch.cuda, "_sleep")]
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
 
     def cmd_cuda_init(self):
@@ -244,9 +265,14 @@ class Server:
         from gpu_worker import guard
 
         out = list(guard.VIOLATIONS)
+        seal = getattr(self, "seal", None)
+        if seal is not None:
+            out += [v for v in seal.broken() if v not in out]
+        timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep")
         for o, n in self.watch:
             if getattr(o, n) is not self.saved[(id(o), n)]:
-                out.append(("escape", f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
+                out.append(("timer" if n in timers else "escape",
+                            f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
         return out
 
     def describe_failure(self, e: BaseException) -> dict:
@@ -458,7 +484,13 @@ class Server:
         with open(path, "w") as f:
             f.write(source)
         before = set(sys.modules)
-        guard.install(write_roots=[self.tmp] + list(write_roots), trusted_roots=list(trusted_roots))
+        if self.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
+            self.cmd_cuda_init()
+            self.cmd_warm_triton()
+        from gpu_worker import wall
+
+        self.seal, self.wall = wall.enclose(self.tmp, list(write_roots), list(trusted_roots), self.cuda,
+                                            getattr(self, "guard_fd", None))
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
@@ -468,7 +500,7 @@ class Server:
             return {"ok": False, "kind": "contract", "error": "candidate defines no callable run(inputs, out)"}
         self.module = mod
         self.kernels = self._kernel_objects()
-        return {"kernels": sorted(self.kernels)}
+        return {"kernels": sorted(self.kernels), "wall": self.wall}
 
     def _kernel_objects(self) -> dict:
         """name -> JITFunction-like object for every Triton kernel the module defines."""
@@ -491,6 +523,8 @@ class Server:
             self.module.run(inputs, outs)
         self._sync()
         guard.audit_modules(self.before_modules)
+        for rule, detail in self.seal.broken():  # a mode left on torch's stacks, a rewritten guard
+            raise guard.GuardViolation(rule, detail)
 
     def cmd_compile(self, dist: str):
         """CUDA: compile every kernel the candidate launches without running it (Triton's warmup path,
@@ -596,7 +630,7 @@ class Server:
         return info
 
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
-                    kernels: bool = True):
+                    kernels: bool = True, seed: int = 1000, pool: int = 3):
         """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
         cases' inputs and/or the timing sets."""
         self.prep_timing = {}
@@ -619,13 +653,13 @@ class Server:
                 self._count("kernels", t0)
         if rotate:
             t0 = self.T["perf"]()
-            self._prepare_timing(rotate, dist or self.problem.distributions[0])
+            self._prepare_timing(rotate, dist or self.problem.distributions[0], seed, pool)
             self._count("timing-sets", t0)
             # a child that has run the candidate (verified or timed it) has its kernels loaded already;
             # the pre-load is for a fresh one (it holds the GPU gate's shared side for seconds)
             if not cases and self.cuda and self.module is not None and not self.ran:
                 t0 = self.T["perf"]()
-                self._load_kernels(*self.sets[0])
+                self._load_kernels(*self._timing_set(dist, "prepare").sets[0])
                 self._count("kernels", t0)
         return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
 
@@ -786,20 +820,48 @@ class Server:
         return {"changed": changed, "timing": {"download": round(self.T["perf"]() - t0, 4)}}
 
     # --- timing (both roles) -----------------------------------------------------------------------
-    def _prepare_timing(self, rotate: int, dist: str):
+    # A timing set is `rotate` static input/output buffer sets (one CUDA graph each, when captured) and a
+    # pool of `pool` input value sets generated from the worker's timing seeds. Before every repetition,
+    # outside the timed interval, a static set's inputs are refilled in place from a pool entry picked at
+    # random, its outputs are NaN-poisoned and L2 is flushed; the reference child holds the same pool, so
+    # any repetition's outputs can be compared with the baseline's on the values that repetition saw. A
+    # graph that baked in a result computed during capture, or a cache keyed on buffers, fails there.
+    # The reference child keeps one timing set per distribution (benchmarks share it, each under its
+    # lock); a candidate child keeps the one it is being timed on.
+
+    def _prepare_timing(self, rotate: int, dist: str, seed: int = 1000, pool: int = 3):
         import torch
 
-        if len(self.sets) == rotate:
+        key = (rotate, int(seed), pool)
+        have = self.timing.get(dist)
+        if have is not None and have.key == key:
             return
-        self.sets = []
-        self.set_baseline = {}
-        for i in range(rotate):
-            self.sets.append((self._inputs(dist, 1000 + i), self._outputs()))
-        if self.cuda:
+        if self.role == "candidate":
+            self._drop_timing()
+        else:
+            self.timing.pop(dist, None)
+        if pool < 2:
+            raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
+        entries = [self._inputs(dist, int(seed) + k) for k in range(pool)]
+        sets = [({k: (self.T["clone"](v) if isinstance(v, torch.Tensor) else v)
+                  for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
+        content = [i % pool for i in range(rotate)]
+        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, content=content, initial=list(content))
+        if self.cuda and self.flush is None:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             nbytes = max(2 * l2, 256 << 20)
             self.flush = torch.empty(nbytes // 4, dtype=torch.int32, device="cuda")
             self.flush_bytes = nbytes
+
+    def _drop_timing(self):
+        self.timing = {}
+
+    def _timing_set(self, dist: str | None, what: str) -> "TimingSet":
+        dist = dist or self.problem.distributions[0]
+        ts = self.timing.get(dist)
+        if ts is None:
+            raise ValueError(f"{what} before the timing set of distribution {dist!r} was prepared")
+        return ts
 
     def _fn(self):
         if self.role == "candidate":
@@ -811,87 +873,184 @@ class Server:
 
         return run_baseline
 
-    def cmd_time(self, reps: int, warmup: int = 3, rotate: int = 3, mode: str = "eager", dist: str | None = None,
-                 keep_one: bool = False):
-        """Time `reps` calls. CUDA: per repetition an L2 flush (>= 2x L2), the next rotated input set
-        (distinct buffers, distinct contents), events around the call, a device-wide synchronize after.
-        Returns per-repetition milliseconds (events) and host wall-clock.
+    def _refill(self, inp: dict, src: dict) -> None:
+        """In place: the static set's inputs take the pool entry's values (same buffers, new contents)."""
+        import torch
 
-        Every timed call gets NaN-poisoned outputs (outside the events), so a call cannot pass off an
-        earlier call's results as its own nor tell one timed call from another; with `keep_one` the
-        outputs of one of them, picked at random, are copied for `export_timed` (the worker compares
-        them with the baseline's outputs on the same inputs: work skipped while timed is caught)."""
-        dist = dist or self.problem.distributions[0]
-        self._prepare_timing(rotate, dist)
+        for k, v in inp.items():
+            if isinstance(v, torch.Tensor):
+                self.T["copy_"](v, src[k])
+
+    def _poison(self, out: dict) -> None:
+        import torch
+
+        for v in out.values():
+            if type(v) is torch.Tensor and v.is_floating_point():
+                self.T["fill_"](v, float("nan"))
+
+    def _before_rep(self, ts: "TimingSet", r: int, j: int) -> None:
+        """Everything a repetition needs that is not timed, queued on the stream ahead of its events."""
+        inp, out = ts.sets[r]
+        self._refill(inp, ts.pool[j])
+        ts.content[r] = j
+        self._poison(out)
+        if self.cuda:
+            self.T["zero_"](self.flush)
+
+    def cmd_capture(self, dist: str | None = None):
+        """Capture one CUDA graph per static set; the reply says whether this side captures (the worker
+        times graph replays only when every side of the comparison does)."""
+        ts = self._timing_set(dist, "capture")
+        ts.graphs = None
+        if not self.cuda:
+            return {"captured": False, "why": "no CUDA device"}
+        import torch
+
         fn = self._fn()
+        try:
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):  # capture needs every lazy initialisation done: one call per set first
+                for inp, out in ts.sets:
+                    fn(inp, out)
+            torch.cuda.current_stream().wait_stream(s)
+            self.T["sync"]()
+            graphs = []
+            for inp, out in ts.sets:
+                g = self.T["graph"]()
+                with torch.cuda.graph(g):
+                    fn(inp, out)
+                graphs.append(g)
+            self.T["sync"]()
+        except Exception as e:  # noqa: BLE001 - a side that does not capture is timed back to back
+            try:
+                self.T["sync"]()
+            except Exception:  # noqa: BLE001 - a broken context shows at the next call
+                pass
+            return {"captured": False, "why": f"{type(e).__name__}: {str(e)[:300]}"}
+        ts.graphs = graphs
+        ts.initial = list(ts.content)
+        return {"captured": True, "why": ""}
+
+    def _cycles_per_ms(self) -> float:
+        """The device's spin rate for torch.cuda._sleep, measured once per process."""
+        if self.sleep_rate is None:
+            start, end = self.T["Event"](enable_timing=True), self.T["Event"](enable_timing=True)
+            self.T["sleep"](1000)  # first launch outside the measurement
+            self.T["record"](start)
+            self.T["sleep"](2_000_000)
+            self.T["record"](end)
+            self.T["sync"]()
+            self.sleep_rate = 2_000_000 / max(self.T["elapsed"](start, end), 1e-3)
+        return self.sleep_rate
+
+    def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
+                 dist: str | None = None):
+        """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
+
+        CUDA: the device first waits (a spin kernel) long enough for the host to queue the whole block;
+        then each repetition is refill, poison, L2 flush, start event, the work (a graph replay in
+        "cuda-graph" mode, an eager call in "back-to-back" mode), end event; one synchronize at the end.
+        Host time therefore never lies between a repetition's events. Without CUDA the same steps run
+        eagerly around perf_counter (the interpreter stand-in: its times say nothing about speed).
+
+        With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
+        with the pool entry it ran on (the worker compares them with the baseline's on the same values)."""
         T = self.T
         perf = T["perf"]
-        times, walls = [], []
-        pick = int.from_bytes(T["urandom"](4), "little") % reps if keep_one and reps > 0 else -1
+        ts = self._timing_set(dist, "time")
+        if mode == "cuda-graph" and ts.graphs is None:
+            raise ValueError("cuda-graph timing asked of a side that did not capture")
+        fn = self._fn()
+        rotate, warmup = len(ts.sets), max(warmup, 1)
+        draw = T["urandom"](4 * (reps + warmup + 1))
+        picks = [int.from_bytes(draw[4 * i:4 * i + 4], "little") for i in range(reps + warmup + 1)]
+        order, held = [], list(ts.content)
+        for i in range(reps + warmup):  # every refill changes the set's contents
+            r = i % rotate
+            held[r] = ts.other_entry(r, picks[i], held[r])
+            order.append((r, held[r]))
+        # the kept repetition ran on other values than its buffers held when captured (or first filled):
+        # a result fixed then, or cached per buffer, cannot be right there
+        eligible = [i for i, (r, j) in enumerate(order[warmup:]) if j != ts.initial[r]]
+        pick = eligible[picks[-1] % len(eligible)] if keep_one and eligible else -1
 
-        def poison(out):
-            for v in out.values():
-                if type(v) is __import__("torch").Tensor and v.is_floating_point():
-                    T["fill_"](v, float("nan"))
-
-        def keep(i, out):
-            if i == pick:
-                self.timed_outputs.append((i % rotate, {k: T["clone"](v) for k, v in out.items()
-                                                        if type(v) is __import__("torch").Tensor}))
-
-        if not self.cuda:
-            for i in range(warmup):
-                fn(*self.sets[i % rotate])
-            for i in range(reps):
-                inp, out = self.sets[i % rotate]
-                poison(out)
-                t0 = perf()
-                fn(inp, out)
-                times.append((perf() - t0) * 1e3)
-                keep(i, out)
-            walls = list(times)
-            return {"times": times, "walls": walls, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu"}
-        for i in range(max(warmup, 1)):
-            fn(*self.sets[i % rotate])
-        T["sync"]()
-        graphs = None
-        used_mode = mode
-        if mode == "cuda-graph":
-            graphs = self._capture(fn)
-            if graphs is None:
-                used_mode = "eager"
-        start, end = T["Event"](enable_timing=True), T["Event"](enable_timing=True)
-        for i in range(reps):
-            inp, out = self.sets[i % rotate]
-            poison(out)
-            T["zero_"](self.flush)
-            T["sync"]()
-            t0 = perf()
-            T["record"](start)
-            if graphs:
-                graphs[i % rotate].replay()
+        def launch(r: int):
+            if mode == "cuda-graph":
+                ts.graphs[r].replay()
             else:
-                fn(inp, out)
-            T["record"](end)
-            T["sync"]()
-            walls.append((perf() - t0) * 1e3)
-            times.append(T["elapsed"](start, end))
-            keep(i, out)
+                fn(*ts.sets[r])
+
+        def keep(i: int, r: int, j: int):
+            if i == pick:
+                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.sets[r][1].items()
+                                               if type(v) is __import__("torch").Tensor}))
+
+        timed = order[warmup:]
+        host_rep_ms = 0.0
+        for n, (r, j) in enumerate(order[:warmup]):
+            if self.cuda and n == warmup - 1:
+                T["sync"]()
+                t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
+            self._before_rep(ts, r, j)
+            launch(r)
+            if self.cuda and n == warmup - 1:
+                host_rep_ms = (perf() - t0) * 1e3
+        times = []
+        if not self.cuda:
+            for i, (r, j) in enumerate(timed):
+                self._before_rep(ts, r, j)
+                t0 = perf()
+                launch(r)
+                times.append((perf() - t0) * 1e3)
+                keep(i, r, j)
+            return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu"}
+        T["sync"]()
+        from gpu_worker.timing import cushion_ms
+
+        starts = [T["Event"](enable_timing=True) for _ in timed]
+        ends = [T["Event"](enable_timing=True) for _ in timed]
+        T["sleep"](int(cushion_ms(host_rep_ms, len(timed)) * self._cycles_per_ms()))
+        for i, (r, j) in enumerate(timed):
+            self._before_rep(ts, r, j)
+            T["record"](starts[i])
+            launch(r)
+            T["record"](ends[i])
+            keep(i, r, j)
+        T["sync"]()
+        times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "walls": walls, "mode": used_mode}
+        return {"times": times, "mode": mode, "host_queue_ms": host_rep_ms}
+
+    def cmd_host_latency(self, reps: int = 10, dist: str | None = None):
+        """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,
+        L2 flushed before it): what a caller waits, launch overhead included. Reported beside the device
+        time, never inside a speedup."""
+        ts = self._timing_set(dist, "host latency")
+        fn = self._fn()
+        perf = self.T["perf"]
+        walls = []
+        for i in range(reps):
+            r = i % len(ts.sets)
+            self._before_rep(ts, r, ts.other_entry(r, i))
+            self._sync()
+            t0 = perf()
+            fn(*ts.sets[r])
+            self._sync()
+            walls.append((perf() - t0) * 1e3)
+        return {"walls": walls}
 
     def cmd_park(self):
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
         they cost ~0.3 s to make again and ~1.4 GB (KDA) of device memory to keep per waiting child."""
-        self.sets = []
-        self.set_baseline = {}
+        self._drop_timing()
         self.flush = None
         self._release()
         return {}
 
     def cmd_export_timed(self):
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
-        [{set, name, out}] whose files that writes."""
+        [{set, name, out}] whose files that writes (`set`: the pool entry the call ran on)."""
         jobs = []
         for n, (idx, kept) in enumerate(self.timed_outputs):  # already copies (cmd_time's keep)
             handles = self._handles(kept, f"timed{n}")
@@ -901,55 +1060,42 @@ class Server:
         self._release()
         return {"jobs": jobs}
 
-    def _capture(self, fn):
-        import torch
-
-        graphs = []
-        try:
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for inp, out in self.sets:
-                    fn(inp, out)
-            torch.cuda.current_stream().wait_stream(s)
-            self.T["sync"]()
-            for inp, out in self.sets:
-                g = self.T["graph"]()
-                with torch.cuda.graph(g):
-                    fn(inp, out)
-                graphs.append(g)
-            self.T["sync"]()
-            return graphs
-        except Exception as e:  # noqa: BLE001 - capture refusal means eager timing
-            print(f"cuda-graph capture failed, timing eagerly: {e}", flush=True)
-            return None
-
-    def cmd_profile(self, reps: int = 5, rotate: int = 3, dist: str | None = None):
-        """torch.profiler over `reps` calls (no flush inside the window): kernel names and the device time
-        per call, for the cross-check against the event timing."""
+    def cmd_profile(self, reps: int = 10, dist: str | None = None):
+        """torch.profiler (CUPTI) over the timed loop's steps, once with the work and once without it: the
+        difference is the work's device kernel time per call, which the worker compares with the judged
+        device time. Also returns the kernel names the work launched."""
         from torch.profiler import ProfilerActivity, profile
 
-        dist = dist or self.problem.distributions[0]
-        self._prepare_timing(rotate, dist)
+        ts = self._timing_set(dist, "profile")
         fn = self._fn()
+        rotate = len(ts.sets)
         for i in range(2):
-            fn(*self.sets[i % rotate])
+            self._before_rep(ts, i % rotate, ts.other_entry(i % rotate, i))
+            fn(*ts.sets[i % rotate])
         self._sync()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-        with profile(activities=acts) as prof:
-            for i in range(reps):
-                fn(*self.sets[i % rotate])
-            self._sync()
-        kernels: dict[str, float] = {}
-        launches = 0
-        for ev in prof.events():
-            dev_type = str(getattr(ev, "device_type", ""))
-            if self.cuda and "CUDA" in dev_type and getattr(ev, "device_time", None) is not None:
-                kernels[ev.name] = kernels.get(ev.name, 0.0) + ev.device_time / 1e3  # us -> ms
-                launches += 1
-        total = sum(kernels.values()) / reps
-        return {"kernels": {k: v / reps for k, v in kernels.items()}, "kernel_ms_per_call": total,
-                "launches_per_call": launches / reps}
+
+        def device_events(with_work: bool) -> dict:
+            with profile(activities=acts) as prof:
+                for i in range(reps):
+                    self._before_rep(ts, i % rotate, ts.other_entry(i % rotate, i))
+                    if with_work:
+                        fn(*ts.sets[i % rotate])
+                self._sync()
+            kernels: dict[str, list] = {}
+            for ev in prof.events():
+                if self.cuda and "CUDA" in str(getattr(ev, "device_type", "")) and getattr(ev, "device_time", None) is not None:
+                    k = kernels.setdefault(ev.name, [0.0, 0])
+                    k[0] += ev.device_time / 1e3  # us -> ms
+                    k[1] += 1
+            return kernels
+
+        with_work, without = device_events(True), device_events(False)
+        total = (sum(v[0] for v in with_work.values()) - sum(v[0] for v in without.values())) / reps
+        launches = (sum(v[1] for v in with_work.values()) - sum(v[1] for v in without.values())) / reps
+        work = {k: (v[0] - without.get(k, [0.0, 0])[0]) / reps for k, v in with_work.items()
+                if v[1] > without.get(k, [0.0, 0])[1]}
+        return {"kernels": work, "kernel_ms_per_call": total, "launches_per_call": launches}
 
     # --- reference role --------------------------------------------------------------------------
     def cmd_setup(self, problem: str, shape: str | None):
@@ -1016,23 +1162,23 @@ class Server:
         raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
         return raw.view(dtype).reshape(handle["shape"]).to(self.device)
 
-    def cmd_compare_timed(self, jobs: list):
-        """Each job: a candidate's output from a timed call on timing set `set`, compared with the
-        baseline's output on the same set (computed once per set here). Returns rel-RMS and non-finite
-        count per job."""
+    def cmd_compare_timed(self, jobs: list, dist: str | None = None):
+        """Each job: a candidate's output from a timed call that ran on pool entry `set` of the timing set
+        of `dist`, compared with the baseline's output on the same entry (computed once per entry here).
+        Returns rel-RMS and non-finite count per job."""
         import torch
 
         from baselines.problem import rel_rms
 
+        ts = self._timing_set(dist, "compare_timed")
         res = []
         for job in jobs:
             o = self._import(job["out"])  # one output on the device at a time
             idx = job["set"]
-            if idx not in self.set_baseline:
-                inputs = self.sets[idx][0]
-                self.set_baseline[idx] = {k: v.detach() for k, v in self.baseline(inputs).items()}
+            if idx not in ts.baseline:
+                ts.baseline[idx] = {k: v.detach() for k, v in self.baseline(ts.pool[idx]).items()}
                 self._sync()
-            ref = self.set_baseline[idx][job["name"]]
+            ref = ts.baseline[idx][job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
             o = of = None  # noqa: F841 - freed before the next output is read, and before the release below

@@ -20,6 +20,7 @@ import contextlib
 import math
 import os
 import random
+import secrets
 import shutil
 import subprocess
 import threading
@@ -29,8 +30,9 @@ from typing import Callable
 from activities.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
 from gpu_worker.sandbox import TIMING_CPUS, LoadedChildren, Sandbox, SandboxFailure, SandboxPool, pin
-from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, Receipt,
-                                 VerifyReport)
+from gpu_worker.timing import choose_mode, clearly_slower, crosscheck, decide, distribution_figures, median
+from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DistributionTiming, EvalRequest,
+                                 ProfileReport, Receipt, VerifyReport)
 
 Heartbeat = Callable[[], None] | None
 
@@ -39,8 +41,6 @@ Heartbeat = Callable[[], None] | None
 SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
-#: host-side launch cost allowed per kernel launch in the profiler cross-check (ms)
-LAUNCH_SLACK_MS = 0.03
 
 
 def cuda_available() -> bool:
@@ -59,58 +59,6 @@ def _aten_ops(problem: str) -> tuple[str, ...]:
         if problem == key or problem.startswith(key + "_"):
             return tuple(o for o in ops if o.startswith("_") or o in ("softmax", "log_softmax", "logsumexp"))
     return ()
-
-
-#: either party's eager median below this (ms): both are timed as CUDA-graph replays
-GRAPH_BELOW_MS = 0.05
-
-
-def timing_mode(base_ms: float, cand_ms: float | None) -> str:
-    """Eager, or CUDA-graph replays for microsecond kernels, where Triton's and PyTorch's host-side launch
-    cost (tens of µs per launch) would be most of what eager events measure. Both parties always get
-    the same mode; it is chosen from eager probes of the baseline and, if that one is slow, the candidate."""
-    fastest = min(x for x in (base_ms, cand_ms) if x is not None)
-    return "cuda-graph" if fastest < GRAPH_BELOW_MS else "eager"
-
-
-def median(xs: list[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-
-
-def quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return math.nan
-    pos = q * (len(s) - 1)
-    lo = int(math.floor(pos))
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of median(base) / median(cand) (the speedup)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    b = np.asarray(base, dtype=float)
-    c = np.asarray(cand, dtype=float)
-    bi = rng.integers(0, len(b), size=(n, len(b)))
-    ci = rng.integers(0, len(c), size=(n, len(c)))
-    ratios = np.median(b[bi], axis=1) / np.median(c[ci], axis=1)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def clearly_slower(best: list[float], cand: list[float], min_samples: int = 30) -> bool:
-    """Whether the timing so far already shows the candidate slower than the current best: the 95% interval
-    of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a party.
-    Such a candidate cannot be accepted (acceptance needs that interval wholly above 1), so its remaining
-    blocks would only hold the GPU's exclusive side, the pipeline's one serial resource (session g)."""
-    if not best or min(len(best), len(cand)) < min_samples:
-        return False
-    return bootstrap_ratio_ci(best, cand)[1] < 1.0
 
 
 def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
@@ -153,6 +101,8 @@ class Evaluator:
         self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
         self.selftest_result: dict | None = None
+        # the timing values' seeds: drawn when the worker starts, from a space too large to precompute
+        self.timing_seed = 1 << 20 | secrets.randbits(40)
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # candidates at once on one device stay within its memory (see DeviceMemory)
         self.mem = DeviceMemory(float(os.environ.get("MARATHON_GPU_MEM_FRACTION", "0.85")), self._carried,
@@ -667,8 +617,9 @@ class Evaluator:
         parts.update({f"oracles.{k}": v for k, v in per_case.items()})
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
-        with self._with_ref(ref_lock):
-            self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], rotate=self._plan()["rotate"])
+        for dist in problem.distributions:
+            with self._with_ref(ref_lock):
+                self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], **self._timing_args(dist))
         parts["timing-sets"] = time.monotonic() - t
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
                 "parts": {k: round(v, 1) for k, v in parts.items()}}
@@ -687,10 +638,12 @@ class Evaluator:
         return self._retried_alone(lambda: self._benchmark_once(req, hb))
 
     def _benchmark_once(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
+        """Candidate, baseline (and the current best, when given) timed interleaved by device time on every
+        input distribution of the problem; the worst speedup decides (gpu_worker.timing)."""
         _waiting_heartbeat(hb)
         source = self._source(req.source_key)
         best_source = self._source(req.best.source_key) if req.best else None
-        gpu_s = 0.0
+        gpu_s = [0.0]
         try:
             problem = self._problem(req.problem)
             shape = self._shape(problem, req.shape)
@@ -699,64 +652,48 @@ class Evaluator:
             ceil = self.ensure_ceilings(problem, shape, hb)
             sbs, keep = [], {}
             mem = contextlib.ExitStack()  # device-memory admission: from the uploads to the last comparison
+            per_dist, timed_jobs, prof = [], [], None
             try:
                 cand_key = self._child_key(req.problem, shape, req.source_key)
                 cand, _ = self._loaded_child(cand_key, source, problem, shape, hb)
                 sbs.append(cand)
                 best = None
                 if best_source:
-                    # the current best's child stays loaded, its timing sets prepared, from one benchmark to
-                    # the next (the best takes part in every one)
+                    # the current best's child stays loaded from one benchmark to the next (the best
+                    # takes part in every one)
                     best_key = self._child_key(req.problem, shape, req.best.source_key)
                     best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
-                plan = self._plan()
                 mem.enter_context(self._hold(problem, shape, "benchmark"))
-                for s_ in (cand, best):  # one shared hold each: a timing request waits for the shorter one
-                    if s_ is not None:
-                        with _phase("prepare"), self._shared():
-                            pre = s_.call("prepare", self.timeouts["load"], hb, rotate=plan["rotate"])
-                        self._check_reply(pre, "benchmark", s_)
-                        for k, v in (pre.get("timing") or {}).items():
-                            _add_phase(f"prepare.{k}", v)
-                with self._with_ref(ref_lock):
-                    self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], rotate=plan["rotate"])
-                # clocks read just before the timed section: nvidia-smi, host work, so the reference child's
-                # lock without the gate (a shared hold of up to 0.9 s for it lengthened timing's drains)
+                # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
                     receipt = self._ref_do(ref_sb, hb, "receipt", 60)
                 fresh = None
                 if req.fresh_process and self.cuda:
-                    # the re-measuring child is loaded and fed before the lock: only timing holds the GPU
                     fresh = self.pool.acquire()
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
-                    with self._shared():
-                        pre = fresh.call("prepare", self.timeouts["load"], hb, rotate=3)
-                    self._check_reply(pre, "benchmark", fresh)
-                timed_children = [cand, ref_sb, best, fresh]
-                with self._with_ref(ref_lock, "exclusive"):
-                    g0 = time.monotonic()
-                    # the timed processes get cores of their own while they are timed (see timing_cpus)
-                    pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])
-                    try:
-                        with _phase("interleave"):
-                            res = self._interleave(problem, cand, ref_sb, best, hb)
-                        prof = None
-                        if fresh is not None:
-                            with _phase("crosscheck"):
-                                prof = self._crosscheck(fresh, ld.get("kernels", []), hb)
-                    finally:
-                        pin(timed_children, TIMING_CPUS and TIMING_CPUS[1])
-                    gpu_s = time.monotonic() - g0
-                with _phase("timed-outputs"):
-                    timed, timed_jobs = self._check_timed_outputs(problem, shape, cand, hb)
+                for dist in problem.distributions:
+                    res = self._time_distribution(problem, dist, cand, ref_sb, ref_lock, best, hb, gpu_s)
+                    fig = distribution_figures(dist, res["cand"], res["base"], res["best"] or None,
+                                               res["cand_host"], res["base_host"])
+                    fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
+                    fig["captures"] = res["captures"]
+                    with _phase("timed-outputs"):
+                        fig["timed_outputs"], jobs = self._check_timed_outputs(problem, shape, dist, cand, hb)
+                    timed_jobs += jobs
+                    per_dist.append(fig)
+                verdict = decide(per_dist)
+                if fresh is not None:
+                    with _phase("crosscheck"):
+                        prof = self._crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
+                                                ld.get("kernels", []), hb, gpu_s)
                 self._learn(problem, shape, "benchmark", [cand, best, fresh], timed_jobs)
                 mem.close()
                 cand_log = cand.log_tail()
                 if best is not None:
                     keep[id(best)] = best_key
-                if not res.get("best") or median(res["cand"]) < median(res["best"]):
+                if not best or verdict["vs_best_ci"] is None or verdict["vs_best_ci"][1] > 1.0:
                     keep[id(cand)] = cand_key  # it may be the best of the next benchmark
             finally:
                 mem.close()
@@ -765,35 +702,37 @@ class Evaluator:
                         self.loaded.put(keep[id(s)], s)
                     else:
                         s.close()
-            ct, bt = res["cand"], res["base"]
-            t_ms, b_ms = median(ct), median(bt)
-            ci = bootstrap_ratio_ci(bt, ct)
-            vs_best = bootstrap_ratio_ci(res["best"], ct) if res.get("best") else None
+            w = verdict["worst"]
+            t_ms, b_ms = w["time_ms"], w["baseline_ms"]
+            modes = sorted({d["mode"] for d in per_dist})
+            mode = "interpreter" if self.interpreter else ", ".join(modes)
             rec = Receipt(device=receipt.get("device", "?"), driver=receipt.get("driver", ""),
                           clocks=receipt.get("clocks", ""), torch=receipt.get("torch", ""),
-                          triton=receipt.get("triton", ""), repetitions=len(ct),
-                          spread=f"IQR {quantile(ct, .25):.4g}-{quantile(ct, .75):.4g} ms (baseline "
-                                 f"{quantile(bt, .25):.4g}-{quantile(bt, .75):.4g} ms)",
-                          mode="interpreter" if self.interpreter else res["mode"])
-            lines = [f"candidate times (ms): {[round(x, 5) for x in ct]}",
-                     f"timed outputs checked against the baseline's: {timed}",
-                     f"baseline  times (ms): {[round(x, 5) for x in bt]}",
-                     f"wall medians: candidate {median(res['cand_wall']):.4g} ms, baseline {median(res['base_wall']):.4g} ms",
-                     f"timed blocks: {res['blocks']} of {res['planned_blocks']}"
-                     + (" (stopped early: slower than the current best, 95% interval of best/candidate below 1)"
-                        if res["blocks"] < res["planned_blocks"] else ""),
-                     f"receipt: {rec.model_dump()}"]
+                          triton=receipt.get("triton", ""), repetitions=sum(d["samples"] for d in per_dist),
+                          spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
+                                           f"{d['baseline_iqr_ms'][0]:.4g}-{d['baseline_iqr_ms'][1]:.4g} ms)"
+                                           for d in per_dist),
+                          mode=mode)
+            lines = [f"judge: device time ({mode}); the worst speedup over {len(per_dist)} distributions decides"]
+            for d in per_dist:
+                host = (f"host latency of a synchronous call {d['host_ms']:.4g} ms (baseline {d['baseline_host_ms']:.4g} ms)"
+                        if d["host_ms"] is not None and d["baseline_host_ms"] is not None else "host latency not measured")
+                lines.append(f"[{d['dist']}] {d['mode']}: candidate {d['time_ms']:.4g} ms, baseline {d['baseline_ms']:.4g} ms, "
+                             f"{d['speedup']:.3f}x (95% CI {d['speedup_ci'][0]:.3f}-{d['speedup_ci'][1]:.3f})"
+                             + (f", current best {d['best_time_ms']:.4g} ms" if d["best_time_ms"] else "")
+                             + f"; {host}; timed blocks {d['blocks']} of {d['planned_blocks']}"
+                             + (" (stopped early: slower than the current best)" if d["blocks"] < d["planned_blocks"] else "")
+                             + f"; captures {d['captures']}; timed outputs {d['timed_outputs']}")
+            lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
+                      f"receipt: {rec.model_dump()}"]
             if self.cuda:
                 floor = problem.floor_ms(shape, 1.1 * ceil["bandwidth"], 1.1 * ceil["flops"])
                 lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
                              f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
-                if t_ms < floor:
-                    raise Rejection("benchmark", f"impossible: {t_ms:.4g} ms is below the physical floor {floor:.4g} ms "
+                fastest = min(d["time_ms"] for d in per_dist)
+                if fastest < floor:
+                    raise Rejection("benchmark", f"impossible: {fastest:.4g} ms is below the physical floor {floor:.4g} ms "
                                     f"(min bytes / measured bandwidth, FLOPs / measured matmul rate)", "\n".join(lines))
-                wall = median(res["cand_wall"])
-                if wall > 2.0 * t_ms + 0.1:
-                    raise Rejection("benchmark", f"timing mismatch: host wall-clock {wall:.4g} ms vs events {t_ms:.4g} ms "
-                                    "(work outside the timed stream?)", "\n".join(lines))
             else:
                 lines.append("physical floor: not checked (no GPU; interpreter timings say nothing about speed)")
             if prof is not None:
@@ -803,18 +742,26 @@ class Evaluator:
             elif req.fresh_process:
                 lines.append("profiler cross-check: skipped under the interpreter (no device kernels)")
             lines.append(cand_log)
+            dists = [DistributionTiming(dist=d["dist"], time_ms=d["time_ms"], baseline_ms=d["baseline_ms"],
+                                        speedup=d["speedup"], speedup_ci=d["speedup_ci"], best_time_ms=d["best_time_ms"],
+                                        vs_best_ci=d["vs_best_ci"], host_ms=d["host_ms"],
+                                        baseline_host_ms=d["baseline_host_ms"], mode=d["mode"], samples=d["samples"])
+                     for d in per_dist]
+            vs_best = verdict["vs_best_ci"]
             return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info.get("baseline", ""),
-                               speedup=b_ms / t_ms if t_ms > 0 else None, speedup_ci=ci,
-                               best_time_ms=median(res["best"]) if res.get("best") else None,
-                               vs_best_ci=vs_best, vs_best=req.best.candidate_id if vs_best else None,
+                               speedup=verdict["speedup"], speedup_ci=verdict["speedup_ci"],
+                               best_time_ms=w["best_time_ms"], vs_best_ci=vs_best,
+                               vs_best=req.best.candidate_id if vs_best else None,
                                interpreter=self.interpreter, receipt=rec, log_key=self._log("\n".join(lines)),
-                               gpu_seconds=gpu_s if self.cuda else 0.0)
+                               gpu_seconds=gpu_s[0] if self.cuda else 0.0, distributions=dists,
+                               deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
+                               host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"])
         except Rejection as rej:
             return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
-                               log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s)
+                               log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])
         except SandboxFailure as f:
             return BenchReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
-                               log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s)
+                               log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s[0])
 
     @staticmethod
     def _park(sb: Sandbox) -> bool:
@@ -828,65 +775,110 @@ class Evaluator:
     def _plan(self):
         if self.cuda:
             return {"blocks": int(os.environ.get("MARATHON_BENCH_BLOCKS", "5")),
-                    "reps": int(os.environ.get("MARATHON_BENCH_REPS", "20")), "warmup": 3, "rotate": 3}
+                    "reps": int(os.environ.get("MARATHON_BENCH_REPS", "20")), "warmup": 3, "rotate": 2, "pool": 3,
+                    "host_reps": 5}
         # Interpreter: a cold first baseline call (thread pools, caches) would otherwise inflate the
-        # baseline and every speedup measured against it; two warm-up calls cost ~0.2 s per evaluation.
-        return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2}
+        # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
+        return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
 
-    def _interleave(self, problem, cand, ref, best, hb) -> dict:
-        """A/B(/C) blocks in one session: candidate, baseline, (current best), repeated."""
+    def _timing_args(self, dist: str) -> dict:
+        """What every side's `prepare` gets for one distribution's timing set: the same seeds, so that the
+        reference child holds the values each timed repetition of a candidate ran on."""
         plan = self._plan()
-        mode = "eager"
+        return {"rotate": plan["rotate"], "pool": plan["pool"], "dist": dist, "seed": self.timing_seed}
+
+    def _time_distribution(self, problem, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
+        """One distribution: every side prepares its timing set (the gate's shared side), then under the
+        exclusive side each side tries to capture, the mode is chosen for all of them, and candidate,
+        baseline (and best) are timed in interleaved blocks; then each side's host latency."""
+        plan = self._plan()
+        prep = self._timing_args(dist)
+        sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
+        for _, sb in sides:  # one shared hold each: a timing request waits for the shorter one
+            with _phase("prepare"), self._shared():
+                pre = sb.call("prepare", self.timeouts["load"], hb, **prep)
+            self._check_reply(pre, "benchmark", sb)
+            for k, v in (pre.get("timing") or {}).items():
+                _add_phase(f"prepare.{k}", v)
+        with self._with_ref(ref_lock):
+            self._ref_do(ref, hb, "prepare", self.timeouts["load"], **prep)
+        timed_children = [cand, ref, best]
+        with self._with_ref(ref_lock, "exclusive"):
+            g0 = time.monotonic()
+            pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])  # the timed processes get cores of their own
+            try:
+                with _phase("interleave"):
+                    return self._interleave(problem, dist, cand, ref, best, plan, hb)
+            finally:
+                pin(timed_children, TIMING_CPUS and TIMING_CPUS[1])
+                gpu_s[0] += time.monotonic() - g0
+
+    def _interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb) -> dict:
+        """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
+        parties = [("cand", cand), ("base", ref), ("best", best)]
+        captures = {}
         if self.cuda:
-            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=5, warmup=3, rotate=plan["rotate"],
-                                 mode="eager")
-            base_ms = median(probe["times"])
-            cand_ms = None
-            if base_ms >= GRAPH_BELOW_MS:  # the candidate may be the microsecond one (MLA decode)
-                cp = cand.call("time", self.timeouts["time"], hb, reps=5, warmup=3, rotate=plan["rotate"], mode="eager")
-                self._check_reply(cp, "benchmark", cand)
-                cand_ms = median(cp["times"])
-            mode = timing_mode(base_ms, cand_ms)
+            for who, sb in parties:
+                if sb is None:
+                    continue
+                if who == "base":  # the trusted child: its failure is the harness's (_ref_do)
+                    r = self._ref_do(sb, hb, "capture", self.timeouts["time"], dist=dist)
+                else:
+                    r = sb.call("capture", self.timeouts["time"], hb, dist=dist)
+                    self._check_reply(r, "benchmark", sb)
+                captures[who] = r["captured"]
+                if not r["captured"]:
+                    _add_phase(f"no-capture.{who}", 1)
+            mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about
-            # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a party).
+            # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a side) ...
+            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=3, warmup=1, mode=mode, dist=dist)
+            base_ms = median(probe["times"])
             budget_ms = float(os.environ.get("MARATHON_BENCH_BLOCK_MS", "100"))
-            plan["reps"] = max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))
-            # ... and fewer blocks, never fewer than 3: about MARATHON_BENCH_TOTAL_MS of baseline time in all
-            # (prefill: 3 blocks of 5, its 14 vs 31 ms differences need no more, and the exclusive side is
-            # the pipeline's one serial resource)
+            plan = {**plan, "reps": max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))}
+            # ... and fewer blocks, never fewer than 3: about MARATHON_BENCH_TOTAL_MS of baseline time a
+            # distribution
             total_ms = float(os.environ.get("MARATHON_BENCH_TOTAL_MS", "500"))
             plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
-        out = {"cand": [], "base": [], "best": [], "cand_wall": [], "base_wall": [], "mode": mode,
-               "blocks": 0, "planned_blocks": plan["blocks"]}
+        else:
+            mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter
+        out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
+               "planned_blocks": plan["blocks"], "captures": captures,
+               "mode": mode if self.cuda else "interpreter"}
         for b in range(plan["blocks"]):
             # at least two blocks, so that candidate, baseline and best are always interleaved
             if b >= 2 and clearly_slower(out["best"], out["cand"]):
                 break
             warm = plan["warmup"] if b == 0 else 1
-            for who, sb in (("cand", cand), ("base", ref), ("best", best)):
+            for who, sb in parties:
                 if sb is None:
                     continue
-                kw = dict(reps=plan["reps"], warmup=warm, rotate=plan["rotate"], mode=mode, keep_one=(who == "cand"))
-                if who == "base":  # the trusted child: its failure is the harness's (_ref_do)
+                kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist)
+                if who == "base":
                     r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
                 else:
                     r = sb.call("time", self.timeouts["time"], hb, **kw)
                     self._check_reply(r, "benchmark", sb)
                 out[who] += r["times"]
-                if who in ("cand", "base"):
-                    out[who + "_wall"] += r["walls"]
-                    if who == "cand":
-                        out["mode"] = r.get("mode", mode)
             out["blocks"] = b + 1
+        for who, sb in parties[:2]:
+            kw = dict(reps=plan["host_reps"], dist=dist)
+            if who == "base":
+                r = self._ref_do(sb, hb, "host_latency", self.timeouts["time"], **kw)
+            else:
+                r = sb.call("host_latency", self.timeouts["time"], hb, **kw)
+                self._check_reply(r, "benchmark", sb)
+            out[who + "_host"] = r["walls"]
         _add_phase("timed-blocks", out["blocks"])
         return out
 
-    def _check_timed_outputs(self, problem, shape, cand: Sandbox, hb) -> tuple[str, list]:
+    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
-        timed call NaN-poisoned) against the baseline's outputs on the same timing set: a candidate that
-        skips or cheapens its work while being timed is rejected here. Bound: the verification
-        threshold plus the baseline's own error, doubled (candidate and baseline each sit within their
-        error of the oracle; the timing sets are other inputs than the verification cases)."""
+        timed call NaN-poisoned, its inputs refilled from the pool) against the baseline's outputs on the
+        pool entry that call ran on: a candidate that skips or cheapens its work while being timed, or
+        replays a result fixed at capture or cached from an earlier call, is rejected here. Bound: the
+        verification threshold plus the baseline's own error, doubled (candidate and baseline each sit
+        within their error of the oracle; the timing values are other inputs than the verification cases)."""
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
@@ -899,40 +891,48 @@ class Evaluator:
                     if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
         base_err = max(errs) if errs else problem.tolerance_floor
         bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
-        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs)
+        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs, dist=dist)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
             err = c["rel_err"]
             if c["nonfinite"] or not math.isfinite(err) or err > bound:
-                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call (set "
-                                f"{job['set']}) is {'non-finite' if c['nonfinite'] or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
-                                f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped or "
-                                "cheapened while being timed")
+                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call ({dist}, pool "
+                                f"entry {job['set']}) is {'non-finite' if c['nonfinite'] or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
+                                f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped, "
+                                "cheapened, cached or fixed at capture while being timed")
             worst = max(worst, err)
         return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}", jobs
 
-    def _crosscheck(self, sb: Sandbox, names: list, hb) -> dict:
-        """In a fresh process (`sb`, loaded and prepared by the caller): event timing again plus
-        torch.profiler kernel time; the candidate's kernels must appear in the trace and the two agree."""
-        t = sb.call("time", self.timeouts["time"], hb, reps=20, warmup=3, rotate=3, mode="eager")
-        self._check_reply(t, "benchmark", sb)
-        p = sb.call("profile", self.timeouts["profile"], hb, reps=10, rotate=3)
-        self._check_reply(p, "benchmark", sb)
-        ev = median(t["times"])
+    def _crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
+        """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with
+        the judged device time, for both sides (the candidate in a fresh process, the baseline in the
+        reference child); the candidate's kernels appear in the trace and no library kernel does."""
+        dist = worst["dist"]
+        prep = self._timing_args(dist)
+        with self._shared():
+            pre = fresh.call("prepare", self.timeouts["load"], hb, **prep)
+        self._check_reply(pre, "benchmark", fresh)
+        with self._with_ref(ref_lock):
+            self._ref_do(ref, hb, "prepare", self.timeouts["load"], **prep)
+        with self._with_ref(ref_lock, "exclusive"):
+            g0 = time.monotonic()
+            try:
+                p = fresh.call("profile", self.timeouts["profile"], hb, reps=10, dist=dist)
+                self._check_reply(p, "benchmark", fresh)
+                pb = self._ref_do(ref, hb, "profile", self.timeouts["profile"], reps=10, dist=dist)
+            finally:
+                gpu_s[0] += time.monotonic() - g0
         seen = [k for k in p["kernels"] if any(n in k for n in names)]
         foreign = [k for k in p["kernels"] if any(s in k.lower() for s in ("gemm", "cublas", "cutlass", "xmma", "flash", "sdpa", "softmax_warp", "cunn_softmax"))
                    and not any(n in k for n in names)]
-        kt = p["kernel_ms_per_call"]
-        # Events above kernel time are idle GPU between launches: Triton's host-side launch costs tens of
-        # microseconds, which dominates a microsecond kernel timed eagerly (the canary softmax: 0.076 ms of
-        # events for 0.034 ms of kernel on the H200). Allowed per launch; anything larger means work
-        # outside the device kernels. Kernel time above events means work the events did not see.
-        slack = LAUNCH_SLACK_MS * max(1.0, p.get("launches_per_call", 1.0)) + 0.02
-        ok = bool(seen) and not foreign and (kt <= 1.15 * ev + 0.005) and (kt >= 0.5 * ev or ev - kt < slack)
-        text = (f"fresh-process events {ev:.4g} ms vs profiler kernel time {kt:.4g} ms/call "
-                f"({p.get('launches_per_call', 0):.3g} launches per call, allowed gap {slack:.3g} ms); candidate "
-                f"kernels in trace: {seen or 'NONE'}; library kernels: {foreign or 'none'}")
-        return {"ok": ok, "text": text, "event_ms": ev, "kernel_ms": kt}
+        ok_c, allowed_c = crosscheck(worst["time_ms"], p["kernel_ms_per_call"])
+        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb["kernel_ms_per_call"])
+        ok = bool(seen) and not foreign and ok_c and ok_b
+        text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p['kernel_ms_per_call']:.4g} ms/call "
+                f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.get('launches_per_call', 0):.3g} launches per call); "
+                f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb['kernel_ms_per_call']:.4g} ms/call (allowed gap "
+                f"{allowed_b:.3g} ms); candidate kernels in trace: {seen or 'NONE'}; library kernels: {foreign or 'none'}")
+        return {"ok": ok, "text": text, "kernel_ms": p["kernel_ms_per_call"], "baseline_kernel_ms": pb["kernel_ms_per_call"]}
 
     # --- profile ---------------------------------------------------------------------------------
     def profile(self, req: EvalRequest, hb: Heartbeat = None) -> ProfileReport:

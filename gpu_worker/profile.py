@@ -124,17 +124,19 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
         # the child compile left loaded (else a fresh one), loaded and fed before the lock: loading takes the
         # GPU gate's shared side, which cannot be had while holding the lock
         sb, _ = ev._loaded_child(ev._child_key(req.problem, shape, req.source_key), source, problem, shape, hb)
+        dist = problem.distributions[0]
         with sb:
             with ev._shared():
-                pre = sb.call("prepare", ev.timeouts["load"], hb, rotate=3 if ev.cuda else 1)
+                pre = sb.call("prepare", ev.timeouts["load"], hb, **ev._timing_args(dist))
             ev._check_reply(pre, "profile", sb)
             with ev._exclusive():
+                # device time, back to back (a profile is one side: no comparison to keep in one mode)
                 t = sb.call("time", ev.timeouts["time"], hb, reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1,
-                            rotate=3 if ev.cuda else 1, mode="eager")
+                            mode="back-to-back", dist=dist)
                 ev._check_reply(t, "profile", sb)
-                p = sb.call("profile", ev.timeouts["profile"], hb, reps=5 if ev.cuda else 1, rotate=3 if ev.cuda else 1)
+                p = sb.call("profile", ev.timeouts["profile"], hb, reps=5 if ev.cuda else 1, dist=dist)
                 ev._check_reply(p, "profile", sb)
-        from gpu_worker.harness import median
+        from gpu_worker.timing import median
 
         t_ms = median(t["times"])
         if ev.cuda:

@@ -136,6 +136,9 @@ class IterationRecord(Strict):
     interpreter: bool = False
     gpu_seconds: float = 0.0
     log_key: str | None = None
+    deciding_dist: str | None = None  # see BenchReport
+    host_ms: float | None = None
+    baseline_host_ms: float | None = None
     started_at: float = 0.0  # workflow time, seconds since epoch
     finished_at: float = 0.0
 
@@ -184,11 +187,11 @@ class CarriedState(Strict):
     pending_tool_results: list[ToolResult] = Field(default_factory=list)  # llm: for the next turn
     last: IterationRecord | None = None
     in_flight: list[InFlight] = Field(default_factory=list)  # in iteration order
+    llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
+    turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
 
 
 class RunSpec(Strict):
-    llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
-    turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
     """The workflow's one input. Everything but `problem` has a default; `carried` is set only by
     continue-as-new."""
 
@@ -201,11 +204,11 @@ class RunSpec(Strict):
     shape: str | None = None  # a shape name of the problem; default: primary on GPU, cpu shape otherwise
     model: str | None = None  # llm policy: overrides MARATHON_MODEL
     context_tokens: int = 24000  # llm policy: cap on a turn's prompt size (estimated tokens)
+    # llm policy: model turns allowed without a new iteration recorded; past it the run stops (turn-budget)
+    turns_per_iteration: int = 30
     top_k: int = 8
     heartbeat_seconds: int = 60  # a worker that dies mid-activity is noticed after this long
     # the task queue of the GPU workers that evaluate this run: one queue per pool of GPUs (H200s apart
-    # llm policy: model turns allowed without a new iteration recorded; past it the run stops (turn-budget)
-    turns_per_iteration: int = 30
     # from H100s, or one problem per GPU on a shared host); the worker side is `marathon worker --gpu-queue`
     gpu_queue: str = GPU_QUEUE
     carried: CarriedState | None = None
@@ -319,7 +322,7 @@ class Receipt(Strict):
     triton: str = ""
     repetitions: int = 0
     spread: str = ""  # e.g. "IQR 0.41-0.44 ms"
-    mode: str = ""  # "eager", "cuda-graph", "interpreter"
+    mode: str = ""  # "cuda-graph", "back-to-back" ("eager" in older records), "interpreter"
 
 
 class BenchRequest(Strict):
@@ -332,7 +335,27 @@ class BenchRequest(Strict):
     fresh_process: bool = False  # re-measure a new best away from the search process
 
 
+class DistributionTiming(Strict):
+    """One input distribution's figures in a benchmark: device times (medians, ms) of candidate and
+    baseline timed interleaved in one mode, and each side's host latency of a synchronous call."""
+
+    dist: str
+    time_ms: float
+    baseline_ms: float
+    speedup: float
+    speedup_ci: tuple[float, float]
+    best_time_ms: float | None = None
+    vs_best_ci: tuple[float, float] | None = None
+    host_ms: float | None = None
+    baseline_host_ms: float | None = None
+    mode: str = ""  # "cuda-graph", "back-to-back", "interpreter"
+    samples: int = 0
+
+
 class BenchReport(Strict):
+    """time_ms/baseline_ms/speedup are the deciding distribution's (the worst speedup); speedup_ci and
+    vs_best_ci are conservative over all distributions (see gpu_worker.timing.decide)."""
+
     ok: bool
     stage: Stage = "benchmark"
     reason: str = ""
@@ -350,6 +373,12 @@ class BenchReport(Strict):
     receipt: Receipt | None = None
     log_key: str | None = None
     gpu_seconds: float = 0.0
+    distributions: list[DistributionTiming] = []
+    deciding_dist: str | None = None
+    geomean_speedup: float | None = None
+    # host latency of a synchronous call (ms), deciding distribution: its own figure, never in a speedup
+    host_ms: float | None = None
+    baseline_host_ms: float | None = None
 
 
 class ProfileReport(Strict):
@@ -372,6 +401,7 @@ class CompactRequest(Strict):
     ledger_key: str | None = None
     best: BestRef | None = None
     final: bool = False
+    adapted: dict = Field(default_factory=dict)  # llm policy: endpoint settings the run has learned
 
 
 class CompactResult(Strict):
@@ -401,7 +431,6 @@ class Status(Strict):
     iteration: int
     phase: Phase
     best: BestSummary | None
-    adapted: dict = Field(default_factory=dict)  # llm policy: endpoint settings the run has learned
     budget: Budget
     used: Used
     runs: int
@@ -484,6 +513,10 @@ class LlmTurnRequest(Strict):
     hints: list[str] = Field(default_factory=list)
     tool_results: list[ToolResult] = Field(default_factory=list)  # answers to the previous turn
     context_tokens: int = 24000
+    ledger_key: str | None = None  # earlier runs' records: a submission seen there is a duplicate
+    adapted: dict = Field(default_factory=dict)  # endpoint settings learned earlier in the run
+    turns_per_iteration: int | None = None
+    turns_since_submission: int = 0
 
 
 class LlmTurnResult(Strict):
@@ -497,6 +530,8 @@ class LlmTurnResult(Strict):
     latency_s: float = 0.0
     cost_usd: float = 0.0
     model: str = ""
+    adapted: dict = Field(default_factory=dict)  # endpoint settings learned so far, kept for the run
+    learned: list[str] = Field(default_factory=list)  # what this turn changed, one line each
 
 
 class LlmToolRequest(Strict):
@@ -509,9 +544,3 @@ class LlmToolRequest(Strict):
 # InFlight names Proposal, which is defined further down
 for _m in (InFlight, CarriedState, RunSpec):
     _m.model_rebuild()
-    ledger_key: str | None = None  # earlier runs' records: a submission seen there is a duplicate
-    adapted: dict = Field(default_factory=dict)  # endpoint settings learned earlier in the run
-    turns_per_iteration: int | None = None
-    turns_since_submission: int = 0
-    adapted: dict = Field(default_factory=dict)  # endpoint settings learned so far, kept for the run
-    learned: list[str] = Field(default_factory=list)  # what this turn changed, one line each

@@ -1,0 +1,132 @@
+"""How a benchmark's figures are decided: the timing mode, the statistics per input distribution, the
+worst-over-distributions verdict, and the profiler cross-check's threshold. Plain functions, no torch:
+the worker process calls them, the children only measure.
+
+The judged figure is device time: the interval between two events recorded in stream order around the
+work, with the host far ahead of the device, so host launch latency never lies inside it. Host latency
+of a synchronous call is measured on its own and reported beside the speedup, never inside it."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: both sides captured as CUDA graphs: each repetition replays one graph over a rotated input set
+GRAPH = "cuda-graph"
+#: a side does not capture: eager calls queued back to back behind a device-side wait, one sync at the end
+BACK_TO_BACK = "back-to-back"
+#: profiler kernel time per call and judged device time agree within this fraction ...
+CROSSCHECK_REL = 0.05
+#: ... or within this many milliseconds (graph replays add about a microsecond between kernels)
+CROSSCHECK_ABS_MS = 0.003
+
+
+def choose_mode(captured: list[bool]) -> str:
+    """Every side of a comparison is timed the same way: graph replay only if all of them captured."""
+    return GRAPH if captured and all(captured) else BACK_TO_BACK
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    if not n:
+        return math.nan
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    if not s:
+        return math.nan
+    pos = q * (len(s) - 1)
+    lo = int(math.floor(pos))
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of median(base) / median(cand) (the speedup)."""
+    rng = np.random.default_rng(seed)
+    b = np.asarray(base, dtype=float)
+    c = np.asarray(cand, dtype=float)
+    bi = rng.integers(0, len(b), size=(n, len(b)))
+    ci = rng.integers(0, len(c), size=(n, len(c)))
+    ratios = np.median(b[bi], axis=1) / np.median(c[ci], axis=1)
+    lo, hi = np.percentile(ratios, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def clearly_slower(best: list[float], cand: list[float], min_samples: int = 30) -> bool:
+    """Whether the timing so far already shows the candidate slower than the current best: the 95% interval
+    of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a side.
+    Such a candidate cannot be accepted (acceptance needs the interval wholly above 1 on every
+    distribution), so timing it further only holds the GPU."""
+    if not best or min(len(best), len(cand)) < min_samples:
+        return False
+    return bootstrap_ratio_ci(best, cand)[1] < 1.0
+
+
+def distribution_figures(dist: str, cand: list[float], base: list[float], best: list[float] | None,
+                         cand_host: list[float], base_host: list[float]) -> dict:
+    """One distribution's figures from its device-time samples (ms) and its host latencies (ms)."""
+    t, b = median(cand), median(base)
+    out = {"dist": dist, "time_ms": t, "baseline_ms": b, "speedup": b / t if t > 0 else math.nan,
+           "speedup_ci": bootstrap_ratio_ci(base, cand), "samples": len(cand),
+           "iqr_ms": (quantile(cand, .25), quantile(cand, .75)),
+           "baseline_iqr_ms": (quantile(base, .25), quantile(base, .75)),
+           "host_ms": median(cand_host) if cand_host else None,
+           "baseline_host_ms": median(base_host) if base_host else None,
+           "best_time_ms": None, "vs_best_ci": None}
+    if best:
+        out["best_time_ms"] = median(best)
+        out["vs_best_ci"] = bootstrap_ratio_ci(best, cand)
+    return out
+
+
+def decide(per_dist: list[dict]) -> dict:
+    """The verdict over distributions: the worst speedup decides; its interval is the conservative one
+    for a minimum (the lowest lower bound and the lowest upper bound over distributions), so a kernel
+    fast only on easy inputs neither wins nor is crowned. The geometric mean is reported beside it."""
+    if not per_dist:
+        raise ValueError("no distribution was timed")
+    worst = min(per_dist, key=lambda d: d["speedup"])
+    speedups = [d["speedup"] for d in per_dist]
+    out = {"worst": worst, "speedup": worst["speedup"],
+           "speedup_ci": (min(d["speedup_ci"][0] for d in per_dist), min(d["speedup_ci"][1] for d in per_dist)),
+           "geomean_speedup": float(math.exp(sum(math.log(s) for s in speedups) / len(speedups)))
+           if all(s > 0 for s in speedups) else math.nan,
+           "vs_best_ci": None}
+    if all(d.get("vs_best_ci") for d in per_dist):
+        out["vs_best_ci"] = (min(d["vs_best_ci"][0] for d in per_dist), min(d["vs_best_ci"][1] for d in per_dist))
+    return out
+
+
+def crosscheck(judged_ms: float, kernel_ms: float) -> tuple[bool, float]:
+    """Whether profiler (CUPTI) kernel time per call agrees with the judged device time: within
+    CROSSCHECK_REL of it or CROSSCHECK_ABS_MS, whichever is larger. Returns (ok, allowed gap in ms)."""
+    allowed = max(CROSSCHECK_REL * judged_ms, CROSSCHECK_ABS_MS)
+    return abs(kernel_ms - judged_ms) <= allowed, allowed
+
+
+def cushion_ms(host_per_rep_ms: float, reps: int, cap_ms: float = 400.0) -> float:
+    """How long the device waits before a back-to-back block: longer than the host takes to queue the
+    whole block, so that every repetition is queued before the device reaches it and no host time falls
+    between a repetition's events."""
+    return min(cap_ms, 1.5 * max(host_per_rep_ms, 0.0) * reps + 1.0)
+
+
+def canary_host_work(busy: dict, plain: dict) -> tuple[bool, float]:
+    """Timing canary: a candidate doing the plain canary's device work plus host-side busy work before it
+    launches must measure 0.97-1.03x the plain one (host work is not device time)."""
+    ratio = plain["time_ms"] / busy["time_ms"]
+    return 0.97 <= ratio <= 1.03, ratio
+
+
+def canary_launch_count(one: dict, many: dict) -> tuple[bool, float, float]:
+    """Timing canary: one kernel's work as many launches against one launch; their judged times may
+    differ by no more than their profiler kernel times do (plus the cross-check's allowance)."""
+    judged = many["time_ms"] - one["time_ms"]
+    kernels = many["kernel_ms"] - one["kernel_ms"]
+    _, allowed = crosscheck(one["time_ms"], one["kernel_ms"])
+    return abs(judged - kernels) <= allowed, judged, kernels

@@ -1,0 +1,139 @@
+"""The device-time judge's decisions (gpu_worker.timing) and its refill-and-check protocol on the CPU
+stand-in (the same refill, poison and replayed-output check as on a GPU, without graphs)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpu_worker import timing
+from workflows.contracts import BenchRequest
+
+
+def test_mode_is_graph_only_when_every_side_captures():
+    assert timing.choose_mode([True, True]) == timing.GRAPH
+    assert timing.choose_mode([True, True, True]) == timing.GRAPH
+    assert timing.choose_mode([True, False]) == timing.BACK_TO_BACK  # one side that does not: both eager
+    assert timing.choose_mode([False, True, True]) == timing.BACK_TO_BACK
+    assert timing.choose_mode([]) == timing.BACK_TO_BACK
+
+
+def _samples(ms: float, n: int = 40, seed: int = 0) -> list[float]:
+    rng = random.Random(seed)
+    return [ms * (1 + rng.gauss(0, 0.005)) for _ in range(n)]
+
+
+def _fig(dist, cand_ms, base_ms, best_ms=None, cand_host=None, base_host=None):
+    return timing.distribution_figures(dist, _samples(cand_ms, seed=1), _samples(base_ms, seed=2),
+                                       _samples(best_ms, seed=3) if best_ms else None,
+                                       cand_host or [cand_ms], base_host or [base_ms])
+
+
+def test_the_worst_distribution_decides():
+    # fast on easy inputs, slow on hard ones: the hard one decides, the geometric mean is beside it
+    mild, strong = _fig("mild", 0.5, 1.0), _fig("strong", 3.4, 1.0)
+    v = timing.decide([mild, strong])
+    assert v["worst"]["dist"] == "strong"
+    assert v["speedup"] == pytest.approx(1.0 / 3.4, rel=0.02)
+    assert v["geomean_speedup"] == pytest.approx((2.0 / 3.4) ** 0.5, rel=0.02)
+    # the interval is the conservative one for a minimum: no distribution's interval is above it
+    assert v["speedup_ci"][0] <= min(mild["speedup_ci"][0], strong["speedup_ci"][0])
+    assert v["speedup_ci"][1] <= strong["speedup_ci"][1] < mild["speedup_ci"][0]
+    with pytest.raises(ValueError):
+        timing.decide([])
+
+
+def test_head_to_head_with_the_best_needs_every_distribution():
+    a, b = _fig("unit", 0.9, 1.0, best_ms=1.0), _fig("peaked", 1.1, 1.0, best_ms=1.0)
+    v = timing.decide([a, b])
+    assert v["vs_best_ci"][0] < 1.0  # faster than the best on one distribution only: not above 1
+    assert timing.decide([a, _fig("peaked", 1.1, 1.0)])["vs_best_ci"] is None
+
+
+def test_host_latency_is_its_own_figure_never_in_the_speedup():
+    # same device time, one side with 300 us more host work per call: speedup 1, host figures apart
+    f = _fig("normal", 0.05, 0.05, cand_host=[0.35] * 5, base_host=[0.05] * 5)
+    assert f["speedup"] == pytest.approx(1.0, rel=0.01)
+    assert f["host_ms"] == pytest.approx(0.35) and f["baseline_host_ms"] == pytest.approx(0.05)
+
+
+def test_crosscheck_allows_five_percent_or_three_microseconds():
+    assert timing.crosscheck(1.0, 1.045)[0] and timing.crosscheck(1.0, 0.955)[0]
+    assert not timing.crosscheck(1.0, 1.06)[0] and not timing.crosscheck(1.0, 0.94)[0]
+    ok, allowed = timing.crosscheck(0.0172, 0.0150)  # a 17 us kernel: the absolute allowance applies
+    assert ok and allowed == pytest.approx(0.003)
+    assert not timing.crosscheck(0.0172, 0.0100)[0]
+    assert not timing.crosscheck(0.100, 0.0156)[0]  # events five times the kernel time: work not seen
+
+
+def test_cushion_covers_the_host_queueing_a_block():
+    assert timing.cushion_ms(0.3, 20) >= 0.3 * 20
+    assert timing.cushion_ms(0.0, 20) > 0
+    assert timing.cushion_ms(100.0, 100) == 400.0  # capped: blocks are short
+
+
+def test_timing_canary_checks():
+    assert timing.canary_host_work({"time_ms": 0.0505}, {"time_ms": 0.050})[0]
+    assert not timing.canary_host_work({"time_ms": 0.35}, {"time_ms": 0.050})[0]  # host work counted
+    one = {"time_ms": 0.040, "kernel_ms": 0.039}
+    assert timing.canary_launch_count(one, {"time_ms": 0.046, "kernel_ms": 0.044})[0]
+    # eight launches judged 60 us slower while their kernels add 5 us: launch latency was counted
+    assert not timing.canary_launch_count(one, {"time_ms": 0.100, "kernel_ms": 0.044})[0]
+
+
+def test_clearly_slower_needs_samples_and_a_whole_interval_below_one():
+    rng = random.Random(0)
+    best = [1.0 + rng.gauss(0, 0.01) for _ in range(40)]
+    slow = [1.1 + rng.gauss(0, 0.01) for _ in range(40)]
+    same = [1.0 + rng.gauss(0, 0.01) for _ in range(40)]
+    fast = [0.9 + rng.gauss(0, 0.01) for _ in range(40)]
+    assert timing.clearly_slower(best, slow)
+    assert not timing.clearly_slower(best, same) and not timing.clearly_slower(best, fast)
+    assert not timing.clearly_slower(best[:20], slow[:20])  # too few samples to decide
+    assert not timing.clearly_slower([], slow)  # no best: nothing to compare with
+
+
+# --- the protocol on the CPU stand-in ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from activities.artifacts import ArtifactStore
+
+    return ArtifactStore(tmp_path_factory.mktemp("artifacts"))
+
+
+@pytest.fixture(scope="module")
+def ev(store):
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=store, interpreter=True, spares=1, timeouts={"verify": 40, "compile": 60})
+    yield e
+    e.close()
+
+
+def test_every_distribution_is_timed_and_reported(ev, store):
+    from tests.gpu_worker.test_protocol import canary, req
+
+    r = req(store, canary("fast"))
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert b.ok, b.reason
+    assert [d.dist for d in b.distributions] == ["normal", "wide"]
+    worst = min(b.distributions, key=lambda d: d.speedup)
+    assert b.deciding_dist == worst.dist and b.speedup == worst.speedup and b.time_ms == worst.time_ms
+    assert b.host_ms == worst.host_ms and b.host_ms is not None and b.baseline_host_ms is not None
+    assert b.geomean_speedup is not None and all(d.mode == "interpreter" for d in b.distributions)
+
+
+def test_a_result_from_an_earlier_call_on_the_same_buffers_is_rejected(ev, store):
+    """Every refill gives a buffer other values than it held: a candidate handing back what it computed on
+    that buffer before (a per-buffer cache, a graph replaying a result fixed at capture) is caught by the
+    check of a timed repetition's outputs against the baseline's on that repetition's values."""
+    from tests.gpu_worker.test_protocol import kernel, req
+
+    r = req(store, kernel("lagged_output"))
+    assert ev.compile(r).ok
+    assert ev.verify(r).ok  # right while verified
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert not b.ok and b.stage == "benchmark", b
+    assert b.reason.startswith("timed-output"), b.reason
