@@ -1,0 +1,108 @@
+"""Policy llm, whole runs on the Temporal dev server: a looping model is stopped by the turn budget,
+duplicates are caught across continue-as-new, an endpoint without tools runs in text mode with the
+adaptation kept for the run, a context too small pauses naming context_tokens."""
+
+from __future__ import annotations
+
+import pytest
+from temporalio.client import WorkflowUpdateFailedError
+
+from activities.ledger import read_ledger
+from activities.search import candidate_id
+from tests.llm.kernels import LADDER, softmax_kernel
+from tests.llm.script import TurnScript, prompt_tokens, turn
+from tests.llm.server import ChatServer, Endpoint, Kind, completion
+from tests.workflows.helpers import start, until, workers
+from workflows.contracts import RunSpec
+from workflows.optimization import KernelOptimization
+
+
+def submit(i: int):
+    return ("submit_kernel", {"source": softmax_kernel(**LADDER[i]), "rationale": f"step {i}"})
+
+
+def tool_answers(seen) -> list[str]:
+    """The answers to the latest turn a prompt replays: the tool messages after its last assistant message."""
+    msgs = seen.body["messages"]
+    last = max(i for i, m in enumerate(msgs) if m["role"] == "assistant")
+    return [m["content"] for m in msgs[last + 1:] if m["role"] == "tool"]
+
+
+async def test_a_model_repeating_one_submission_is_stopped_by_the_turn_budget(env, store, llm_env):
+    script = TurnScript([turn(submit(0))] + [turn(submit(0), ("read_baseline", {})) for _ in range(50)])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 10},
+                                                turns_per_iteration=4), "llm-loop")
+            res = await h.result()
+        turns = server.turns()
+    assert res.stopped_by == "turn-budget" and res.iterations == 1
+    assert res.used.turns == len(turns) == 1 + 4  # the submission, then 4 turns with nothing new
+    assert all("already evaluated as iteration 1" in tool_answers(s)[0] for s in turns[2:])
+    assert any("turns left to record a new submission" in s.body["messages"][-1]["content"] for s in turns)
+
+
+async def test_duplicates_are_caught_across_continue_as_new(env, store, llm_env):
+    script = TurnScript([turn(submit(0)), turn(submit(0)), turn(submit(1))])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2},
+                                                compact_every=1), "llm-dup")
+            res = await h.result()
+        turns = server.turns()
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.candidate_id for r in recs] == [candidate_id(softmax_kernel(**LADDER[i])) for i in (0, 1)]
+    assert res.runs >= 2  # the repeat came in the run after the compaction
+    (dup,) = tool_answers(turns[2])
+    assert "already evaluated: iteration 1" in dup and "Change something" in dup
+
+
+async def test_endpoint_without_tools_runs_in_text_mode_adapted_once(env, store, llm_env):
+    def text_turn(i):
+        src = softmax_kernel(**LADDER[i])
+        return lambda body: completion(f"Checking step {i}.\nTOOL: check\n```python\n{src}```\n"
+                                       f"TOOL: submit_kernel rationale=\"rung {i}\"\n```python\n{src}```\n",
+                                       prompt_tokens=prompt_tokens(body))
+
+    script = TurnScript([text_turn(0), text_turn(4), text_turn(7)])
+    endpoint = Endpoint("ollama", script)
+    with ChatServer(endpoint) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 3},
+                                                compact_every=2), "llm-text")
+            res = await h.result()
+        turns = server.turns()
+    assert res.stopped_by == "budget-iterations" and res.runs == 2
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.rationale for r in recs] == ["rung 0", "rung 4", "rung 7"]
+    assert [s.status for s in turns] == [400, 200, 200, 200]  # refused once, then text mode for the run
+    assert len(endpoint.refused) == 1 and "does not support tools" in endpoint.refused[0]
+    later = turns[2].body["messages"]  # turn 2: the answers to turn 1
+    assert not any(m["role"] == "tool" for m in later)
+    results = later[-2]["content"] if later[-2]["role"] == "user" else later[-1]["content"]
+    assert "## Result of check (call 1)" in results and "## Result of submit_kernel (call 2)" in results
+    assert "iteration 1:" in results
+
+
+async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_env):
+    script = TurnScript([turn(submit(2))])
+    endpoint = Endpoint("small-context", script)
+    endpoint.rules = Kind(context=1200, context_error="openai")
+    with ChatServer(endpoint) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 1}),
+                            "llm-ctx")
+            st = await until(lambda s: s.phase == "paused", h, timeout=30)
+            assert "context_tokens" in st.pause_reason and "1200 tokens" in st.pause_reason
+            assert st.used.turns == 0
+            with pytest.raises(WorkflowUpdateFailedError):
+                await h.execute_update(KernelOptimization.set_context_tokens, 10)
+            assert await h.execute_update(KernelOptimization.set_context_tokens, 12000) == 12000
+            endpoint.rules = Kind(context=32000)  # the operator gives the server a larger context
+            await h.signal(KernelOptimization.resume)
+            res = await h.result()
+    assert res.iterations == 1 and res.stopped_by == "budget-iterations"
