@@ -69,7 +69,8 @@ def parse_spec(args) -> RunSpec:
             budget[field] = v
     if budget:
         raw["budget"] = budget
-    for flag in ("policy", "population", "compact_every", "seed", "shape", "model", "gpu_queue"):
+    for flag in ("policy", "population", "compact_every", "seed", "shape", "model", "gpu_queue",
+                 "turns_per_iteration"):
         v = getattr(args, flag, None)
         if v is not None:
             raw[flag] = v
@@ -380,6 +381,10 @@ async def cmd_status(args) -> int:
 async def cmd_budget(args) -> int:
     fields = {k: getattr(args, k) for k in ("iterations", "hours", "tokens", "gpu_seconds")
               if getattr(args, k) is not None}
+    if getattr(args, "context_tokens", None) is not None:
+        await _set_context_tokens(args)
+        if not fields:
+            return 0
     try:
         BudgetChange(**fields)
     except ValidationError as e:
@@ -399,6 +404,36 @@ async def cmd_budget(args) -> int:
         raise UsageError(f"cannot update run {args.id!r}: {e.message}")
     print(f"budget now {budget_text(budget)}")
     return 0
+
+
+async def _set_context_tokens(args) -> None:
+    """llm policy: the prompt's size cap of a running run (the `set_context_tokens` update)."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    from workflows.optimization import KernelOptimization
+
+    client = await _client(args)
+    try:
+        n = await _handle(client, args.id).execute_update(KernelOptimization.set_context_tokens, args.context_tokens)
+    except WorkflowUpdateFailedError as e:
+        raise UsageError(f"context_tokens change rejected: {e.cause.message if e.cause else e}")
+    except RPCError as e:
+        raise UsageError(f"cannot update run {args.id!r}: {e.message}")
+    print(f"context_tokens now {n}")
+
+
+async def cmd_llm_check(args) -> int:
+    """One tiny request to the model endpoint configured in this environment (the agent worker's):
+    what works, what adapts, what to change. Exit 0 if a run can use it."""
+    from activities.llm import llm_check
+
+    if args.profile:
+        os.environ["MARATHON_LLM_PROFILE"] = args.profile
+    ok, lines = llm_check(args.model)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 async def _signal(args, name: str, arg=None) -> int:
@@ -575,6 +610,8 @@ async def cmd_demo(args) -> int:
         from activities.report import write_report
 
         print(f"report: {await write_report(client, args.id, None)}")
+        if res.best is not None:
+            print(f"the best kernel as a file: marathon export {args.id}")
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
@@ -644,11 +681,15 @@ async def cmd_bench(args) -> int:
     from gpu_worker.scoreboard import main as scoreboard
 
     argv = list(args.problems) + [x for b in args.best for x in ("--best", b)] + ["--out", args.out]
+    from baselines.registry import UnknownProblem
+
     try:
         return scoreboard(argv + (["--primary-only"] if args.primary_only else []))
+    except UnknownProblem as e:
+        raise UsageError(str(e)) from None
     except SystemExit as e:
         if isinstance(e.code, str):  # the scoreboard's own refusals: one line, like every bad input
-            raise UsageError(e.code.removeprefix("marathon bench: ")) from None
+            raise UsageError(e.code.removeprefix("marathon bench: ").removeprefix("marathon ")) from None
         raise
 
 
@@ -693,6 +734,9 @@ def build_parser() -> argparse.ArgumentParser:
         c.add_argument("--seed", type=int)
         c.add_argument("--shape")
         c.add_argument("--model")
+        c.add_argument("--turns-per-iteration", type=int, dest="turns_per_iteration",
+                       help="llm policy: model turns allowed without a new iteration before the run stops "
+                            "(default 30)")
         c.add_argument("--gpu-queue", dest="gpu_queue",
                        help="task queue of the GPU workers for this run (default marathon-gpu)")
         c.add_argument("--spec", help="a RunSpec as JSON, or @file; flags override its fields")
@@ -731,6 +775,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--hours", type=float)
     c.add_argument("--tokens", type=int)
     c.add_argument("--gpu-seconds", type=float, dest="gpu_seconds")
+    c.add_argument("--context-tokens", type=int, dest="context_tokens",
+                   help="llm policy: the cap on a turn's prompt (estimated tokens), for an endpoint with a smaller "
+                        "context")
 
     c = client_cmd("stop", cmd_stop, "stop a run: finish the step, re-verify the best, return")
     c.add_argument("id")
@@ -745,6 +792,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--iterations", type=int, default=30)
     c.add_argument("--id")
 
+    c = sub.add_parser("llm-check", help="send one tiny request to the model endpoint this environment "
+                                         "configures (OPENAI_BASE_URL, MARATHON_MODEL, MARATHON_LLM_*)")
+    c.add_argument("--model", help="model name (default MARATHON_MODEL)")
+    c.add_argument("--profile", help="endpoint profile (default MARATHON_LLM_PROFILE or auto): auto, openai-chat, "
+                                     "openai-reasoning, vllm, sglang, ollama, llamacpp")
+    c.set_defaults(fn=cmd_llm_check)
     c = sub.add_parser("selftest", help="run the GPU worker's canary self-test here")
     c.set_defaults(fn=cmd_selftest)
     c = sub.add_parser("bench", help="measure the scoreboard on this GPU (docs/scoreboard.md)")

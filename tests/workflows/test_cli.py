@@ -51,6 +51,7 @@ def marathon(*args, env_address=None, check=False):
     (["start", "softmax", "--bogus"], "unrecognized arguments: --bogus"),
     (["demo", "nosuch"], "unknown problem 'nosuch'"),  # refused before a dev server or worker starts
     (["demo", "softmax", "--iterations", "0"], "budget iterations must be positive"),
+    (["bench", "nosuch"], "unknown problem 'nosuch'; known problems:"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     # unreachable address: validation must fail first, before any connection is tried
