@@ -264,3 +264,19 @@ def test_llm_check_names_a_bad_setting(llm_env, monkeypatch):
         llm_env(server).setenv("MARATHON_LLM_PROFILE", "gpt")
         ok, lines = llm_check()
     assert not ok and "MARATHON_LLM_PROFILE='gpt'" in lines[0] and "openai-reasoning" in lines[0]
+
+
+def test_marathon_llm_check_command(llm_env, capsys):
+    from workflows.cli import main
+
+    def respond(body, headers):
+        return completion("TOOL: read_notebook")
+
+    with ChatServer(Endpoint("ollama", respond)) as server:
+        llm_env(server)
+        assert main(["llm-check", "--profile", "ollama"]) == 0
+        out = capsys.readouterr().out
+        assert "profile ollama" in out and "tool calls: text mode" in out
+        llm_env(server, model="")
+        assert main(["llm-check"]) == 1
+        assert "no model" in capsys.readouterr().out
