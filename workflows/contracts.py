@@ -187,6 +187,7 @@ class CarriedState(Strict):
     pending_tool_results: list[ToolResult] = Field(default_factory=list)  # llm: for the next turn
     last: IterationRecord | None = None
     in_flight: list[InFlight] = Field(default_factory=list)  # in iteration order
+    stop: StopRequest | None = None  # a stop that arrived while the run compacted: the next run ends at once
     llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
 
@@ -379,6 +380,7 @@ class BenchReport(Strict):
     # host latency of a synchronous call (ms), deciding distribution: its own figure, never in a speedup
     host_ms: float | None = None
     baseline_host_ms: float | None = None
+    kernel_ms: float | None = None  # profiler kernel time per call, deciding distribution, when cross-checked
 
 
 class ProfileReport(Strict):

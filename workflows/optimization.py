@@ -64,7 +64,8 @@ class KernelOptimization:
         self.st: CarriedState = parsed.carried.model_copy(deep=True) if parsed.carried else CarriedState()
         self.phase: Phase = "starting"
         self.records: list[IterationRecord] = []  # this run's, flushed to the ledger at compaction
-        self.stop: StopRequest | None = None
+        self.stop: StopRequest | None = self.st.stop
+        self.st.stop = None
         self.iterations_this_run = 0
         self.finished = False
         self.rolling = False  # set by run(): the rolling population (patch "rolling-population")
@@ -410,6 +411,7 @@ class KernelOptimization:
         st = self.st.model_copy(deep=True)
         st.runs += 1
         st.in_flight = [f for _, (f, _) in sorted(self.in_flight.items())]  # empty unless self.carry
+        st.stop = self.stop  # set when the signal came during the compaction before continue-as-new
         return st
 
     # ---- activity calls ------------------------------------------------------------------------
