@@ -493,7 +493,11 @@ class Server:
                                             getattr(self, "guard_fd", None))
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
+        try:
+            spec.loader.exec_module(mod)
+        except OSError as e:
+            self._refused_by_wall(e)
+            raise
         guard.audit_modules(before)
         self.before_modules = before
         if not callable(getattr(mod, "run", None)):
@@ -516,13 +520,28 @@ class Server:
     def _call(self, inputs, outs, guarded: bool):
         from gpu_worker import guard
 
-        if guarded:
-            with guard.dispatch_guard(self.banned_ops):
+        try:
+            if guarded:
+                with guard.dispatch_guard(self.banned_ops):
+                    self.module.run(inputs, outs)
+            else:
                 self.module.run(inputs, outs)
-        else:
-            self.module.run(inputs, outs)
+        except OSError as e:
+            self._refused_by_wall(e)
+            raise
         self._sync()
         guard.audit_modules(self.before_modules)
+        for rule, detail in self.seal.broken():  # a mode left on torch's stacks, a rewritten guard
+            raise guard.GuardViolation(rule, detail)
+
+    def _refused_by_wall(self, e: OSError) -> None:
+        """An act the OS wall refused (one the guard did not see first) becomes a violation of its family."""
+        from gpu_worker import guard, wall
+
+        family = wall.family_of(e, [self.tmp]) if self.wall.get("os") == "on" else None
+        if family:
+            self.seal.report(family, f"refused by the OS wall: {type(e).__name__}: {e}")
+            raise guard.GuardViolation(family, f"refused by the OS wall: {e}") from e
         for rule, detail in self.seal.broken():  # a mode left on torch's stacks, a rewritten guard
             raise guard.GuardViolation(rule, detail)
 

@@ -1,30 +1,39 @@
 """Run-time guard installed in a sandbox child before the candidate module loads.
 
-Static rules (gpu_worker.rules) see the source; this guard sees what actually happens, however it was
-reached (importlib, __import__, a string built at run time):
+The operating system is the wall (gpu_worker.wall: seccomp and Landlock); this guard gives early,
+readable rejections that name the family, however the act was reached (importlib, __import__, a string
+built at run time):
 
 * a CPython audit hook (PEP 578, cannot be removed once added) that refuses
   - imports of kernel libraries and of the project's own modules (`import` event),
-  - file writes outside the allowed roots (the child's temp dir; Triton's cache only from Triton's own frames),
-  - subprocesses, exec, fork, unless Triton's compiler is the caller (ptxas, the launcher's C compiler),
-  - sockets (connect, bind, sendto, getaddrinfo),
-  - ctypes/dlopen, unless torch or Triton is the caller;
+  - file writes outside the allowed roots (the child's temp dir)                          -> filesystem
+  - subprocesses, exec, fork, unless Triton's compiler runs one of the allowed binaries   -> process
+  - sockets of any family but AF_UNIX, connect, bind, sendto, name lookups                -> network
+  - ctypes/dlopen while candidate code is on the stack                                    -> escape
 * `sys.modules` audits after load and after each call (anything kernel-library-like that appeared);
+* the torch function-mode and dispatch-mode stacks, compared after load and after each call with what
+  they were before the candidate existed: a mode left behind completes outputs lazily  -> lazy-output
 * a TorchDispatchMode used around verification calls that refuses the aten ops that are library kernels
   for the operator's core (matmul family, SDPA/flash attention, the problem's own op).
 
-Every refusal is also recorded in `VIOLATIONS`, so a candidate that swallows the exception is still
-rejected with the rule named.
+A call is trusted only when no frame on the stack is candidate code (a frame outside the standard
+library, site-packages and the harness's own directories); a frame merely inside torch is not enough.
+
+The guard's settings are frozen when it is installed and held in the hook's closure; `install` returns a
+`Seal` that the harness keeps and checks after every call (`Seal.broken`), by identity, from code the
+candidate never sees. Every refusal is recorded in `VIOLATIONS` and, as one line, written at once to a
+pipe whose reading end lives in the worker (sandbox.Sandbox): a candidate that swallows the exception
+or empties the list is still rejected with the family named.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import sysconfig
 
 VIOLATIONS: list[tuple[str, str]] = []
-_STATE = {"active": False, "roots": (), "trusted_roots": (), "trusted_dirs": (), "stdlib": ""}
 
 BANNED_TOP = ("fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "deep_gemm", "flash_mla",
               "liger_kernel", "tilelang", "flash_kda", "cutlass", "apex", "transformer_engine", "baselines",
@@ -32,47 +41,23 @@ BANNED_TOP = ("fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "
 SUBPROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                      "os.forkpty", "pty.spawn", "os.startfile")
 SOCKET_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
-                 "socket.gethostbyname")
+                 "socket.gethostbyname", "socket.gethostbyaddr", "socket.getnameinfo")
+#: the Triton files whose subprocesses are the compiler's own (ptxas, the driver module's C compiler)
+COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py", "triton/knobs.py",
+                  "triton/backends/nvidia/driver.py")
 #: aten ops that are library kernels; problem-specific additions come from the parent
 ATEN_BANNED = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "einsum", "_scaled_mm",
                "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
                "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
                "scaled_dot_product_attention", "_flash_attention_forward", "_efficient_attention_forward",
                "addmv", "mv", "dot", "vdot", "convolution", "_convolution", "cudnn_convolution")
+AF_UNIX = 1
 
 
 class GuardViolation(RuntimeError):
     def __init__(self, rule: str, detail: str):
         super().__init__(f"[{rule}] {detail}")
         self.rule = rule
-
-
-def _violate(rule: str, detail: str):
-    VIOLATIONS.append((rule, detail))
-    raise GuardViolation(rule, detail)
-
-
-def _caller_trusted() -> bool:
-    """True when the innermost frame outside the standard library and this module belongs to
-    torch, Triton or the harness itself (not to the candidate)."""
-    f = sys._getframe(2)
-    stdlib = _STATE["stdlib"]
-    here = __file__
-    while f is not None:
-        fn = f.f_code.co_filename
-        if fn == here or fn.startswith(stdlib) or fn.startswith("<frozen"):
-            f = f.f_back
-            continue
-        return any(fn.startswith(d) for d in _STATE["trusted_dirs"])
-    return True
-
-
-def _under(path: str, roots) -> bool:
-    try:
-        p = os.path.realpath(path)
-    except Exception:
-        return False
-    return any(p == r or p.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 def _is_write(mode, flags) -> bool:
@@ -83,72 +68,215 @@ def _is_write(mode, flags) -> bool:
     return False
 
 
-def _hook(event: str, args):
-    if not _STATE["active"]:
-        return
-    if event == "import":
-        name = args[0] or ""
-        if name.split(".")[0] in BANNED_TOP and not _caller_trusted():
-            _violate("forbidden-import", f"run-time import of {name!r}")
-    elif event == "open":
-        path, mode, flags = (list(args) + [None, None, None])[:3]
-        if isinstance(path, int) or path is None:
-            return
-        if isinstance(path, bytes):
-            path = path.decode(errors="replace")
-        if not _is_write(mode, flags) or path == os.devnull:
-            return
-        if _under(path, _STATE["roots"]):
-            return
-        if _under(path, _STATE["trusted_roots"]) and _caller_trusted():
-            return
-        _violate("escape", f"write to {path!r} outside the sandbox's temp directory")
-    elif event in SUBPROCESS_EVENTS or event.startswith("os.exec") or event.startswith("os.spawn"):
-        if not _caller_trusted():
-            _violate("thread", f"{event} refused: candidates may not start processes")
-    elif event in SOCKET_EVENTS:
-        _violate("thread", f"{event} refused: candidates may not use the network")
-    elif event in ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function"):
-        if not _caller_trusted():
-            _violate("escape", f"{event} refused")
-
-
-class _ImportBlocker:
-    """First entry of sys.meta_path: importlib.import_module and friends bypass the `import` audit
-    event (it is raised only by the C import path), but every import consults sys.meta_path."""
-
-    def find_spec(self, name, path=None, target=None):
-        if _STATE["active"] and name.split(".")[0] in BANNED_TOP and not _caller_trusted():
-            VIOLATIONS.append(("forbidden-import", f"run-time import of {name!r}"))
-            raise ImportError(f"[forbidden-import] run-time import of {name!r} refused by the sandbox")
-        return None
-
-    def find_module(self, name, path=None):  # pragma: no cover - legacy protocol
-        return None
-
-
-_INSTALLED = False
-
-
-def install(write_roots: list[str], trusted_roots: list[str]) -> None:
-    """Add the audit hook (once per process) and activate it. `write_roots` may be written by anyone,
-    `trusted_roots` (Triton's cache) only by torch/Triton/harness frames."""
-    global _INSTALLED
-    import torch
-    import triton
-
-    _STATE["roots"] = tuple(os.path.realpath(r) for r in write_roots)
-    _STATE["trusted_roots"] = tuple(os.path.realpath(r) for r in trusted_roots)
+def _library_prefixes() -> tuple[str, ...]:
+    """Directories whose code is not the candidate's: the standard library, site-packages, the harness."""
+    paths = sysconfig.get_paths()
     here = os.path.dirname(os.path.realpath(__file__))
-    _STATE["trusted_dirs"] = tuple(
-        os.path.dirname(os.path.realpath(m.__file__)) + "/" for m in (torch, triton)
-    ) + (here + "/", os.path.join(os.path.dirname(here), "baselines") + "/")
-    _STATE["stdlib"] = os.path.realpath(sysconfig.get_paths()["stdlib"])
-    if not _INSTALLED:
-        sys.meta_path.insert(0, _ImportBlocker())
-        sys.addaudithook(_hook)
-        _INSTALLED = True
-    _STATE["active"] = True
+    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    roots |= {here, os.path.join(os.path.dirname(here), "baselines")}
+    return tuple(sorted(r.rstrip("/") + "/" for r in roots))
+
+
+def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
+    """The audit hook and its helpers, closed over frozen settings: nothing here reads a module global
+    at call time, so rewriting this module's attributes changes nothing the hook does."""
+    roots, trusted_roots, library, compiler_files, allowed_exec, banned = cfg
+    realpath, getframe, write, dumps = os.path.realpath, sys._getframe, os.write, json.dumps
+    frozen = "<frozen"
+
+    def report(rule: str, detail: str):
+        violations.append((rule, detail))
+        if report_fd is not None:
+            try:
+                write(report_fd, (dumps([rule, detail[:1500]]) + "\n").encode())
+            except OSError:  # the worker's end is full or gone: the reply's list still carries it
+                pass
+
+    def record(rule: str, detail: str):
+        report(rule, detail)
+        raise GuardViolation(rule, detail)
+
+    def candidate_on_stack() -> bool:
+        f = getframe(2)
+        while f is not None:
+            fn = f.f_code.co_filename
+            if not (fn.startswith(frozen) or any(fn.startswith(p) for p in library)):
+                return True
+            f = f.f_back
+        return False
+
+    def compiler_caller() -> bool:
+        """The innermost frame outside the standard library is one of Triton's compiler files."""
+        f = getframe(2)
+        while f is not None:
+            fn = f.f_code.co_filename
+            if fn.startswith(frozen) or fn.startswith(library_stdlib):
+                f = f.f_back
+                continue
+            return any(fn.endswith(c) for c in compiler_files)
+        return False
+
+    library_stdlib = tuple(p for p in library if "site-packages" not in p and "dist-packages" not in p)
+
+    def under(path, where) -> bool:
+        try:
+            p = realpath(path)
+        except Exception:  # noqa: BLE001
+            return False
+        return any(p == r or p.startswith(r.rstrip("/") + "/") for r in where)
+
+    def hook(event: str, args):
+        if event == "import":
+            name = args[0] or ""
+            if name.split(".")[0] in banned and candidate_on_stack():
+                record("forbidden-import", f"run-time import of {name!r}")
+        elif event == "open":
+            path, mode, flags = (list(args) + [None, None, None])[:3]
+            if isinstance(path, int) or path is None:
+                return
+            if isinstance(path, bytes):
+                path = path.decode(errors="replace")
+            if not _is_write(mode, flags) or path == os.devnull:
+                return
+            if under(path, roots):
+                return
+            if under(path, trusted_roots) and not candidate_on_stack():
+                return
+            record("filesystem", f"write to {path!r} outside the sandbox's temp directory")
+        elif event in SUBPROCESS_EVENTS or event.startswith("os.exec") or event.startswith("os.spawn"):
+            exe = args[0] if args else None
+            if exe is None and len(args) > 1 and isinstance(args[1], (list, tuple)) and args[1]:
+                exe = args[1][0]  # Popen's executable defaults to the first argument
+            if isinstance(exe, os.PathLike):
+                exe = os.fspath(exe)
+            if isinstance(exe, bytes):
+                exe = exe.decode(errors="replace")
+            ok_exe = isinstance(exe, str) and (not allowed_exec or realpath(exe) in allowed_exec)
+            if not (ok_exe and compiler_caller()) and candidate_on_stack():
+                record("process", f"{event} refused: candidates may not start processes")
+        elif event == "socket.__new__":
+            fam = args[1] if len(args) > 1 else None
+            if fam != AF_UNIX:
+                record("network", f"socket of family {fam} refused: candidates may not use the network")
+        elif event in SOCKET_EVENTS:
+            record("network", f"{event} refused: candidates may not use the network")
+        elif event in ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof",
+                       "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at"):
+            if candidate_on_stack():
+                record("escape", f"{event} refused")
+
+    class ImportBlocker:
+        """First entry of sys.meta_path: importlib.import_module and friends bypass the `import` audit
+        event (it is raised only by the C import path), but every import consults sys.meta_path."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in banned and candidate_on_stack():
+                report("forbidden-import", f"run-time import of {name!r}")
+                raise ImportError(f"[forbidden-import] run-time import of {name!r} refused by the sandbox")
+            return None
+
+    return hook, ImportBlocker(), report
+
+
+def _cells(f) -> tuple:
+    out = []
+    for c in f.__closure__ or ():
+        try:
+            out.append(c.cell_contents)
+        except ValueError:  # an empty cell
+            out.append(None)
+    return tuple(out)
+
+
+def _closure_functions(f, depth: int = 3) -> list:
+    """`f` and the functions its closure holds, to `depth`."""
+    seen, todo = [], [(f, 0)]
+    while todo:
+        g, d = todo.pop()
+        if any(g is s for s in seen):
+            continue
+        seen.append(g)
+        if d < depth:
+            todo += [(c, d + 1) for c in _cells(g) if callable(c) and hasattr(c, "__code__")]
+    return seen
+
+
+class Seal:
+    """What the guard was when it was installed, kept by the harness: `broken()` names what changed
+    (the hook, the import blocker, the violations list, the torch mode stacks), checked by identity."""
+
+    def __init__(self, hook, blocker, report, violations: list, cfg: tuple, modes: tuple):
+        self.hook, self.blocker, self.violations, self.cfg, self.modes = hook, blocker, violations, cfg, modes
+        self.report = report  # records a refusal seen elsewhere (the OS wall's, see child._call)
+        self.functions = _closure_functions(hook) + _closure_functions(type(blocker).find_spec)
+        self.snapshot = [(f, f.__code__, _cells(f)) for f in self.functions]  # held: their ids stay theirs
+        self.module = sys.modules[__name__]
+        self.seen = 0  # violations counted at the last check: the list never shrinks
+
+    def _library_object(self, obj) -> bool:
+        f = getattr(sys.modules.get(type(obj).__module__), "__file__", None) or ""
+        return any(f.startswith(p) for p in self.cfg[2])
+
+    def broken(self) -> list[tuple[str, str]]:
+        out = []
+        for f, code, cells in self.snapshot:
+            now = _cells(f)
+            if f.__code__ is not code or len(now) != len(cells) or any(a is not b for a, b in zip(now, cells)):
+                out.append(("escape", f"the guard's {f.__name__} was modified"))
+                break
+        first = next((i for i, m in enumerate(sys.meta_path) if m is self.blocker), None)
+        if first is None or any(not self._library_object(m) for m in sys.meta_path[:first]):
+            out.append(("escape", "the guard's import blocker was removed or bypassed in sys.meta_path"))
+        if sys.modules.get(__name__) is not self.module or getattr(self.module, "VIOLATIONS", None) is not self.violations:
+            out.append(("escape", "the guard's module or its violations list was replaced"))
+        if len(self.violations) < self.seen:
+            out.append(("escape", "recorded violations were removed"))
+        self.seen = len(self.violations)
+        now = mode_stacks()
+        if now != self.modes:
+            out.append(("lazy-output", f"torch modes left active by the candidate (function/dispatch stacks "
+                                       f"{now[:2]} where {self.modes[:2]} were before it loaded)"))
+        return out
+
+
+def mode_stacks() -> tuple:
+    """Torch's override state: the function-mode and dispatch-mode stack depths, the infrastructure dispatch
+    modes, and whether torch-function handling is switched off."""
+    import torch
+
+    C = torch._C
+    infra = ()
+    keys = getattr(C, "_TorchDispatchModeKey", None)
+    if keys is not None and hasattr(C, "_get_dispatch_mode"):
+        infra = tuple(C._get_dispatch_mode(k) is not None for k in keys.__members__.values())
+    state = C._get_torch_function_state() if hasattr(C, "_get_torch_function_state") else None
+    return (C._len_torch_function_stack(), C._len_torch_dispatch_stack(), infra, str(state))
+
+
+_INSTALLED: Seal | None = None
+
+
+def install(write_roots: list[str], trusted_roots: list[str], report_fd: int | None = None,
+            allowed_exec: tuple[str, ...] = ()) -> Seal:
+    """Add the audit hook (once per process). `write_roots` may be written by anyone, `trusted_roots`
+    only while no candidate code is on the stack; `allowed_exec`: the binaries Triton's compiler may still
+    run (empty: any, the OS wall decides). Returns the seal the harness checks after every call."""
+    global _INSTALLED
+    import torch  # noqa: F401 - the mode stacks are read below
+    import triton  # noqa: F401
+
+    if _INSTALLED is not None:
+        return _INSTALLED
+    if report_fd is not None:
+        os.set_blocking(report_fd, False)  # a full pipe drops a line instead of hanging the child
+    cfg = (tuple(os.path.realpath(r) for r in write_roots), tuple(os.path.realpath(r) for r in trusted_roots),
+           _library_prefixes(), COMPILER_FILES, frozenset(os.path.realpath(p) for p in allowed_exec),
+           frozenset(BANNED_TOP))
+    hook, blocker, report = _make_hook(cfg, VIOLATIONS, report_fd)
+    sys.meta_path.insert(0, blocker)
+    sys.addaudithook(hook)
+    _INSTALLED = Seal(hook, blocker, report, VIOLATIONS, cfg, mode_stacks())
+    return _INSTALLED
 
 
 def audit_modules(before: set[str]) -> None:
@@ -156,7 +284,8 @@ def audit_modules(before: set[str]) -> None:
     for name in set(sys.modules) - before:
         top = name.split(".")[0]
         if top in BANNED_TOP and top not in ("baselines", "gpu_worker", "activities", "workflows"):
-            _violate("forbidden-import", f"module {name!r} was loaded by the candidate")
+            VIOLATIONS.append(("forbidden-import", f"module {name!r} was loaded by the candidate"))
+            raise GuardViolation("forbidden-import", f"module {name!r} was loaded by the candidate")
 
 
 def dispatch_guard(extra_ops: tuple[str, ...] = ()):
@@ -170,9 +299,11 @@ def dispatch_guard(extra_ops: tuple[str, ...] = ()):
             name = func.__name__.split(".")[0]
             ns = getattr(func, "namespace", "aten")
             if ns != "aten" and ns != "prims":
-                _violate("library-kernel", f"op {ns}::{name} is a library kernel")
+                VIOLATIONS.append(("library-kernel", f"op {ns}::{name} is a library kernel"))
+                raise GuardViolation("library-kernel", f"op {ns}::{name} is a library kernel")
             if name in banned:
-                _violate("library-kernel", f"aten::{name} is a library kernel for the operator's core")
+                VIOLATIONS.append(("library-kernel", f"aten::{name} is a library kernel for the operator's core"))
+                raise GuardViolation("library-kernel", f"aten::{name} is a library kernel for the operator's core")
             return func(*args, **(kwargs or {}))
 
     return _NoLibraryKernels()

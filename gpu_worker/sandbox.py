@@ -88,11 +88,19 @@ class Sandbox:
         self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root())
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
+        # a candidate child's guard writes each refusal here at once; the reading end stays in this
+        # process, so a candidate that empties its own records cannot take one back (see guard.Seal)
+        self._guard_r, guard_w = os.pipe() if role == "candidate" else (None, None)
+        self.guard_records: list[tuple[str, str]] = []
         env = dict(os.environ)
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["TMPDIR"] = self.tmp
         env["TRITON_HOME"] = self.tmp
-        env["TRITON_CACHE_DIR"] = str(triton_cache_dir())
+        # a candidate compiles into its own directory: the OS wall lets it write nowhere else, and a shared
+        # cache it could write would let it plant a kernel binary under another kernel's key
+        env["TRITON_CACHE_DIR"] = os.path.join(self.tmp, "triton-cache") if role == "candidate" else str(triton_cache_dir())
+        if guard_w is not None:
+            env["MARATHON_GUARD_FD"] = str(guard_w)
         env["MARATHON_INPUT_BANK"] = str(input_bank_dir())
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
@@ -111,11 +119,14 @@ class Sandbox:
             "cpus": sorted(TIMING_CPUS[1]) if TIMING_CPUS else None})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_worker.child", str(r1), str(w2), self.tmp, role],
-            pass_fds=(r1, w2), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            pass_fds=(r1, w2) + ((guard_w,) if guard_w is not None else ()), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             cwd=self.tmp, env=env, start_new_session=True,
         )
         os.close(r1)
         os.close(w2)
+        if guard_w is not None:
+            os.close(guard_w)
+            os.set_blocking(self._guard_r, False)
         self._send = Connection(w1, readable=False)
         self._recv = Connection(r2, writable=False)
         self.ready: dict | None = None
@@ -204,12 +215,36 @@ class Sandbox:
             raise SandboxFailure("crash", f"sandbox reply out of step during {cmd}: request {seq}, reply "
                                  f"{reply.get('seq')!r}; process killed", self.log_tail())
         self.reserved = reply.get("reserved", self.reserved)
+        records = self.read_guard()
+        if records:  # the guard's own reports first: they cannot have been edited by the candidate
+            reply["violations"] = records + [v for v in reply.get("violations") or [] if tuple(v) not in records]
         if self.role == "reference" and reply.get("device_free") is not None:
             Sandbox.device_free = (time.monotonic(), int(reply["device_free"]))
         if reply.get("fatal"):
             # CUDA context is unusable after an illegal access or OOM: this process is done
             self.close(graceful=False)
         return reply
+
+    def read_guard(self) -> list[tuple[str, str]]:
+        """Every refusal the child's guard reported so far (a candidate child only)."""
+        while self._guard_r is not None:
+            try:
+                data = os.read(self._guard_r, 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not data:
+                break
+            self._guard_buf = getattr(self, "_guard_buf", b"") + data
+            *lines, self._guard_buf = self._guard_buf.split(b"\n")
+            for line in lines:
+                try:
+                    rule, detail = json.loads(line)
+                    self.guard_records.append((str(rule), str(detail)))
+                except (ValueError, TypeError):
+                    self.guard_records.append(("escape", "unreadable guard report (the channel was written by the candidate)"))
+        return list(self.guard_records)
 
     def alive(self) -> bool:
         return not self.closed and self.proc.poll() is None
@@ -241,6 +276,12 @@ class Sandbox:
                     c.close()
                 except Exception:  # noqa: BLE001
                     pass
+            if self._guard_r is not None:
+                try:
+                    os.close(self._guard_r)
+                except OSError:
+                    pass
+                self._guard_r = None
             shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):

@@ -385,3 +385,78 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
     _load_seccomp(seccomp_program(allow_exec=bool(execs), deny_writes=not abi))
     desc["process"] = "seccomp+landlock (exec: listed binaries only)" if execs else "seccomp"
     return desc
+
+
+def mode() -> str:
+    """MARATHON_WALL: `on` (the default: the wall is installed, Landlock where the kernel has it, else the
+    seccomp fallback), `landlock` (refuse to run candidates without Landlock), `off` (an operator's explicit
+    opt-out: the Python guard alone)."""
+    m = (os.environ.get("MARATHON_WALL") or "on").strip().lower()
+    if m not in ("on", "landlock", "off"):
+        raise WallError(f"MARATHON_WALL={m!r}: expected on, landlock or off")
+    return m
+
+
+def compiler_binaries() -> list[str]:
+    """The binaries Triton runs lazily, at a kernel's first launch: ptxas (both builds Triton ships).
+    Everything else it runs (ldconfig, the C compiler for its driver module, `ptxas --version`) runs once
+    per process, before the wall, when the child's CUDA and Triton are initialised."""
+    out = []
+    try:
+        from triton import knobs
+
+        for name in ("ptxas", "ptxas_blackwell"):
+            tool = getattr(knobs.nvidia, name, None)
+            path = getattr(tool, "path", None) if tool is not None else None
+            if path and os.path.isfile(path):
+                out.append(path)
+    except Exception as e:  # noqa: BLE001 - no NVIDIA backend: nothing to allow
+        print(f"wall: no ptxas found ({type(e).__name__}: {e})", flush=True)
+    return out
+
+
+def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
+            report_fd: int | None) -> tuple:
+    """The candidate child's walls, in order: the guard (audit hook, import blocker, sealed), then the OS
+    wall. Returns (seal, description of the walls for the load reply)."""
+    from gpu_worker import guard
+
+    execs = compiler_binaries() if cuda else []
+    seal = guard.install(write_roots=[tmp] + list(write_roots), trusted_roots=list(trusted_roots),
+                         report_fd=report_fd, allowed_exec=tuple(execs))
+    m = mode()
+    if m == "off":
+        return seal, {"os": "off (MARATHON_WALL=off)"}
+    threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+    desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(m == "landlock"))
+    desc["os"] = "on"
+    desc["threads_at_install"] = threads  # Landlock holds for the installing thread and all it starts
+    return seal, desc
+
+
+def family_of(exc: BaseException, write_roots: list[str]) -> str | None:
+    """The family of an act the wall refused, read from the OSError it raised (here or in its chain):
+    process (raised inside subprocess, os.fork, exec), network (socket code), filesystem (a path outside
+    `write_roots`). None when the error is not the wall's."""
+    import traceback
+
+    roots = [os.path.realpath(r).rstrip("/") + "/" for r in write_roots]
+    seen = set()
+    e = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.EPERM, errno.EACCES):
+            files = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+            names = [f.name for f in traceback.extract_tb(e.__traceback__)]
+            if any(f.endswith(("/subprocess.py", "/popen_fork.py", "/pty.py")) for f in files) or \
+                    any(n in ("fork", "fork_exec", "posix_spawn", "execv", "execve", "system") for n in names):
+                return "process"
+            if any(f.endswith("/socket.py") for f in files) or "socket" in str(e).lower():
+                return "network"
+            for path in (e.filename, e.filename2):
+                if isinstance(path, (str, bytes, os.PathLike)):
+                    p = os.path.realpath(os.fsdecode(path))
+                    if not any((p + "/").startswith(r) for r in roots):
+                        return "filesystem"
+        e = e.__cause__ or e.__context__
+    return None
