@@ -59,3 +59,54 @@ def test_parse_calls_stores_sources_and_rejects_bad_arguments(store):
     assert "not valid JSON" in c.error and "unknown tool" in d.error and "JSON object" in e.error
     none, fb = parse_calls(Reply(content="thinking..."), 2, "softmax", store)
     assert none == [] and "no tool call" in fb
+
+
+def kda_conversation(store, n_turns: int):
+    """n_turns of a KDA run in the artifact store: each turn submits a full-size variant of the template
+    and reads the template whole; returns (head key, the pending answers to the last turn)."""
+    import json
+
+    from activities.search import candidate_id
+    from baselines.registry import get_problem
+    from workflows.contracts import ToolResult
+
+    template = (get_problem("kda").folder / "kernel.py").read_text()
+    head, prev_results = None, []
+    for t in range(1, n_turns + 1):
+        src = template.replace("def run(", f"# variant {t}\ndef run(", 1)
+        calls = [{"id": f"s{t}", "name": "submit_kernel", "arguments": json.dumps({"source": src, "rationale": f"v{t}"})},
+                 {"id": f"r{t}", "name": "read_starting_kernel", "arguments": "{}"}]
+        parsed = [{"call_id": f"s{t}", "name": "submit_kernel", "candidate_id": candidate_id(src)},
+                  {"call_id": f"r{t}", "name": "read_starting_kernel"}]
+        head = store.put_json({"kind": "llm-turn", "prev": head, "turn": t, "results": prev_results, "hints": [],
+                               "assistant": {"content": f"Turn {t}: trying variant {t}.", "tool_calls": calls},
+                               "calls": parsed, "feedback": ""})
+        read = store.put_text(f"# kda/kernel.py lines 1-{template.count(chr(10))} of {template.count(chr(10))}\n"
+                              + template)
+        prev_results = [ToolResult(call_id=f"s{t}", name="submit_kernel", content=f"iteration {t}: passed, 1.01x"
+                                   ).model_dump(mode="json"),
+                        ToolResult(call_id=f"r{t}", name="read_starting_kernel", content_key=read).model_dump(mode="json")]
+    return head, [ToolResult.model_validate(r) for r in prev_results], template
+
+
+def test_kda_prompt_at_turn_50_keeps_four_turns_and_the_template_whole(store):
+    from workflows.contracts import BestRef
+
+    head, pending, template = kda_conversation(store, 50)
+    best_key = store.put_text(template)
+    best = BestRef(candidate_id="b" * 16, source_key=best_key, speedup=1.05, time_ms=1.4, baseline_ms=1.47,
+                   iteration=7)
+    r = req(store, problem="kda", turn=51, conversation_key=head, tool_results=pending, best=best)
+    msgs = build_messages(r, store)
+    assert estimate_tokens(msgs) + estimate_tokens(TOOLS) <= 24000
+    assert sum(m["role"] == "assistant" for m in msgs) >= 4
+    last_read = [m for m in msgs if m["role"] == "tool"][-1]["content"]
+    assert template.rstrip() in last_read  # the latest answer: the template whole
+    # older turns name their kernels by candidate id instead of repeating them
+    older = [m for m in msgs if m["role"] == "assistant"][:-1]
+    assert all("candidate_id=" in m["tool_calls"][0]["function"]["arguments"] for m in older)
+
+    small = build_messages(r.model_copy(update={"context_tokens": 8000}), store)
+    assert estimate_tokens(small) + estimate_tokens(TOOLS) <= 8000
+    assert small[-1]["content"].startswith("Turn 51.")
+    assert any("iteration 50: passed" in (m.get("content") or "") for m in small)  # the last step is kept
