@@ -209,14 +209,14 @@ class Endpoint:
         return f"model endpoint {self.base_url or 'api.openai.com'} (model {self.model})"
 
 
-def endpoint(model: str | None = None) -> Endpoint:
+def endpoint(model: str | None = None, profile: str | None = None) -> Endpoint:
     key = os.environ.get("OPENAI_API_KEY", "")
     name = model or os.environ.get("MARATHON_MODEL", "")
     if not key:
         raise _config_error("OPENAI_API_KEY is not set on the agent worker; set it and `marathon resume`")
     if not name:
         raise _config_error("no model: set MARATHON_MODEL on the agent worker or RunSpec.model")
-    pname = os.environ.get("MARATHON_LLM_PROFILE", "").strip() or "auto"
+    pname = (profile or os.environ.get("MARATHON_LLM_PROFILE", "")).strip() or "auto"
     if pname not in PROFILES:
         raise _config_error(f"MARATHON_LLM_PROFILE={pname!r} on the agent worker is not a profile; profiles: "
                             f"{', '.join(PROFILES)}")
@@ -961,10 +961,19 @@ def _problem_facts(req: LlmTurnRequest) -> list[str]:
 
 
 def objective(req: LlmTurnRequest) -> str:
-    """The goal, restated in full every turn: iteration 700 aims at the same target as iteration 1."""
+    """The goal, restated in full every turn: iteration 700 aims at the same target as iteration 1. It
+    is the same text every turn (what changes is in run_state), so the prompt's start can be cached."""
+    return "\n".join(["# Objective", "Make the fastest correct Triton kernel for this problem. Faster than the "
+                      "baseline is the minimum; beat the current best.", *_problem_facts(req),
+                      "Rules: Triton only; no third-party kernel libraries or library kernels doing the work; "
+                      "the harness rejects forbidden imports, exec/eval/getattr, streams/events/graphs, "
+                      "try/except fallbacks, pointer-keyed caches, Tensor subclasses, wrong results."])
+
+
+def run_state(req: LlmTurnRequest) -> str:
+    """Where the run stands this turn: the baseline's time, the best, what is left of the budget."""
     b, u, bud = req.best, req.used, req.budget
-    lines = ["# Objective", "Make the fastest correct Triton kernel for this problem. Faster than the "
-             "baseline is the minimum; beat the current best.", *_problem_facts(req)]
+    lines = ["# Where the run stands"]
     lines.append(f"Baseline time: {req.baseline_ms:.4g} ms" if req.baseline_ms else
                  "Baseline time: not measured yet (the first submission measures it).")
     if b:
@@ -985,10 +994,17 @@ def objective(req: LlmTurnRequest) -> str:
         left.append(f"{bud.gpu_seconds - u.gpu_seconds:.0f} of {bud.gpu_seconds:.0f} GPU-seconds")
     lines.append(f"Remaining budget: {'; '.join(left) or 'unlimited'}. Used so far: {u.iterations} "
                  f"submissions, {u.turns} turns, {u.tool_calls} tool calls.")
-    lines.append("Rules: Triton only; no third-party kernel libraries or library kernels doing the work; "
-                 "the harness rejects forbidden imports, exec/eval/getattr, streams/events/graphs, "
-                 "try/except fallbacks, pointer-keyed caches, Tensor subclasses, wrong results.")
     return "\n".join(lines)
+
+
+def _template_block(problem: str) -> str:
+    from baselines.registry import get_problem
+
+    try:
+        src = (get_problem(problem).folder / "kernel.py").read_text()
+    except OSError:
+        return ""
+    return "# The starting kernel (the problem's template, kernel.py)\n```python\n" + src.rstrip() + "\n```"
 
 
 def _records_block(req: LlmTurnRequest) -> str:
@@ -1146,8 +1162,9 @@ def system_prompt(mode: str) -> str:
 def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "native",
                    budget: int | None = None) -> list[dict]:
     """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
-    schemas in native mode): shed old turns first, then the non-best kernels, then the notebook's
-    middle, then long tool answers."""
+    schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
+    turn to turn), the last turns, then the run's state. To fit, it sheds the template (keeping the two
+    latest turns), old turns, the non-best kernels, the notebook's middle, then long tool answers."""
     notebook = ""
     if req.notebook_key:
         try:
@@ -1157,54 +1174,63 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     turns = _load_turns(store, req.conversation_key, HISTORY_TURNS)
     past_hints = [h for t in turns for h in t.get("hints", [])]
     hints = req.hints
-    final = [f"Turn {req.turn}."]
+    template = _template_block(req.problem)
+    call = "call tools" if mode != "text" else "call tools with TOOL: lines"
+    tail = []
     if hints:
-        final.append("New hints from the operator (act on them):\n" + "\n".join(f"- {h}" for h in hints))
+        tail.append("New hints from the operator (act on them):\n" + "\n".join(f"- {h}" for h in hints))
     if req.turns_per_iteration:
         left = req.turns_per_iteration - req.turns_since_submission
         if left <= max(3, req.turns_per_iteration // 5):
-            final.append(f"Only {left} turn{'s' if left != 1 else ''} left to record a new submission: after "
-                         f"{req.turns_per_iteration} turns without one the run stops. Submit a kernel now.")
-    call = "call tools" if mode != "text" else "call tools with TOOL: lines"
+            tail.append(f"Only {left} turn{'s' if left != 1 else ''} left to record a new submission: after "
+                        f"{req.turns_per_iteration} turns without one the run stops. Submit a kernel now.")
     if req.best:
-        final.append(f"Goal: beat {req.best.speedup:.3f}x (current best {req.best.candidate_id}) on "
-                     f"{req.problem}. Decide your next step and {call}.")
+        tail.append(f"Goal: beat {req.best.speedup:.3f}x (current best {req.best.candidate_id}) on "
+                    f"{req.problem}. Decide your next step and {call}.")
     else:
-        final.append(f"Goal: a correct kernel for {req.problem} faster than the baseline. Decide your next "
-                     f"step and {call}.")
+        tail.append(f"Goal: a correct kernel for {req.problem} faster than the baseline. Decide your next "
+                    f"step and {call}.")
 
-    def assemble(n_turns: int, diffs: bool, nb_chars: int | None, tool_limit: int, last_limit: int) -> list[dict]:
-        parts = [objective(req)]
+    def assemble(n_turns: int, diffs: bool, nb_chars: int | None, tool_limit: int, last_limit: int,
+                 with_template: bool) -> list[dict]:
+        # What stays the same from turn to turn comes first (system, objective, template, notebook), so a
+        # provider's prompt cache covers it; what changes (state, kernels, submissions, hints) comes last.
+        stable = [objective(req)]
+        if with_template and template:
+            stable.append(template)
         if notebook:
             nb = notebook if nb_chars is None or len(notebook) <= nb_chars else (
                 notebook[: nb_chars // 2] + "\n...[notebook shortened to fit the prompt]...\n"
                 + notebook[-nb_chars // 2:])
-            parts.append("# Notebook (compacted memory of this run)\n" + nb)
+            stable.append("# Notebook (compacted memory of this run)\n" + nb)
+        state = [f"Turn {req.turn}.", run_state(req)]
         kb = _kernels_block(req, store, diffs)
         if kb:
-            parts.append(kb)
+            state.append(kb)
         rb = _records_block(req)
         if rb:
-            parts.append(rb)
+            state.append(rb)
         if past_hints:
-            parts.append("# Earlier operator hints\n" + "\n".join(f"- {h}" for h in past_hints))
-        msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(parts)}]
+            state.append("# Earlier operator hints\n" + "\n".join(f"- {h}" for h in past_hints))
+        msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
         units = _history_units(turns, req.tool_results, store, tool_limit, mode, last_limit)
         for u in units[len(units) - n_turns:] if n_turns else []:
             msgs += u
         if (not turns or not n_turns) and req.tool_results:  # answers whose turn is not shown: as text
             msgs.append({"role": "user", "content": "\n\n".join(
                 f"{r.name}: {_result_text(r, store, tool_limit)}" for r in req.tool_results)})
-        msgs.append({"role": "user", "content": "\n\n".join(final)})
+        msgs.append({"role": "user", "content": "\n\n".join(state + tail)})
         return msgs
 
     if budget is None:
         budget = req.context_tokens - (estimate_tokens(TOOLS) if mode != "text" else 0)
-    big = LAST_TOOL_CONTENT_CHARS
-    plans = [(n, True, None, TOOL_CONTENT_CHARS, big) for n in range(len(turns), 0, -1)]
-    plans += [(1, False, None, TOOL_CONTENT_CHARS, big), (1, False, None, TOOL_CONTENT_CHARS, TOOL_CONTENT_CHARS)]
-    plans += [(1, False, c, TOOL_CONTENT_CHARS, TOOL_CONTENT_CHARS) for c in (8000, 4000, 2000, 800)]
-    plans += [(1, False, 800, 1500, 1500), (0, False, 400, 500, 500)]
+    big, small = LAST_TOOL_CONTENT_CHARS, TOOL_CONTENT_CHARS
+    # the template goes before the history's oldest turns do, but not before the latest two
+    plans = [(n, True, None, small, big, True) for n in range(len(turns), min(2, len(turns)) - 1, -1)]
+    plans += [(n, True, None, small, big, False) for n in range(len(turns), 0, -1)]
+    plans += [(1, False, None, small, big, False), (1, False, None, small, small, False)]
+    plans += [(1, False, c, small, small, False) for c in (8000, 4000, 2000, 800)]
+    plans += [(1, False, 800, 1500, 1500, False), (0, False, 400, 500, 500, False)]
     for plan in plans:
         msgs = assemble(*plan)
         if estimate_tokens(msgs) <= budget:
@@ -1217,11 +1243,11 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
 _CHECK_TOOL = _fn("read_notebook", "Read the run's notebook.")
 
 
-def llm_check(model: str | None = None) -> tuple[bool, list[str]]:
+def llm_check(model: str | None = None, profile: str | None = None) -> tuple[bool, list[str]]:
     """One tiny request with the worker's configured endpoint and profile: what works, what was adapted
     (and the setting that makes it so from the start), what to change. (usable, report lines)."""
     try:
-        ep = endpoint(model)
+        ep = endpoint(model, profile)
     except ApplicationError as e:
         return False, [f"configuration: {e.message}"]
     p = ep.profile

@@ -362,9 +362,16 @@ async def cmd_start(args) -> int:
 
 async def cmd_status(args) -> int:
     client = await _client(args)
-    st = await _status(client, args.id)
+    st = await _status_or_result(client, args.id)
     if args.json:
         print(st.model_dump_json(indent=2))
+        return 0
+    if isinstance(st, RunResult):  # a finished run: its result, which needs no worker to answer
+        print(f"{st.workflow_id}: {st.problem} finished after {st.iterations} iterations, run {st.runs}")
+        print(_fmt_end(st).removeprefix("done: "))
+        print(f"used: {used_text(st.used, st.used.turns > 0)}")
+        if st.best and st.best.interpreter:
+            print(f"note: {INTERPRETER_NOTE}")
         return 0
     print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
           f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
@@ -428,9 +435,7 @@ async def cmd_llm_check(args) -> int:
     what works, what adapts, what to change. Exit 0 if a run can use it."""
     from activities.llm import llm_check
 
-    if args.profile:
-        os.environ["MARATHON_LLM_PROFILE"] = args.profile
-    ok, lines = llm_check(args.model)
+    ok, lines = llm_check(args.model, args.profile)
     for line in lines:
         print(line)
     return 0 if ok else 1

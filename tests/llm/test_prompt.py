@@ -22,9 +22,23 @@ def test_prompt_fits_the_context_budget_and_keeps_the_objective(store):
     small = build_messages(req(store, notebook_key=key, context_tokens=4000), store)
     assert estimate_tokens(small) + estimate_tokens(TOOLS) <= 4000
     text = small[1]["content"]
-    assert "# Objective" in text and "Remaining budget: 97 of 100 submissions" in text
+    assert "# Objective" in text and "Rules: Triton only" in text
     assert "notebook shortened" in text and "idea 0:" in text and "idea 1999" in text  # head and tail kept
     assert small[-1]["role"] == "user" and small[-1]["content"].startswith("Turn 7.")
+    assert "Remaining budget: 97 of 100 submissions" in small[-1]["content"]  # the state comes last
+
+
+def test_the_prompt_starts_the_same_every_turn_and_turn_one_has_code(store):
+    from workflows.contracts import BestRef
+
+    first = build_messages(req(store, problem="kda", turn=1, used=Used()), store)
+    assert "def run(" in first[1]["content"] and "# The starting kernel" in first[1]["content"]
+    best = BestRef(candidate_id="c" * 16, source_key=store.put_text(softmax_kernel(**LADDER[3])), speedup=1.2,
+                   time_ms=0.8, baseline_ms=0.96, iteration=4)
+    later = build_messages(req(store, problem="kda", turn=9, used=Used(iterations=4, turns=8), best=best,
+                               hints=["try BT=32"]), store)
+    assert later[:2] == first[:2]  # system and the stable part: identical, so a provider can cache them
+    assert "Current best: cccc" in later[-1]["content"] and "try BT=32" in later[-1]["content"]
 
 
 def test_hints_are_new_in_the_prompt(store):
