@@ -1,25 +1,35 @@
 """Static rules for candidate sources (AST only: no torch import, no execution).
 
 `check_source(source, problem)` returns a RuleReport naming the first rule broken. The same rule names
-appear in run-time rejections from the sandbox guard (gpu_worker.guard), so a proposer sees one vocabulary:
+appear in run-time rejections from the sandbox guard (gpu_worker.guard), so a proposer sees one vocabulary.
+Where a rule is one of the cheating families (`FAMILIES` in workflows.contracts) it carries that name:
 
   syntax            the source does not parse
   contract          no top-level `def run(inputs, out)`
-  forbidden-import  an import outside the allowlist (kernel libraries, the project's baselines, os, sys, ...)
+  forbidden-import  an import outside the allowlist (kernel libraries, the project's own modules, numpy, ...)
   library-kernel    work handed to library kernels (torch.ops, torch.compile, SDPA, cuBLAS matmul, the
                     problem's own PyTorch op such as torch.softmax for the softmax problem)
-  escape            introspection or dynamic code that could defeat the checks (exec, eval, getattr,
-                    __import__, __globals__, __dict__, open, ...)
+  escape            introspection or dynamic code that could defeat the checks: a builtin outside the short
+                    allowlist (exec, eval, getattr, vars, globals, type, ...), any attribute whose name starts
+                    with an underscore (__dict__, __class__, torch._C), frame and code attributes, and any
+                    attribute chain through a module that reaches the interpreter, the operating system or
+                    the harness (torch.sys.modules, torch.cuda.os, torch.utils, triton.runtime, ...)
+  network           sockets, HTTP and friends
+  process           subprocesses, fork, multiprocessing
+  filesystem        file access (open, pathlib, shutil, tempfile)
+  timer             time, timeit, and assignments into timers (torch.cuda.Event.elapsed_time = ...)
   stream            CUDA streams, events, graphs or synchronisation games with the timer
-  thread            threads, processes, subprocesses, sockets
-  output-cache      pointer-, identity- or version-keyed caching (data_ptr, id(), _version, storage)
+  output-cache      pointer-, identity- or version-keyed caching (data_ptr, id(), _version, storage,
+                    functools.lru_cache), 'global' state
+  lazy-output       outputs completed after the call: threads, Tensor subclasses, __torch_function__ /
+                    __torch_dispatch__ overrides, torch's function and dispatch modes
   fallback          try/except (a kernel that falls back to a library when it fails)
-  tensor-subclass   a Tensor subclass or __torch_function__/__torch_dispatch__ override (lazy outputs)
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 
 from workflows.contracts import RuleReport
 
@@ -34,13 +44,17 @@ KERNEL_LIBRARIES = (
     "liger_kernel", "tilelang", "flash_kda", "cutlass", "apex", "transformer_engine", "thunderkittens",
     "baselines", "gpu_worker", "activities", "workflows",
 )
-#: sandbox escapes by import
+#: sandbox escapes by import, by family (any other module outside the allowlist is a forbidden-import)
 SYSTEM_MODULES = {
-    "os": "escape", "sys": "escape", "subprocess": "thread", "socket": "thread", "threading": "thread",
-    "multiprocessing": "thread", "concurrent": "thread", "asyncio": "thread", "ctypes": "escape",
-    "cffi": "escape", "importlib": "escape", "inspect": "escape", "gc": "escape", "pickle": "escape",
-    "marshal": "escape", "builtins": "escape", "shutil": "escape", "pathlib": "escape", "io": "escape",
-    "signal": "escape", "pty": "thread", "runpy": "escape", "code": "escape", "types": "escape",
+    "os": "escape", "sys": "escape", "posix": "escape", "subprocess": "process", "_posixsubprocess": "process",
+    "pty": "process", "multiprocessing": "process", "socket": "network", "_socket": "network", "ssl": "network",
+    "http": "network", "urllib": "network", "ftplib": "network", "smtplib": "network", "socketserver": "network",
+    "xmlrpc": "network", "asyncio": "lazy-output", "threading": "lazy-output", "_thread": "lazy-output",
+    "concurrent": "lazy-output", "sched": "lazy-output", "time": "timer", "timeit": "timer",
+    "ctypes": "escape", "cffi": "escape", "importlib": "escape", "inspect": "escape", "gc": "escape",
+    "pickle": "escape", "marshal": "escape", "builtins": "escape", "shutil": "filesystem",
+    "pathlib": "filesystem", "io": "filesystem", "tempfile": "filesystem", "glob": "filesystem",
+    "signal": "escape", "runpy": "escape", "code": "escape", "types": "escape", "weakref": "output-cache",
 }
 #: attribute chains that hand work to library kernels or defeat the timer; matched on dotted prefixes
 FORBIDDEN_ATTRS = {
@@ -53,14 +67,14 @@ FORBIDDEN_ATTRS = {
     "torch.nn.functional.scaled_dot_product_attention": "library-kernel",
     "torch.backends": "library-kernel",
     "torch._C": "escape",
-    "torch.overrides": "tensor-subclass",
-    "torch.utils._python_dispatch": "tensor-subclass",
+    "torch.overrides": "lazy-output",
+    "torch.utils._python_dispatch": "lazy-output",
     "torch.cuda.Stream": "stream", "torch.cuda.stream": "stream", "torch.cuda.Event": "stream",
     "torch.cuda.graph": "stream", "torch.cuda.CUDAGraph": "stream", "torch.cuda.set_stream": "stream",
     "torch.cuda.synchronize": "stream", "torch.cuda.current_stream": "stream",
     "torch.cuda.default_stream": "stream", "torch.cuda.ExternalStream": "stream",
     "torch.Stream": "stream", "torch.Event": "stream",
-    "torch.multiprocessing": "thread", "torch.distributed": "thread",
+    "torch.multiprocessing": "process", "torch.distributed": "network",
     "torch.hub": "escape", "torch.load": "escape", "torch.save": "escape", "torch.utils": "escape",
     "triton.runtime": "escape", "triton.compiler": "escape", "triton.backends": "escape",
     "triton._C": "escape", "triton.testing": "stream", "triton.knobs": "escape",
@@ -75,19 +89,104 @@ PROBLEM_OPS = {
             "solve_triangular", "inverse", "linalg"},
     "mla": {"scaled_dot_product_attention", "softmax", "log_softmax", "logsumexp"},
 }
-#: builtins and dunders that defeat a static check
-ESCAPE_NAMES = {"exec", "eval", "compile", "__import__", "getattr", "setattr", "delattr", "globals",
-                "locals", "vars", "open", "breakpoint", "input", "memoryview", "super", "object", "type"}
-ESCAPE_ATTRS = {"__globals__", "__dict__", "__class__", "__subclasses__", "__bases__", "__mro__",
-                "__builtins__", "__code__", "__closure__", "__getattribute__", "__setattr__", "__import__",
-                "__loader__", "__spec__", "f_globals", "f_locals", "f_back", "gi_frame", "__self__",
-                "__func__", "__wrapped__", "__reduce__", "__reduce_ex__", "__init_subclass__"}
+#: the builtins a candidate may name; every other builtin (exec, eval, getattr, vars, globals, type, open,
+#: __import__, super, object, dir, ...) is an escape
+ALLOWED_BUILTINS = {
+    "abs", "all", "any", "bool", "dict", "divmod", "enumerate", "filter", "float", "frozenset", "int",
+    "isinstance", "issubclass", "iter", "len", "list", "map", "max", "min", "next", "pow", "print", "range",
+    "repr", "reversed", "round", "set", "slice", "sorted", "str", "sum", "tuple", "zip", "complex", "chr",
+    "ord", "hex", "bin", "oct", "format", "callable", "hasattr", "property", "staticmethod", "classmethod",
+    "True", "False", "None", "Ellipsis", "NotImplemented", "__name__",
+    "Exception", "ValueError", "TypeError", "RuntimeError", "AssertionError", "NotImplementedError",
+    "KeyError", "IndexError", "ArithmeticError", "ZeroDivisionError", "OverflowError", "StopIteration",
+}
+BUILTIN_NAMES = frozenset(dir(builtins))
+#: builtins by family, so that their rejection names it
+BUILTIN_FAMILY = {"open": "filesystem", "id": "output-cache", "hash": "output-cache"}
+#: non-underscore attributes that reach frames, code or the class graph (underscore names are all refused)
+ESCAPE_ATTRS = {"f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "gi_frame", "gi_code",
+                "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code", "tb_frame", "tb_next",
+                "co_code", "co_consts", "co_names", "mro", "modules", "builtins", "get_type_hints",
+                "ForwardRef", "attrgetter", "methodcaller", "gpu_worker", "activities", "workflows", "baselines"}
 CACHE_ATTRS = {"data_ptr", "_version", "untyped_storage", "storage", "_cdata", "storage_offset",
-               "unsafe_chunk", "_base"}
-CACHE_NAMES = {"id", "hash"}
+               "unsafe_chunk", "_base", "lru_cache", "cache", "cached_property"}
 SUBCLASS_ATTRS = {"__torch_function__", "__torch_dispatch__", "as_subclass", "_make_subclass",
-                  "_make_wrapper_subclass"}
-THREAD_NAMES = {"Thread", "Process", "Popen", "system", "fork"}
+                  "_make_wrapper_subclass", "TorchFunctionMode", "TorchDispatchMode"}
+THREAD_NAMES = {"Thread": "lazy-output", "Timer": "lazy-output", "Process": "process", "Popen": "process",
+                "system": "process", "fork": "process", "spawn": "process", "posix_spawn": "process"}
+#: modules that are attributes of torch, triton and the submodules a candidate may use, and that it may not
+#: name (tests/gpu_worker/test_rules.py holds the installed torch and Triton to this list)
+LIBRARY_MODULES = {
+    "torch": ("accelerator", "amp", "ao", "autograd", "backends", "classes", "compiler", "cpp", "cpu",
+              "distributed", "distributions", "export", "func", "futures", "fx", "hub", "jit", "library",
+              "linalg", "masked", "monitor", "mps", "mtia", "nested", "ops", "optim", "overrides", "package",
+              "profiler", "quantization", "quasirandom", "return_types", "serialization", "sparse", "storage",
+              "testing", "torch_version", "utils", "windows", "xpu", "onnx", "signal", "types", "multiprocessing"),
+    "torch.cuda": ("amp", "gds", "graphs", "green_contexts", "jiterator", "memory", "nccl", "nvtx", "profiler",
+                   "sparse", "streams", "tunable", "random", "comm"),
+    "torch.nn": ("attention", "common_types", "grad", "init", "intrinsic", "modules", "parallel", "parameter",
+                 "qat", "quantizable", "quantized", "utils"),
+    "torch.nn.functional": ("grad", "np"),
+    "torch.functional": ("np",),
+    "triton": ("backends", "compiler", "errors", "knobs", "runtime", "testing", "tools", "profiler"),
+    "triton.language": (),
+    "triton.language.core": ("ir", "knobs"),
+    "triton.language.extra": ("hip", "module"),
+}
+#: module-valued attributes a candidate may use in a chain (torch.cuda.x, tl.extra.libdevice.x, ...)
+ALLOWED_MODULES = {"torch", "torch.cuda", "torch.nn", "torch.nn.functional", "torch.fft", "torch.special",
+                   "torch.version", "torch.functional", "torch.random", "triton", "triton.language",
+                   "triton.language.core",
+                   "triton.language.extra", "triton.language.extra.libdevice", "triton.language.extra.cuda",
+                   "triton.language.extra.cuda.libdevice",
+                   "triton.language.math", "triton.language.standard", "triton.language.target_info",
+                   "triton.language.semantic", "triton.language.random"}
+LIBRARY_MODULE_PATHS = frozenset(f"{root}.{name}" for root, names in LIBRARY_MODULES.items() for name in names)
+PURE_SEGMENTS = {"math", "cmath", "chunk", "select", "random", "copy", "array", "string", "numbers",
+                 "statistics", "heapq", "bisect", "operator", "itertools", "collections", "enum", "dataclasses",
+                 "abc", "decimal", "fractions", "functools", "typing", "__future__"}
+#: dunder methods a candidate's class may define (others are hooks torch or the harness would call)
+ALLOWED_DUNDERS = {"__init__", "__post_init__", "__repr__"}
+TIMER_NAMES = {"time", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns", "process_time",
+               "Event", "elapsed_time", "record", "synchronize", "CUDAGraph", "do_bench", "_sleep"}
+
+
+def _stdlib_names() -> frozenset:
+    import sys
+
+    return frozenset(getattr(sys, "stdlib_module_names", ())) | frozenset(SYSTEM_MODULES)
+
+
+STDLIB_SEGMENTS = _stdlib_names() - PURE_SEGMENTS
+
+
+def segment_rule(name: str) -> tuple[str, str] | None:
+    """The rule an attribute name breaks wherever it appears in a chain (torch.X, x.X, f().X)."""
+    if name in CACHE_ATTRS:
+        return "output-cache", f"attribute {name!r}: pointer/version-keyed state is not allowed"
+    if name in SUBCLASS_ATTRS:
+        return "lazy-output", f"{name!r} is not allowed (outputs completed outside the call)"
+    if name.startswith("_"):
+        return "escape", f"attribute {name!r}: names starting with an underscore are not allowed"
+    if name in ESCAPE_ATTRS:
+        return "escape", f"attribute {name!r} is not allowed"
+    if name in THREAD_NAMES:
+        return THREAD_NAMES[name], f"{name!r} is not allowed"
+    if name in STDLIB_SEGMENTS:
+        fam = SYSTEM_MODULES.get(name, "escape")
+        return fam, f"attribute {name!r}: reaching the {name!r} module through another module is not allowed"
+    return None
+
+
+def module_path_rule(full: str) -> tuple[str, str] | None:
+    """A chain rooted at an imported module (already resolved through aliases) that passes through one of
+    the library's modules a candidate may not use."""
+    parts = full.split(".")
+    for i in range(2, len(parts) + 1):
+        prefix = ".".join(parts[:i])
+        if prefix in LIBRARY_MODULE_PATHS:
+            return "escape", f"use of {full!r}: the module {prefix!r} is not open to candidates"
+    return None
 
 
 def _problem_ops(problem: str) -> set[str]:
@@ -123,9 +222,13 @@ def _import_rule(module: str) -> tuple[str, str] | None:
         return SYSTEM_MODULES[top], f"import of {module!r} is not allowed in a candidate"
     for ok in ALLOWED_IMPORTS:
         if module == ok or module.startswith(ok + "."):
-            dotted_rule = _attr_rule(module)
+            dotted_rule = _attr_rule(module) or module_path_rule(module)
             if dotted_rule:
                 return dotted_rule
+            for part in module.split(".")[1:]:  # import torch.utils.x, import triton.runtime
+                r = segment_rule(part)
+                if r:
+                    return r[0], f"import of {module!r}: {r[1]}"
             return None
     return "forbidden-import", f"import of {module!r}: allowed are {', '.join(ALLOWED_IMPORTS)}"
 
@@ -137,10 +240,39 @@ def _attr_rule(dotted: str) -> tuple[str, str] | None:
     return None
 
 
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the module binds anywhere (assignments, arguments, definitions, imports, loop and
+    comprehension targets, with-as, match captures): a loaded name outside this set is a builtin."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            for a in n.names:
+                out.add(a.asname or a.name.split(".")[0])
+        elif isinstance(n, ast.ExceptHandler) and n.name:
+            out.add(n.name)
+        elif isinstance(n, (ast.MatchAs, ast.MatchStar)) and n.name:
+            out.add(n.name)
+        elif isinstance(n, ast.MatchMapping) and n.rest:
+            out.add(n.rest)
+    return out
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and len(name) > 4
+
+
 class _Checker(ast.NodeVisitor):
-    def __init__(self, problem: str):
+    def __init__(self, problem: str, bound: set[str]):
         self.ops = _problem_ops(problem)
+        self.bound = bound
         self.aliases: dict[str, str] = {}  # local name -> dotted module/object it stands for
+        self.modules: set[str] = set()  # the local names that stand for modules
 
     def fail(self, rule: str, node: ast.AST, what: str):
         line = getattr(node, "lineno", "?")
@@ -153,6 +285,7 @@ class _Checker(ast.NodeVisitor):
             if r:
                 self.fail(r[0], node, r[1])
             self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            self.modules.add(a.asname or a.name.split(".")[0])
 
     def visit_ImportFrom(self, node: ast.ImportFrom):
         if node.level:
@@ -165,10 +298,13 @@ class _Checker(ast.NodeVisitor):
             if a.name == "*":
                 self.fail("escape", node, f"'from {mod} import *' is not allowed")
             full = f"{mod}.{a.name}"
-            r = _attr_rule(full) or self._name_rule(a.name, node, full)
+            r = _attr_rule(full) or self._name_rule(a.name, node, full) or segment_rule(a.name) \
+                or module_path_rule(full)
             if r:
                 self.fail(r[0], node, r[1])
             self.aliases[a.asname or a.name] = full
+            if full in ALLOWED_MODULES or full in LIBRARY_MODULE_PATHS or a.name in STDLIB_SEGMENTS | PURE_SEGMENTS:
+                self.modules.add(a.asname or a.name)
 
     def _name_rule(self, name: str, node, full: str):
         if name in MATMUL_NAMES and full.startswith("torch"):
@@ -187,15 +323,14 @@ class _Checker(ast.NodeVisitor):
         return f"{base}.{rest}" if rest else base
 
     def visit_Attribute(self, node: ast.Attribute):
-        if node.attr in ESCAPE_ATTRS:
-            self.fail("escape", node, f"attribute {node.attr!r} is not allowed")
-        if node.attr in CACHE_ATTRS:
-            self.fail("output-cache", node, f"attribute {node.attr!r}: pointer/version-keyed state is not allowed")
-        if node.attr in SUBCLASS_ATTRS:
-            self.fail("tensor-subclass", node, f"{node.attr!r} is not allowed")
+        # every attribute name is checked wherever it appears: a chain from any object (a module, a
+        # function's result, a subscript) may lead to the same places as one from an import alias
+        r = segment_rule(node.attr)
+        if r:
+            self.fail(r[0], node, r[1])
         full = self._resolve(node)
         if full:
-            r = _attr_rule(full)
+            r = _attr_rule(full) or (module_path_rule(full) if full.split(".")[0] in ("torch", "triton") else None)
             if r:
                 self.fail(r[0], node, r[1])
         if node.attr in MATMUL_NAMES and (full is None or not full.startswith(("tl.", "triton.language."))):
@@ -203,17 +338,21 @@ class _Checker(ast.NodeVisitor):
                 self.fail("library-kernel", node, f".{node.attr}: cuBLAS-backed matmul may not do the operator's core")
         if node.attr in self.ops and not (full and full.startswith("triton.language")):
             self.fail("library-kernel", node, f".{node.attr} is the library's implementation of this operator")
-        if node.attr in THREAD_NAMES:
-            self.fail("thread", node, f"{node.attr!r} is not allowed")
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name):
-        if node.id in ESCAPE_NAMES:
+        if node.id.startswith("_") and node.id != "__name__" and node.id not in self.bound or _dunder(node.id) \
+                and node.id != "__name__":
             self.fail("escape", node, f"{node.id!r} is not allowed")
-        if node.id in CACHE_NAMES:
-            self.fail("output-cache", node, f"{node.id}() is not allowed (identity-keyed caching)")
-        if node.id in ("__builtins__", "__loader__", "__spec__", "__file__"):
-            self.fail("escape", node, f"{node.id!r} is not allowed")
+        if isinstance(node.ctx, ast.Load) and node.id not in self.bound and node.id not in self.aliases:
+            if node.id in BUILTIN_NAMES and node.id not in ALLOWED_BUILTINS:
+                fam = BUILTIN_FAMILY.get(node.id, "escape")
+                self.fail(fam, node, f"builtin {node.id!r} is not allowed (see rules.ALLOWED_BUILTINS)")
+        if node.id in self.modules and not isinstance(node.ctx, ast.Store):
+            parent = getattr(node, "parent", None)
+            if not (isinstance(parent, ast.Attribute) and parent.value is node):
+                # a module held in a variable, passed or returned would carry chains past these checks
+                self.fail("escape", node, f"module {node.id!r} may only be used as {node.id}.name")
         full = self.aliases.get(node.id)
         if full:
             r = _attr_rule(full)
@@ -233,10 +372,13 @@ class _Checker(ast.NodeVisitor):
                 base = base.value
             if isinstance(base, ast.Name):
                 full = self.aliases.get(base.id, base.id)
-                if full.split(".")[0] in ("torch", "triton", "math", "functools", "itertools", "operator"):
-                    self.fail("escape", t, f"assignment into {ast.unparse(t)!r}: library objects may not be modified")
-        elif isinstance(t, (ast.Tuple, ast.List)):
-            for e in t.elts:
+                if full.split(".")[0] in ("torch", "triton", "math", "functools", "itertools", "operator",
+                                          "typing", "dataclasses", "collections", "enum"):
+                    names = {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+                    fam = "timer" if names & TIMER_NAMES else "escape"
+                    self.fail(fam, t, f"assignment into {ast.unparse(t)!r}: library objects may not be modified")
+        elif isinstance(t, (ast.Tuple, ast.List, ast.Starred)):
+            for e in (t.elts if not isinstance(t, ast.Starred) else [t.value]):
                 self._check_target(e)
 
     def visit_Assign(self, node: ast.Assign):
@@ -250,6 +392,10 @@ class _Checker(ast.NodeVisitor):
         self._check_target(node.target)
         self.generic_visit(node)
 
+    def visit_AnnAssign(self, node: ast.AnnAssign):
+        self._check_target(node.target)
+        self.generic_visit(node)
+
     def visit_Delete(self, node: ast.Delete):
         for t in node.targets:
             self._check_target(t)
@@ -260,9 +406,27 @@ class _Checker(ast.NodeVisitor):
 
     visit_TryStar = visit_Try
 
+    def _check_def(self, node, name: str):
+        if _dunder(name) and name not in ALLOWED_DUNDERS:
+            fam = "lazy-output" if name in SUBCLASS_ATTRS else "escape"
+            self.fail(fam, node, f"defining {name!r} is not allowed (a hook torch or the harness would call)")
+
+    def visit_FunctionDef(self, node: ast.FunctionDef):
+        self._check_def(node, node.name)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
     def visit_ClassDef(self, node: ast.ClassDef):
         for b in node.bases:
-            self.fail("tensor-subclass", node, f"class {node.name} derives from {ast.unparse(b)}; classes with bases are not allowed")
+            self.fail("lazy-output", node, f"class {node.name} derives from {ast.unparse(b)}; classes with bases are not allowed")
+        for k in node.keywords:
+            self.fail("escape", node, f"class {node.name}: '{k.arg}=' in a class statement is not allowed")
+        for stmt in node.body:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            for t in targets:
+                if isinstance(t, ast.Name):
+                    self._check_def(stmt, t.id)
         self.generic_visit(node)
 
     def visit_Global(self, node):
@@ -273,7 +437,7 @@ class _Checker(ast.NodeVisitor):
     def visit_Constant(self, node: ast.Constant):
         if isinstance(node.value, str):
             for lib in ("fla.", "flash_attn", "flashinfer", "xformers", "vllm", "deep_gemm", "flash_mla",
-                        "liger_kernel", "tilelang", "baselines."):
+                        "liger_kernel", "tilelang", "baselines.", "gpu_worker"):
                 if lib in node.value:
                     self.fail("forbidden-import", node, f"string mentions {lib!r}")
 
@@ -289,7 +453,10 @@ def check_source(source: str, problem: str) -> RuleReport:
     if len(run[0].args.args) != 2:
         return RuleReport(ok=False, rule="contract", detail="run must take exactly (inputs, out)")
     try:
-        _Checker(problem).visit(tree)
+        for parent in ast.walk(tree):
+            for child in ast.iter_child_nodes(parent):
+                child.parent = parent
+        _Checker(problem, _bound_names(tree)).visit(tree)
     except _Violation as v:
         return RuleReport(ok=False, rule=v.rule, detail=v.detail[:2000])
     return RuleReport(ok=True)

@@ -48,13 +48,13 @@ def test_canaries_slow_fast_wrong_cheat_pass_static_rules():
     ("f = getattr(torch, 'soft' + 'max')", "escape"),
     ("exec('import fla')", "escape"),
     ("g = run.__globals__", "escape"),
-    ("torch.cuda.Event.elapsed_time = lambda a, b: 0.001", "escape"),
+    ("torch.cuda.Event.elapsed_time = lambda a, b: 0.001", "timer"),
     ("torch.Tensor.copy_ = None", "escape"),
     ("s = torch.cuda.Stream()", "stream"),
     ("torch.cuda.synchronize()", "stream"),
-    ("import threading", "thread"),
-    ("import subprocess", "thread"),
-    ("import socket", "thread"),
+    ("import threading", "lazy-output"),
+    ("import subprocess", "process"),
+    ("import socket", "network"),
     ("y = torch.ops.aten.mm(a, b)", "library-kernel"),
     ("f = torch.compile(run)", "library-kernel"),
     ("y = torch.nn.functional.scaled_dot_product_attention(q, k, v)", "library-kernel"),
@@ -69,7 +69,7 @@ def test_canaries_slow_fast_wrong_cheat_pass_static_rules():
     ("p = x.data_ptr()", "output-cache"),
     ("v = x._version", "output-cache"),
     ("k = id(x)", "output-cache"),
-    ("class Lazy(torch.Tensor):\n    pass", "tensor-subclass"),
+    ("class Lazy(torch.Tensor):\n    pass", "lazy-output"),
     ("try:\n    pass\nexcept Exception:\n    pass", "fallback"),
     ("def f():\n    global Z\n    Z = 1", "output-cache"),
     ("s = 'fla.ops.kda'", "forbidden-import"),
@@ -99,3 +99,163 @@ def test_rules_module_imports_no_torch():
     code = "import sys, gpu_worker.rules; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+# --- attribute chains, builtins and modules: the class, not instances ------------------------------
+
+@pytest.mark.parametrize("code,rule", [
+    # the interpreter's module table, builtins and the harness, reached through torch's own attributes
+    ("m = torch.sys.modules", "escape"),
+    ("m = torch.cuda.os.system", "process"),
+    ("m = torch.cuda.os", "escape"),
+    ("m = torch.nn.functional.importlib", "escape"),
+    ("s = torch.multiprocessing.reductions", "process"),
+    ("s = torch.functional.subprocess", "process"),
+    ("s = triton.language.core.socket", "network"),
+    ("c = torch.ctypes", "escape"),
+    ("c = torch._C", "escape"),
+    ("c = torch._C._len_torch_function_stack()", "escape"),
+    ("o = torch.ops.aten", "library-kernel"),
+    ("b = torch.__builtins__", "escape"),
+    ("b = __builtins__", "escape"),
+    ("g = torch.gpu_worker", "escape"),
+    ("g = torch.activities", "escape"),
+    ("g = torch.workflows", "escape"),
+    # module-valued attributes of torch and Triton that are not open to candidates
+    ("j = torch.jit.script", "escape"),
+    ("j = torch.utils.data", "escape"),
+    ("j = torch.cuda.memory.caching_allocator_alloc", "escape"),
+    ("j = torch.cuda.nvtx.range_push", "escape"),
+    ("j = torch.autograd.profiler", "escape"),
+    ("j = torch.nn.functional.np", "escape"),
+    ("j = triton.runtime.driver", "escape"),
+    ("from torch import jit", "escape"),
+    ("from torch.cuda import memory", "escape"),
+    ("import torch.utils.data", "escape"),
+    # the class graph, frames and code, whatever object the chain starts from
+    ("k = x.__class__.__mro__[-1].__subclasses__()", "escape"),
+    ("k = x.__dict__", "escape"),
+    ("k = (1).__class__", "escape"),
+    ("k = int.mro()", "escape"),
+    ("k = (lambda: 0).__globals__", "escape"),
+    ("k = (y for y in []).gi_frame.f_back.f_globals", "escape"),
+    ("k = run.fn.__globals__['torch']", "escape"),
+    ("k = [torch][0].sys", "escape"),
+    # builtins outside the allowlist
+    ("f = getattr(torch, 'cuda')", "escape"),
+    ("f = vars(torch)", "escape"),
+    ("f = globals()", "escape"),
+    ("f = type(x)", "escape"),
+    ("f = object", "escape"),
+    ("f = dir(torch)", "escape"),
+    ("f = open('/etc/passwd', 'w')", "filesystem"),
+    ("h = hash(x)", "output-cache"),
+    # a module may not be held in a variable, passed or returned (the chain would leave the checks)
+    ("m = torch", "escape"),
+    ("f(triton)", "escape"),
+    ("import triton.language as tl\nm = [tl]", "escape"),
+    # members of allowed modules that evaluate strings or reach attributes by name
+    ("import typing\nh = typing.get_type_hints(run)", "escape"),
+    ("import operator\nh = operator.attrgetter('__class__')", "escape"),
+    ("import functools\n@functools.lru_cache\ndef f(x):\n    return x", "output-cache"),
+    ("from functools import cache", "output-cache"),
+    # hooks torch or the harness would call on the candidate's objects
+    ("class Lazy:\n    def __torch_function__(self, func, types, args=(), kwargs=None):\n        pass", "lazy-output"),
+    ("class Lazy:\n    __torch_dispatch__ = None", "lazy-output"),
+    ("class Late:\n    def __del__(self):\n        pass", "escape"),
+    ("def __getattr__(name):\n    return name", "escape"),
+    ("from torch.overrides import TorchFunctionMode", "lazy-output"),
+    ("from torch.utils._python_dispatch import TorchDispatchMode", "lazy-output"),
+    # imports beyond the allowlist, by family where there is one
+    ("import numpy", "forbidden-import"),
+    ("import _posixsubprocess", "process"),
+    ("import time", "timer"),
+    ("import tempfile", "filesystem"),
+    ("import urllib.request", "network"),
+    ("import weakref", "output-cache"),
+    ("import json", "forbidden-import"),
+])
+def test_chains_builtins_and_modules_refused(code, rule):
+    rep = check_source(src(code), "softmax")
+    assert not rep.ok, code
+    assert rep.rule == rule, (code, rep)
+
+
+@pytest.mark.parametrize("code", [
+    "y = torch.empty((4, 4), dtype=torch.float32, device=x.device)",
+    "n = torch.cuda.get_device_properties(0).multi_processor_count",
+    "b = triton.next_power_of_2(300)\nc = triton.cdiv(300, 64)",
+    "@triton.jit\ndef k(a, B: tl.constexpr):\n    v = tl.math.exp(tl.load(a + tl.arange(0, B)))",
+    "from triton.language.extra import libdevice",
+    "z = x.select(0, 1).chunk(2)",
+    "import math\nr = math.sqrt(2.0)",
+    "import functools\ng = functools.partial(max, 0)",
+    "def _helper(v):\n    return v\nq = _helper(1)",
+    "class Cfg:\n    def __init__(self, b):\n        self.b = b",
+])
+def test_honest_constructs_pass(code):
+    rep = check_source(src(code), "softmax")
+    assert rep.ok, (code, rep)
+
+
+def test_every_knob_setting_the_search_can_render_passes():
+    """Each starting kernel, with each value of each knob checked in full, and the whole product of the
+    knob space: rendering changes only the KNOBS line (checked), so every combination is that line's
+    constants, each checked in the full source."""
+    import itertools
+
+    from baselines.problem import KNOBS_LINE, render
+    from baselines.registry import get_problem, problem_names
+
+    for name in problem_names():
+        p = get_problem(name)
+        template, space = p.template(), p.knob_space()
+        for knob, values in space.items():
+            for v in values:
+                rep = check_source(render(template, {knob: v}), name)
+                assert rep.ok, (name, knob, v, rep)
+        head, tail = template[:KNOBS_LINE.search(template).start()], template[KNOBS_LINE.search(template).end():]
+        names = sorted(space)
+        for combo in itertools.product(*(space[n] for n in names)):
+            out = render(template, dict(zip(names, combo)))
+            m = KNOBS_LINE.search(out)
+            assert out[:m.start()] == head and out[m.end():] == tail, (name, combo)
+            rep = check_source(m.group(0) + "\n\ndef run(inputs, out):\n    pass\n", name)
+            assert rep.ok, (name, combo, rep)
+
+
+def test_library_module_list_covers_the_installed_torch_and_triton():
+    """Every module-valued attribute of torch, Triton and the submodules candidates may use is either
+    open to candidates (ALLOWED_MODULES) or refused: a new torch that adds one fails here, not silently."""
+    import sys
+    import types
+
+    import torch
+    import triton
+    import triton.language  # noqa: F401
+
+    from gpu_worker.rules import ALLOWED_MODULES, PURE_SEGMENTS
+
+    unclassified = []
+    for root in sorted(ALLOWED_MODULES):
+        obj = sys.modules.get(root)
+        if obj is None:
+            continue
+        for attr in dir(obj):
+            if attr.startswith("_"):
+                continue
+            try:
+                v = getattr(obj, attr)
+            except Exception:  # noqa: BLE001 - lazily imported attributes that fail to import
+                continue
+            if not isinstance(v, types.ModuleType):
+                continue
+            path = f"{root}.{attr}"
+            if path in ALLOWED_MODULES or v.__name__ in ALLOWED_MODULES | PURE_SEGMENTS or attr in ("torch", "triton"):
+                continue  # the pure standard-library modules (math, functools, ...) reach nothing
+            alias = "torch" if root.startswith("torch") else "triton"
+            code = f"import {alias}\nq = {path}.anything\n\ndef run(inputs, out):\n    pass\n"
+            if check_source(code, "softmax").ok:
+                unclassified.append(path)
+    assert not unclassified, f"module attributes neither allowed nor refused: {unclassified}"
+    assert torch and triton
