@@ -368,7 +368,8 @@ async def cmd_status(args) -> int:
         return 0
     if isinstance(st, RunResult):  # a finished run: its result, which needs no worker to answer
         print(f"{st.workflow_id}: {st.problem} finished after {st.iterations} iterations, run {st.runs}")
-        print(_fmt_end(st).removeprefix("done: "))
+        print(f"stopped by {st.stopped_by}" + (f" ({st.stop_reason})" if st.stop_reason else ""))
+        print(f"best: {_fmt_best(st.best)}")
         print(f"used: {used_text(st.used, st.used.turns > 0)}")
         if st.best and st.best.interpreter:
             print(f"note: {INTERPRETER_NOTE}")
