@@ -3,8 +3,8 @@
 `rewrite_notebook` runs inside the `compact_notebook` activity. It gives the model the previous
 notebook, the deterministic summary of every record so far and the records since the last compaction,
 and asks for a rewritten notebook: strategies tried and why they failed, what the profiler said, what
-to try next. The version header (`# Notebook: ..., version N` / `previous version: KEY`) and the facts
-from the records are always the deterministic ones, so the chain stays readable with `marathon
+to try next. The version header (`# Notebook: ..., version N` / `previous version: KEY`), the facts
+from the records and what failed and why are always the deterministic ones (whatever the model keeps), so the chain stays readable with `marathon
 notebook ID` whatever the model writes. If the endpoint fails in any way, the deterministic summary is
 the new version (with a line saying why), and the run carries on.
 """
@@ -31,15 +31,19 @@ def _record_lines(req: CompactRequest) -> list[str]:
     return out
 
 
-def _header_and_facts(deterministic_text: str) -> tuple[str, str]:
+def _header_and_facts(deterministic_text: str) -> tuple[str, str, str]:
+    """(version header, the facts from the records, the "what failed and why" section) of the
+    deterministic notebook."""
     lines = deterministic_text.splitlines()
     header = "\n".join(lines[:2])
-    facts = []
+    facts, failures = [], []
+    section = facts
     for ln in lines[2:]:
-        if ln.startswith("## What failed") or ln.startswith("## What the measurements") or ln.startswith("## Since"):
-            break
-        facts.append(ln)
-    return header, "\n".join(facts).strip()
+        if ln.startswith("## "):
+            section = failures if ln.startswith("## What failed") else facts if ln.startswith("## Totals") else None
+        if section is not None:
+            section.append(ln)
+    return header, "\n".join(facts).strip(), "\n".join(failures).strip()
 
 
 def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
@@ -52,7 +56,7 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
             previous = store.get_text(req.notebook_key)
         except ArtifactStoreError:
             previous = ""
-    header, facts = _header_and_facts(deterministic_text)
+    header, facts, failures = _header_and_facts(deterministic_text)
     user = "\n\n".join([
         f"Problem: {req.problem}. Run {req.run}. This will be notebook version "
         f"{req.notebook_version + 1}{' (the final one: the run is ending)' if req.final else ''}.",
@@ -75,5 +79,7 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
     if not body:
         return (deterministic_text.rstrip() + "\n\n> The model returned an empty notebook; this version is "
                 "the deterministic summary of the records.\n", reply.tokens_in, reply.tokens_out)
-    text = f"{header}\n\n{facts}\n\n{body}\n"
+    # The failures are kept verbatim whatever the model wrote: a summariser that drops them would let
+    # the next turns try the same dead ends again.
+    text = f"{header}\n\n{facts}\n\n" + (f"{failures}\n\n" if failures else "") + f"{body}\n"
     return text, reply.tokens_in, reply.tokens_out

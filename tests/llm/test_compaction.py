@@ -1,0 +1,29 @@
+"""The llm policy's notebook rewrite against the scripted server: what the deterministic notebook keeps
+whatever the summarising model writes."""
+
+from __future__ import annotations
+
+from activities.llm_compaction import rewrite_notebook
+from activities.notebook import summarize
+from tests.llm.server import ChatServer, completion
+from workflows.contracts import CompactRequest, IterationRecord
+
+
+def test_the_notebook_keeps_what_failed_and_why_when_the_summariser_drops_it(store, llm_env):
+    recs = [IterationRecord(iteration=1, candidate_id="a" * 16, source_key="k", outcome="rejected", stage="compile",
+                            reason="triton.CompilationError: BLOCK_N must be a power of 2", rationale="BLOCK_N=1000"),
+            IterationRecord(iteration=2, candidate_id="b" * 16, source_key="k", outcome="rejected", stage="verify",
+                            reason="rel err 3.1 on the wide inputs: exp overflow", rationale="no max subtraction"),
+            IterationRecord(iteration=3, candidate_id="c" * 16, source_key="k", outcome="passed", speedup=1.2,
+                            time_ms=1.0, baseline_ms=1.2, rationale="two rows per program")]
+    req = CompactRequest(workflow_id="w", problem="softmax", policy="llm", run=1, records=recs)
+    deterministic = summarize("softmax", 1, None, recs, recs, None)
+    with ChatServer(lambda body, headers: completion("## What works\nTwo rows per program: 1.2x.\n## Next\nmore rows",
+                                                     prompt_tokens=400, completion_tokens=30)) as server:
+        llm_env(server)
+        text, tin, tout = rewrite_notebook(req, deterministic, store)
+    assert (tin, tout) == (400, 30)
+    assert "Two rows per program: 1.2x." in text  # the model's notebook
+    assert "## What failed and why" in text and "compile: triton.CompilationError: BLOCK_N must be a power of 2" in text
+    assert "verify: rel err 3.1 on the wide inputs" in text
+    assert text.startswith("# Notebook: softmax, version 1")
