@@ -21,6 +21,15 @@ Phase = Literal[
 ]
 Outcome = Literal["improved", "passed", "rejected"]
 Stage = Literal["propose", "rules", "compile", "verify", "benchmark", "profile", "sandbox"]
+#: the cheating families a rejection can name: a rejection's reason starts with `family:` when it has one
+FAMILIES = ("network", "process", "filesystem", "output-cache", "lazy-output", "precomputed", "shape-specific",
+            "stream", "timer")
+
+
+def family_of(text: str | None) -> str | None:
+    """The family a rejection's reason (or rule) names by its first word, else None."""
+    head = (text or "").split(":", 1)[0].strip()
+    return head if head in FAMILIES else None
 
 
 def explain(e: ValidationError) -> str:
@@ -141,6 +150,13 @@ class IterationRecord(Strict):
     baseline_host_ms: float | None = None
     started_at: float = 0.0  # workflow time, seconds since epoch
     finished_at: float = 0.0
+    family: str | None = None  # the cheating family a rejection names (FAMILIES), from its reason
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.family is None and self.outcome == "rejected":
+            self.family = family_of(self.reason)
+        return self
 
 
 class ToolResult(Strict):
@@ -277,6 +293,13 @@ class RuleReport(Strict):
     ok: bool
     rule: str | None = None
     detail: str = ""
+    family: str | None = None  # the rule, when it is one of FAMILIES
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.family is None and not self.ok:
+            self.family = family_of(self.rule)
+        return self
 
 
 class EvalRequest(Strict):
@@ -301,6 +324,13 @@ class CompileReport(Strict):
     interpreter: bool = False
     log_key: str | None = None
     seconds: float = 0.0
+    family: str | None = None  # the cheating family a refusal names (FAMILIES), from its error
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.family is None and not self.ok:
+            self.family = family_of(self.error)
+        return self
 
 
 class VerifyReport(Strict):
@@ -313,6 +343,13 @@ class VerifyReport(Strict):
     interpreter: bool = False
     log_key: str | None = None
     seconds: float = 0.0
+    family: str | None = None  # the cheating family the rejection names (FAMILIES), from its reason
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.family is None and not self.ok:
+            self.family = family_of(self.reason)
+        return self
 
 
 class Receipt(Strict):
@@ -381,6 +418,13 @@ class BenchReport(Strict):
     host_ms: float | None = None
     baseline_host_ms: float | None = None
     kernel_ms: float | None = None  # profiler kernel time per call, deciding distribution, when cross-checked
+    family: str | None = None  # the cheating family the rejection names (FAMILIES), from its reason
+
+    @model_validator(mode="after")
+    def _family(self):
+        if self.family is None and not self.ok:
+            self.family = family_of(self.reason)
+        return self
 
 
 class ProfileReport(Strict):
