@@ -1172,8 +1172,8 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         except ArtifactStoreError:
             notebook = "(the notebook could not be read)"
     turns = _load_turns(store, req.conversation_key, HISTORY_TURNS)
-    past_hints = [h for t in turns for h in t.get("hints", [])]
     hints = req.hints
+    past_hints = [h for h in req.standing_hints if h not in hints]
     template = _template_block(req.problem)
     call = "call tools" if mode != "text" else "call tools with TOOL: lines"
     tail = []
@@ -1211,7 +1211,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         if rb:
             state.append(rb)
         if past_hints:
-            state.append("# Earlier operator hints\n" + "\n".join(f"- {h}" for h in past_hints))
+            state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
         msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
         units = _history_units(turns, req.tool_results, store, tool_limit, mode, last_limit)
         for u in units[len(units) - n_turns:] if n_turns else []:

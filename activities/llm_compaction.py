@@ -31,19 +31,24 @@ def _record_lines(req: CompactRequest) -> list[str]:
     return out
 
 
+_KEPT_SECTIONS = ("## What failed", "## Operator hints")  # kept verbatim whatever the model writes
+
+
 def _header_and_facts(deterministic_text: str) -> tuple[str, str, str]:
-    """(version header, the facts from the records, the "what failed and why" section) of the
-    deterministic notebook."""
+    """(version header, the facts from the records, the sections kept verbatim: what failed and why,
+    the operator's hints) of the deterministic notebook."""
     lines = deterministic_text.splitlines()
     header = "\n".join(lines[:2])
-    facts, failures = [], []
+    facts, kept = [], []
     section = facts
     for ln in lines[2:]:
         if ln.startswith("## "):
-            section = failures if ln.startswith("## What failed") else facts if ln.startswith("## Totals") else None
+            section = kept if ln.startswith(_KEPT_SECTIONS) else facts if ln.startswith("## Totals") else None
+            if section is kept and kept:
+                kept.append("")
         if section is not None:
             section.append(ln)
-    return header, "\n".join(facts).strip(), "\n".join(failures).strip()
+    return header, "\n".join(facts).strip(), "\n".join(kept).strip()
 
 
 def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
@@ -56,7 +61,10 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
             previous = store.get_text(req.notebook_key)
         except ArtifactStoreError:
             previous = ""
-    header, facts, failures = _header_and_facts(deterministic_text)
+    if req.hints:
+        deterministic_text = (deterministic_text.rstrip() + "\n\n## Operator hints in force\n"
+                              + "\n".join(f"- {h}" for h in req.hints) + "\n")
+    header, facts, verbatim = _header_and_facts(deterministic_text)
     user = "\n\n".join([
         f"Problem: {req.problem}. Run {req.run}. This will be notebook version "
         f"{req.notebook_version + 1}{' (the final one: the run is ending)' if req.final else ''}.",
@@ -79,7 +87,7 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
     if not body:
         return (deterministic_text.rstrip() + "\n\n> The model returned an empty notebook; this version is "
                 "the deterministic summary of the records.\n", reply.tokens_in, reply.tokens_out)
-    # The failures are kept verbatim whatever the model wrote: a summariser that drops them would let
-    # the next turns try the same dead ends again.
-    text = f"{header}\n\n{facts}\n\n" + (f"{failures}\n\n" if failures else "") + f"{body}\n"
+    # Failures and hints are kept verbatim whatever the model wrote: a summariser that drops them would
+    # let the next turns walk into the same dead ends, or forget what the operator asked.
+    text = f"{header}\n\n{facts}\n\n" + (f"{verbatim}\n\n" if verbatim else "") + f"{body}\n"
     return text, reply.tokens_in, reply.tokens_out

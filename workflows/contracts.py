@@ -206,6 +206,7 @@ class CarriedState(Strict):
     stop: StopRequest | None = None  # a stop that arrived while the run compacted: the next run ends at once
     llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
+    llm_hints: list[str] = Field(default_factory=list)  # llm: hints shown, in force until cleared
 
 
 class RunSpec(Strict):
@@ -448,6 +449,7 @@ class CompactRequest(Strict):
     best: BestRef | None = None
     final: bool = False
     adapted: dict = Field(default_factory=dict)  # llm policy: endpoint settings the run has learned
+    hints: list[str] = Field(default_factory=list)  # llm policy: operator hints in force, for the notebook
 
 
 class CompactResult(Strict):
@@ -563,6 +565,7 @@ class LlmTurnRequest(Strict):
     adapted: dict = Field(default_factory=dict)  # endpoint settings learned earlier in the run
     turns_per_iteration: int | None = None
     turns_since_submission: int = 0
+    standing_hints: list[str] = Field(default_factory=list)  # shown before, in force until cleared
 
 
 class LlmTurnResult(Strict):

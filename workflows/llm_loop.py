@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
 TURN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                          maximum_interval=timedelta(seconds=120), maximum_attempts=25)
 IDLE_TURNS_EXHAUST = 6  # consecutive turns with nothing to execute: the model has given up
+MAX_STANDING_HINTS = 20  # hints in force at once (the oldest give way)
 
 _ANSWER_CHARS = 2500
 
@@ -80,7 +81,7 @@ async def llm_step(wf) -> bool:
         recent=wf.records[-8:], baseline_ms=_baseline_ms(wf), budget=wf.spec.budget, used=wf.st.used,
         hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens,
         ledger_key=wf.st.ledger_key, adapted=wf.st.llm_adapted, turns_per_iteration=wf.spec.turns_per_iteration,
-        turns_since_submission=wf.st.turns_since_submission)
+        turns_since_submission=wf.st.turns_since_submission, standing_hints=wf.st.llm_hints)
     try:
         res = await _turn(wf, req)
     except BaseException:
@@ -91,6 +92,7 @@ async def llm_step(wf) -> bool:
     wf.st.pending_tool_results = []
     wf.st.llm_adapted = dict(res.adapted)  # kept for the run: later turns start from what was learned
     wf.st.turns_since_submission += 1
+    wf.st.llm_hints = (wf.st.llm_hints + [h for h in hints if h not in wf.st.llm_hints])[-MAX_STANDING_HINTS:]
     u = wf.st.used
     u.turns += 1
     u.tokens_in += res.tokens_in

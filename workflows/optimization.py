@@ -361,7 +361,8 @@ class KernelOptimization:
                              policy=self.spec.policy, model=self.spec.model, run=self.st.runs,
                              records=self.records, notebook_key=self.st.notebook_key,
                              notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
-                             best=self.st.best, final=final, adapted=self.st.llm_adapted)
+                             best=self.st.best, final=final, adapted=self.st.llm_adapted,
+                             hints=self.st.llm_hints)
         while True:
             try:
                 res = await self._agent("compact_notebook", req, CompactResult, minutes=10)
@@ -495,6 +496,11 @@ class KernelOptimization:
     @workflow.signal
     def resume(self) -> None:
         self.st.paused, self.st.pause_reason = False, ""
+
+    @workflow.signal
+    def clear_hints(self) -> None:
+        """llm policy: the hints in force (shown every turn, kept in the notebook) are dropped."""
+        self.st.llm_hints = []
 
     @workflow.signal
     def hint(self, h: Hint) -> None:

@@ -9,14 +9,15 @@ from tests.llm.server import ChatServer, completion
 from workflows.contracts import CompactRequest, IterationRecord
 
 
-def test_the_notebook_keeps_what_failed_and_why_when_the_summariser_drops_it(store, llm_env):
+def test_the_notebook_keeps_failures_and_hints_when_the_summariser_drops_them(store, llm_env):
     recs = [IterationRecord(iteration=1, candidate_id="a" * 16, source_key="k", outcome="rejected", stage="compile",
                             reason="triton.CompilationError: BLOCK_N must be a power of 2", rationale="BLOCK_N=1000"),
             IterationRecord(iteration=2, candidate_id="b" * 16, source_key="k", outcome="rejected", stage="verify",
                             reason="rel err 3.1 on the wide inputs: exp overflow", rationale="no max subtraction"),
             IterationRecord(iteration=3, candidate_id="c" * 16, source_key="k", outcome="passed", speedup=1.2,
                             time_ms=1.0, baseline_ms=1.2, rationale="two rows per program")]
-    req = CompactRequest(workflow_id="w", problem="softmax", policy="llm", run=1, records=recs)
+    req = CompactRequest(workflow_id="w", problem="softmax", policy="llm", run=1, records=recs,
+                         hints=["HINT-7: keep BLOCK_N a power of two"])
     deterministic = summarize("softmax", 1, None, recs, recs, None)
     with ChatServer(lambda body, headers: completion("## What works\nTwo rows per program: 1.2x.\n## Next\nmore rows",
                                                      prompt_tokens=400, completion_tokens=30)) as server:
@@ -26,4 +27,5 @@ def test_the_notebook_keeps_what_failed_and_why_when_the_summariser_drops_it(sto
     assert "Two rows per program: 1.2x." in text  # the model's notebook
     assert "## What failed and why" in text and "compile: triton.CompilationError: BLOCK_N must be a power of 2" in text
     assert "verify: rel err 3.1 on the wide inputs" in text
+    assert "## Operator hints in force\n- HINT-7: keep BLOCK_N a power of two" in text
     assert text.startswith("# Notebook: softmax, version 1")

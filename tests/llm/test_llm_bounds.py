@@ -106,3 +106,45 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
             await h.signal(KernelOptimization.resume)
             res = await h.result()
     assert res.iterations == 1 and res.stopped_by == "budget-iterations"
+
+
+async def test_hints_stay_until_cleared_and_reach_the_notebook(env, store, llm_env):
+    import asyncio
+    import re
+
+    from tests.llm.server import prompt_text
+    from workflows.contracts import Hint
+
+    hint = "HINT-9: keep two rows per program"
+
+    def slow(*calls):
+        def f(body):
+            r = turn(*calls)(body)
+            r.delay = 0.25
+            return r
+        return f
+
+    script = TurnScript([slow(("read_notebook", {})) for _ in range(7)] + [slow(submit(0))]
+                        + [slow(("read_notebook", {})) for _ in range(5)] + [slow(submit(1))])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2},
+                                                compact_every=1), "llm-hints")
+            await h.signal(KernelOptimization.hint, Hint(text=hint))
+            while len(server.turns()) < 10:
+                await asyncio.sleep(0.02)
+            await h.signal(KernelOptimization.clear_hints)
+            cleared_at = len(server.turns())
+            res = await h.result()
+        turns = server.turns()
+    assert res.iterations == 2
+    shown = [hint in s.body["messages"][-1]["content"] for s in turns]  # the turn's state message
+    first = shown.index(True)
+    assert first <= 1 and all(shown[first:10])  # in force for 9+ turns, past the 4 replayed turns
+    assert not any(shown[cleared_at + 1:])  # gone once cleared
+    assert all(hint in prompt_text(s) for s in turns[first:10])
+    final = store.get_text(res.notebook_key)
+    assert hint not in final
+    first_version = store.get_text(re.search(r"previous version: (\w+)", final).group(1))
+    assert f"## Operator hints in force\n- {hint}" in first_version
