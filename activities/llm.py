@@ -675,8 +675,10 @@ def normalise(data: dict, messages: list[dict], ep: Endpoint) -> Reply:
             args = ""
         elif not isinstance(args, str):
             args = json.dumps(args)
-        calls.append({"id": str(tc.get("id") or f"call_{i}"), "name": str(fn.get("name") or tc.get("name") or ""),
-                      "arguments": args})
+        cid = str(tc.get("id") or f"call_{i}")
+        if any(c["id"] == cid for c in calls):  # answers are matched by id: each must be unique
+            cid = f"{cid}_{i}"
+        calls.append({"id": cid, "name": str(fn.get("name") or tc.get("name") or ""), "arguments": args})
     from_text = False
     if not calls:
         calls, content = text_tool_calls(content)

@@ -175,6 +175,16 @@ def test_a_cut_off_reply_is_told_as_cut_off(store, llm_env):
     assert "cut off at the reply limit (8192 tokens)" in res.feedback
 
 
+def test_repeated_tool_call_ids_in_one_reply_are_made_unique(store, llm_env):
+    with ChatServer(Endpoint("ollama", lambda b, h: completion(None, [("read_baseline", {}), ("read_oracle", {})],
+                                                                call_ids=["call_0", "call_0"]))) as server:
+        llm_env(server).setenv("MARATHON_LLM_TOOL_MODE", "native")
+        server.respond.rules = Kind()  # a model with tool support
+        res = run_turn(turn_req())
+    ids = [c.call_id for c in res.tool_calls]
+    assert [c.name for c in res.tool_calls] == ["read_baseline", "read_oracle"] and len(set(ids)) == 2
+
+
 def test_an_unreadable_reply_is_answered_and_its_tokens_counted(store, llm_env):
     odd = completion("hello", prompt_tokens=77, completion_tokens=11)
     odd.body["choices"][0]["message"]["tool_calls"] = [{"id": 5, "function": {"name": ["x"], "arguments": 3}}, "junk"]
