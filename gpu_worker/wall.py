@@ -435,9 +435,11 @@ def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bo
 
 
 def family_of(exc: BaseException, write_roots: list[str]) -> str | None:
-    """The family of an act the wall refused, read from the OSError it raised (here or in its chain):
-    process (raised inside subprocess, os.fork, exec), network (socket code), filesystem (a path outside
-    `write_roots`). None when the error is not the wall's."""
+    """The family of an act the wall refused, read from the OSError it raised (here or in its chain).
+    The wall answers with its own errnos: EPERM for process creation and the always-refused calls,
+    EACCES for sockets and (from Landlock) for paths outside `write_roots`. So: raised inside subprocess
+    or pty code, or EPERM with no path -> process; raised in socket code, or EACCES with no path ->
+    network; a path outside the roots -> filesystem. None when the error is not the wall's."""
     import traceback
 
     roots = [os.path.realpath(r).rstrip("/") + "/" for r in write_roots]
@@ -447,16 +449,16 @@ def family_of(exc: BaseException, write_roots: list[str]) -> str | None:
         seen.add(id(e))
         if isinstance(e, OSError) and e.errno in (errno.EPERM, errno.EACCES):
             files = [f.filename for f in traceback.extract_tb(e.__traceback__)]
-            names = [f.name for f in traceback.extract_tb(e.__traceback__)]
-            if any(f.endswith(("/subprocess.py", "/popen_fork.py", "/pty.py")) for f in files) or \
-                    any(n in ("fork", "fork_exec", "posix_spawn", "execv", "execve", "system") for n in names):
+            if any(f.endswith(("/subprocess.py", "/popen_fork.py", "/pty.py")) for f in files):
                 return "process"
-            if any(f.endswith("/socket.py") for f in files) or "socket" in str(e).lower():
+            if any(f.endswith("/socket.py") for f in files):
                 return "network"
-            for path in (e.filename, e.filename2):
-                if isinstance(path, (str, bytes, os.PathLike)):
-                    p = os.path.realpath(os.fsdecode(path))
-                    if not any((p + "/").startswith(r) for r in roots):
-                        return "filesystem"
+            paths = [p for p in (e.filename, e.filename2) if isinstance(p, (str, bytes, os.PathLike))]
+            for path in paths:
+                p = os.path.realpath(os.fsdecode(path))
+                if not any((p + "/").startswith(r) for r in roots):
+                    return "filesystem"
+            if not paths:
+                return "process" if e.errno == errno.EPERM else "network"
         e = e.__cause__ or e.__context__
     return None

@@ -1,0 +1,249 @@
+"""The OS wall around candidate children (gpu_worker.wall), the sealed guard and torch's mode stacks:
+each cheat is tried for real, on CPU, and rejected with its family named; honest work still runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gpu_worker import wall
+from workflows.contracts import EvalRequest
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = Path(__file__).parent / "kernels"
+
+pytestmark = pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"),
+                                reason="the OS wall needs Linux on x86_64 or aarch64")
+
+# Tries each act after the wall is up and prints one JSON line of outcomes. Run in its own process: a
+# wall, like the audit hook, cannot be taken down again.
+PROBE = r'''
+import json, os, socket, subprocess, sys, threading
+from gpu_worker import wall
+own, outside, port, execs, no_landlock = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5] == "1"
+if no_landlock:
+    wall.landlock_abi = lambda: 0
+desc = wall.install([own], exec_files=execs)
+res = {"wall": desc}
+def attempt(name, fn):
+    try:
+        fn()
+        res[name] = "ok"
+    except OSError as e:
+        res[name] = f"refused errno {e.errno}"
+def thread():
+    t = threading.Thread(target=lambda: None)
+    t.start()
+    t.join()
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+attempt("thread", thread)
+attempt("tcp", lambda: socket.create_connection(("127.0.0.1", port), timeout=2).sendall(b"escaped"))
+attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+attempt("ipv6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM))
+attempt("unix_pair", lambda: socket.socketpair())
+attempt("subprocess", lambda: subprocess.run(["/bin/sh", "-c", f"echo x > {outside}/from-shell"], check=True))
+attempt("fork", lambda: os.fork() == 0 and os._exit(0))
+attempt("write_own", lambda: write(os.path.join(own, "mine.txt")))
+attempt("write_outside", lambda: write(os.path.join(outside, "escaped.txt")))
+attempt("mkdir_outside", lambda: os.mkdir(os.path.join(outside, "escaped-dir")))
+attempt("read_outside", lambda: open(os.path.join(outside, "readable.txt")).read())
+attempt("signal_parent", lambda: os.kill(os.getppid(), 0))
+for e in execs:
+    attempt("exec_listed", lambda: subprocess.run([e, "--version"], capture_output=True, check=True))
+print(json.dumps(res))
+'''
+
+
+class Listener:
+    """A TCP server on 127.0.0.1 that records whether anyone connected."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connected = False
+        self.stop = False
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self.stop:
+            try:
+                conn, _ = self.sock.accept()
+                self.connected = True
+                conn.close()
+            except OSError:
+                pass
+
+    def close(self):
+        self.stop = True
+        self.thread.join(2)
+        self.sock.close()
+
+
+def probe(tmp_path, execs=(), no_landlock=False) -> tuple[dict, Listener, Path]:
+    own, outside = tmp_path / "own", tmp_path / "outside"
+    own.mkdir()
+    outside.mkdir()
+    (outside / "readable.txt").write_text("public")
+    lis = Listener()
+    try:
+        out = subprocess.run([sys.executable, "-c", PROBE, str(own), str(outside), str(lis.port),
+                              json.dumps(list(execs)), "1" if no_landlock else "0"],
+                             capture_output=True, text=True, timeout=60, cwd=REPO,
+                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    finally:
+        lis.close()
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1]), lis, outside
+
+
+def test_the_wall_refuses_network_processes_and_writes_outside_and_keeps_threads(tmp_path):
+    # the listener accepts a connection from this process: what refuses the probe's is its wall
+    socket.create_connection(("127.0.0.1", Listener().port), timeout=2).close()
+    res, lis, outside = probe(tmp_path)
+    assert res["thread"] == "ok" and res["unix_pair"] == "ok" and res["write_own"] == "ok"
+    assert res["read_outside"] == "ok"
+    for act in ("tcp", "udp", "ipv6", "subprocess", "fork", "write_outside", "mkdir_outside"):
+        assert res[act].startswith("refused"), (act, res)
+    assert not lis.connected
+    assert sorted(p.name for p in outside.iterdir()) == ["readable.txt"]
+    assert res["wall"]["process"] == "seccomp" and res["wall"]["network"].startswith("seccomp")
+    if wall.landlock_abi():
+        assert res["wall"]["filesystem"] == "landlock"
+        if wall.landlock_abi() >= 6:  # signals to processes outside the wall (the worker) are scoped
+            assert res["signal_parent"].startswith("refused")
+
+
+@pytest.mark.skipif(not wall.landlock_abi(), reason="executing only listed binaries needs Landlock")
+def test_with_listed_binaries_only_those_execute(tmp_path):
+    """What a GPU child needs: Triton runs ptxas lazily, at a kernel's first launch, after the wall is up."""
+    true = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
+    res, lis, outside = probe(tmp_path, execs=[true])
+    assert res["exec_listed"] == "ok", res
+    assert res["subprocess"].startswith("refused")  # /bin/sh is not listed
+    assert res["fork"].startswith("refused") and res["tcp"].startswith("refused")
+    assert os.path.realpath(true) in res["wall"]["exec"]
+    assert not lis.connected and not (outside / "from-shell").exists()
+
+
+def test_without_landlock_seccomp_refuses_every_write(tmp_path):
+    res, _, outside = probe(tmp_path, no_landlock=True)
+    assert res["wall"]["filesystem"].startswith("seccomp")
+    assert res["write_outside"].startswith("refused") and res["mkdir_outside"].startswith("refused")
+    assert res["write_own"].startswith("refused")  # seccomp cannot read paths: no write anywhere
+    assert res["read_outside"] == "ok" and res["thread"] == "ok" and res["tcp"].startswith("refused")
+    assert sorted(p.name for p in outside.iterdir()) == ["readable.txt"]
+
+
+def test_the_seccomp_program_is_well_formed():
+    for arch in wall._ARCH.values():
+        for allow_exec in (False, True):
+            for deny_writes in (False, True):
+                prog = wall.seccomp_program(allow_exec, deny_writes, arch)
+                assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096
+
+
+def test_a_bad_wall_setting_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("MARATHON_WALL", "maybe")
+    with pytest.raises(wall.WallError, match="MARATHON_WALL='maybe': expected on, landlock or off"):
+        wall.mode()
+
+
+# --- candidates through the harness, static rules off: the run-time walls alone ----------------------
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    from activities.artifacts import ArtifactStore
+
+    root = tmp_path_factory.mktemp("artifacts")
+    os.environ["MARATHON_ARTIFACTS"] = str(root)
+    return ArtifactStore(root)
+
+
+@pytest.fixture(scope="module")
+def ev_raw(store):
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=store, interpreter=True, spares=1, static_rules=False, timeouts={"verify": 40, "compile": 40})
+    yield e
+    e.close()
+
+
+def req(store, source: str) -> EvalRequest:
+    return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16],
+                       source_key=store.put_text(source))
+
+
+ESCAPES = ["/tmp/marathon-fork-exec.txt", "/tmp/marathon-mkdir-escape", "/tmp/marathon-torch-shell.txt",
+           "/tmp/marathon-seal-escape.txt"]
+
+
+@pytest.mark.parametrize("name,family", [
+    ("wall_fork_exec", "process"),          # below the audit hook: the OS refuses the fork
+    ("wall_mkdir", "filesystem"),           # a call the audit hook does not watch: Landlock refuses it
+    ("wall_shell_via_torch", "process"),    # torch's own helper starts the shell: torch frames are no pass
+    ("wall_socket_local", "network"),
+    ("seal_swallow_and_clear", "filesystem"),  # refusal swallowed, records emptied: the worker kept its copy
+    ("seal_unblock_imports", "escape"),     # the import blocker taken out of sys.meta_path
+    ("lazy_function_mode", "lazy-output"),  # a TorchFunctionMode left on the stack
+    ("lazy_dispatch_mode", "lazy-output"),  # a TorchDispatchMode left on the stack
+])
+def test_cheats_rejected_with_their_family(ev_raw, store, name, family):
+    for p in ESCAPES:
+        if os.path.isdir(p):
+            os.rmdir(p)
+        elif os.path.exists(p):
+            os.unlink(p)
+    lis = Listener()
+    try:
+        source = (KERNELS / f"{name}.py").read_text().replace("PORT = 0", f"PORT = {lis.port}")
+        v = ev_raw.verify(req(store, source))
+    finally:
+        lis.close()
+    assert not v.ok, name
+    assert v.reason.startswith(family + ":"), v.reason
+    assert v.family == (family if family != "escape" else None), v
+    assert not lis.connected
+    assert not any(os.path.exists(p) for p in ESCAPES), [p for p in ESCAPES if os.path.exists(p)]
+
+
+def test_static_rules_name_the_same_cheats():
+    from gpu_worker.rules import check_source
+
+    expect = {"wall_fork_exec": "process", "wall_socket_local": "network", "lazy_function_mode": "lazy-output",
+              "lazy_dispatch_mode": "lazy-output", "wall_shell_via_torch": "escape", "wall_mkdir": "escape",
+              "seal_swallow_and_clear": "escape", "seal_unblock_imports": "escape"}
+    for name, rule in expect.items():
+        rep = check_source((KERNELS / f"{name}.py").read_text(), "softmax")
+        assert not rep.ok and rep.rule == rule, (name, rep)
+
+
+def test_the_load_reply_names_the_active_wall_and_honest_work_runs(ev_raw, store):
+    from gpu_worker.canaries import canary_source
+    from gpu_worker.sandbox import Sandbox
+
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        r = sb.call("load", 60, source=canary_source("fast"), problem="softmax", shape=None, write_roots=[],
+                    trusted_roots=[])
+        assert r["ok"] and not r["violations"], r
+        w = r["wall"]
+        assert w["os"] == "on" and w["process"] == "seccomp" and w["network"].startswith("seccomp")
+        assert w["filesystem"] == ("landlock" if wall.landlock_abi() else "seccomp (no writes at all)")
+    finally:
+        sb.close()
+    v = ev_raw.verify(req(store, canary_source("fast")))
+    assert v.ok, v.reason
