@@ -72,7 +72,9 @@ def _library_prefixes() -> tuple[str, ...]:
     """Directories whose code is not the candidate's: the standard library, site-packages, the harness."""
     paths = sysconfig.get_paths()
     here = os.path.dirname(os.path.realpath(__file__))
-    roots = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)}
+    # both spellings: a frame's co_filename keeps the path it was imported by, which may run through a link
+    found = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(k)]
+    roots = {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}
     roots |= {here, os.path.join(os.path.dirname(here), "baselines")}
     return tuple(sorted(r.rstrip("/") + "/" for r in roots))
 
@@ -151,7 +153,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 exe = os.fspath(exe)
             if isinstance(exe, bytes):
                 exe = exe.decode(errors="replace")
-            ok_exe = isinstance(exe, str) and (not allowed_exec or realpath(exe) in allowed_exec)
+            ok_exe = isinstance(exe, str) and realpath(exe) in allowed_exec
             if not (ok_exe and compiler_caller()) and candidate_on_stack():
                 record("process", f"{event} refused: candidates may not start processes")
         elif event == "socket.__new__":
@@ -260,7 +262,8 @@ def install(write_roots: list[str], trusted_roots: list[str], report_fd: int | N
             allowed_exec: tuple[str, ...] = ()) -> Seal:
     """Add the audit hook (once per process). `write_roots` may be written by anyone, `trusted_roots`
     only while no candidate code is on the stack; `allowed_exec`: the binaries Triton's compiler may still
-    run (empty: any, the OS wall decides). Returns the seal the harness checks after every call."""
+    run while candidate code is on the stack (none on CPU). Returns the seal the harness checks after
+    every call."""
     global _INSTALLED
     import torch  # noqa: F401 - the mode stacks are read below
     import triton  # noqa: F401

@@ -9,11 +9,15 @@ import sys
 
 def main(argv):
     path, problem, shape_name, tmp = argv
+    import os
+
+    # the candidate compiles into its own directory, like a sandbox child: a shared cache it could write
+    # would let it plant a kernel binary under another kernel's key
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")
     import torch
 
     from baselines.registry import get_problem
     from gpu_worker import guard
-    from gpu_worker.sandbox import triton_cache_dir
 
     p = get_problem(problem)
     cuda = torch.cuda.is_available()
@@ -24,7 +28,7 @@ def main(argv):
               for k, v in p.make_inputs(shape, p.distributions[0], 0, "cpu", cpu=not cuda).items()}
     outs = {n: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=dev)
             for n, s in p.output_specs(shape, cpu=not cuda).items()}
-    guard.install([tmp], [str(triton_cache_dir())])
+    guard.install([tmp], [])
     spec = importlib.util.spec_from_file_location("candidate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
