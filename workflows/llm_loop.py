@@ -195,7 +195,22 @@ async def _submit(wf, call: ToolCall) -> ToolResult:
     rec = wf.st.last  # as recorded: acceptance may have turned "improved" into "passed"
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
-    return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.")
+    profile = ""
+    if rec.outcome != "rejected" and not rec.interpreter:
+        profile = await _profile_line(wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id,
+                                                      source_key=rec.source_key, shape=wf.spec.shape))
+    return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.{profile}")
+
+
+async def _profile_line(wf, ev: EvalRequest) -> str:
+    """The profile summary a timed kernel's answer brings without being asked (on a GPU: bound,
+    achieved bandwidth and FLOP rate, occupancy, registers, spills)."""
+    try:
+        p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)
+    except _paused_type() as e:
+        return f"\nprofile: not available ({decisions.trim(e.reason, 200)})"
+    return f"\nprofile ({p.tool or '-'}, {p.bound}-bound): {p.summary}" if p.ok else \
+        f"\nprofile: failed ({decisions.trim(p.summary, 200)})"
 
 
 def _describe(r: IterationRecord) -> str:
@@ -238,9 +253,10 @@ async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
             return _answer(call, f"benchmark failed ({b.stage}): {b.reason}", error=True)
         ci = f" [95% CI {b.speedup_ci[0]:.3f}-{b.speedup_ci[1]:.3f}]" if b.speedup_ci else ""
         vs = f"; current best re-timed {b.best_time_ms:.4g} ms" if b.best_time_ms else ""
+        profile = "" if b.interpreter else await _profile_line(wf, ev)
         return _answer(call, f"{b.time_ms:.4g} ms vs baseline {b.baseline_name} {b.baseline_ms:.4g} ms: "
                              f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}. "
-                             f"Not submitted: use submit_kernel to make it count.")
+                             f"Not submitted: use submit_kernel to make it count.{profile}")
     wf._set_phase("benchmarking")
     p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)
     return _answer(call, f"profile ({p.tool}, {p.bound}-bound): {p.summary}", error=not p.ok)

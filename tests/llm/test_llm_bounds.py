@@ -1,10 +1,12 @@
 """Policy llm, whole runs on the Temporal dev server: a looping model is stopped by the turn budget,
 duplicates are caught across continue-as-new, an endpoint without tools runs in text mode with the
-adaptation kept for the run, a context too small pauses naming context_tokens."""
+adaptation kept for the run, a context too small pauses naming context_tokens, hints stay in force until
+cleared, timed kernels bring their profile on a GPU."""
 
 from __future__ import annotations
 
 import pytest
+from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
 
 from activities.ledger import read_ledger
@@ -13,7 +15,8 @@ from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import TurnScript, prompt_tokens, turn
 from tests.llm.server import ChatServer, Endpoint, Kind, completion
 from tests.workflows.helpers import start, until, workers
-from workflows.contracts import RunSpec
+from tests import evaluators as synthetic
+from workflows.contracts import BenchReport, BenchRequest, EvalRequest, ProfileReport, RunSpec
 from workflows.optimization import KernelOptimization
 
 
@@ -148,3 +151,32 @@ async def test_hints_stay_until_cleared_and_reach_the_notebook(env, store, llm_e
     assert hint not in final
     first_version = store.get_text(re.search(r"previous version: (\w+)", final).group(1))
     assert f"## Operator hints in force\n- {hint}" in first_version
+
+
+# the synthetic evaluator as a GPU would answer: device timings, and a profiler summary
+@activity.defn(name="benchmark_candidate")
+def gpu_benchmark(req: BenchRequest) -> BenchReport:
+    return synthetic.benchmark_candidate(req).model_copy(update={"interpreter": False})
+
+
+@activity.defn(name="profile_candidate")
+def gpu_profile(req: EvalRequest) -> ProfileReport:
+    return ProfileReport(ok=True, bound="memory", tool="ncu",
+                         summary=f"PROFILE-OF-{req.candidate_id}: 2.1 of 4.8 TB/s, occupancy 38%, 96 registers")
+
+
+async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
+    src0, src1 = softmax_kernel(**LADDER[0]), softmax_kernel(**LADDER[1])
+    script = TurnScript([turn(("benchmark", {"source": src0})), turn(submit(1)), turn(submit(2))])
+    gpu = [synthetic.compile_candidate, synthetic.verify_candidate, gpu_benchmark, gpu_profile]
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client, gpu):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2}), "llm-prof")
+            res = await h.result()
+        turns = server.turns()
+    assert res.iterations == 2
+    (bench,) = tool_answers(turns[1])
+    assert f"PROFILE-OF-{candidate_id(src0)}" in bench and "(ncu, memory-bound)" in bench
+    (submitted,) = tool_answers(turns[2])
+    assert submitted.startswith("iteration 1: ") and f"PROFILE-OF-{candidate_id(src1)}" in submitted
