@@ -58,6 +58,9 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     rej = Counter((r.stage, (r.reason.splitlines() or [""])[0][:80]) for r in records if r.outcome == "rejected")
     lines += ["", "## Rejections by stage and reason", "", "| stage | reason | count |", "|---|---|---|"]
     lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)] or ["| - | none | 0 |"]
+    fam = Counter(r.family for r in records if r.outcome == "rejected" and r.family)
+    lines += ["", "## Rejections by cheating family", "", "| family | count |", "|---|---|"]
+    lines += [f"| {f} | {n} |" for f, n in fam.most_common()] or ["| none | 0 |"]
     lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup | ms | note |", "|---|---|---|---|---|---|"]
     for r in records:
         note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
