@@ -5,7 +5,8 @@ compiler for Triton's driver module and `ptxas --version`, have run by then) and
 module executes. Once installed it cannot be removed, and every thread and process the child makes
 inherits it:
 
-* network: no sockets but AF_UNIX (seccomp on socket()); where Landlock has network rules, TCP bind and
+* network: no sockets of any family (seccomp on socket(); socketpair's connected pair still works, and
+  a unix socket could reach a daemon's socket file); where Landlock has network rules, TCP bind and
   connect are refused as well;
 * process: no fork, no execve (seccomp); threads (clone with CLONE_THREAD) still work. Where the caller
   names binaries that must still run (Triton's `ptxas`, which compiles each kernel lazily at its first
@@ -17,6 +18,14 @@ inherits it:
 * also refused: ptrace and cross-process memory access, io_uring (its operations bypass seccomp),
   namespaces, mounts, BPF, kernel modules and keyrings; with Landlock's scopes, signals to processes
   outside the wall (the worker) and abstract unix sockets.
+
+On a GPU host the child passes Triton's ptxas as the one binary left to execute (`enclose`), since
+Triton compiles each kernel at its first launch, which comes after the candidate has loaded. Landlock
+then also lets the ELF loader execute (the kernel runs it for ptxas), and the loader can run other
+binaries by name: those still run behind the same seccomp filter and Landlock domain (no network, no
+fork, no writes outside). Landlock holds for the installing thread and every thread and process started
+after it; threads CUDA started earlier are held by seccomp (installed on all threads) but not by Landlock
+(`threads_at_install` in the description says how many there were).
 
 `install(...)` returns a description of the wall that is active ({"network": "seccomp+landlock", ...}),
 which the child reports in its load reply. A refusal is an errno (EACCES/EPERM), so Python raises
@@ -39,7 +48,6 @@ SECCOMP_FILTER_FLAG_TSYNC = 1  # every thread of the process, not only the calle
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
-AF_UNIX = 1
 CLONE_VM = 0x00000100
 CLONE_VFORK = 0x00004000
 CLONE_THREAD = 0x00010000
@@ -216,7 +224,7 @@ def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = Non
         if name in nr:
             checks.append((nr[name], label))
 
-    on("socket", "socket")
+    on("socket", "eacces")  # every family: a unix socket could connect to a daemon's (docker's) socket file
     on("clone", "clone")
     on("clone3", "enosys")  # its flags sit in memory seccomp cannot read; libc falls back to clone
     on("openat2", "enosys")  # likewise its flags; libc's open() never uses it
@@ -234,9 +242,6 @@ def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = Non
     for number, label in checks:
         p.jump(_JEQ_K, number, label, 0)
     p.ret(SECCOMP_RET_ALLOW)
-    p.label("socket")
-    p.ld(_arg(0))
-    p.jump(_JEQ_K, AF_UNIX, "allow", "eacces")
     p.label("clone")
     p.ld(_arg(0))
     p.jump(_JSET_K, CLONE_THREAD, "allow", 0)

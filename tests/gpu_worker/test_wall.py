@@ -51,6 +51,7 @@ attempt("tcp", lambda: socket.create_connection(("127.0.0.1", port), timeout=2).
 attempt("udp", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
 attempt("ipv6", lambda: socket.socket(socket.AF_INET6, socket.SOCK_STREAM))
 attempt("unix_pair", lambda: socket.socketpair())
+attempt("unix_socket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
 attempt("subprocess", lambda: subprocess.run(["/bin/sh", "-c", f"echo x > {outside}/from-shell"], check=True))
 attempt("fork", lambda: os.fork() == 0 and os._exit(0))
 attempt("write_own", lambda: write(os.path.join(own, "mine.txt")))
@@ -116,7 +117,7 @@ def test_the_wall_refuses_network_processes_and_writes_outside_and_keeps_threads
     res, lis, outside = probe(tmp_path)
     assert res["thread"] == "ok" and res["unix_pair"] == "ok" and res["write_own"] == "ok"
     assert res["read_outside"] == "ok"
-    for act in ("tcp", "udp", "ipv6", "subprocess", "fork", "write_outside", "mkdir_outside"):
+    for act in ("tcp", "udp", "ipv6", "unix_socket", "subprocess", "fork", "write_outside", "mkdir_outside"):
         assert res[act].startswith("refused"), (act, res)
     assert not lis.connected
     assert sorted(p.name for p in outside.iterdir()) == ["readable.txt"]
