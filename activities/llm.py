@@ -1,20 +1,24 @@
 """Policy `llm`: the model turn and the read-only tools, as activities of the agent worker.
 
-`llm_turn` builds the turn's prompt (the objective restated, the notebook, the top-k kernels, the last
-few turns, the operator's hints) within a token budget, asks any OpenAI-compatible Chat Completions
-endpoint for the next step, stores prompt and reply in the artifact store and returns the tool calls
-with kernel sources replaced by artifact keys. The workflow executes every call (each one activity) and
-hands the answers to the next turn. `llm_tool` answers the tools that only read.
+`llm_turn` builds the turn's prompt (the objective restated, the starting kernel, the notebook, the
+last few turns, then the run's state, top-k kernels and the operator's hints) within a token budget,
+asks any OpenAI-compatible Chat Completions endpoint for the next step, stores prompt and reply in the
+artifact store and returns the tool calls with kernel sources replaced by artifact keys. The workflow
+executes every call (each one activity) and hands the answers to the next turn. `llm_tool` answers the
+tools that only read.
 
 Configuration comes from the worker's environment, never from workflow input: OPENAI_BASE_URL,
 OPENAI_API_KEY, MARATHON_MODEL (RunSpec.model overrides the model name), MARATHON_LLM_TIMEOUT (seconds
-per request, default 300), MARATHON_LLM_MAX_TOKENS (reply cap, unset: the server's default),
-MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per million tokens, for the cost estimate).
+per request, default 300), MARATHON_LLM_PROFILE (the endpoint's kind: PROFILES) and the MARATHON_LLM_*
+variables that override its settings (PROFILE_ENV), MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per
+million tokens, for the cost estimate). docs/llm.md has one section per endpoint kind.
 
 The client never retries (max_retries=0): Temporal does, by the error's kind. 429: retryable with the
 server's Retry-After as the next delay. 5xx, 408, timeouts, connection errors: retryable with backoff.
-Authentication, permission, unknown model and other 4xx: non-retryable, so the run pauses with the
-message until an operator fixes the configuration and resumes.
+A refusal that names its fix (a parameter, no tool support, strict roles, a context too small) is
+answered by the change the profile allows and sent again at once (`chat`). Authentication, quota,
+permission, unknown model and other 4xx: non-retryable, so the run pauses with a message naming the
+remedy until an operator fixes the configuration and resumes.
 """
 
 from __future__ import annotations
@@ -510,15 +514,17 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
             if change is None:
                 raise classify(e, ep) from None
             if kind == "context":
-                shrink += 1
+                if not change or adapted.get("context_tokens") == change["context_tokens"]:
+                    shrink += 1  # no new size named: smaller than last time
                 if shrink > MAX_SHRINKS:
                     raise _context_error(ep, s, {**adapted, **change}) from None
             elif len(learned) >= MAX_ADAPTATIONS or all(adapted.get(k) == v for k, v in change.items()):
                 raise classify(e, ep) from None  # the change did not help: say what the endpoint said
             line = _describe_change(kind, info, change, s)
             adapted.update(change)
-            learned.append(line)
-            _log_learned(ep, line)
+            if line not in learned:
+                learned.append(line)
+                _log_learned(ep, line)
             continue
         reply = normalise(_raw_json(raw, ep), msgs, ep)
         reply.latency_s = time.monotonic() - t0
