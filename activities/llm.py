@@ -200,10 +200,6 @@ class Endpoint:
     price_in: float = 0.0
     price_out: float = 0.0
 
-    @property
-    def max_tokens(self) -> int | None:
-        return self.profile.reply_tokens
-
     def settings(self, adapted: dict | None) -> Profile:
         """The profile with what this run has learned from the endpoint applied."""
         known = {k: v for k, v in (adapted or {}).items() if k in Profile.__dataclass_fields__ and k != "name"}
@@ -1035,7 +1031,7 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool) 
         except ArtifactStoreError:
             best_src = None
     if best_src:
-        lines += [f"# Top kernels", f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)",
+        lines += ["# Top kernels", f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)",
                   "```python", best_src.rstrip(), "```"]
     if not with_diffs:
         return "\n".join(lines)

@@ -10,7 +10,7 @@ from activities.ledger import read_ledger
 from activities.search import candidate_id
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import TurnScript, prompt_tokens, turn
-from tests.llm.server import ChatServer, Reply, completion, error, prompt_text
+from tests.llm.server import ChatServer, completion, error, prompt_text
 from tests.llm.test_llm_run import history_text
 from tests.workflows.helpers import start, until
 from tests.workflows.helpers import assert_contiguous, workers
