@@ -356,14 +356,15 @@ def device_files() -> list[str]:
             if os.path.exists(p) and not os.path.isdir(p)]
 
 
-def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock: bool = False) -> dict:
+def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock: bool = False,
+            use_landlock: bool = True) -> dict:
     """Put this process behind the wall. `write_dirs`: the only directories writable from now on;
     `exec_files`: binaries that may still be executed (needs Landlock; without it nothing is).
     Returns which wall guards each of network, process and filesystem."""
     if _arch() is None:
         raise WallError(f"no OS wall for {platform.machine()}")
     dirs = [os.path.realpath(d) for d in write_dirs if os.path.isdir(d)]
-    abi = landlock_abi()
+    abi = landlock_abi() if use_landlock else 0
     if require_landlock and abi == 0:
         raise WallError("Landlock is not available in this kernel")
     execs: list[str] = []
@@ -394,11 +395,11 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
 
 def mode() -> str:
     """MARATHON_WALL: `on` (the default: the wall is installed, Landlock where the kernel has it, else the
-    seccomp fallback), `landlock` (refuse to run candidates without Landlock), `off` (an operator's explicit
-    opt-out: the Python guard alone)."""
+    seccomp fallback), `landlock` (refuse to run candidates without Landlock), `seccomp` (the fallback even
+    where Landlock exists), `off` (an operator's explicit opt-out: the Python guard alone)."""
     m = (os.environ.get("MARATHON_WALL") or "on").strip().lower()
-    if m not in ("on", "landlock", "off"):
-        raise WallError(f"MARATHON_WALL={m!r}: expected on, landlock or off")
+    if m not in ("on", "landlock", "seccomp", "off"):
+        raise WallError(f"MARATHON_WALL={m!r}: expected on, landlock, seccomp or off")
     return m
 
 
@@ -432,8 +433,12 @@ def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bo
     m = mode()
     if m == "off":
         return seal, {"os": "off (MARATHON_WALL=off)"}
+    import tempfile
+
+    tempfile.gettempdir()  # resolved (to the child's TMPDIR) while probing it may still write anywhere
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
-    desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(m == "landlock"))
+    desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(m == "landlock"),
+                   use_landlock=(m != "seccomp"))
     desc["os"] = "on"
     desc["threads_at_install"] = threads  # Landlock holds for the installing thread and all it starts
     return seal, desc
@@ -467,3 +472,24 @@ def family_of(exc: BaseException, write_roots: list[str]) -> str | None:
                 return "process" if e.errno == errno.EPERM else "network"
         e = e.__cause__ or e.__context__
     return None
+
+
+def host_summary() -> str:
+    """One line for the worker's start: which wall its candidate children get on this host."""
+    try:
+        m = mode()
+    except WallError as e:
+        return f"OS wall: {e}"
+    if m == "off":
+        return "OS wall: OFF (MARATHON_WALL=off): candidates run behind the Python guard only"
+    if _arch() is None:
+        return f"OS wall: unavailable on {platform.machine()}: candidate children will refuse to load"
+    abi = landlock_abi() if m != "seccomp" else 0
+    if abi:
+        extra = ", TCP bind/connect" if abi >= 4 else ""
+        return (f"OS wall: seccomp (network, processes) + Landlock ABI {abi} (filesystem{extra}"
+                f"{', signals' if abi >= 6 else ''})")
+    if m == "landlock":
+        return "OS wall: Landlock is absent: candidate children will refuse to load (MARATHON_WALL=landlock)"
+    return ("OS wall: seccomp only (no Landlock): no writes at all after a candidate loads, the harness's own "
+            "included, so candidates fail verification; MARATHON_WALL=off opts out explicitly")

@@ -77,6 +77,9 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
     from gpu_worker.activities import evaluator
 
     ev = evaluator()
+    from gpu_worker.wall import host_summary
+
+    print(host_summary(), flush=True)
     if selftest is None:
         env = os.environ.get("MARATHON_GPU_SELFTEST")
         selftest = ev.cuda if env is None else env == "1"

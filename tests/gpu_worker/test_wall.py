@@ -159,8 +159,18 @@ def test_the_seccomp_program_is_well_formed():
 
 def test_a_bad_wall_setting_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("MARATHON_WALL", "maybe")
-    with pytest.raises(wall.WallError, match="MARATHON_WALL='maybe': expected on, landlock or off"):
+    with pytest.raises(wall.WallError, match="MARATHON_WALL='maybe': expected on, landlock, seccomp or off"):
         wall.mode()
+    assert wall.host_summary() == "OS wall: MARATHON_WALL='maybe': expected on, landlock, seccomp or off"
+
+
+def test_the_worker_start_line_names_the_wall(monkeypatch):
+    monkeypatch.delenv("MARATHON_WALL", raising=False)
+    line = wall.host_summary()
+    assert line.startswith("OS wall: seccomp")
+    assert ("Landlock ABI" in line) == bool(wall.landlock_abi())
+    monkeypatch.setenv("MARATHON_WALL", "off")
+    assert "OFF" in wall.host_summary()
 
 
 # --- candidates through the harness, static rules off: the run-time walls alone ----------------------
