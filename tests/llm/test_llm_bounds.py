@@ -5,6 +5,9 @@ cleared, timed kernels bring their profile on a GPU."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowUpdateFailedError
@@ -104,15 +107,30 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
             assert st.used.turns == 0
             with pytest.raises(WorkflowUpdateFailedError):
                 await h.execute_update(KernelOptimization.set_context_tokens, 10)
-            assert await h.execute_update(KernelOptimization.set_context_tokens, 12000) == 12000
+            cli = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "workflows.cli", "budget", h.id, "--context-tokens", "12000",
+                "--address", env.client.service_client.config.target_host,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            out, err = await cli.communicate()
+            assert cli.returncode == 0 and out.decode().strip() == "context_tokens now 12000", err.decode()
             endpoint.rules = Kind(context=32000)  # the operator gives the server a larger context
             await h.signal(KernelOptimization.resume)
             res = await h.result()
     assert res.iterations == 1 and res.stopped_by == "budget-iterations"
+    assert server.turns()[-1].status == 200 and len(server.turns()) == 2  # refused once, then it fit
+
+
+def test_the_turn_budget_flag_reaches_the_spec():
+    from workflows.cli import build_parser, parse_spec
+
+    args = build_parser().parse_args(["start", "softmax", "--policy", "llm", "--turns-per-iteration", "7"])
+    assert parse_spec(args).turns_per_iteration == 7
+    assert RunSpec(problem="softmax").turns_per_iteration == 30
+    with pytest.raises(ValueError, match="turns_per_iteration must be at least 1"):
+        RunSpec(problem="softmax", turns_per_iteration=0)
 
 
 async def test_hints_stay_until_cleared_and_reach_the_notebook(env, store, llm_env):
-    import asyncio
     import re
 
     from tests.llm.server import prompt_text
