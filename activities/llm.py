@@ -957,11 +957,22 @@ def _problem_facts(req: LlmTurnRequest) -> list[str]:
     p = get_problem(req.problem)
     shapes = ", ".join(s.name for s in p.shapes)
     target = req.shape or "the primary GPU shape (or the CPU shape under the interpreter)"
-    return [f"Problem: {p.name}: {p.description}",
-            f"Shapes: {shapes}; CPU/interpreter shape {p.cpu_shape.name}. Timed on: {target}.",
-            f"Inputs: see read_starting_kernel / read_baseline. Outputs compared with the oracle: "
-            f"{', '.join(p.outputs)}; pass iff rel-RMS error <= max({p.tolerance_floor:g}, "
-            f"{p.tolerance_alpha:g} x the baseline's own error)."]
+    facts = [f"Problem: {p.name}: {p.description}",
+             f"Shapes: {shapes}; CPU/interpreter shape {p.cpu_shape.name}. Timed on: {target}."]
+    timed = [x for x in [*p.shapes, p.cpu_shape] if x.name == req.shape] or p.shapes[:1]
+    for shape in timed:
+        try:
+            fl, by = p.flops(shape), p.bytes_moved(shape)
+        except (NotImplementedError, KeyError, TypeError, ValueError):
+            continue
+        dims = ", ".join(f"{k}={v}" for k, v in shape.params.items())
+        facts.append(f"Work at {shape.name} ({dims}): {fl / 1e9:.4g} GFLOP and at least {by / 1e6:.4g} MB moved "
+                     f"({fl / by:.3g} FLOP/byte); the floor is the slower of moving those bytes at the device's "
+                     f"bandwidth and doing those FLOPs at its peak.")
+    return facts + [
+        f"Inputs: see read_starting_kernel / read_baseline. Outputs compared with the oracle: "
+        f"{', '.join(p.outputs)}; pass iff rel-RMS error <= max({p.tolerance_floor:g}, "
+        f"{p.tolerance_alpha:g} x the baseline's own error)."]
 
 
 def objective(req: LlmTurnRequest) -> str:

@@ -33,6 +33,7 @@ def test_the_prompt_starts_the_same_every_turn_and_turn_one_has_code(store):
 
     first = build_messages(req(store, problem="kda", turn=1, used=Used()), store)
     assert "def run(" in first[1]["content"] and "# The starting kernel" in first[1]["content"]
+    assert "Work at B1 T8192 H32 D128 (B=1, T=8192, H=32, D=128, state=0): 47.96 GFLOP" in first[1]["content"]
     best = BestRef(candidate_id="c" * 16, source_key=store.put_text(softmax_kernel(**LADDER[3])), speedup=1.2,
                    time_ms=0.8, baseline_ms=0.96, iteration=4)
     later = build_messages(req(store, problem="kda", turn=9, used=Used(iterations=4, turns=8), best=best,
