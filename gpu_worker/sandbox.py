@@ -234,7 +234,10 @@ class Sandbox:
                 break
             except OSError:
                 break
-            if not data:
+            if not data:  # every writing end is closed: by the candidate, while its process lives on
+                if self.proc.poll() is None and not getattr(self, "_guard_eof", False):
+                    self._guard_eof = True
+                    self.guard_records.append(("escape", "the guard's report channel was closed in the child"))
                 break
             self._guard_buf = getattr(self, "_guard_buf", b"") + data
             *lines, self._guard_buf = self._guard_buf.split(b"\n")

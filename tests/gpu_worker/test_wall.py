@@ -202,6 +202,13 @@ ESCAPES = ["/tmp/marathon-fork-exec.txt", "/tmp/marathon-mkdir-escape", "/tmp/ma
            "/tmp/marathon-seal-escape.txt"]
 
 
+#: what the rejection must say, where the family alone does not show which wall refused
+WHY = {"wall_fork_exec": "refused by the OS wall", "wall_mkdir": "refused by the OS wall",
+       "seal_swallow_and_clear": "marathon-seal-escape", "seal_unblock_imports": "import blocker",
+       "seal_close_channel": "report channel was closed", "lazy_function_mode": "torch modes left active",
+       "lazy_dispatch_mode": "torch modes left active"}
+
+
 @pytest.mark.parametrize("name,family", [
     ("wall_fork_exec", "process"),          # below the audit hook: the OS refuses the fork
     ("wall_mkdir", "filesystem"),           # a call the audit hook does not watch: Landlock refuses it
@@ -209,6 +216,7 @@ ESCAPES = ["/tmp/marathon-fork-exec.txt", "/tmp/marathon-mkdir-escape", "/tmp/ma
     ("wall_socket_local", "network"),
     ("seal_swallow_and_clear", "filesystem"),  # refusal swallowed, records emptied: the worker kept its copy
     ("seal_unblock_imports", "escape"),     # the import blocker taken out of sys.meta_path
+    ("seal_close_channel", "escape"),       # the guard's channel to the worker closed, the records emptied
     ("lazy_function_mode", "lazy-output"),  # a TorchFunctionMode left on the stack
     ("lazy_dispatch_mode", "lazy-output"),  # a TorchDispatchMode left on the stack
 ])
@@ -226,6 +234,7 @@ def test_cheats_rejected_with_their_family(ev_raw, store, name, family):
         lis.close()
     assert not v.ok, name
     assert v.reason.startswith(family + ":"), v.reason
+    assert WHY.get(name, "") in v.reason, v.reason
     assert v.family == (family if family != "escape" else None), v
     assert not lis.connected
     assert not any(os.path.exists(p) for p in ESCAPES), [p for p in ESCAPES if os.path.exists(p)]
@@ -236,7 +245,7 @@ def test_static_rules_name_the_same_cheats():
 
     expect = {"wall_fork_exec": "process", "wall_socket_local": "network", "lazy_function_mode": "lazy-output",
               "lazy_dispatch_mode": "lazy-output", "wall_shell_via_torch": "escape", "wall_mkdir": "escape",
-              "seal_swallow_and_clear": "escape", "seal_unblock_imports": "escape"}
+              "seal_swallow_and_clear": "escape", "seal_unblock_imports": "escape", "seal_close_channel": "escape"}
     for name, rule in expect.items():
         rep = check_source((KERNELS / f"{name}.py").read_text(), "softmax")
         assert not rep.ok and rep.rule == rule, (name, rep)
