@@ -1,0 +1,66 @@
+"""The OS wall on a CUDA host (marked `gpu`, skipped without CUDA): a candidate child's kernels compile
+lazily behind it (Triton runs ptxas at a kernel's first launch), and the cheats are refused there too."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+KERNELS = Path(__file__).parent / "kernels"
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1,
+                  static_rules=False)
+    yield e
+    e.close()
+
+
+def req(ev, source: str):
+    from workflows.contracts import EvalRequest
+
+    return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16],
+                       source_key=ev.store.put_text(source))
+
+
+def test_the_load_reply_lists_ptxas_and_honest_kernels_compile_behind_the_wall(ev):
+    from baselines.registry import get_problem
+    from gpu_worker import wall
+    from gpu_worker.sandbox import Sandbox
+
+    sb = Sandbox("candidate", interpreter=False)
+    try:
+        assert sb.call("cuda_init", 120)["ok"]
+        r = sb.call("load", 120, source=get_problem("softmax").template(), problem="softmax", shape=None,
+                    write_roots=[], trusted_roots=[])
+        assert r["ok"] and not r["violations"], r
+        w = r["wall"]
+        assert w["os"] == "on" and w["network"].startswith("seccomp")
+        if wall.landlock_abi():
+            assert any(os.path.basename(p).startswith("ptxas") for p in w["exec"]), w
+    finally:
+        sb.close()
+    template = get_problem("softmax").template()
+    c = ev.compile(req(ev, template))
+    assert c.ok, c.error
+    v = ev.verify(req(ev, template))
+    assert v.ok, v.reason
+
+
+@pytest.mark.parametrize("name,family", [
+    ("wall_fork_exec", "process"), ("wall_mkdir", "filesystem"), ("wall_shell_via_torch", "process"),
+    ("lazy_function_mode", "lazy-output"), ("seal_swallow_and_clear", "filesystem"),
+])
+def test_cheats_rejected_with_their_family_on_cuda(ev, name, family):
+    v = ev.verify(req(ev, (KERNELS / f"{name}.py").read_text()))
+    assert not v.ok and v.reason.startswith(family + ":"), v.reason
