@@ -1,8 +1,8 @@
 """Policy `llm`: the model rewrites the notebook at each compaction.
 
 `rewrite_notebook` runs inside the `compact_notebook` activity. It gives the model the previous
-notebook, the deterministic summary of every record so far and the records since the last compaction,
-and asks for a rewritten notebook: strategies tried and why they failed, what the profiler said, what
+notebook, the deterministic summary of every record so far, the records since the last compaction and
+what compile/check/benchmark/profile answered in those turns, and asks for a rewritten notebook: strategies tried and why they failed, what the profiler said, what
 to try next. The version header (`# Notebook: ..., version N` / `previous version: KEY`), the facts
 from the records and what failed and why are always the deterministic ones (whatever the model keeps), so the chain stays readable with `marathon
 notebook ID` whatever the model writes. If the endpoint fails in any way, the deterministic summary is
@@ -32,6 +32,39 @@ def _record_lines(req: CompactRequest) -> list[str]:
 
 
 _KEPT_SECTIONS = ("## What failed", "## Operator hints")  # kept verbatim whatever the model writes
+
+
+_GPU_TOOLS = ("compile", "check", "benchmark", "profile")
+MAX_TURNS_READ = 16  # turn records walked back for the tool results since the last compaction
+
+
+def _tool_result_lines(req: CompactRequest, store: ArtifactStore) -> list[str]:
+    """What compile/check/benchmark/profile answered since the last compaction (oldest first): the
+    records hold only submissions, and the profiler's and compiler's words are what explain them."""
+    since = req.records[0].iteration - 1 if req.records else None
+    turns, key = [], req.conversation_key
+    while key and len(turns) < MAX_TURNS_READ:
+        try:
+            entry = store.get_json(key)
+        except ArtifactStoreError:
+            break
+        turns.append(entry)
+        if since is not None and entry.get("iteration", 0) < since:
+            break
+        key = entry.get("prev")
+    turns.reverse()
+    out = []
+    for i, t in enumerate(turns):
+        answers = turns[i + 1].get("results", []) if i + 1 < len(turns) else \
+            [r.model_dump(mode="json") for r in req.tool_results]
+        cids = {c.get("call_id"): c.get("candidate_id") for c in t.get("calls") or []}
+        for r in answers:
+            if r.get("name") not in _GPU_TOOLS or not r.get("content"):
+                continue
+            text = " ".join(r["content"].split())[:300]
+            cid = cids.get(r.get("call_id"))
+            out.append(f"- turn {t.get('turn')} {r['name']}{f' {cid}' if cid else ''}: {text}")
+    return out[-40:]
 
 
 def _header_and_facts(deterministic_text: str) -> tuple[str, str, str]:
@@ -71,6 +104,8 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
         "# Previous notebook\n" + (previous or "(none: this is the first version)"),
         "# Summary computed from all records so far\n" + deterministic_text,
         "# Records since the last compaction\n" + ("\n".join(_record_lines(req)) or "(none)"),
+        "# What compile, check, benchmark and profile said since the last compaction\n"
+        + ("\n".join(_tool_result_lines(req, store)) or "(nothing)"),
         "Write the new notebook now (without the version header; it is added for you)."])
     try:
         ep = endpoint(req.model)

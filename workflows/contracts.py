@@ -450,6 +450,8 @@ class CompactRequest(Strict):
     final: bool = False
     adapted: dict = Field(default_factory=dict)  # llm policy: endpoint settings the run has learned
     hints: list[str] = Field(default_factory=list)  # llm policy: operator hints in force, for the notebook
+    conversation_key: str | None = None  # llm policy: the turns whose tool results the notebook sums up
+    tool_results: list[ToolResult] = Field(default_factory=list)  # llm policy: answers to the latest turn
 
 
 class CompactResult(Strict):

@@ -362,7 +362,8 @@ class KernelOptimization:
                              records=self.records, notebook_key=self.st.notebook_key,
                              notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
                              best=self.st.best, final=final, adapted=self.st.llm_adapted,
-                             hints=self.st.llm_hints)
+                             hints=self.st.llm_hints, conversation_key=self.st.conversation_key,
+                             tool_results=self.st.pending_tool_results)
         while True:
             try:
                 res = await self._agent("compact_notebook", req, CompactResult, minutes=10)

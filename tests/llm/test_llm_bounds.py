@@ -16,7 +16,7 @@ from activities.ledger import read_ledger
 from activities.search import candidate_id
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import TurnScript, prompt_tokens, turn
-from tests.llm.server import ChatServer, Endpoint, Kind, completion
+from tests.llm.server import ChatServer, Endpoint, Kind, completion, prompt_text
 from tests.workflows.helpers import start, until, workers
 from tests import evaluators as synthetic
 from workflows.contracts import BenchReport, BenchRequest, EvalRequest, ProfileReport, RunSpec
@@ -133,7 +133,6 @@ def test_the_turn_budget_flag_reaches_the_spec():
 async def test_hints_stay_until_cleared_and_reach_the_notebook(env, store, llm_env):
     import re
 
-    from tests.llm.server import prompt_text
     from workflows.contracts import Hint
 
     hint = "HINT-9: keep two rows per program"
@@ -192,9 +191,12 @@ async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
         async with workers(env.client, gpu):
             h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2}), "llm-prof")
             res = await h.result()
-        turns = server.turns()
+        turns, compactions = server.turns(), server.compactions()
     assert res.iterations == 2
     (bench,) = tool_answers(turns[1])
     assert f"PROFILE-OF-{candidate_id(src0)}" in bench and "(ncu, memory-bound)" in bench
     (submitted,) = tool_answers(turns[2])
     assert submitted.startswith("iteration 1: ") and f"PROFILE-OF-{candidate_id(src1)}" in submitted
+    # the notebook's rewrite is given what the tools said, not only the submissions
+    summary = prompt_text(compactions[-1])
+    assert f"- turn 1 benchmark {candidate_id(src0)}: " in summary and f"PROFILE-OF-{candidate_id(src0)}" in summary
