@@ -6,7 +6,9 @@ a submission goes through the same rules -> compile -> verify -> benchmark pipel
 candidate and takes the next global iteration number; compile/check/benchmark/profile call the GPU
 worker without recording an iteration; the reading tools call `llm_tool`. The answers wait in carried
 state (`pending_tool_results`) for the next turn, so a continue-as-new between turns loses nothing; the
-conversation itself lives in the artifact store and only its key is carried.
+conversation itself lives in the artifact store and only its key is carried. So are what the run has
+learned about its endpoint (`llm_adapted`), the hints in force and the turns since the last recorded
+iteration, which `turns_per_iteration` bounds.
 
 Deterministic: no I/O here, only activity calls and arithmetic on state.
 """
