@@ -265,9 +265,6 @@ def install(write_roots: list[str], trusted_roots: list[str], report_fd: int | N
     run while candidate code is on the stack (none on CPU). Returns the seal the harness checks after
     every call."""
     global _INSTALLED
-    import torch  # noqa: F401 - the mode stacks are read below
-    import triton  # noqa: F401
-
     if _INSTALLED is not None:
         return _INSTALLED
     if report_fd is not None:

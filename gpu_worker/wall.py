@@ -155,18 +155,6 @@ def landlock_abi() -> int:
     return int(r) if r > 0 else 0
 
 
-def installed() -> bool:
-    """Whether this process already runs under a seccomp filter (of ours or of its container)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Seccomp:"):
-                    return line.split()[1] != "0"
-    except OSError:
-        pass
-    return False
-
-
 # --- seccomp ---------------------------------------------------------------------------------------
 class _Program:
     """A tiny classic-BPF assembler: jumps name labels, resolved at the end."""
