@@ -924,9 +924,19 @@ def _duplicate(call: ToolCall, seen: dict[str, str] | None) -> ToolCall:
                                             f"Change something before submitting again."})
 
 
+_REFERENCE = re.compile(r"^\s*\[kernel ([0-9a-f]{16})\b[^\]]*\]\s*$")
+
+
 def _source_call(cid: str, name: str, args: dict, problem: str, store: ArtifactStore) -> ToolCall:
     small = {k: (v[:300] if isinstance(v, str) else v) for k, v in args.items() if k != "source"}
     src = args.get("source")
+    ref = _REFERENCE.match(src) if isinstance(src, str) else None
+    if ref:  # the replay's stand-in for an older kernel, sent back: it names that kernel
+        if name == "submit_kernel":
+            return ToolCall(call_id=cid, name=name, args=small, error=f"`source` is the reference "
+                            f"{src.strip()[:80]}, not a module: submit the complete module")
+        args, src = {**args, "candidate_id": ref.group(1)}, None
+        small["candidate_id"] = ref.group(1)
     if name == "submit_kernel" and not isinstance(src, str):
         return ToolCall(call_id=cid, name=name, args=small,
                         error="submit_kernel needs `source` (the complete module as a string) and `rationale`")

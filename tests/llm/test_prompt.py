@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from activities.llm import TOOLS, build_messages, estimate_tokens, extract_code, parse_calls, Reply
 from tests.llm.kernels import LADDER, softmax_kernel
 from workflows.contracts import Budget, LlmTurnRequest, Used
@@ -59,7 +61,7 @@ def test_code_extraction():
 def test_parse_calls_stores_sources_and_rejects_bad_arguments(store):
     src = softmax_kernel(**LADDER[1])
     reply = Reply(content="", tool_calls=[
-        {"id": "a", "name": "submit_kernel", "arguments": '{"source": ' + __import__("json").dumps(src) +
+        {"id": "a", "name": "submit_kernel", "arguments": '{"source": ' + json.dumps(src) +
          ', "rationale": "r"}'},
         {"id": "b", "name": "benchmark", "arguments": '{"source": "import os\\ndef run(inputs, out):\\n  pass\\n"}'},
         {"id": "c", "name": "profile", "arguments": "{not json"},
@@ -125,3 +127,14 @@ def test_kda_prompt_at_turn_50_keeps_four_turns_and_the_template_whole(store):
     assert estimate_tokens(small) + estimate_tokens(TOOLS) <= 8000
     assert small[-1]["content"].startswith("Turn 51.")
     assert any("iteration 50: passed" in (m.get("content") or "") for m in small)  # the last step is kept
+
+
+def test_a_replayed_kernel_reference_sent_back_names_that_kernel(store):
+    ref = "[kernel 0123456789abcdef: 64 lines, sent in full at the time; candidate_id=0123456789abcdef names it]"
+    reply = Reply(content="", tool_calls=[
+        {"id": "a", "name": "compile", "arguments": json.dumps({"source": ref})},
+        {"id": "b", "name": "submit_kernel", "arguments": json.dumps({"source": ref, "rationale": "r"})}])
+    (compile_call, submit_call), _ = parse_calls(reply, 3, "softmax", store)
+    assert compile_call.candidate_id == "0123456789abcdef" and compile_call.source_key is None
+    assert compile_call.error is None
+    assert "not a module" in submit_call.error
