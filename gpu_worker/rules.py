@@ -73,7 +73,7 @@ FORBIDDEN_ATTRS = {
     "torch.cuda.graph": "stream", "torch.cuda.CUDAGraph": "stream", "torch.cuda.set_stream": "stream",
     "torch.cuda.synchronize": "stream", "torch.cuda.current_stream": "stream",
     "torch.cuda.default_stream": "stream", "torch.cuda.ExternalStream": "stream",
-    "torch.Stream": "stream", "torch.Event": "stream",
+    "torch.Stream": "stream", "torch.Event": "stream", "torch.cuda.cudart": "stream",
     "torch.multiprocessing": "process", "torch.distributed": "network",
     "torch.hub": "escape", "torch.load": "escape", "torch.save": "escape", "torch.utils": "escape",
     "triton.runtime": "escape", "triton.compiler": "escape", "triton.backends": "escape",
@@ -107,7 +107,9 @@ BUILTIN_FAMILY = {"open": "filesystem", "id": "output-cache", "hash": "output-ca
 ESCAPE_ATTRS = {"f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "gi_frame", "gi_code",
                 "gi_yieldfrom", "cr_frame", "cr_code", "cr_await", "ag_frame", "ag_code", "tb_frame", "tb_next",
                 "co_code", "co_consts", "co_names", "mro", "modules", "builtins", "get_type_hints",
-                "ForwardRef", "attrgetter", "methodcaller", "gpu_worker", "activities", "workflows", "baselines"}
+                "ForwardRef", "attrgetter", "methodcaller", "gpu_worker", "activities", "workflows", "baselines",
+                # they build classes from a namespace given as data, where a hook's name is only a string
+                "make_dataclass", "Enum", "IntEnum", "Flag", "IntFlag", "StrEnum", "new_class"}
 CACHE_ATTRS = {"data_ptr", "_version", "untyped_storage", "storage", "_cdata", "storage_offset",
                "unsafe_chunk", "_base", "lru_cache", "cache", "cached_property"}
 SUBCLASS_ATTRS = {"__torch_function__", "__torch_dispatch__", "as_subclass", "_make_subclass",

@@ -165,6 +165,9 @@ def test_rules_module_imports_no_torch():
     ("class Late:\n    def __del__(self):\n        pass", "escape"),
     ("def __getattr__(name):\n    return name", "escape"),
     ("from torch.overrides import TorchFunctionMode", "lazy-output"),
+    ("import dataclasses\nC = dataclasses.make_dataclass('C', [], namespace={'__torch_function__': run})", "escape"),
+    ("import enum\nE = enum.Enum('E', {'__torch_function__': 1})", "escape"),
+    ("s = torch.cuda.cudart().cudaStreamCreate", "stream"),
     ("from torch.utils._python_dispatch import TorchDispatchMode", "lazy-output"),
     # imports beyond the allowlist, by family where there is one
     ("import numpy", "forbidden-import"),
