@@ -8,7 +8,7 @@ built at run time):
   - imports of kernel libraries and of the project's own modules (`import` event),
   - file writes outside the allowed roots (the child's temp dir)                          -> filesystem
   - subprocesses, exec, fork, unless Triton's compiler runs one of the allowed binaries   -> process
-  - sockets of any family but AF_UNIX, connect, bind, sendto, name lookups                -> network
+  - sockets (but AF_UNIX ones, whose connect is refused), connect, bind, sendto, lookups -> network
   - ctypes/dlopen while candidate code is on the stack                                    -> escape
 * `sys.modules` audits after load and after each call (anything kernel-library-like that appeared);
 * the torch function-mode and dispatch-mode stacks, compared after load and after each call with what
@@ -28,6 +28,7 @@ or empties the list is still rejected with the family named.
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import sys
@@ -51,21 +52,14 @@ ATEN_BANNED = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "e
                "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
                "scaled_dot_product_attention", "_flash_attention_forward", "_efficient_attention_forward",
                "addmv", "mv", "dot", "vdot", "convolution", "_convolution", "cudnn_convolution")
-AF_UNIX = 1
+CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
+                 "ctypes.string_at", "ctypes.wstring_at")
 
 
 class GuardViolation(RuntimeError):
     def __init__(self, rule: str, detail: str):
         super().__init__(f"[{rule}] {detail}")
         self.rule = rule
-
-
-def _is_write(mode, flags) -> bool:
-    if isinstance(mode, str):
-        return any(c in mode for c in "wax+")
-    if isinstance(flags, int):
-        return bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND))
-    return False
 
 
 def _library_prefixes() -> tuple[str, ...]:
@@ -84,7 +78,15 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
     at call time, so rewriting this module's attributes changes nothing the hook does."""
     roots, trusted_roots, library, compiler_files, allowed_exec, banned = cfg
     realpath, getframe, write, dumps = os.path.realpath, sys._getframe, os.write, json.dumps
+    fspath, pathlike, devnull, violation = os.fspath, os.PathLike, os.devnull, GuardViolation
+    subprocess_events, socket_events, ctypes_events = SUBPROCESS_EVENTS, SOCKET_EVENTS, CTYPES_EVENTS
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     frozen = "<frozen"
+
+    def is_write(mode, flags) -> bool:
+        if isinstance(mode, str):
+            return any(c in mode for c in "wax+")
+        return isinstance(flags, int) and bool(flags & write_flags)
 
     def report(rule: str, detail: str):
         violations.append((rule, detail))
@@ -96,7 +98,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
 
     def record(rule: str, detail: str):
         report(rule, detail)
-        raise GuardViolation(rule, detail)
+        raise violation(rule, detail)
 
     def candidate_on_stack() -> bool:
         f = getframe(2)
@@ -138,19 +140,19 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 return
             if isinstance(path, bytes):
                 path = path.decode(errors="replace")
-            if not _is_write(mode, flags) or path == os.devnull:
+            if not is_write(mode, flags) or path == devnull:
                 return
             if under(path, roots):
                 return
             if under(path, trusted_roots) and not candidate_on_stack():
                 return
             record("filesystem", f"write to {path!r} outside the sandbox's temp directory")
-        elif event in SUBPROCESS_EVENTS or event.startswith("os.exec") or event.startswith("os.spawn"):
+        elif event in subprocess_events or event.startswith("os.exec") or event.startswith("os.spawn"):
             exe = args[0] if args else None
             if exe is None and len(args) > 1 and isinstance(args[1], (list, tuple)) and args[1]:
                 exe = args[1][0]  # Popen's executable defaults to the first argument
-            if isinstance(exe, os.PathLike):
-                exe = os.fspath(exe)
+            if isinstance(exe, pathlike):
+                exe = fspath(exe)
             if isinstance(exe, bytes):
                 exe = exe.decode(errors="replace")
             ok_exe = isinstance(exe, str) and realpath(exe) in allowed_exec
@@ -158,12 +160,11 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 record("process", f"{event} refused: candidates may not start processes")
         elif event == "socket.__new__":
             fam = args[1] if len(args) > 1 else None
-            if fam != AF_UNIX:
+            if fam != 1:  # AF_UNIX: its connect and bind are refused below
                 record("network", f"socket of family {fam} refused: candidates may not use the network")
-        elif event in SOCKET_EVENTS:
+        elif event in socket_events:
             record("network", f"{event} refused: candidates may not use the network")
-        elif event in ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof",
-                       "ctypes.call_function", "ctypes.string_at", "ctypes.wstring_at"):
+        elif event in ctypes_events:
             if candidate_on_stack():
                 record("escape", f"{event} refused")
 
@@ -210,9 +211,11 @@ class Seal:
     def __init__(self, hook, blocker, report, violations: list, cfg: tuple, modes: tuple):
         self.hook, self.blocker, self.violations, self.cfg, self.modes = hook, blocker, violations, cfg, modes
         self.report = report  # records a refusal seen elsewhere (the OS wall's, see child._call)
-        self.functions = _closure_functions(hook) + _closure_functions(type(blocker).find_spec)
+        self.find_spec = type(blocker).find_spec
+        self.functions = _closure_functions(hook) + _closure_functions(self.find_spec)
         self.snapshot = [(f, f.__code__, _cells(f)) for f in self.functions]  # held: their ids stay theirs
         self.module = sys.modules[__name__]
+        self.builtins = dict(vars(builtins))  # the hook, like all code, looks builtins up when it runs
         self.seen = 0  # violations counted at the last check: the list never shrinks
 
     def _library_object(self, obj) -> bool:
@@ -220,12 +223,21 @@ class Seal:
         return any(f.startswith(p) for p in self.cfg[2])
 
     def broken(self) -> list[tuple[str, str]]:
+        # builtins first, with no builtin called: the checks below (and the hook) use them
+        changed, now_builtins = [], builtins.__dict__
+        for k, v in self.builtins.items():
+            if now_builtins.get(k) is not v:
+                changed.append(k)
+        if changed:
+            return [("escape", "builtins replaced by the candidate: " + ", ".join(changed[:8]))]
         out = []
         for f, code, cells in self.snapshot:
             now = _cells(f)
             if f.__code__ is not code or len(now) != len(cells) or any(a is not b for a, b in zip(now, cells)):
                 out.append(("escape", f"the guard's {f.__name__} was modified"))
                 break
+        if getattr(self.blocker.find_spec, "__func__", None) is not self.find_spec:
+            out.append(("escape", "the guard's import blocker was modified"))
         first = next((i for i, m in enumerate(sys.meta_path) if m is self.blocker), None)
         if first is None or any(not self._library_object(m) for m in sys.meta_path[:first]):
             out.append(("escape", "the guard's import blocker was removed or bypassed in sys.meta_path"))

@@ -205,7 +205,7 @@ ESCAPES = ["/tmp/marathon-fork-exec.txt", "/tmp/marathon-mkdir-escape", "/tmp/ma
 #: what the rejection must say, where the family alone does not show which wall refused
 WHY = {"wall_fork_exec": "refused by the OS wall", "wall_mkdir": "refused by the OS wall",
        "seal_swallow_and_clear": "marathon-seal-escape", "seal_unblock_imports": "import blocker",
-       "seal_close_channel": "report channel was closed", "lazy_function_mode": "torch modes left active",
+       "seal_close_channel": "report channel was closed", "seal_patch_builtins": "builtins replaced", "lazy_function_mode": "torch modes left active",
        "lazy_dispatch_mode": "torch modes left active"}
 
 
@@ -217,6 +217,7 @@ WHY = {"wall_fork_exec": "refused by the OS wall", "wall_mkdir": "refused by the
     ("seal_swallow_and_clear", "filesystem"),  # refusal swallowed, records emptied: the worker kept its copy
     ("seal_unblock_imports", "escape"),     # the import blocker taken out of sys.meta_path
     ("seal_close_channel", "escape"),       # the guard's channel to the worker closed, the records emptied
+    ("seal_patch_builtins", "escape"),      # a builtin the guard's hook calls replaced
     ("lazy_function_mode", "lazy-output"),  # a TorchFunctionMode left on the stack
     ("lazy_dispatch_mode", "lazy-output"),  # a TorchDispatchMode left on the stack
 ])
@@ -245,7 +246,8 @@ def test_static_rules_name_the_same_cheats():
 
     expect = {"wall_fork_exec": "process", "wall_socket_local": "network", "lazy_function_mode": "lazy-output",
               "lazy_dispatch_mode": "lazy-output", "wall_shell_via_torch": "escape", "wall_mkdir": "escape",
-              "seal_swallow_and_clear": "escape", "seal_unblock_imports": "escape", "seal_close_channel": "escape"}
+              "seal_swallow_and_clear": "escape", "seal_unblock_imports": "escape", "seal_close_channel": "escape",
+              "seal_patch_builtins": "escape"}
     for name, rule in expect.items():
         rep = check_source((KERNELS / f"{name}.py").read_text(), "softmax")
         assert not rep.ok and rep.rule == rule, (name, rep)
