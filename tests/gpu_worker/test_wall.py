@@ -269,3 +269,25 @@ def test_the_load_reply_names_the_active_wall_and_honest_work_runs(ev_raw, store
         sb.close()
     v = ev_raw.verify(req(store, canary_source("fast")))
     assert v.ok, v.reason
+
+
+def test_a_refusal_is_named_by_the_errno_and_place_the_wall_gives_it(tmp_path):
+    import errno
+
+    def raised(e: OSError) -> OSError:
+        try:
+            raise e
+        except OSError as caught:
+            return caught
+
+    own = str(tmp_path)
+    assert wall.family_of(raised(PermissionError(errno.EPERM, "Operation not permitted")), [own]) == "process"
+    assert wall.family_of(raised(PermissionError(errno.EACCES, "Permission denied")), [own]) == "network"
+    outside = raised(PermissionError(errno.EACCES, "Permission denied", "/etc/escaped"))
+    assert wall.family_of(outside, [own]) == "filesystem"
+    inside = raised(PermissionError(errno.EACCES, "Permission denied", os.path.join(own, "x")))
+    assert wall.family_of(inside, [own]) is None  # not the wall's: a path it allows
+    assert wall.family_of(raised(FileNotFoundError(errno.ENOENT, "No such file", "/nope")), [own]) is None
+    wrapped = RuntimeError("kernel failed")
+    wrapped.__cause__ = outside
+    assert wall.family_of(wrapped, [own]) == "filesystem"
