@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# A torch already in the venv (a GPU host's CUDA build) is kept: the constraint stops pip replacing it.
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 --index-url $(TORCH_CPU_INDEX)
-	$(PY) -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
+	$(PY) -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
 	$(PIP) install -e '.[$(EXTRAS)]' -c $(VENV)/torch-constraint.txt
 	touch $@
 
