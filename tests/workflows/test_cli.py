@@ -244,3 +244,23 @@ async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(en
         with pytest.raises(WorkflowFailureError) as e:
             await asyncio.wait_for(env.client.get_workflow_handle(wid).result(), 30)
     assert message in str(e.value.cause), str(e.value.cause)
+
+
+async def test_hints_are_checked_by_the_run_s_policy_without_a_worker(env):
+    """The run's spec comes from its history, so the check needs no worker: a search run refuses what its
+    proposer would ignore, an llm run takes free text."""
+    address = env.client.service_client.config.target_host
+    search, llm = run_id("hints"), run_id("hintl")
+    await asyncio.gather(
+        asyncio.to_thread(marathon, "start", "softmax", "--id", search, env_address=address, check=True),
+        asyncio.to_thread(marathon, "start", "softmax", "--policy", "llm", "--id", llm, env_address=address,
+                          check=True))
+    try:
+        refused, taken = await asyncio.gather(
+            asyncio.to_thread(marathon, "hint", search, "use bigger blocks", env_address=address),
+            asyncio.to_thread(marathon, "hint", llm, "use bigger blocks", env_address=address))
+        assert refused.returncode == 2 and "a search run takes KNOB=value hints" in refused.stderr
+        assert taken.returncode == 0 and taken.stdout.strip() == f"hint sent to {llm}", taken.stderr
+    finally:
+        for wid in (search, llm):
+            await env.client.get_workflow_handle(wid).terminate("test over")
