@@ -180,6 +180,11 @@ async def test_client_commands_against_the_dev_server(env, store):
     # a finished run's status is its result: no worker needed to answer
     text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
     assert "stopped by stop-signal (cli test)" in text
+    late = await asyncio.gather(*(asyncio.to_thread(marathon, *a, env_address=address)
+                                  for a in (["stop", wid], ["budget", wid, "--hours", "9"], ["pause", wid])))
+    for p in late:
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and wid in lines[0], p.stderr
 
 
 @pytest.mark.parametrize("args", [["status", "no-such-run"], ["watch", "no-such-run"], ["report", "no-such-run"],
