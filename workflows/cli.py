@@ -133,13 +133,16 @@ def _handle(client, wid: str):
     return client.get_workflow_handle(wid, result_type=RunResult)
 
 
-async def _status(client, wid: str) -> Status:
+async def _status(client, wid: str, timeout: float | None = None) -> Status:
+    from datetime import timedelta
+
     from temporalio.service import RPCError
 
     from workflows.optimization import KernelOptimization
 
     try:
-        return await _handle(client, wid).query(KernelOptimization.status)
+        return await _handle(client, wid).query(
+            KernelOptimization.status, rpc_timeout=timedelta(seconds=timeout) if timeout else None)
     except RPCError as e:
         raise UsageError(f"cannot query run {wid!r}: {e.message}")
 
@@ -362,11 +365,12 @@ async def cmd_start(args) -> int:
 
 async def cmd_status(args) -> int:
     client = await _client(args)
-    st = await _status_or_result(client, args.id)
+    # the query first, finished runs too (scripts read its fields); without a worker a finished run's result
+    st = await _status_or_result(client, args.id, prefer_query=True)
     if args.json:
         print(st.model_dump_json(indent=2))
         return 0
-    if isinstance(st, RunResult):  # a finished run: its result, which needs no worker to answer
+    if isinstance(st, RunResult):
         print(f"{st.workflow_id}: {st.problem} finished after {st.iterations} iterations, run {st.runs}")
         print(f"stopped by {st.stopped_by}" + (f" ({st.stop_reason})" if st.stop_reason else ""))
         print(f"best: {_fmt_best(st.best)}")
@@ -377,7 +381,7 @@ async def cmd_status(args) -> int:
     print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
           f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
     if st.stop_reason is not None:
-        print(f"stopping: {st.stop_reason}")
+        print(f"{'stopped' if st.phase == 'done' else 'stopping'}: {st.stop_reason}")
     print(f"best: {_fmt_best(st.best)}")
     print(f"budget: {budget_text(st.budget)}; used: {used_text(st.used, st.policy == 'llm')}")
     print(f"last: {_fmt_last(st.last)}")
@@ -566,8 +570,9 @@ def _previous_key(text: str) -> str | None:
     return None
 
 
-async def _status_or_result(client, wid: str):
-    """The live status if the run is open, else its result (both carry the keys)."""
+async def _status_or_result(client, wid: str, prefer_query: bool = False):
+    """The live status if the run is open, else its result (both carry the keys). With prefer_query a
+    finished run answers the status query too, when a worker is up to answer it within a few seconds."""
     from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError
 
@@ -578,6 +583,11 @@ async def _status_or_result(client, wid: str):
         raise UsageError(f"no run {wid!r}: {e.message}")
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return await _status(client, wid)
+    if prefer_query:
+        try:
+            return await _status(client, wid, timeout=5)
+        except UsageError:
+            pass
     from temporalio.client import WorkflowFailureError
 
     try:
