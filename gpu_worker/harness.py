@@ -755,7 +755,8 @@ class Evaluator:
                                interpreter=self.interpreter, receipt=rec, log_key=self._log("\n".join(lines)),
                                gpu_seconds=gpu_s[0] if self.cuda else 0.0, distributions=dists,
                                deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
-                               host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"])
+                               host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"],
+                               kernel_ms=prof["kernel_ms"] if prof else None)
         except Rejection as rej:
             return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
                                log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])
@@ -925,8 +926,8 @@ class Evaluator:
         seen = [k for k in p["kernels"] if any(n in k for n in names)]
         foreign = [k for k in p["kernels"] if any(s in k.lower() for s in ("gemm", "cublas", "cutlass", "xmma", "flash", "sdpa", "softmax_warp", "cunn_softmax"))
                    and not any(n in k for n in names)]
-        ok_c, allowed_c = crosscheck(worst["time_ms"], p["kernel_ms_per_call"])
-        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb["kernel_ms_per_call"])
+        ok_c, allowed_c = crosscheck(worst["time_ms"], p["kernel_ms_per_call"], p.get("launches_per_call", 1.0))
+        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb["kernel_ms_per_call"], pb.get("launches_per_call", 1.0))
         ok = bool(seen) and not foreign and ok_c and ok_b
         text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p['kernel_ms_per_call']:.4g} ms/call "
                 f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.get('launches_per_call', 0):.3g} launches per call); "

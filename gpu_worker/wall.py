@@ -373,11 +373,17 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
         desc["network"] = "seccomp+landlock" if ll["net"] else "seccomp"
         desc["signals"] = "landlock" if ll["scoped"] else "none"
     else:
-        desc["filesystem"] = "seccomp (no writes at all)"
+        # seccomp cannot read paths: denying writes would refuse the child's own exports and Triton's
+        # cache, so every honest candidate would fail; the run-time guard polices writes here
+        desc["filesystem"] = "guard only (no Landlock)"
         desc["network"] = "seccomp"
         desc["signals"] = "none"
-    _load_seccomp(seccomp_program(allow_exec=bool(execs), deny_writes=not abi))
-    desc["process"] = "seccomp+landlock (exec: listed binaries only)" if execs else "seccomp"
+    # without Landlock an exec cannot be limited to the listed binaries: allowed when there are any (the
+    # GPU compiler), the guard then admits only those from Triton's compiler
+    allow_exec = bool(execs) if abi else bool(exec_files)
+    _load_seccomp(seccomp_program(allow_exec=allow_exec, deny_writes=False))
+    desc["process"] = ("seccomp+landlock (exec: listed binaries only)" if execs else
+                       "seccomp (exec: the guard's list only)" if allow_exec else "seccomp")
     return desc
 
 
@@ -479,5 +485,5 @@ def host_summary() -> str:
                 f"{', signals' if abi >= 6 else ''})")
     if m == "landlock":
         return "OS wall: Landlock is absent: candidate children will refuse to load (MARATHON_WALL=landlock)"
-    return ("OS wall: seccomp only (no Landlock): no writes at all after a candidate loads, the harness's own "
-            "included, so candidates fail verification; MARATHON_WALL=off opts out explicitly")
+    return ("OS wall: seccomp only (no Landlock): network and new processes refused by the kernel; writes "
+            "and the GPU compiler's exec policed by the Python guard")

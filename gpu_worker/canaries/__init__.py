@@ -1,8 +1,10 @@
 """Harness canaries (softmax): a correct slow kernel, a correct faster one, a wrong one and a cheating
 one. The self-test evaluates all four through the real compile/verify/benchmark path and checks the
 classification (slow and fast pass, wrong fails verification, cheat is rejected with input-mutation);
-on CUDA it also checks the ranking (fast's speedup interval lies above slow's). A failed self-test makes
-the GPU worker refuse work."""
+on CUDA it also checks the ranking (fast's speedup interval lies above slow's) and the timing canaries:
+host-side busy work before the launch is not device time (host_busy, in graph mode, and host_busy_eager,
+back to back), and eight launches of one kernel's work cost no more than their kernel time (split8). A
+failed self-test makes the GPU worker refuse work."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 CANARIES = ("slow", "fast", "wrong", "cheat")
+TIMING_CANARIES = ("host_busy", "host_busy_eager", "split8")
 
 
 def canary_source(name: str) -> str:
@@ -19,7 +22,7 @@ def canary_source(name: str) -> str:
 
 
 def run_canaries(ev, hb=None) -> dict:
-    from workflows.contracts import BenchRequest, EvalRequest
+    from workflows.contracts import EvalRequest
 
     t0 = time.monotonic()
     results, problems = {}, []
@@ -33,8 +36,7 @@ def run_canaries(ev, hb=None) -> dict:
         r = {"compile_ok": comp.ok, "verify_ok": bool(ver and ver.ok),
              "reason": (ver.reason if ver else comp.error)[:300], "rel_err": ver.rel_err if ver else None}
         if ev.cuda and ver is not None and ver.ok:
-            b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=cid, source_key=key), hb)
-            r.update(bench_ok=b.ok, time_ms=b.time_ms, speedup=b.speedup, ci=b.speedup_ci, bench_reason=b.reason)
+            r.update(_bench(ev, key, cid, fresh=(name == "fast"), hb=hb))
         results[name] = r
     if not (results["slow"]["verify_ok"] and results["fast"]["verify_ok"]):
         problems.append("a correct canary was rejected: slow=%r fast=%r" % (results["slow"]["reason"], results["fast"]["reason"]))
@@ -55,5 +57,47 @@ def run_canaries(ev, hb=None) -> dict:
             problems.append(f"ranking: fast canary speedup {f['ci']} does not beat slow canary {s['ci']}")
         else:
             ranking = f"fast {f['speedup']:.2f}x (CI {f['ci'][0]:.2f}-{f['ci'][1]:.2f}) > slow {s['speedup']:.2f}x"
-    return {"ok": not problems, "problems": problems, "canaries": results, "ranking": ranking,
+    timing = "skipped (interpreter: timings are not speed)"
+    if ev.cuda and not problems:
+        timing, found = _timing_canaries(ev, results, hb)
+        problems += found
+    return {"ok": not problems, "problems": problems, "canaries": results, "ranking": ranking, "timing": timing,
             "interpreter": ev.interpreter, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def _bench(ev, key: str, cid: str, fresh: bool, hb) -> dict:
+    from workflows.contracts import BenchRequest
+
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=cid, source_key=key, fresh_process=fresh), hb)
+    return {"bench_ok": b.ok, "time_ms": b.time_ms, "speedup": b.speedup, "ci": b.speedup_ci,
+            "kernel_ms": b.kernel_ms, "host_ms": b.host_ms, "bench_reason": b.reason,
+            "mode": b.receipt.mode if b.receipt else ""}
+
+
+def _timing_canaries(ev, results: dict, hb) -> tuple[str, list[str]]:
+    """The device-time judge's own canaries, against the fast canary's figures."""
+    from gpu_worker.timing import canary_host_work, canary_launch_count
+
+    problems, notes = [], []
+    fast = results["fast"]
+    for name in TIMING_CANARIES:
+        src = canary_source(name)
+        key = ev.store.put_text(src)
+        cid = "canary-" + hashlib.sha256(src.encode()).hexdigest()[:10]
+        results[name] = r = _bench(ev, key, cid, fresh=(name == "split8"), hb=hb)
+        if not r["bench_ok"]:
+            problems.append(f"timing canary {name} was rejected: {r['bench_reason'][:300]}")
+            continue
+        if name.startswith("host_busy"):
+            ok, ratio = canary_host_work(r, fast)
+            notes.append(f"{name} ({r['mode']}, host {r['host_ms']:.3g} ms) {ratio:.3f}x the fast canary")
+            if not ok:
+                problems.append(f"timing canary {name}: {ratio:.3f}x the fast canary ({r['time_ms']:.4g} vs "
+                                f"{fast['time_ms']:.4g} ms), outside 0.97-1.03: host work was counted")
+        else:
+            ok, judged, kernels = canary_launch_count(fast, r, extra_launches=7)
+            notes.append(f"split8 judged +{1e3 * judged:.2f} us over fast, kernels +{1e3 * kernels:.2f} us")
+            if not ok:
+                problems.append(f"timing canary split8: eight launches judged {1e3 * judged:+.2f} us against one, "
+                                f"their kernel times differ by {1e3 * kernels:+.2f} us: launch latency was counted")
+    return "; ".join(notes), problems

@@ -58,11 +58,13 @@ def test_host_latency_is_its_own_figure_never_in_the_speedup():
     assert f["host_ms"] == pytest.approx(0.35) and f["baseline_host_ms"] == pytest.approx(0.05)
 
 
-def test_crosscheck_allows_five_percent_or_three_microseconds():
+def test_crosscheck_allows_five_percent_or_three_microseconds_and_each_launchs_dispatch():
     assert timing.crosscheck(1.0, 1.045)[0] and timing.crosscheck(1.0, 0.955)[0]
     assert not timing.crosscheck(1.0, 1.06)[0] and not timing.crosscheck(1.0, 0.94)[0]
     ok, allowed = timing.crosscheck(0.0172, 0.0150)  # a 17 us kernel: the absolute allowance applies
-    assert ok and allowed == pytest.approx(0.003)
+    assert ok and allowed == pytest.approx(0.003 + 0.001)
+    assert timing.crosscheck(0.030, 0.020, launches=8)[0]  # eight dispatches in the judged interval
+    assert not timing.crosscheck(0.030, 0.020, launches=2)[0]
     assert not timing.crosscheck(0.0172, 0.0100)[0]
     assert not timing.crosscheck(0.100, 0.0156)[0]  # events five times the kernel time: work not seen
 
@@ -77,9 +79,9 @@ def test_timing_canary_checks():
     assert timing.canary_host_work({"time_ms": 0.0505}, {"time_ms": 0.050})[0]
     assert not timing.canary_host_work({"time_ms": 0.35}, {"time_ms": 0.050})[0]  # host work counted
     one = {"time_ms": 0.040, "kernel_ms": 0.039}
-    assert timing.canary_launch_count(one, {"time_ms": 0.046, "kernel_ms": 0.044})[0]
+    assert timing.canary_launch_count(one, {"time_ms": 0.046, "kernel_ms": 0.044}, 7)[0]
     # eight launches judged 60 us slower while their kernels add 5 us: launch latency was counted
-    assert not timing.canary_launch_count(one, {"time_ms": 0.100, "kernel_ms": 0.044})[0]
+    assert not timing.canary_launch_count(one, {"time_ms": 0.100, "kernel_ms": 0.044}, 7)[0]
 
 
 def test_clearly_slower_needs_samples_and_a_whole_interval_below_one():

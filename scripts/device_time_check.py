@@ -1,0 +1,71 @@
+"""Cross-examine a scoreboard by an independent device-time measurement, in a process of its own.
+
+For every row of scoreboard.json, the starting kernel (imported directly, no sandbox) and the primary
+baseline are timed on every distribution with gpu_worker.devicetime (a CUDA graph per rotated input copy,
+together more than twice L2, no refill and no harness), and each figure is compared with the scoreboard's.
+Prints one line per (row, distribution, side) and exits 1 if any differs by more than --tolerance.
+
+    python scripts/device_time_check.py [--scoreboard docs/scoreboard.json] [--tolerance 0.03]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def load_module(source: str, tmp: Path):
+    path = tmp / "start_kernel.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location("start_kernel", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from baselines.registry import get_problem
+    from gpu_worker.devicetime import graph_time_ms, l2_bytes, rotated_copies
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scoreboard", default="docs/scoreboard.json")
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    a = ap.parse_args(argv)
+    rows = json.loads(Path(a.scoreboard).read_text())
+    worst, lines = 0.0, []
+    with tempfile.TemporaryDirectory() as tmp:
+        for row in rows:
+            problem = get_problem(row["problem"])
+            shape = next(s for s in problem.shapes if s.name == row["shape"])
+            mod = load_module(problem.render(problem.default_knobs()), Path(tmp))
+            base = problem.baselines()[row["baseline"]]
+            for d in row.get("start_distributions") or []:
+                dist = d["dist"]
+                inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"), 2 * l2_bytes())
+                sets = [{"inputs": inp, "out": {k: torch.empty(o.shape, dtype=getattr(torch, o.dtype), device="cuda")
+                                                for k, o in problem.output_specs(shape).items()}} for inp in inputs]
+                start = graph_time_ms(lambda s: mod.run(s["inputs"], s["out"]), sets)
+                baseline = graph_time_ms(lambda s: base(s["inputs"]), sets)
+                for side, here, there in (("start", start, d["time_ms"]), ("baseline", baseline, d["baseline_ms"])):
+                    dev = here["ms"] / there - 1
+                    worst = max(worst, abs(dev))
+                    lines.append(f"{row['problem']:<12} {row['shape']:<24} {dist:<7} {side:<8} independent "
+                                 f"{here['ms']:.4g} ms ({here['mode']}, {here['copies']} copies) vs scoreboard "
+                                 f"{there:.4g} ms: {100 * dev:+.1f}%")
+                    print(lines[-1], flush=True)
+                del inputs, sets
+                torch.cuda.empty_cache()
+    print(f"largest difference {100 * worst:.1f}% (tolerance {100 * a.tolerance:.0f}%)")
+    return 0 if worst <= a.tolerance else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
