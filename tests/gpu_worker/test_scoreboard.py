@@ -19,7 +19,14 @@ def measured(key: str, ok: bool, time_ms: float | None, reason: str | None = Non
            "threshold": 1e-2}
     if time_ms is not None:
         row.update(time_ms=time_ms, baseline_ms=1.0, baseline_name="fla.chunk_kda", speedup=1.0 / time_ms,
-                   speedup_ci=(0.9 / time_ms, 1.1 / time_ms), receipt={"device": "test"})
+                   speedup_ci=(0.9 / time_ms, 1.1 / time_ms), receipt={"device": "test"},
+                   deciding_dist="strong", host_ms=time_ms + 0.2,
+                   distributions=[{"dist": "mild", "time_ms": time_ms / 2, "baseline_ms": 1.0,
+                                   "speedup": 2.0 / time_ms, "mode": "cuda-graph", "host_ms": time_ms,
+                                   "baseline_host_ms": 1.1},
+                                  {"dist": "strong", "time_ms": time_ms, "baseline_ms": 1.0,
+                                   "speedup": 1.0 / time_ms, "mode": "cuda-graph", "host_ms": time_ms + 0.2,
+                                   "baseline_host_ms": 1.2}])
     if reason:
         row["reason"] = reason
     return row
@@ -115,18 +122,21 @@ def test_row_keeps_every_candidate_measured():
     start = measured("s" * 64, True, 1.0)
     found = [measured("a" * 64, True, 0.8), measured("b" * 64, True, 0.6),
              measured("c" * 64, False, None, "verify: rel_err 0.5 > 0.01")]
-    row = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start, found, {"torch-chunked-fp32": 6.0},
-                   0.1, 12.34)
+    row = make_row("kda", "B1 T8192 H32 D128", "fla.chunk_kda", start, found,
+                   {"torch-chunked-fp32": {"mild": 6.0, "strong": 6.0}}, 0.1, 12.34)
     assert (row["best_ms"], row["best_candidate"], row["best_from"]) == (0.6, "b" * 16, "run")
     assert row["best_speedup"] == found[1]["speedup"] and row["receipt"] == found[1]["receipt"]
+    # against another baseline too, the worst distribution decides
     assert row["speedups_vs_other_baselines"] == {"torch-chunked-fp32": 6.0 / 0.6}
+    assert row["deciding_dist"] == "strong" and row["best_host_ms"] == 0.6 + 0.2
+    assert [d["dist"] for d in row["start_distributions"]] == ["mild", "strong"]
     assert row["candidates"] == [
         {"source_key": "a" * 64, "candidate_id": "a" * 16, "ok": True, "time_ms": 0.8, "rel_err": 1e-3,
-         "speedup": 1 / 0.8, "reason": None},
+         "speedup": 1 / 0.8, "deciding_dist": "strong", "host_ms": 0.8 + 0.2, "reason": None},
         {"source_key": "b" * 64, "candidate_id": "b" * 16, "ok": True, "time_ms": 0.6, "rel_err": 1e-3,
-         "speedup": 1 / 0.6, "reason": None},
+         "speedup": 1 / 0.6, "deciding_dist": "strong", "host_ms": 0.6 + 0.2, "reason": None},
         {"source_key": "c" * 64, "candidate_id": "c" * 16, "ok": False, "time_ms": None, "rel_err": 1e-3,
-         "speedup": None, "reason": "verify: rel_err 0.5 > 0.01"}]
+         "speedup": None, "deciding_dist": None, "host_ms": None, "reason": "verify: rel_err 0.5 > 0.01"}]
     json.dumps(row)  # what scoreboard.json holds
     none_better = make_row("kda", "s", "fla.chunk_kda", start, [measured("a" * 64, True, 2.0)], {}, None, 1.0)
     assert none_better["best_from"] == "start" and none_better["best_ms"] == 1.0
