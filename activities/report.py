@@ -61,12 +61,18 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     fam = Counter(r.family for r in records if r.outcome == "rejected" and r.family)
     lines += ["", "## Rejections by cheating family", "", "| family | count |", "|---|---|"]
     lines += [f"| {f} | {n} |" for f, n in fam.most_common()] or ["| none | 0 |"]
-    lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup | ms | note |", "|---|---|---|---|---|---|"]
+    # speedup and ms: device time on the worst distribution (named); host: a synchronous call's latency
+    lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup (worst distribution) | ms | host ms | note |",
+              "|---|---|---|---|---|---|---|"]
     for r in records:
         note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
         sp = f"{r.speedup:.3g}" if r.speedup is not None and not r.interpreter else "-"
+        if sp != "-" and r.deciding_dist:
+            sp += f" ({r.deciding_dist})"
         ms = f"{r.time_ms:.4g}" if r.time_ms is not None else "-"
-        lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {note.replace('|', '/')} |")
+        host = f"{r.host_ms:.4g}" if r.host_ms is not None and not r.interpreter else "-"
+        lines.append(f"| {r.iteration} | {r.candidate_id} | {r.outcome} | {sp} | {ms} | {host} | "
+                     f"{note.replace('|', '/')} |")
     if best_src:
         lines += ["", "## Best kernel", "", "```python", best_src.rstrip(), "```"]
     if receipt:

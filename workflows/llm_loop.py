@@ -215,14 +215,31 @@ async def _profile_line(wf, ev: EvalRequest) -> str:
         f"\nprofile: failed ({decisions.trim(p.summary, 200)})"
 
 
+def _host_note(r) -> str:
+    """Host latency beside the device-time figures (BenchReport or IterationRecord): its own figure."""
+    if r.host_ms is None:
+        return ""
+    base = f" (baseline {r.baseline_host_ms:.4g} ms)" if r.baseline_host_ms is not None else ""
+    return f"; host latency of a synchronous call {r.host_ms:.4g} ms{base}, not part of the speedup"
+
+
+def _distributions_note(b: BenchReport) -> str:
+    """Each input distribution's device times; the worst speedup decides."""
+    if not b.distributions:
+        return ""
+    return ("; by distribution (worst decides): " + ", ".join(
+        f"{d.dist} {d.time_ms:.4g} vs {d.baseline_ms:.4g} ms {d.speedup:.3f}x" for d in b.distributions))
+
+
 def _describe(r: IterationRecord) -> str:
     if r.outcome == "rejected":
         return f"rejected at {r.stage}: {r.reason}"
     interp = " (interpreter timing)" if r.interpreter else ""
     ci = f" [95% CI {r.speedup_ci[0]:.3f}-{r.speedup_ci[1]:.3f}]" if r.speedup_ci else ""
-    return (f"{r.outcome}: {r.speedup:.3f}x{ci}, {r.time_ms:.4g} ms vs baseline {r.baseline_ms:.4g} ms, "
-            f"rel err {r.rel_err:.2g}{interp}" if r.rel_err is not None else
-            f"{r.outcome}: {r.speedup:.3f}x{ci}, {r.time_ms:.4g} ms{interp}")
+    worst = f" on {r.deciding_dist}, the worst distribution" if r.deciding_dist else ""
+    return (f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms vs baseline {r.baseline_ms:.4g} ms, "
+            f"rel err {r.rel_err:.2g}{interp}{_host_note(r)}" if r.rel_err is not None else
+            f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms{interp}{_host_note(r)}")
 
 
 async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
@@ -257,7 +274,8 @@ async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
         vs = f"; current best re-timed {b.best_time_ms:.4g} ms" if b.best_time_ms else ""
         profile = "" if b.interpreter else await _profile_line(wf, ev)
         return _answer(call, f"{b.time_ms:.4g} ms vs baseline {b.baseline_name} {b.baseline_ms:.4g} ms: "
-                             f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}. "
+                             f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}"
+                             f"{_distributions_note(b)}{_host_note(b)}. "
                              f"Not submitted: use submit_kernel to make it count.{profile}")
     wf._set_phase("benchmarking")
     p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)

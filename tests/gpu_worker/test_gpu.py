@@ -38,7 +38,7 @@ def test_benchmark_receipt_and_crosscheck(ev):
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
                                   source_key=key, fresh_process=True))
     assert b.ok, b.reason
-    assert b.receipt.device and b.receipt.driver and b.receipt.mode in ("eager", "cuda-graph")
+    assert b.receipt.device and b.receipt.driver and b.receipt.mode in ("back-to-back", "cuda-graph")
     assert b.receipt.repetitions >= 50
     assert "profiler cross-check" in ev.store.get_text(b.log_key)
 
@@ -50,3 +50,50 @@ def test_compile_report_has_compiler_stats(ev):
     src = get_problem("softmax").template()
     c = ev.compile(EvalRequest(problem="softmax", candidate_id="tmpl", source_key=ev.store.put_text(src)))
     assert c.ok and c.registers and c.num_warps and c.spills is not None and not c.interpreter
+
+
+def test_timing_canaries_pass(ev):
+    """Host work before a launch is no device time, captured or back to back; launch count alone costs
+    no more than the kernel time it adds (gpu_worker/canaries, gpu_worker.timing)."""
+    r = ev.selftest()
+    assert r["ok"], r
+    assert "host_busy (cuda-graph" in r["timing"] and "host_busy_eager (back-to-back" in r["timing"], r["timing"]
+    c = r["canaries"]
+    assert c["host_busy"]["host_ms"] > c["fast"]["host_ms"] + 0.2  # the host work is there, and apart
+    assert 0.97 <= c["fast"]["time_ms"] / c["host_busy_eager"]["time_ms"] <= 1.03
+
+
+def _bench_kernel(ev, name: str, fresh: bool = True):
+    from pathlib import Path
+
+    from workflows.contracts import BenchRequest, EvalRequest
+
+    src = (Path(__file__).parent / "kernels" / f"{name}.py").read_text()
+    cid = hashlib.sha256(src.encode()).hexdigest()[:16]
+    key = ev.store.put_text(src)
+    r = EvalRequest(problem="softmax", candidate_id=cid, source_key=key)
+    assert ev.compile(r).ok
+    return ev.verify(r), ev.benchmark(BenchRequest(**r.model_dump(), fresh_process=fresh))
+
+
+def test_a_result_baked_in_at_capture_is_rejected_in_graph_mode(ev):
+    ver, b = _bench_kernel(ev, "baked_at_capture")
+    assert ver.ok, ver.reason  # right whenever it is called eagerly
+    assert not b.ok and b.reason.startswith("timed-output"), b.reason
+
+
+@pytest.fixture(scope="module")
+def ev_raw(tmp_path_factory):
+    """Static rules off: the side stream is refused by them; here the judge itself must catch it."""
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art-raw")), interpreter=False, spares=1,
+                  static_rules=False)
+    yield e
+    e.close()
+
+
+def test_an_unjoined_side_stream_is_rejected(ev_raw):
+    _, b = _bench_kernel(ev_raw, "gpu_side_stream")
+    assert not b.ok, b
