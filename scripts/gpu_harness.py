@@ -95,7 +95,7 @@ def main():
             r = ev.selftest()
             log(json.dumps(r, indent=1, default=str))
             c = r["canaries"]
-            TABLE.append(f"selftest ok={r['ok']} ranking: {r['ranking']}")
+            TABLE.append(f"selftest ok={r['ok']} ranking: {r['ranking']}; timing canaries: {r['timing']}")
             for n in ("slow", "fast", "wrong", "cheat"):
                 TABLE.append(f"  canary {n:5s} verify_ok={c[n]['verify_ok']} speedup={c[n].get('speedup')} "
                              f"ci={c[n].get('ci')} reason={c[n]['reason'][:60]!r}")
