@@ -90,7 +90,8 @@ class BudgetChange(Strict):
 
 class Used(Strict):
     iterations: int = 0
-    seconds: float = 0.0  # wall-clock since the first run started
+    seconds: float = 0.0  # wall-clock since the first run started, paused time excluded
+    paused_seconds: float = 0.0  # wall-clock spent paused (it does not count against the hours budget)
     tokens_in: int = 0
     tokens_out: int = 0
     gpu_seconds: float = 0.0

@@ -62,6 +62,7 @@ class KernelOptimization:
         self.first_run = parsed.carried is None
         self.spec = parsed.model_copy(update={"carried": None})
         self.st: CarriedState = parsed.carried.model_copy(deep=True) if parsed.carried else CarriedState()
+        self.pause_free, self.paused_since = False, None  # see run() and _wait_paused
         self.phase: Phase = "starting"
         self.records: list[IterationRecord] = []  # this run's, flushed to the ledger at compaction
         self.stop: StopRequest | None = self.st.stop
@@ -89,6 +90,8 @@ class KernelOptimization:
         # next run, where the GPU worker hands back the work already under way: the GPU pipeline stays full
         # instead of draining and refilling around each compaction.
         self.carry = self.rolling and self.spec.policy == "search" and workflow.patched("carry-in-flight")
+        # paused time counts against no budget (histories recorded before counted it)
+        self.pause_free = workflow.patched("paused-time-free")
         for f in self.st.in_flight:
             self._launch(f)
         self.st.in_flight = []
@@ -111,7 +114,7 @@ class KernelOptimization:
             if self.st.paused:
                 await self._drain()
                 self._set_phase("paused")
-                await workflow.wait_condition(lambda: not self.st.paused or self.stop is not None)
+                await self._wait_paused(lambda: not self.st.paused or self.stop is not None)
                 continue
             try:
                 exhausted = await self._step()
@@ -372,7 +375,7 @@ class KernelOptimization:
                 # Compaction must happen before continue-as-new; wait for the operator to fix it.
                 self._pause(p.reason)
                 self._set_phase("paused")
-                await workflow.wait_condition(lambda: not self.st.paused)
+                await self._wait_paused(lambda: not self.st.paused)
                 self._set_phase("compacting")
         self.st.notebook_key, self.st.notebook_version = res.notebook_key, res.notebook_version
         self.st.ledger_key = res.ledger_key
@@ -528,8 +531,21 @@ class KernelOptimization:
         # Takes effect at the loop's next quiet point, which sets the phase to "paused".
         self.st.paused, self.st.pause_reason = True, reason
 
+    async def _wait_paused(self, resumed) -> None:
+        self.paused_since = workflow.now().timestamp()
+        try:
+            await workflow.wait_condition(resumed)
+        finally:
+            if self.pause_free:
+                self.st.used.paused_seconds += workflow.now().timestamp() - self.paused_since
+            self.paused_since = None
+
     def _account_time(self) -> None:
-        self.st.used.seconds = workflow.now().timestamp() - self.st.started_at
+        now = workflow.now().timestamp()
+        paused = self.st.used.paused_seconds
+        if self.pause_free and self.paused_since is not None:  # a status read while paused
+            paused += now - self.paused_since
+        self.st.used.seconds = now - self.st.started_at - paused
 
     def _best_summary(self) -> BestSummary | None:
         b = self.st.best

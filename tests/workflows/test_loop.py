@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from temporalio.client import WorkflowUpdateFailedError
@@ -110,6 +111,7 @@ async def test_pause_resume_hint_stop(env, store):
     evaluators.DELAY_S = 0.2
     try:
         async with workers(env.client):
+            t_start = time.monotonic()
             h = await _start(env.client, RunSpec(problem="softmax", budget={"iterations": 200}), "ctl")
             await _until(lambda s: s.iteration >= 2, h)
             await h.signal(KernelOptimization.pause)
@@ -121,6 +123,9 @@ async def test_pause_resume_hint_stop(env, store):
             await h.signal(KernelOptimization.hint, Hint(text="try BLOCK_N=2048 please"))
             await h.signal(KernelOptimization.resume)
             st = await _until(lambda s: s.iteration >= frozen + 2, h)
+            # the paused stretch counts against no budget: it is kept apart from the run's seconds
+            assert st.used.paused_seconds >= 1.4, st.used
+            assert st.used.seconds <= time.monotonic() - t_start - 1.2, st.used
             await h.signal(KernelOptimization.stop, StopRequest(reason="test"))
             res = await h.result()
             board = await h.query(KernelOptimization.leaderboard)
