@@ -979,6 +979,13 @@ def _problem_facts(req: LlmTurnRequest) -> list[str]:
         facts.append(f"Work at {shape.name} ({dims}): {fl / 1e9:.4g} GFLOP and at least {by / 1e6:.4g} MB moved "
                      f"({fl / by:.3g} FLOP/byte); the floor is the slower of moving those bytes at the device's "
                      f"bandwidth and doing those FLOPs at its peak.")
+    d = req.device_facts
+    if d is not None:  # known once the run's first benchmark on a GPU has come back
+        facts.append(f"GPU: {d.device}; measured ceilings {d.bandwidth_tbps:.2f} TB/s device copy and "
+                     f"{d.matmul_tflops:.0f} TFLOP/s bf16 matmul; the timed shape's floor at those rates is "
+                     f"{d.floor_ms:.4g} ms. Timing is device time (CUDA-graph replay or back to back with the "
+                     f"host ahead) on every input distribution; the worst speedup decides; host launch cost "
+                     f"is reported apart and counts for nothing.")
     return facts + [
         f"Inputs: see read_starting_kernel / read_baseline. Outputs compared with the oracle: "
         f"{', '.join(p.outputs)}; pass iff rel-RMS error <= max({p.tolerance_floor:g}, "

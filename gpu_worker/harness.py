@@ -31,8 +31,8 @@ from activities.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
 from gpu_worker.sandbox import TIMING_CPUS, LoadedChildren, Sandbox, SandboxFailure, SandboxPool, pin
 from gpu_worker.timing import choose_mode, clearly_slower, crosscheck, decide, distribution_figures, median
-from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DistributionTiming, EvalRequest,
-                                 ProfileReport, Receipt, VerifyReport)
+from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
+                                 EvalRequest, ProfileReport, Receipt, VerifyReport)
 
 Heartbeat = Callable[[], None] | None
 
@@ -727,6 +727,9 @@ class Evaluator:
                       f"receipt: {rec.model_dump()}"]
             if self.cuda:
                 floor = problem.floor_ms(shape, 1.1 * ceil["bandwidth"], 1.1 * ceil["flops"])
+                facts = DeviceFacts(device=receipt.get("device", "?"), bandwidth_tbps=ceil["bandwidth"] / 1e12,
+                                    matmul_tflops=ceil["flops"] / 1e12,
+                                    floor_ms=problem.floor_ms(shape, ceil["bandwidth"], ceil["flops"]))
                 lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
                              f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
                 fastest = min(d["time_ms"] for d in per_dist)
@@ -734,6 +737,7 @@ class Evaluator:
                     raise Rejection("benchmark", f"impossible: {fastest:.4g} ms is below the physical floor {floor:.4g} ms "
                                     f"(min bytes / measured bandwidth, FLOPs / measured matmul rate)", "\n".join(lines))
             else:
+                facts = None
                 lines.append("physical floor: not checked (no GPU; interpreter timings say nothing about speed)")
             if prof is not None:
                 lines.append(f"profiler cross-check: {prof['text']}")
@@ -756,7 +760,7 @@ class Evaluator:
                                gpu_seconds=gpu_s[0] if self.cuda else 0.0, distributions=dists,
                                deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
                                host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"],
-                               kernel_ms=prof["kernel_ms"] if prof else None)
+                               kernel_ms=prof["kernel_ms"] if prof else None, device_facts=facts)
         except Rejection as rej:
             return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
                                log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])

@@ -208,6 +208,7 @@ class CarriedState(Strict):
     llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
     llm_hints: list[str] = Field(default_factory=list)  # llm: hints shown, in force until cleared
+    device_facts: DeviceFacts | None = None  # from the latest benchmark on a GPU
 
 
 class RunSpec(Strict):
@@ -375,6 +376,15 @@ class BenchRequest(Strict):
     fresh_process: bool = False  # re-measure a new best away from the search process
 
 
+class DeviceFacts(Strict):
+    """The GPU a run is timed on, as its worker measured it: what the roofline floor is made of."""
+
+    device: str
+    bandwidth_tbps: float  # measured device-to-device copy (read + write bytes)
+    matmul_tflops: float  # measured bf16 matmul rate
+    floor_ms: float  # the timed shape's floor at those rates
+
+
 class DistributionTiming(Strict):
     """One input distribution's figures in a benchmark: device times (medians, ms) of candidate and
     baseline timed interleaved in one mode, and each side's host latency of a synchronous call."""
@@ -420,6 +430,7 @@ class BenchReport(Strict):
     host_ms: float | None = None
     baseline_host_ms: float | None = None
     kernel_ms: float | None = None  # profiler kernel time per call, deciding distribution, when cross-checked
+    device_facts: DeviceFacts | None = None
     family: str | None = None  # the cheating family the rejection names (FAMILIES), from its reason
 
     @model_validator(mode="after")
@@ -569,6 +580,7 @@ class LlmTurnRequest(Strict):
     turns_per_iteration: int | None = None
     turns_since_submission: int = 0
     standing_hints: list[str] = Field(default_factory=list)  # shown before, in force until cleared
+    device_facts: DeviceFacts | None = None
 
 
 class LlmTurnResult(Strict):

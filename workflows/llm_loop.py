@@ -83,7 +83,8 @@ async def llm_step(wf) -> bool:
         recent=wf.records[-8:], baseline_ms=_baseline_ms(wf), budget=wf.spec.budget, used=wf.st.used,
         hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens,
         ledger_key=wf.st.ledger_key, adapted=wf.st.llm_adapted, turns_per_iteration=wf.spec.turns_per_iteration,
-        turns_since_submission=wf.st.turns_since_submission, standing_hints=wf.st.llm_hints)
+        turns_since_submission=wf.st.turns_since_submission, standing_hints=wf.st.llm_hints,
+        device_facts=wf.st.device_facts)
     try:
         res = await _turn(wf, req)
     except BaseException:
@@ -267,6 +268,7 @@ async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
         wf._set_phase("benchmarking")
         b = await wf._gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=wf.st.best), BenchReport,
                           minutes=20)
+        wf.st.device_facts = b.device_facts or wf.st.device_facts
         wf.st.used.gpu_seconds += b.gpu_seconds
         if not b.ok:
             return _answer(call, f"benchmark failed ({b.stage}): {b.reason}", error=True)

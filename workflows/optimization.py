@@ -304,6 +304,7 @@ class KernelOptimization:
             bench = await self._gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best),
                                     BenchReport, minutes=20)
             gpu_s = bench.gpu_seconds
+            self.st.device_facts = bench.device_facts or self.st.device_facts
             if not bench.ok:
                 raise _Rejected(bench.stage, bench.reason, log_key=bench.log_key,
                                 interpreter=bench.interpreter, gpu_seconds=gpu_s)

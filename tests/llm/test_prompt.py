@@ -138,3 +138,15 @@ def test_a_replayed_kernel_reference_sent_back_names_that_kernel(store):
     assert compile_call.candidate_id == "0123456789abcdef" and compile_call.source_key is None
     assert compile_call.error is None
     assert "not a module" in submit_call.error
+
+
+def test_the_objective_names_the_measured_device_once_known(store):
+    from workflows.contracts import DeviceFacts
+
+    facts = DeviceFacts(device="NVIDIA H200", bandwidth_tbps=4.21, matmul_tflops=788.0, floor_ms=0.0977)
+    before = build_messages(req(store, problem="kda", turn=1, used=Used()), store)[1]["content"]
+    after = build_messages(req(store, problem="kda", turn=2, used=Used(turns=1), device_facts=facts), store)
+    assert "GPU: NVIDIA H200" not in before  # nothing invented before the worker has measured it
+    text = after[1]["content"]
+    assert "GPU: NVIDIA H200; measured ceilings 4.21 TB/s device copy and 788 TFLOP/s bf16 matmul" in text
+    assert "floor at those rates is 0.0977 ms" in text and "the worst speedup decides" in text
