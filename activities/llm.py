@@ -924,7 +924,7 @@ def _duplicate(call: ToolCall, seen: dict[str, str] | None) -> ToolCall:
                                             f"Change something before submitting again."})
 
 
-_REFERENCE = re.compile(r"^\s*\[kernel ([0-9a-f]{16})\b[^\]]*\]\s*$")
+_REFERENCE = re.compile(r"^\s*\[kernel ([0-9a-f]{16}): .*\]\s*$", re.S)  # the placeholder, its diff included
 
 
 def _source_call(cid: str, name: str, args: dict, problem: str, store: ArtifactStore) -> ToolCall:
@@ -1029,6 +1029,15 @@ def run_state(req: LlmTurnRequest) -> str:
     return "\n".join(lines)
 
 
+def _starting_source(problem: str) -> str | None:
+    from baselines.registry import get_problem
+
+    try:
+        return get_problem(problem).template()
+    except (OSError, LookupError, ValueError):
+        return None
+
+
 def _template_block(problem: str) -> str:
     from baselines.registry import get_problem
 
@@ -1112,32 +1121,53 @@ def _result_text(r: dict | ToolResult, store: ArtifactStore, limit: int) -> str:
     return ("ERROR: " + text) if r.error else text
 
 
-_PLACEHOLDER = "[kernel {cid}: {lines} lines, sent in full at the time; candidate_id={cid} names it]"
+_PLACEHOLDER = "[kernel {cid}: {lines} lines, sent in full at the time; candidate_id={cid} names it{diff}]"
+DIFF_LINES = 12  # changed lines shown per replayed kernel
 
 
-def _compact_source(args_json: str, call: dict | None) -> str:
-    """A replayed call's arguments with its kernel source replaced by the candidate id (older turns)."""
+def short_diff(source: str, base: str | None) -> str:
+    """The kernel's changes against the starting kernel, at most DIFF_LINES changed lines: what an older
+    turn's kernel was, without its whole source."""
+    if not base:
+        return ""
+    import difflib
+
+    changed = [ln for ln in difflib.unified_diff(base.splitlines(), source.splitlines(), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    if not changed:
+        return "; identical to the starting kernel"
+    shown = "\n".join(changed[:DIFF_LINES])
+    more = f"\n... {len(changed) - DIFF_LINES} more changed lines" if len(changed) > DIFF_LINES else ""
+    return f"; against the starting kernel:\n{shown}{more}\n"
+
+
+def _compact_source(args_json: str, call: dict | None, base: str | None = None) -> str:
+    """A replayed call's arguments with its kernel source replaced by the candidate id and a short diff
+    against the starting kernel (older turns)."""
     try:
         args = json.loads(args_json)
     except json.JSONDecodeError:
         return args_json
     if not isinstance(args, dict) or not isinstance(args.get("source"), str) or not call or not call.get("candidate_id"):
         return args_json
-    args["source"] = _PLACEHOLDER.format(cid=call["candidate_id"], lines=args["source"].count("\n") + 1)
+    src = args["source"]
+    args["source"] = _PLACEHOLDER.format(cid=call["candidate_id"], lines=src.count("\n") + 1,
+                                         diff=short_diff(src, base))
     return json.dumps(args)
 
 
-def _compact_fences(content: str) -> str:
+def _compact_fences(content: str, base: str | None = None) -> str:
     def sub(m):
         code = m.group(2)
         if not re.search(r"^def run\(", code, re.M):
             return m.group(0)
-        return _PLACEHOLDER.format(cid=_candidate_id(clean_source(code)), lines=code.count("\n"))
+        return _PLACEHOLDER.format(cid=_candidate_id(clean_source(code)), lines=code.count("\n"),
+                                   diff=short_diff(code, base))
     return _FENCE.sub(sub, content)
 
 
 def _history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactStore, limit: int,
-                   mode: str = "native", last_limit: int | None = None) -> list[list[dict]]:
+                   mode: str = "native", last_limit: int | None = None, base: str | None = None) -> list[list[dict]]:
     """Each past turn as a unit of messages: the assistant reply, then its answers (as tool messages,
     or in text mode one user message). Reasoning is never replayed; kernel sources are replayed in full
     only for the latest turn, older ones by candidate id."""
@@ -1153,10 +1183,10 @@ def _history_units(turns: list[dict], pending: list[ToolResult], store: Artifact
         parsed = {c.get("call_id"): c for c in t.get("calls") or []}
         content = a.get("content") or ""
         if mode == "text":
-            body = content if latest else _compact_fences(content)
+            body = content if latest else _compact_fences(content, base)
             if calls and not a.get("calls_from_text"):
                 body += "".join(f"\nTOOL: {c['name']} " + (c["arguments"] if latest else
-                                _compact_source(c["arguments"], parsed.get(c["id"]))) for c in calls)
+                                _compact_source(c["arguments"], parsed.get(c["id"]), base)) for c in calls)
             unit = [{"role": "assistant", "content": body.strip() or "(empty reply)"}]
             texts = [f"## Result of {c['name']} (call {n})\n" +
                      (_result_text(by_id[c["id"]], store, lim) if c["id"] in by_id else "(no result recorded)")
@@ -1164,11 +1194,11 @@ def _history_units(turns: list[dict], pending: list[ToolResult], store: Artifact
         else:
             if a.get("calls_from_text"):
                 content = text_tool_calls(content)[1]
-            msg: dict = {"role": "assistant", "content": content if latest else _compact_fences(content)}
+            msg: dict = {"role": "assistant", "content": content if latest else _compact_fences(content, base)}
             if calls:
                 msg["tool_calls"] = [{"id": c["id"], "type": "function",
                                       "function": {"name": c["name"], "arguments": c["arguments"] if latest else
-                                                   _compact_source(c["arguments"], parsed.get(c["id"]))}}
+                                                   _compact_source(c["arguments"], parsed.get(c["id"]), base)}}
                                      for c in calls]
             unit = [msg]
             for c in calls:
@@ -1207,6 +1237,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     hints = req.hints
     past_hints = [h for h in req.standing_hints if h not in hints]
     template = _template_block(req.problem)
+    base = _starting_source(req.problem)  # older turns' kernels replay as a diff against it
     call = "call tools" if mode != "text" else "call tools with TOOL: lines"
     tail = []
     if hints:
@@ -1245,7 +1276,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         if past_hints:
             state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
         msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
-        units = _history_units(turns, req.tool_results, store, tool_limit, mode, last_limit)
+        units = _history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base)
         for u in units[len(units) - n_turns:] if n_turns else []:
             msgs += u
         if (not turns or not n_turns) and req.tool_results:  # answers whose turn is not shown: as text

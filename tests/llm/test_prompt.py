@@ -122,6 +122,9 @@ def test_kda_prompt_at_turn_50_keeps_four_turns_and_the_template_whole(store):
     # older turns name their kernels by candidate id instead of repeating them
     older = [m for m in msgs if m["role"] == "assistant"][:-1]
     assert all("candidate_id=" in m["tool_calls"][0]["function"]["arguments"] for m in older)
+    # ... and a short diff against the starting kernel says what each was
+    args = [json.loads(m["tool_calls"][0]["function"]["arguments"]).get("source", "") for m in older]
+    assert any("against the starting kernel:" in a or "identical to the starting kernel" in a for a in args), args[:1]
 
     small = build_messages(r.model_copy(update={"context_tokens": 8000}), store)
     assert estimate_tokens(small) + estimate_tokens(TOOLS) <= 8000
@@ -138,6 +141,24 @@ def test_a_replayed_kernel_reference_sent_back_names_that_kernel(store):
     assert compile_call.candidate_id == "0123456789abcdef" and compile_call.source_key is None
     assert compile_call.error is None
     assert "not a module" in submit_call.error
+
+
+def test_an_older_kernel_replays_as_a_short_diff_that_names_it_when_sent_back(store):
+    from activities.llm import DIFF_LINES, _compact_source, short_diff
+
+    base = softmax_kernel(**LADDER[0])
+    changed = base.replace("BLOCK_N", "BLOCK_ROWS")
+    diff = short_diff(changed, base)
+    assert "-" in diff and "+" in diff and "BLOCK_ROWS" in diff
+    assert diff.count("\n") <= DIFF_LINES + 3
+    assert short_diff(base, base) == "; identical to the starting kernel"
+    placeholder = json.loads(_compact_source(json.dumps({"source": "x = [1][0]\n" + changed}),
+                                             {"candidate_id": "0123456789abcdef"}, base))["source"]
+    assert placeholder.startswith("[kernel 0123456789abcdef:") and "x = [1][0]" in placeholder
+    reply = Reply(content="", tool_calls=[{"id": "a", "name": "compile",
+                                           "arguments": json.dumps({"source": placeholder})}])
+    (call,), _ = parse_calls(reply, 3, "softmax", store)
+    assert call.candidate_id == "0123456789abcdef" and call.error is None  # brackets in the diff too
 
 
 def test_the_objective_names_the_measured_device_once_known(store):
