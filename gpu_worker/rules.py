@@ -130,8 +130,11 @@ LIBRARY_MODULES = {
                  "qat", "quantizable", "quantized", "utils"),
     "torch.nn.functional": ("grad", "np"),
     "torch.functional": ("np",),
-    "triton": ("backends", "compiler", "errors", "knobs", "runtime", "testing", "tools", "profiler"),
+    "triton": ("backends", "compiler", "errors", "knobs", "runtime", "testing", "tools", "profiler",
+               "experimental"),
     "triton.language": (),
+    "triton.language.semantic": ("ir",),
+    "triton.language.standard": ("np",),
     "triton.language.core": ("ir", "knobs"),
     "triton.language.extra": ("hip", "module"),
 }
