@@ -160,7 +160,7 @@ async def test_client_commands_against_the_dev_server(env, store):
         assert piped.returncode == 0 and piped.stderr == "", piped.stderr
 
         await asyncio.to_thread(marathon, "stop", wid, "--reason", "cli test", env_address=address, check=True)
-        res = await env.client.get_workflow_handle(wid, result_type=RunResult).result()
+        res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 120)
         assert res.stopped_by == "stop-signal" and res.iterations < 4500 and res.stop_reason == "cli test"
         text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
         assert f"iteration {res.iterations}, phase done" in text and "\nstopped: cli test\n" in text

@@ -41,7 +41,7 @@ async def test_a_stop_during_the_compaction_ends_the_next_run_with_its_reason(en
         await h.signal(KernelOptimization.stop, StopRequest(reason="stopped mid-compaction"))
         await asyncio.sleep(0.5)  # the signal is recorded while the compaction is still held
         RELEASE.set()
-        res = await h.result()
+        res = await asyncio.wait_for(h.result(), 120)
         st = await h.query(KernelOptimization.status)
     assert res.stopped_by == "stop-signal" and res.stop_reason == "stopped mid-compaction"
     assert st.stop_reason == "stopped mid-compaction"

@@ -45,7 +45,7 @@ async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no
     async with workers(env.client):  # the synthetic evaluator: interpreter timings
         await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "6", "--compact-every", "2",
                                 "--id", wid, env_address=address, check=True)
-        res = await watch(env.client, wid, interval=0.05, out=live)
+        res = await asyncio.wait_for(watch(env.client, wid, interval=0.05, out=live), 120)
         assert res.runs == 3  # continued as new twice
         summary = "softmax: search policy, budget 6 iterations"
         executions = await _executions(env.client, wid, 3)
@@ -82,7 +82,7 @@ async def test_gpu_timings_show_as_speedups_with_the_crowned_best_first(env, sto
            evaluators.profile_candidate]
     async with workers(env.client, gpu_activities=gpu):
         h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 6}, compact_every=3), "gpuui")
-        res = await h.result()
+        res = await asyncio.wait_for(h.result(), 120)
         text = await _details(env.client, h.id)
     b = res.best
     assert not b.interpreter and res.runs == 2 and INTERPRETER_NOTE not in text
