@@ -29,3 +29,15 @@ def test_the_notebook_keeps_failures_and_hints_when_the_summariser_drops_them(st
     assert "verify: rel err 3.1 on the wide inputs" in text
     assert "## Operator hints in force\n- HINT-7: keep BLOCK_N a power of two" in text
     assert text.startswith("# Notebook: softmax, version 1")
+
+
+def test_the_notebook_shows_interpreter_times_never_as_ratios():
+    from workflows.contracts import BestRef
+
+    recs = [IterationRecord(iteration=1, candidate_id="c" * 16, source_key="k", outcome="improved", speedup=0.03,
+                            time_ms=270.0, baseline_ms=8.0, interpreter=True, knobs={"BLOCK_N": 64}, rationale="r")]
+    best = BestRef(candidate_id="c" * 16, source_key="k", speedup=0.03, time_ms=270.0, baseline_ms=8.0, iteration=1,
+                   interpreter=True, knobs={"BLOCK_N": 64})
+    text = summarize("softmax", 1, None, recs, recs, best)
+    assert "270 ms of interpreter time (not GPU speed)" in text and "270 ms (interpreter)" in text
+    assert "0.03x" not in text and "mean interpreter ms" in text
