@@ -1,4 +1,5 @@
-"""Find problems by folder name. Listing is cheap (no torch); loading imports the problem's spec."""
+"""Find problems by folder name, or by a problem file's store key (`file:<sha256>`, baselines/external.py).
+Listing is cheap (no torch); loading imports the problem's spec."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ class UnknownProblem(ValueError):
 
 
 def check_problem_name(name: str) -> str:
+    if name.startswith("file:"):
+        get_problem(name)  # the file's bytes must be in the artifact store and make a problem
+        return name
     names = problem_names()
     if name not in names:
         raise UnknownProblem(f"unknown problem {name!r}; known problems: {', '.join(names)}")
@@ -28,5 +32,9 @@ def check_problem_name(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def get_problem(name: str) -> Problem:
+    if name.startswith("file:"):
+        from baselines.external import load_key
+
+        return load_key(name)  # content-addressed: one key, one problem, so caching it is safe
     check_problem_name(name)
     return importlib.import_module(f"baselines.{name}.spec").PROBLEM

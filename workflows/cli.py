@@ -61,6 +61,10 @@ def parse_spec(args) -> RunSpec:
             raise UsageError("--spec must be a JSON object")
     if args.problem:
         raw["problem"] = args.problem
+    problem_file = None
+    if isinstance(raw.get("problem"), str) and _is_problem_path(raw["problem"]):
+        problem_file = _problem_file(raw["problem"])
+        raw["problem"] = problem_file.name
     budget = dict(raw.get("budget") or {})
     for flag, field in (("iterations", "iterations"), ("hours", "hours"), ("tokens", "tokens"),
                         ("gpu_seconds", "gpu_seconds")):
@@ -87,6 +91,8 @@ def parse_spec(args) -> RunSpec:
         raise UsageError(f"invalid run spec: {problem}")
     if spec.carried is not None:
         raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
+    if problem_file is not None:
+        _store_problem_file(spec, problem_file)
     try:
         check_problem_name(spec.problem)
     except UnknownProblem as e:
@@ -98,6 +104,55 @@ def parse_spec(args) -> RunSpec:
         if spec.shape not in names:
             raise UsageError(f"problem {spec.problem} has no shape {spec.shape!r}; shapes: {', '.join(names)}")
     return spec
+
+
+def _is_problem_path(name: str) -> bool:
+    """A problem given as a path (a KernelBench-format file) rather than a built-in problem's name."""
+    from baselines.registry import problem_names
+
+    if name.startswith("file:") or name in problem_names():
+        return False
+    return name.endswith(".py") or os.sep in name or Path(name).exists()
+
+
+def _problem_file(path: str):
+    """The problem a KernelBench-format file makes (baselines/external.py), or one line saying why not."""
+    from baselines.external import ProblemFileError, load_file
+
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{path} is a folder; a problem outside the project is one KernelBench-format .py file "
+                         f"(docs/problems.md, 'Your own operator')")
+    if not p.is_file():
+        raise UsageError(f"{path}: no such file")
+    try:
+        _key, _data, problem = load_file(p)
+    except ProblemFileError as e:
+        raise UsageError(str(e))
+    return problem
+
+
+def _store_problem_file(spec: RunSpec, problem) -> None:
+    """Checks what the run needs of its problem file, then stores the file's bytes under their content key:
+    the run names its problem by that key, so editing or deleting the file later changes nothing."""
+    from activities.artifacts import ArtifactStore, ArtifactStoreError
+    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run
+
+    if spec.policy == "search":
+        raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
+                         f"the search policy to tune; use --policy llm")
+    import torch
+
+    if spec.shape != GPU_SHAPE and not torch.cuda.is_available():
+        # no CUDA here: the run is taken to be a CPU (interpreter) run, unless --shape names the GPU inputs
+        try:
+            check_cpu_run(problem)
+        except ProblemFileError as e:
+            raise UsageError(f"{e} (--shape {GPU_SHAPE} starts a run for GPU workers from here)")
+    try:
+        ArtifactStore().put_bytes(problem.data)
+    except ArtifactStoreError as e:
+        raise UsageError(str(e))
 
 
 async def _client(args):
@@ -342,7 +397,7 @@ async def cmd_start(args) -> int:
     spec = parse_spec(args)
     client = await _client(args)
     await register_search_attributes(client)
-    wid = args.id or f"marathon-{spec.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    wid = args.id or f"marathon-{spec.problem.replace(':', '-')[:17]}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
