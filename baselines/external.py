@@ -129,6 +129,7 @@ class ExternalProblem(Problem):
         self._specs: dict = {}
         self._skeletons: dict = {}
         self._signatures: dict = {}
+        self._facts: dict = {}
         self._compiled: dict = {}
         self._folder: Path | None = None
         self.distributions = ("plain", "scaled")
@@ -231,9 +232,29 @@ class ExternalProblem(Problem):
             except Exception as e:  # noqa: BLE001
                 raise ProblemFileError(f"{self.label}: the reference raised {type(e).__name__}: {e}") from None
         self._n_inputs = len(ins)
-        self._state_names = [n for n, _ in model.named_parameters()] + [n for n, _ in model.named_buffers()]
+        state = list(model.named_parameters()) + list(model.named_buffers())
+        self._state_names = [n for n, _ in state]
         specs = {f"out{i}": OutputSpec(tuple(t.shape), str(t.dtype).removeprefix("torch.")) for i, t in enumerate(outs)}
+        self._facts[(shape.name, bool(cpu))] = [(f"in{i}", tuple(t.shape), str(t.dtype).removeprefix("torch."))
+                                               for i, t in enumerate(ins)] + \
+            [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in state]
         return specs, any(t.is_floating_point() for t in ins)
+
+    def contract_text(self) -> str:
+        """The candidate contract of this problem, with its inputs' and outputs' names, shapes and dtypes."""
+        lines = [f"No starting kernel: this problem comes from the file {self.label}. A candidate is one module",
+                 "defining run(inputs, out) that writes every output in place (Triton; the harness allocates out).",
+                 "The reference is baseline.py: its Model.forward(in0, in1, ...); Model's parameters and buffers",
+                 "are inputs too, under their names in the module. Model is built under each case's seed."]
+        for shape, cpu in ((self.shapes[0], False), (self.cpu_shape, True)):
+            if shape.name == CPU_SHAPE and not self.has_cpu:
+                lines.append(f"{CPU_SHAPE}: none (no CPU run)")
+                continue
+            specs = self.output_specs(shape, cpu=cpu)
+            ins = "; ".join(f"{n} {d} {list(sh)}" for n, sh, d in self._facts[(shape.name, cpu)])
+            outs = "; ".join(f"{n} {sp.dtype} {list(sp.shape)}" for n, sp in specs.items())
+            lines.append(f"{shape.name}{' (CPU, float32)' if cpu else ''}: inputs {ins}; outputs {outs}")
+        return "\n".join(lines)
 
     # --- inputs and outputs -----------------------------------------------------------------------
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
@@ -362,17 +383,23 @@ class ExternalProblem(Problem):
     @property
     def folder(self) -> Path:
         """A folder holding the reference as baseline.py and oracle.py, for the tools that read a problem's
-        sources. There is no kernel.py: a file problem has no template."""
+        sources, and kernel.py: no template (a file problem has none), the contract with its names and sizes."""
         if self._folder is None:
             root = Path(tempfile.gettempdir()) / f"marathon-problems-{os.getuid()}" / self.name.removeprefix(FILE_PREFIX)
             root.mkdir(parents=True, exist_ok=True)
             text = self.data.decode()
-            for fname, head in (("baseline.py", "# the baseline: this file's Model.forward, eager, at the inputs' dtype\n"),
-                                ("oracle.py", f"# the oracle: this file's Model.forward in {self.oracle_dtype} "
-                                              f"(inputs and parameters cast)\n")):
+            files = {"baseline.py": "# the baseline: this file's Model.forward, eager, at the inputs' dtype\n" + text,
+                     "oracle.py": f"# the oracle: this file's Model.forward in {self.oracle_dtype} (inputs and "
+                                  f"parameters cast)\n" + text,
+                     "kernel.py": '"""' + self.contract_text() + '\n"""\n\n\ndef run(inputs, out):\n'
+                                  '    raise NotImplementedError("no starting kernel: write the Triton kernel")\n'}
+            for fname, content in files.items():
                 p = root / fname
-                if not p.is_file() or p.read_text() != head + text:
-                    p.write_text(head + text)
+                if not p.is_file() or p.read_text() != content:  # written whole, then renamed: readers never see half
+                    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+                    with os.fdopen(fd, "w") as f:
+                        f.write(content)
+                    os.replace(tmp, p)
             self._folder = root
         return self._folder
 

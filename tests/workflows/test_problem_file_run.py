@@ -1,0 +1,69 @@
+"""A KernelBench-format file runs end to end: `marathon start PATH --policy llm` stores it by key, the file is
+deleted, and the real workflow, the real agent worker (scripted Chat Completions server) and the real GPU
+worker activities (Triton interpreter, sandboxed) judge the model's kernels against the file's reference."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from activities.ledger import read_ledger
+from tests.llm.script import TurnScript, turn
+from tests.llm.server import ChatServer
+from tests.workflows.helpers import run_id, workers
+from workflows.contracts import RunResult, RunSpec
+
+FILES = Path(__file__).resolve().parents[1] / "baselines" / "files"
+
+
+@pytest.fixture
+def real_gpu(store):
+    from gpu_worker import activities as a
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.worker import gpu_activities
+
+    ev = Evaluator(store=store, interpreter=True, spares=1)
+    a.set_evaluator(ev)
+    yield gpu_activities()
+    a.set_evaluator(None)
+    ev.close()
+
+
+async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, real_gpu, tmp_path, monkeypatch):
+    good = (FILES / "rmsnorm_kernel.py").read_text()
+    wrong = good.replace("x * r * w", "x * r")  # the learned scale left out
+    script = TurnScript([turn(("submit_kernel", {"source": good, "rationale": "one program per row"})),
+                         turn(("submit_kernel", {"source": wrong, "rationale": "no scale"}))])
+    mine = tmp_path / "my_rmsnorm.py"
+    shutil.copy(FILES / "rmsnorm.py", mine)
+    key = "file:" + hashlib.sha256(mine.read_bytes()).hexdigest()
+    address = env.client.service_client.config.target_host
+    wid = run_id("file")
+    with ChatServer(script) as server:
+        for k, v in (("OPENAI_BASE_URL", server.url), ("OPENAI_API_KEY", "test-key-0123"),
+                     ("MARATHON_MODEL", "scripted-model"), ("MARATHON_LLM_TIMEOUT", "5")):
+            monkeypatch.setenv(k, v)
+        async with workers(env.client, real_gpu):
+            p = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "workflows.cli", "start", str(mine), "--policy", "llm",
+                                 "--iterations", "2", "--id", wid, "--address", address],
+                capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+            mine.unlink()  # the run holds the file's bytes by key: the user's copy is no longer needed
+            h = env.client.get_workflow_handle(wid, result_type=RunResult)
+            res = await asyncio.wait_for(h.result(), 300)
+    assert store.get_bytes(key.removeprefix("file:")) == (FILES / "rmsnorm.py").read_bytes()
+    spec = (await h.fetch_history()).events[0].workflow_execution_started_event_attributes.input.payloads
+    (raw,) = await env.client.data_converter.decode(spec, [dict])
+    assert RunSpec.model_validate(raw).problem == key  # history names the problem by key, never by path
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.iteration for r in recs] == [1, 2]
+    assert recs[0].outcome == "improved" and recs[0].interpreter and recs[0].baseline_ms, recs[0]
+    assert recs[1].outcome == "rejected" and recs[1].stage == "verify", recs[1]
+    assert res.best_source_key and store.get_text(res.best_source_key) == good
