@@ -195,6 +195,10 @@ def module_path_rule(full: str) -> tuple[str, str] | None:
 
 
 def _problem_ops(problem: str) -> set[str]:
+    if problem.startswith("file:"):  # a problem file (baselines/external.py): the ops its reference calls
+        from baselines.external import reference_ops_for_key
+
+        return set(reference_ops_for_key(problem))
     for key, ops in PROBLEM_OPS.items():
         if problem == key or problem.startswith(key + "_"):
             return ops

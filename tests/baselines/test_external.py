@@ -241,3 +241,37 @@ def test_harness_benchmarks_a_file_problem_against_the_eager_reference(harness):
     assert b.ok, b.reason
     assert b.baseline_name == "eager" and b.interpreter and b.time_ms > 0 and b.baseline_ms > 0
     assert {d.dist for d in b.distributions} == {"plain", "scaled"}
+
+
+def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
+    from baselines.external import reference_ops
+    from gpu_worker.rules import check_source
+
+    ev, store, key = harness
+    assert reference_ops((FILES / "softmax.py").read_bytes()) == {"softmax"}
+    assert reference_ops(RMSNORM.read_bytes()) == {"mean", "pow", "rsqrt"}
+    lib = "import torch\n\ndef run(inputs, out):\n    x, w = inputs['in0'], inputs['weight']\n" \
+          "    out['out0'].copy_(x * torch.rsqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + 1e-6) * w)\n"
+    r = check_source(lib, key)
+    assert not r.ok and r.rule == "library-kernel" and "rsqrt" in r.detail, r
+    assert check_source((FILES / "rmsnorm_kernel.py").read_text(), key).ok
+    assert check_source(lib, "softmax").ok  # the same source is no library call for another problem
+
+
+def test_softmax_file_without_parameters_through_the_harness(harness):
+    import torch
+
+    from baselines.external import load_file
+
+    ev, store, _ = harness
+    key, data, p = load_file(FILES / "softmax.py")
+    assert p.input_names() == ["in0"] and p.shapes[0].params == {"batch_size": 16, "dim": 16384}
+    x = p.make_inputs(p.cpu_shape, "scaled", 5, "cpu", cpu=True)
+    assert torch.allclose(p.oracle(x)["out0"], torch.softmax(x["in0"].double(), 1), rtol=1e-12, atol=0)
+    store.put_bytes(data)
+    good = (FILES / "softmax_kernel.py").read_text()
+    v = ev.verify(_req(store, key, good))
+    assert v.ok, v.reason
+    lib = "import torch\n\ndef run(inputs, out):\n    out['out0'].copy_(torch.softmax(inputs['in0'], 1))\n"
+    c = ev.compile(_req(store, key, lib))
+    assert not c.ok and "library-kernel" in c.error and "softmax" in c.error, c
