@@ -138,6 +138,25 @@ class ExternalProblem(Problem):
         self._n_outputs = len(specs)
         self._specs[(GPU_SHAPE, False)] = specs
         self.distributions = ("plain", "scaled") if floats else ("plain",)
+        if self.has_cpu:
+            self._decide_oracle_dtype()
+
+    def _decide_oracle_dtype(self) -> None:
+        """float64 unless the reference refuses it on the CPU inputs (small: every process that loads the
+        problem decides the same, so the description the proposer reads names the oracle the workers use)."""
+        import torch
+
+        try:
+            inputs = self.make_inputs(self.cpu_shape, "plain", 0, "cpu", cpu=True)
+            self._forward(inputs, torch.float64)
+        except (RuntimeError, NotImplementedError, TypeError) as e:
+            self._use_float32(e)
+        except Exception:  # noqa: BLE001 - a reference that fails otherwise is reported by check_cpu_run
+            pass
+
+    def _use_float32(self, e: Exception) -> None:
+        self.oracle_dtype = "float32"
+        self.oracle_note = f"float64 failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]}"
 
     # --- description ------------------------------------------------------------------------------
     @property
@@ -342,8 +361,7 @@ class ExternalProblem(Problem):
             try:
                 return self._forward(inputs, torch.float64)
             except (RuntimeError, NotImplementedError, TypeError) as e:
-                self.oracle_dtype = "float32"
-                self.oracle_note = f"float64 failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                self._use_float32(e)
                 print(f"oracle: {self.label} in float32 ({self.oracle_note})", flush=True)
         return self._forward(inputs, torch.float32)
 

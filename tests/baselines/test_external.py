@@ -98,9 +98,16 @@ def get_cpu_inputs():
 """)
     p = problem(f)
     assert not p.has_floor and "physical floor skipped" in p.description and p.floor_ms(p.shapes[0], 1e12, 1e15) == 0
+    # decided when the problem loads (on the CPU inputs), so every process describes the same oracle
+    assert p.oracle_dtype == "float32" and "float64 failed" in p.description
     out = p.oracle(p.make_inputs(p.cpu_shape, "plain", 0, "cpu", cpu=True))["out0"]
     assert out.dtype == torch.float32 and p.oracle_dtype == "float32"
     assert "oracle: the Model in float32 (float64 failed: RuntimeError: no float64 kernel" in p.description
+    # without CPU inputs the first oracle call decides
+    q = problem(write(tmp_path, "no_double_gpu.py", f.read_text().replace("def get_cpu_inputs", "def other")))
+    assert q.oracle_dtype == "float64"
+    assert q.oracle(q.make_inputs(q.shapes[0], "plain", 0, "cpu"))["out0"].dtype == torch.float32
+    assert q.oracle_dtype == "float32" and "float64 failed" in q.description
 
 
 GOOD_TAIL = "\ndef get_inputs():\n    return [torch.randn(4, 4)]\n"
