@@ -1,4 +1,5 @@
-"""Find problems by folder name, or by a problem file's store key (`file:<sha256>`, baselines/external.py).
+"""Find problems by folder name, or by the store key of a problem file (`file:<sha256>`) or of a problem folder
+outside the project (`folder:<sha256>`) (baselines/external.py).
 Listing is cheap (no torch); loading imports the problem's spec."""
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ class UnknownProblem(ValueError):
 
 
 def check_problem_name(name: str) -> str:
-    if name.startswith("file:"):
-        get_problem(name)  # the file's bytes must be in the artifact store and make a problem
+    if name.startswith(("file:", "folder:")):
+        get_problem(name)  # the file's (folder's) bytes must be in the artifact store and make a problem
         return name
     names = problem_names()
     if name not in names:
@@ -36,5 +37,9 @@ def get_problem(name: str) -> Problem:
         from baselines.external import load_key
 
         return load_key(name)  # content-addressed: one key, one problem, so caching it is safe
+    if name.startswith("folder:"):
+        from baselines.external import load_folder_key
+
+        return load_folder_key(name)
     check_problem_name(name)
     return importlib.import_module(f"baselines.{name}.spec").PROBLEM

@@ -110,22 +110,26 @@ def _is_problem_path(name: str) -> bool:
     """A problem given as a path (a KernelBench-format file) rather than a built-in problem's name."""
     from baselines.registry import problem_names
 
-    if name.startswith("file:") or name in problem_names():
+    if name.startswith(("file:", "folder:")) or name in problem_names():
         return False
     return name.endswith(".py") or os.sep in name or Path(name).exists()
 
 
 def _problem_file(path: str):
-    """The problem a KernelBench-format file makes (baselines/external.py), or one line saying why not."""
-    from baselines.external import ProblemFileError, load_file
+    """The problem a KernelBench-format file or a problem folder makes (baselines/external.py), or one line
+    saying why not."""
+    from baselines.external import ProblemFileError, folder_manifest, load_file, load_folder, read_folder
 
     p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{path} is a folder; a problem outside the project is one KernelBench-format .py file "
-                         f"(docs/problems.md, 'Your own operator')")
-    if not p.is_file():
-        raise UsageError(f"{path}: no such file")
     try:
+        if p.is_dir():  # the richer form: spec, oracle, baseline, kernel, knobs
+            files = read_folder(p)
+            key, manifest = folder_manifest(files)
+            problem = load_folder(p.resolve(), key, str(path))
+            problem.stored = (files, manifest)
+            return problem
+        if not p.is_file():
+            raise UsageError(f"{path}: no such file or folder")
         _key, _data, problem = load_file(p)
     except ProblemFileError as e:
         raise UsageError(str(e))
@@ -138,6 +142,25 @@ def _store_problem_file(spec: RunSpec, problem) -> None:
     from activities.artifacts import ArtifactStore, ArtifactStoreError
     from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run
 
+    if spec.problem.startswith("folder:"):
+        files, manifest = problem.stored
+        if spec.policy == "search":
+            try:
+                problem.default_knobs()
+                if not problem.knob_space():
+                    raise ValueError("knobs.py's SPACE is empty")
+            except (OSError, ValueError, KeyError, SyntaxError) as e:
+                raise UsageError(f"{problem.own_name if hasattr(problem, 'own_name') else spec.problem}: the search "
+                                 f"policy needs kernel.py with a KNOBS line and knobs.py with SPACE ({e}); "
+                                 f"or use --policy llm")
+        try:
+            store = ArtifactStore()
+            for data in files.values():
+                store.put_bytes(data)
+            store.put_json(manifest)  # last: the folder's key names only objects already stored
+        except ArtifactStoreError as e:
+            raise UsageError(str(e))
+        return
     if spec.policy == "search":
         raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
                          f"the search policy to tune; use --policy llm")

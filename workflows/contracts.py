@@ -236,13 +236,13 @@ class RunSpec(Strict):
     @field_validator("problem")
     @classmethod
     def _problem_name(cls, v: str) -> str:
-        # a problem folder's name, or a problem file's artifact key (`file:<sha256>`, baselines/external.py)
-        key = v.removeprefix("file:") if v else ""
-        if v and v.startswith("file:") and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
+        # a built-in problem's name, or the artifact key of a problem file or folder (baselines/external.py)
+        kind, sep, key = (v or "").partition(":")
+        if sep and kind in ("file", "folder") and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
             return v
         if not v or not v.replace("_", "").isalnum():
-            raise ValueError(f"problem must be a problem folder name or a problem file's key (file:<sha256>), "
-                             f"got {v!r}")
+            raise ValueError(f"problem must be a problem folder name or a problem file's or folder's key "
+                             f"(file:<sha256>, folder:<sha256>), got {v!r}")
         return v
 
     @field_validator("gpu_queue")

@@ -180,8 +180,9 @@ def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
 
 
 @pytest.mark.parametrize("make, flags, message", [
-    (lambda d: d / "missing.py", {}, "missing.py: no such file"),
-    (lambda d: d, {}, "is a folder"),
+    (lambda d: d / "missing.py", {}, "missing.py: no such file or folder"),
+    (lambda d: d, {}, "a problem folder needs a spec.py"),
+    (lambda d: write(d, "spec.py", "PROBLEM = 3\n").parent, {}, "spec.py defines no PROBLEM"),
     (lambda d: write(d, "x.py", MODEL), {}, "defines no get_inputs()"),
     (lambda d: write(d, "x.py", MODEL + GOOD_TAIL), {}, "defines no get_cpu_inputs()"),
     (lambda d: RMSNORM, ["--policy", "search"], "use --policy llm"),
@@ -282,3 +283,59 @@ def test_softmax_file_without_parameters_through_the_harness(harness):
     lib = "import torch\n\ndef run(inputs, out):\n    out['out0'].copy_(torch.softmax(inputs['in0'], 1))\n"
     c = ev.compile(_req(store, key, lib))
     assert not c.ok and "library-kernel" in c.error and "softmax" in c.error, c
+
+
+# --- the richer form: a problem folder outside the project -------------------------------------------------
+
+AXPY = FILES / "axpy_folder"
+
+
+def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_gone(tmp_path, store):
+    import torch
+
+    from activities.search import KnobSearch
+    from baselines.registry import get_problem
+    from workflows.cli import parse_spec
+
+    mine = tmp_path / "axpy"
+    shutil.copytree(AXPY, mine)
+    (mine / "oracle.py").write_text((AXPY / "oracle.py").read_text() + f"\n# {tmp_path}\n")  # a key of its own
+    spec = parse_spec(spec_args(problem=str(mine), policy="search"))
+    assert spec.problem.startswith("folder:") and len(spec.problem) == len("folder:") + 64
+    shutil.rmtree(mine)
+    p = get_problem(spec.problem)
+    assert p.name == spec.problem and p.own_name == "axpy" and p.distributions == ("normal", "large")
+    assert p.default_knobs() == {"BLOCK": 256, "num_warps": 4} and p.knob_space()["BLOCK"][0] == 64
+    assert p.folder != mine and (p.folder / "kernel.py").read_text() == (AXPY / "kernel.py").read_text()
+    x = p.make_inputs(p.cpu_shape, "large", 1, "cpu", cpu=True)
+    assert torch.equal(p.oracle(x)["y"], 2.5 * x["x"].double() + x["z"].double())
+    first = KnobSearch(p, seed=0).propose(1, 0, [], set())
+    assert first.knobs == p.default_knobs() and "KNOBS = " in first.source
+
+
+def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsys):
+    from workflows.cli import main
+
+    mine = tmp_path / "axpy"
+    shutil.copytree(AXPY, mine)
+    (mine / "kernel.py").unlink()
+    rc = main(["start", str(mine), "--policy", "search", "--address", "127.0.0.1:1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "the search policy needs kernel.py with a KNOBS line" in err[0], err
+    assert not (store.root / "objects").exists()
+
+
+def test_harness_verifies_a_folder_problem_s_template(harness):
+    from baselines.external import folder_manifest, read_folder
+
+    ev, store, _ = harness
+    files = read_folder(AXPY)
+    key, manifest = folder_manifest(files)
+    for data in files.values():
+        store.put_bytes(data)
+    assert "folder:" + store.put_json(manifest) == key
+    v = ev.verify(_req(store, key, (AXPY / "kernel.py").read_text()))
+    assert v.ok, v.reason
+    wrong = (AXPY / "kernel.py").read_text().replace("2.5 * x + z", "2.0 * x + z")
+    w = ev.verify(_req(store, key, wrong))
+    assert not w.ok and w.stage == "verify", w.reason

@@ -67,3 +67,25 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
     assert recs[0].outcome == "improved" and recs[0].interpreter and recs[0].baseline_ms, recs[0]
     assert recs[1].outcome == "rejected" and recs[1].stage == "verify", recs[1]
     assert res.best_source_key and store.get_text(res.best_source_key) == good
+
+
+async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env, store, real_gpu, tmp_path):
+    mine = tmp_path / "axpy"
+    shutil.copytree(FILES / "axpy_folder", mine)
+    address = env.client.service_client.config.target_host
+    wid = run_id("folder")
+    async with workers(env.client, real_gpu):
+        p = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "workflows.cli", "start", str(mine), "--policy", "search",
+                             "--iterations", "3", "--id", wid, "--address", address],
+            capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+        shutil.rmtree(mine)
+        h = env.client.get_workflow_handle(wid, result_type=RunResult)
+        res = await asyncio.wait_for(h.result(), 300)
+    assert res.problem.startswith("folder:")
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.iteration for r in recs] == [1, 2, 3]
+    assert recs[0].knobs == {"BLOCK": 256, "num_warps": 4} and recs[0].outcome == "improved", recs[0]
+    assert all(r.outcome in ("improved", "passed") and r.knobs for r in recs), recs  # every setting is correct
+    assert len({r.candidate_id for r in recs}) == 3  # three knob settings of the folder's template
