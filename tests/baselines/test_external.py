@@ -122,13 +122,25 @@ MODEL = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def
     (MODEL + GOOD_TAIL + "raise ValueError('bad import')\n", "running the file raised ValueError: bad import"),
     (MODEL.replace("return x * 2", "return 7") + GOOD_TAIL, "must return a tensor or a tuple of tensors"),
     (MODEL + GOOD_TAIL + "FLOPS = -1\n", "FLOPS must be a positive number"),
+    (MODEL.replace("return x * 2", "return x.cuda() * 2") + GOOD_TAIL, "the reference raised"),  # CPU host
+    (b"\xff\xfe", "not a UTF-8 Python file"),
 ])
 def test_bad_files_get_one_clear_error(tmp_path, text, message):
     from baselines.external import ProblemFileError
 
+    f = tmp_path / "bad.py"
+    f.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(ProblemFileError, match=message.replace("(", r"\(").replace(")", r"\)")) as e:
-        problem(write(tmp_path, "bad.py", text))
+        problem(f)
     assert "\n" not in str(e.value)
+
+
+def test_integer_inputs_have_no_scaled_distribution(tmp_path):
+    import torch
+
+    p = problem(write(tmp_path, "ints.py", MODEL + "\ndef get_inputs():\n    return [torch.randint(0, 9, (4, 4))]\n"))
+    assert p.distributions == ("plain",) and p.output_specs(p.shapes[0])["out0"].dtype == "int64"
+    assert p.make_inputs(p.shapes[0], "plain", 0, "cpu")["in0"].dtype == torch.int64
 
 
 def test_cpu_run_checks(tmp_path):
