@@ -441,6 +441,13 @@ def load_file(path: str | os.PathLike) -> tuple[str, bytes, ExternalProblem]:
     return key, data, ExternalProblem(key, data, str(path))
 
 
+def cuda_here() -> bool:
+    """Whether this process sees a CUDA device (the CLI asks: without one it takes a run for a CPU run)."""
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_cpu_run(problem: ExternalProblem) -> None:
     """What a CPU run needs, checked before it starts: CPU inputs, a reference that runs on them and gives
     the same outputs twice, an oracle with finite outputs. ProblemFileError otherwise."""

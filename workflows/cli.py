@@ -140,7 +140,7 @@ def _store_problem_file(spec: RunSpec, problem) -> None:
     """Checks what the run needs of its problem file, then stores the file's bytes under their content key:
     the run names its problem by that key, so editing or deleting the file later changes nothing."""
     from activities.artifacts import ArtifactStore, ArtifactStoreError
-    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run
+    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here
 
     if spec.problem.startswith("folder:"):
         files, manifest = problem.stored
@@ -164,9 +164,7 @@ def _store_problem_file(spec: RunSpec, problem) -> None:
     if spec.policy == "search":
         raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
                          f"the search policy to tune; use --policy llm")
-    import torch
-
-    if spec.shape != GPU_SHAPE and not torch.cuda.is_available():
+    if spec.shape != GPU_SHAPE and not cuda_here():
         # no CUDA here: the run is taken to be a CPU (interpreter) run, unless --shape names the GPU inputs
         try:
             check_cpu_run(problem)
