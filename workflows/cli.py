@@ -137,8 +137,9 @@ def _problem_file(path: str):
 
 
 def _store_problem_file(spec: RunSpec, problem) -> None:
-    """Checks what the run needs of its problem file, then stores the file's bytes under their content key:
-    the run names its problem by that key, so editing or deleting the file later changes nothing."""
+    """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
+    keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
+    later changes nothing."""
     from activities.artifacts import ArtifactStore, ArtifactStoreError
     from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here
 
@@ -150,9 +151,8 @@ def _store_problem_file(spec: RunSpec, problem) -> None:
                 if not problem.knob_space():
                     raise ValueError("knobs.py's SPACE is empty")
             except (OSError, ValueError, KeyError, SyntaxError) as e:
-                raise UsageError(f"{problem.own_name if hasattr(problem, 'own_name') else spec.problem}: the search "
-                                 f"policy needs kernel.py with a KNOBS line and knobs.py with SPACE ({e}); "
-                                 f"or use --policy llm")
+                raise UsageError(f"{getattr(problem, 'own_name', spec.problem)}: the search policy needs kernel.py "
+                                 f"with a KNOBS line and knobs.py with SPACE ({e}); or use --policy llm")
         try:
             store = ArtifactStore()
             for data in files.values():
@@ -418,7 +418,8 @@ async def cmd_start(args) -> int:
     spec = parse_spec(args)
     client = await _client(args)
     await register_search_attributes(client)
-    wid = args.id or f"marathon-{spec.problem.replace(':', '-')[:17]}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    name = spec.problem.replace(":", "-")[:19] if ":" in spec.problem else spec.problem  # a key: its start
+    wid = args.id or f"marathon-{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     from temporalio.common import WorkflowIDReusePolicy
     from temporalio.exceptions import WorkflowAlreadyStartedError
 
