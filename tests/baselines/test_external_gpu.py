@@ -1,0 +1,49 @@
+"""Problem files on a GPU (marked `gpu`, skipped without CUDA): the RMSNorm and softmax files of
+tests/baselines/files at their get_inputs() size, their Triton candidates verified against the float64
+oracle and timed against the eager reference by the real harness."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+FILES = Path(__file__).parent / "files"
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    from activities.artifacts import ArtifactStore
+    from gpu_worker.harness import Evaluator
+
+    root = tmp_path_factory.mktemp("art")
+    old = os.environ.get("MARATHON_ARTIFACTS")
+    os.environ["MARATHON_ARTIFACTS"] = str(root)
+    e = Evaluator(store=ArtifactStore(root), interpreter=False, spares=1)
+    yield e
+    e.close()
+    if old is None:
+        os.environ.pop("MARATHON_ARTIFACTS", None)
+    else:
+        os.environ["MARATHON_ARTIFACTS"] = old
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "softmax"])
+def test_file_problem_candidate_verifies_and_benchmarks_on_the_gpu(ev, name):
+    from workflows.contracts import BenchRequest, EvalRequest
+
+    key = "file:" + ev.store.put_bytes((FILES / f"{name}.py").read_bytes())
+    src = (FILES / f"{name}_kernel.py").read_text()
+    r = EvalRequest(problem=key, candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                    source_key=ev.store.put_text(src))
+    assert ev.compile(r).ok
+    v = ev.verify(r)
+    assert v.ok and not v.interpreter, v.reason
+    b = ev.benchmark(BenchRequest(**r.model_dump()))
+    assert b.ok, b.reason
+    assert b.baseline_name == "eager" and b.time_ms > 0 and b.baseline_ms > 0
