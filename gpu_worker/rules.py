@@ -199,6 +199,10 @@ def _problem_ops(problem: str) -> set[str]:
         from baselines.external import reference_ops_for_key
 
         return set(reference_ops_for_key(problem))
+    if problem.startswith("folder:"):  # a problem folder names its core ops itself (Problem.core_ops)
+        from baselines.registry import get_problem
+
+        return set(getattr(get_problem(problem), "core_ops", ()))
     for key, ops in PROBLEM_OPS.items():
         if problem == key or problem.startswith(key + "_"):
             return ops

@@ -348,6 +348,11 @@ def test_harness_verifies_a_folder_problem_s_template(harness):
     assert "folder:" + store.put_json(manifest) == key
     v = ev.verify(_req(store, key, (AXPY / "kernel.py").read_text()))
     assert v.ok, v.reason
+    from gpu_worker.rules import check_source
+
+    lib = "import torch\n\ndef run(inputs, out):\n    out['y'].copy_(torch.add(inputs['z'], inputs['x'], alpha=2.5))\n"
+    r = check_source(lib, key)  # the folder's own core_ops
+    assert not r.ok and r.rule == "library-kernel" and "add" in r.detail, r
     wrong = (AXPY / "kernel.py").read_text().replace("2.5 * x + z", "2.0 * x + z")
     w = ev.verify(_req(store, key, wrong))
     assert not w.ok and w.stage == "verify", w.reason

@@ -17,6 +17,7 @@ class Axpy(Problem):
     tolerance_floor = 1e-6
     tolerance_alpha = 2.0
     outputs = ("y",)
+    core_ops = {"add", "axpy"}  # the PyTorch ops that are this operator: refused to candidates
 
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         import torch
