@@ -730,8 +730,11 @@ class Evaluator:
                 facts = DeviceFacts(device=receipt.get("device", "?"), bandwidth_tbps=ceil["bandwidth"] / 1e12,
                                     matmul_tflops=ceil["flops"] / 1e12,
                                     floor_ms=problem.floor_ms(shape, ceil["bandwidth"], ceil["flops"]))
-                lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
-                             f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
+                if floor > 0:
+                    lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
+                                 f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
+                else:
+                    lines.append("physical floor: skipped (the problem names no FLOP or byte counts)")
                 fastest = min(d["time_ms"] for d in per_dist)
                 if fastest < floor:
                     raise Rejection("benchmark", f"impossible: {fastest:.4g} ms is below the physical floor {floor:.4g} ms "
