@@ -871,7 +871,6 @@ class Server:
             nbytes = max(2 * l2, 256 << 20)
             self.flush = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
             self.flush_sink = torch.zeros((), dtype=torch.int64, device="cuda")
-            self.flush_bytes = nbytes
 
     def _drop_timing(self):
         self.timing = {}
@@ -1050,7 +1049,7 @@ class Server:
         T["sync"]()
         times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "mode": mode, "host_queue_ms": host_rep_ms}
+        return {"times": times, "mode": mode}
 
     def cmd_host_latency(self, reps: int = 10, dist: str | None = None):
         """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,
