@@ -30,6 +30,10 @@ from typing import Any, Callable
 KNOBS_LINE = re.compile(r"^KNOBS\s*=\s*(\{.*\})\s*$", re.MULTILINE)
 
 
+class UnknownProblem(ValueError):
+    """A problem name, file key or folder key that names no problem (registry.py, external.py)."""
+
+
 @dataclass(frozen=True)
 class Shape:
     """One benchmark shape: a name for tables and the parameters the generator needs."""

@@ -8,17 +8,13 @@ import importlib
 from functools import lru_cache
 from pathlib import Path
 
-from baselines.problem import Problem
+from baselines.problem import Problem, UnknownProblem
 
 _ROOT = Path(__file__).parent
 
 
 def problem_names() -> list[str]:
     return sorted(p.name for p in _ROOT.iterdir() if (p / "spec.py").is_file())
-
-
-class UnknownProblem(ValueError):
-    pass
 
 
 def check_problem_name(name: str) -> str:

@@ -29,7 +29,8 @@ from typing import Callable
 
 from activities.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
-from gpu_worker.sandbox import TIMING_CPUS, LoadedChildren, Sandbox, SandboxFailure, SandboxPool, pin
+from gpu_worker.sandbox import (TIMING_CPUS, LoadedChildren, Rejection, Sandbox, SandboxFailure, SandboxPool,
+                                pin)
 from gpu_worker.timing import choose_mode, clearly_slower, crosscheck, decide, distribution_figures, median
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
                                  EvalRequest, ProfileReport, Receipt, VerifyReport)
@@ -72,12 +73,6 @@ def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
     k = max(over, key=lambda k: k["shared"])
     return (f"compile-error: OutOfResources: {k.get('name')} needs {k['shared']} bytes of shared memory, the "
             f"device allows {limit} per block (lower BLOCK sizes or num_stages)")
-
-
-class Rejection(Exception):
-    def __init__(self, stage: str, reason: str, log: str = ""):
-        super().__init__(reason)
-        self.stage, self.reason, self.log = stage, reason, log
 
 
 class Evaluator:

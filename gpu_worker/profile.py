@@ -96,8 +96,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
 
 
 def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
-    from gpu_worker.harness import Rejection
-    from gpu_worker.sandbox import SandboxFailure
+    from gpu_worker.sandbox import Rejection, SandboxFailure
 
     source = ev._source(req.source_key)
     comp = ev.compile(req, hb)

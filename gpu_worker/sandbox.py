@@ -29,9 +29,19 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 class SandboxFailure(Exception):
+    """The child failed (hang, crash, CUDA error, OOM): `kind` says how; the caller turns it into a rejection."""
+
     def __init__(self, kind: str, reason: str, log: str = ""):
         super().__init__(f"{kind}: {reason}")
         self.kind, self.reason, self.log = kind, reason, log
+
+
+class Rejection(Exception):
+    """The candidate is refused at `stage`: a verdict, returned as a report, never an infrastructure error."""
+
+    def __init__(self, stage: str, reason: str, log: str = ""):
+        super().__init__(reason)
+        self.stage, self.reason, self.log = stage, reason, log
 
 
 def work_root() -> Path:

@@ -16,7 +16,7 @@ Softmax in fp32, then one product [Q*H, S] @ [S, DL] with V = cache[:, :DL].
 
 import torch
 
-from baselines.mla_decode.spec import SCALE, latent_dim
+from baselines.mla_decode.dims import SCALE, latent_dim
 
 #: whether torch.mm(..., out_dtype=torch.float32) works for bf16 on this device (None: not tried yet)
 MM_OUT_DTYPE: dict = {}

@@ -21,19 +21,8 @@ GPU, 128 + 16 on the CPU), so DL = D - D // 9 (`latent_dim`). Kernels read DL fr
 
 from __future__ import annotations
 
-import math
-
+from baselines.mla_decode.dims import SCALE, latent_dim
 from baselines.problem import OutputSpec, Problem, Shape
-
-#: softmax scale, fixed: 1/sqrt(qk_nope + qk_rope) = 1/sqrt(128 + 64)
-SCALE = 1.0 / math.sqrt(192.0)
-
-
-def latent_dim(d: int) -> int:
-    """DL for a cache row of width d = DL + DR with DL = 8 * DR."""
-    if d % 9:
-        raise ValueError(f"row width {d} is not DL + DR with DL = 8 * DR")
-    return d - d // 9
 
 
 def mla_inputs(problem: str, rows: int, H: int, S: int, DL: int, DR: int, distribution: str, seed: int,

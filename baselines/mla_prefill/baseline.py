@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from baselines.mla_decode.baseline import mm_fp32_out
-from baselines.mla_decode.spec import SCALE, latent_dim
+from baselines.mla_decode.dims import SCALE, latent_dim
 
 CHUNK = 256
 
