@@ -41,8 +41,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
-from baselines.problem import OutputSpec, Problem, Shape
-from baselines.registry import UnknownProblem
+from baselines.problem import OutputSpec, Problem, Shape, UnknownProblem
 
 FILE_PREFIX = "file:"
 KEY_RE = re.compile(r"^file:[0-9a-f]{64}$")
