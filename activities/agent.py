@@ -8,9 +8,9 @@ from __future__ import annotations
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from activities.ledger import append_chunk, read_ledger
-from activities.logs import activity_logger
+from workflows.logs import activity_logger
 from activities.notebook import summarize
 from workflows.contracts import (Candidate, CompactRequest, CompactResult, Proposal, ProposeRequest,
                                  RuleReport, RuleRequest, RunSpec)
@@ -78,7 +78,7 @@ def check_rules(req: RuleRequest) -> RuleReport:
         raise _infra(e) from e
     report = check_source(source, req.problem)
     if not report.ok:
-        from activities.metrics import count_evaluation
+        from workflows.metrics import count_evaluation
 
         count_evaluation("rejected", "rules")
     return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from workflows.contracts import IterationRecord
 
 

@@ -40,7 +40,7 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.artifacts import ArtifactStore, ArtifactStoreError, candidate_id
 from workflows.contracts import (LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall, ToolResult)
 
 HISTORY_TURNS = 4  # past turns replayed verbatim in a prompt (older ones live in the notebook)
@@ -734,12 +734,6 @@ def clean_source(source: str) -> str:
     return source.strip("\n") + "\n"
 
 
-def _candidate_id(source: str) -> str:
-    from activities.search import candidate_id
-
-    return candidate_id(source)
-
-
 # ---- tool calls written as text --------------------------------------------------------------------
 
 TEXT_PROTOCOL = """Tools are called in plain text: this endpoint takes no native tool calls. To call a \
@@ -950,7 +944,7 @@ def _source_call(cid: str, name: str, args: dict, problem: str, store: ArtifactS
         if not source.strip():
             return ToolCall(call_id=cid, name=name, args=small, error="`source` is empty")
         key = store.put_text(source)
-        return ToolCall(call_id=cid, name=name, args=small, source_key=key, candidate_id=_candidate_id(source),
+        return ToolCall(call_id=cid, name=name, args=small, source_key=key, candidate_id=candidate_id(source),
                         rules_error=_rules(source, problem))
     if src is not None:
         return ToolCall(call_id=cid, name=name, args=small, error="`source` must be a string")
@@ -1161,7 +1155,7 @@ def _compact_fences(content: str, base: str | None = None) -> str:
         code = m.group(2)
         if not re.search(r"^def run\(", code, re.M):
             return m.group(0)
-        return _PLACEHOLDER.format(cid=_candidate_id(clean_source(code)), lines=code.count("\n"),
+        return _PLACEHOLDER.format(cid=candidate_id(clean_source(code)), lines=code.count("\n"),
                                    diff=short_diff(code, base))
     return _FENCE.sub(sub, content)
 

@@ -11,7 +11,7 @@ the new version (with a line saying why), and the run carries on.
 
 from __future__ import annotations
 
-from activities.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import CompactRequest
 
 NOTEBOOK_SYSTEM = """You keep the engineering notebook of a long GPU-kernel optimization run. The \

@@ -5,19 +5,16 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from workflows.contracts import IterationRecord
 from workflows.text import INTERPRETER_NOTE, best_text
 
 
-async def write_report(client, wid: str, out: Path | None) -> Path:
-    from workflows.cli import HOME, _status_or_result
-
-    st = await _status_or_result(client, wid)
+def write_report(st, wid: str, out: Path) -> Path:
+    """The report of run `wid` into `out`, from its status or result `st` (both carry the ledger key)."""
     store = ArtifactStore()
     records = read_ledger(store, st.ledger_key)
-    out = out or HOME / "reports" / wid
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(records, out)
     best_src = None

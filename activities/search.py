@@ -10,7 +10,6 @@ crashes and retries happen in between.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import math
 import random
@@ -18,14 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from baselines.problem import Problem, render
+from workflows.artifacts import candidate_id
 from workflows.contracts import IterationRecord
 
 EXPLORE = 0.15  # probability of a fresh sample instead of a mutation
 TOURNAMENT = 3
-
-
-def candidate_id(source: str) -> str:
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 @dataclass

@@ -521,7 +521,7 @@ _OPS: dict[str, frozenset] = {}
 
 def reference_ops_for_key(key: str) -> frozenset[str]:
     """reference_ops of the problem file stored under `key` (cached: a key names one content)."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     if key not in _OPS:
         _OPS[key] = reference_ops(ArtifactStore().get_bytes(key.removeprefix(FILE_PREFIX)))
@@ -530,7 +530,7 @@ def reference_ops_for_key(key: str) -> frozenset[str]:
 
 def load_key(key: str, store=None) -> ExternalProblem:
     """The problem stored under `key` (`file:<sha256>`) in the artifact store."""
-    from activities.artifacts import ArtifactStore, ArtifactStoreError
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
 
     if not is_file_key(key):
         raise UnknownProblem(f"{key!r} is not a problem file key (file:<64 hex digits>)")
@@ -611,7 +611,7 @@ def load_folder(root: Path, key: str, label: str) -> Problem:
 def load_folder_key(key: str, store=None) -> Problem:
     """The problem folder stored under `key` (`folder:<sha256 of its manifest>`), materialized once in a
     folder of its own (written whole, then renamed) and imported from there."""
-    from activities.artifacts import ArtifactStore, ArtifactStoreError
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
 
     if not is_folder_key(key):
         raise UnknownProblem(f"{key!r} is not a problem folder key (folder:<64 hex digits>)")

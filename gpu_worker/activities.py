@@ -20,7 +20,7 @@ from collections import OrderedDict
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.artifacts import ArtifactStoreError
+from workflows.artifacts import ArtifactStoreError
 from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport
 
 _EV = None
@@ -144,8 +144,8 @@ def request_key(stage: str, req) -> str:
 
 def _observed(stage: str, fn, req, log=None):
     """Run a harness step, count it (Prometheus) and log it (JSON, with workflow, run and iteration)."""
-    from activities.logs import activity_logger
-    from activities.metrics import observe_report
+    from workflows.logs import activity_logger
+    from workflows.metrics import observe_report
 
     from gpu_worker.harness import phases_begin, phases_end
 
@@ -162,7 +162,7 @@ def _observed(stage: str, fn, req, log=None):
 def _shared(stage: str, fn, req):
     """The harness step on a thread of its own (SharedCalls), awaited here with heartbeats. Its heartbeat
     callback does nothing outside an activity, so a cancellation reaches only this waiting thread."""
-    from activities.logs import activity_logger
+    from workflows.logs import activity_logger
 
     log = activity_logger()  # bound to the activity that started the work: the phase log keeps its run
     t0 = time.monotonic()

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Callable
 
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
 from gpu_worker.sandbox import (TIMING_CPUS, LoadedChildren, Rejection, Sandbox, SandboxFailure, SandboxPool,
                                 pin)
@@ -1040,7 +1040,7 @@ class TimedLock:
             self._busy_since = time.monotonic()
 
     def _leave(self) -> None:  # under _cv: the last holder ends it
-        from activities.metrics import add_gpu_busy
+        from workflows.metrics import add_gpu_busy
 
         if not self._exclusive and not self._shared and self._busy_since is not None:
             dt = time.monotonic() - self._busy_since
@@ -1049,7 +1049,7 @@ class TimedLock:
             add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
 
     def _closed(self) -> None:  # under _cv, after any change of _exclusive or _closing
-        from activities.metrics import add_gpu_closed
+        from workflows.metrics import add_gpu_closed
 
         if self._exclusive or self._closing:
             if self._closed_since is None:
@@ -1087,7 +1087,7 @@ class TimedLock:
         _add_phase("gpu-wait", self._t - t)
 
     def release(self):
-        from activities.metrics import add_gpu_timed
+        from workflows.metrics import add_gpu_timed
 
         dt = time.monotonic() - self._t
         self.timed_s += dt

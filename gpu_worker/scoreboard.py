@@ -16,8 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from activities.artifacts import ArtifactStore, ArtifactStoreError
-from activities.search import candidate_id
+from workflows.artifacts import ArtifactStore, ArtifactStoreError, candidate_id
 from workflows.contracts import BenchRequest, EvalRequest
 
 

@@ -29,7 +29,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault("MARATHON_ARTIFACTS", str(OUT / "artifacts"))
 os.environ.setdefault("MARATHON_GPU_WORKDIR", "/tmp/marathon-gpu-work")
 
-from activities.artifacts import ArtifactStore  # noqa: E402
+from workflows.artifacts import ArtifactStore  # noqa: E402
 from gpu_worker.canaries import canary_source  # noqa: E402
 from gpu_worker.harness import Evaluator  # noqa: E402
 from workflows.contracts import BenchRequest, BestRef, EvalRequest  # noqa: E402

@@ -447,7 +447,7 @@ def left(a) -> float:
 
 def run_records(st: dict) -> list:
     """The run's records from its ledger (status's ledger_key); none before its first."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from activities.ledger import read_ledger
 
     return read_ledger(ArtifactStore(), st["ledger_key"]) if st.get("ledger_key") else []

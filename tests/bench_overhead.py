@@ -23,7 +23,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from activities import agent
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from tests import evaluators
 from tests.conftest import temporal_path

@@ -22,7 +22,7 @@ def temporal_path() -> str:
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     root = tmp_path / "artifacts"
     monkeypatch.setenv("MARATHON_ARTIFACTS", str(root))

@@ -44,7 +44,7 @@ def _knobs(source: str) -> dict:
 
 
 def _source(key: str) -> str:
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     return ArtifactStore().get_text(key)
 

@@ -21,7 +21,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from tests.workflows.test_faults import DevServer, _free_port, _until
 from workflows.client import connect

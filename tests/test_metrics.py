@@ -15,7 +15,7 @@ import pytest
 from temporalio import activity
 from temporalio.worker import Worker
 
-from activities import metrics
+from workflows import metrics
 from tests.conftest import temporal_path
 
 
@@ -207,7 +207,7 @@ def test_setup_metrics_as_default_runtime_for_workflows_client_connect(tmp_path)
     script = textwrap.dedent(f"""
         import asyncio, os, sys, urllib.request
         from temporalio.testing import WorkflowEnvironment
-        from activities import metrics
+        from workflows import metrics
         from workflows.client import connect
 
         async def main():

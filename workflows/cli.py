@@ -140,7 +140,7 @@ def _store_problem_file(spec: RunSpec, problem) -> None:
     """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
     keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
     later changes nothing."""
-    from activities.artifacts import ArtifactStore, ArtifactStoreError
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
     from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here
 
     if spec.problem.startswith("folder:"):
@@ -365,7 +365,7 @@ async def cmd_dev(args) -> int:
 
 
 async def cmd_worker(args) -> int:
-    from activities.metrics import MetricsConfigError, setup_metrics
+    from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
     from workflows.contracts import GPU_QUEUE
 
@@ -384,7 +384,7 @@ async def cmd_worker(args) -> int:
         client = await connect(args.address, args.namespace)
     except Unreachable as e:
         raise UsageError(str(e))
-    from activities.logs import configure_logging
+    from workflows.logs import configure_logging
 
     configure_logging()
     workers = []
@@ -609,16 +609,14 @@ async def cmd_watch(args) -> int:
 
 async def cmd_report(args) -> int:
     client = await _client(args)
-    from activities.report import write_report
-
-    path = await write_report(client, args.id, Path(args.out) if args.out else None)
+    path = await run_report(client, args.id, Path(args.out) if args.out else None)
     print(path)
     return 0
 
 
 async def cmd_notebook(args) -> int:
     client = await _client(args)
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     st = await _status_or_result(client, args.id)
     if not st.notebook_key:
@@ -645,6 +643,13 @@ def _previous_key(text: str) -> str | None:
             v = line.split(":", 1)[1].strip()
             return None if v == "none" else v
     return None
+
+
+async def run_report(client, wid: str, out: Path | None) -> Path:
+    """`marathon report`: Markdown and plots of the run, into `out` (default MARATHON_HOME/reports/ID)."""
+    from activities.report import write_report
+
+    return write_report(await _status_or_result(client, wid), wid, out or HOME / "reports" / wid)
 
 
 async def _status_or_result(client, wid: str, prefer_query: bool = False):
@@ -700,9 +705,7 @@ async def cmd_demo(args) -> int:
         print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
         res = await watch(client, args.id)
         print(_fmt_end(res))
-        from activities.report import write_report
-
-        print(f"report: {await write_report(client, args.id, None)}")
+        print(f"report: {await run_report(client, args.id, None)}")
         if res.best is not None:
             print(f"the best kernel as a file: marathon export {args.id}")
     finally:
@@ -740,7 +743,7 @@ async def cmd_problems(args) -> int:
 
 async def cmd_export(args) -> int:
     """The crowned best kernel as a candidate module file (`run(inputs, out)`), ready to import or bench."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from activities.ledger import read_ledger
 
     client = await _client(args)

@@ -214,7 +214,7 @@ def test_start_refuses_bad_files_with_one_line(tmp_path, store, capsys, make, fl
 def harness(tmp_path_factory):
     import os
 
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     root = tmp_path_factory.mktemp("artifacts")

@@ -18,7 +18,7 @@ FILES = Path(__file__).parent / "files"
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     root = tmp_path_factory.mktemp("art")

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1)
@@ -85,7 +85,7 @@ def test_a_result_baked_in_at_capture_is_rejected_in_graph_mode(ev):
 @pytest.fixture(scope="module")
 def ev_raw(tmp_path_factory):
     """Static rules off: the side stream is refused by them; here the judge itself must catch it."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art-raw")), interpreter=False, spares=1,

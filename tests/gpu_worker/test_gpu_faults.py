@@ -17,7 +17,7 @@ KERNELS = Path(__file__).parent / "kernels"
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     # static rules off: the faults must be contained at run time (rt_crash imports os, which the rules refuse)

@@ -20,7 +20,7 @@ KERNELS = Path(__file__).parent / "kernels"
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     root = tmp_path_factory.mktemp("artifacts")
     os.environ["MARATHON_ARTIFACTS"] = str(root)
@@ -224,7 +224,7 @@ def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
-    from activities.artifacts import ArtifactStoreError
+    from workflows.artifacts import ArtifactStoreError
     from gpu_worker import activities as acts
 
     acts.set_evaluator(ev)
@@ -673,7 +673,7 @@ def test_reference_wait_does_not_hold_the_gate(tmp_path):
     import threading
     import time as _t
 
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
@@ -714,7 +714,7 @@ def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
     import threading
     import time as _t
 
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
@@ -985,7 +985,7 @@ def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
     import threading
     import time
 
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
@@ -1070,7 +1070,7 @@ def test_device_memory_alone_runs_with_nothing_beside_it():
 def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
     """An OOM (or a child killed from outside) may be the neighbours' doing: the stage runs once more with the
     device to itself, and only what fails then is the candidate's. Other rejections are not retried."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import DeviceMemory, Evaluator
     from workflows.contracts import CompileReport, VerifyReport
 
@@ -1115,7 +1115,7 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
 def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):
     """The interleaved blocks end after two when the candidate is already shown slower than the current best
     (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)

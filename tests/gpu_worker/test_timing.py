@@ -100,7 +100,7 @@ def test_clearly_slower_needs_samples_and_a_whole_interval_below_one():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     return ArtifactStore(tmp_path_factory.mktemp("artifacts"))
 

@@ -179,7 +179,7 @@ def test_the_worker_start_line_names_the_wall(monkeypatch):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
 
     root = tmp_path_factory.mktemp("artifacts")
     os.environ["MARATHON_ARTIFACTS"] = str(root)

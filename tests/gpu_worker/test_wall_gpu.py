@@ -17,7 +17,7 @@ KERNELS = Path(__file__).parent / "kernels"
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
-    from activities.artifacts import ArtifactStore
+    from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
 
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1,

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.worker import Worker
 
-from activities.artifacts import ArtifactStore
+from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from activities.worker import build_agent_worker
 from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES

@@ -13,7 +13,7 @@ from temporalio import activity
 from tests import evaluators
 from tests.workflows.helpers import run_id, start, workers
 from tests.workflows.test_cli import marathon
-from workflows.cli import watch
+from workflows.cli import run_report, watch
 from workflows.contracts import BenchReport, BenchRequest, RunSpec
 from workflows.optimization import KernelOptimization
 from workflows.text import INTERPRETER_NOTE
@@ -37,8 +37,6 @@ async def _executions(client, wid: str, n: int) -> list:
 
 
 async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no_interpreter_ratio(env, store):
-    from activities.report import write_report
-
     address = env.client.service_client.config.target_host
     wid = run_id("webui")
     live = io.StringIO()
@@ -55,7 +53,7 @@ async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no
             assert text.startswith(f"**{summary}**\n") and "- best: " in text and INTERPRETER_NOTE in text
             assert not RATIO.search(text), text
         latest = await _details(env.client, wid)
-        report = (await write_report(env.client, wid, store.root.parent / "report")).read_text()
+        report = (await run_report(env.client, wid, store.root.parent / "report")).read_text()
         board = await env.client.get_workflow_handle(wid).query(KernelOptimization.leaderboard)
 
     # the latest details: the crowned best heads one table with the rest of the leaderboard

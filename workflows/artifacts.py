@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Any
 
 
+def candidate_id(source: str) -> str:
+    """A candidate's id: the first 16 hex digits of its source's artifact key."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
 class ArtifactStoreError(RuntimeError):
     """The store cannot be written or read (full, read-only, missing object)."""
 
