@@ -157,7 +157,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 exe = exe.decode(errors="replace")
             ok_exe = isinstance(exe, str) and realpath(exe) in allowed_exec
             if not (ok_exe and compiler_caller()) and candidate_on_stack():
-                record("process", f"{event} refused: candidates may not start processes")
+                record("process", f"{event} of {exe!r} refused: candidates may not start processes")
         elif event == "socket.__new__":
             fam = args[1] if len(args) > 1 else None
             if fam != 1:  # AF_UNIX: its connect and bind are refused below

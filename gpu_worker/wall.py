@@ -10,7 +10,7 @@ inherits it:
   connect are refused as well;
 * process: no fork, no execve (seccomp); threads (clone with CLONE_THREAD) still work. Where the caller
   names binaries that must still run (Triton's `ptxas`, which compiles each kernel lazily at its first
-  launch), Landlock allows executing exactly those files (and the ELF loader they need), and seccomp
+  launch, and the C compiler of the launcher Triton builds for each new kernel signature), Landlock allows executing exactly those files (and the ELF loader they need), and seccomp
   allows the vfork-style clone that `posix_spawn` makes for them; anything else fails to execute;
 * filesystem: writes only beneath the given directories (Landlock). Without Landlock, seccomp refuses
   every open for writing and every namespace change (unlink, rename, mkdir, ...): stricter, since the
@@ -19,9 +19,10 @@ inherits it:
   namespaces, mounts, BPF, kernel modules and keyrings; with Landlock's scopes, signals to processes
   outside the wall (the worker) and abstract unix sockets.
 
-On a GPU host the child passes Triton's ptxas as the one binary left to execute (`enclose`), since
-Triton compiles each kernel at its first launch, which comes after the candidate has loaded. Landlock
-then also lets the ELF loader execute (the kernel runs it for ptxas), and the loader can run other
+On a GPU host the child passes Triton's ptxas and the launcher's C compiler (with the programs it runs)
+as the binaries left to execute (`enclose`), since Triton compiles each kernel and its launcher at its
+first launch, which comes after the candidate has loaded. Landlock then also lets the ELF loader execute
+(the kernel runs it for them), and the loader can run other
 binaries by name: those still run behind the same seccomp filter and Landlock domain (no network, no
 fork, no writes outside). Landlock holds for the installing thread and every thread and process started
 after it; threads CUDA started earlier are held by seccomp (installed on all threads) but not by Landlock
@@ -397,10 +398,35 @@ def mode() -> str:
     return m
 
 
+def c_compiler_programs() -> list[str]:
+    """The C compiler Triton builds each kernel signature's launcher module with (at the kernel's first
+    launch), chosen as Triton chooses it (CC, else gcc, else clang), and the programs it runs in turn
+    (cc1, as, collect2, ld), asked of the compiler itself. Empty where there is no C compiler."""
+    import shutil
+    import subprocess
+
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    cc = shutil.which(cc) if cc else None
+    if not cc:
+        return []
+    out = [cc]
+    for prog in ("cc1", "as", "collect2", "ld"):
+        try:
+            name = subprocess.run([cc, f"-print-prog-name={prog}"], capture_output=True, text=True,
+                                  timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            continue
+        path = name if os.path.isabs(name) else shutil.which(name) if name else None
+        if path and os.path.isfile(path):
+            out.append(path)
+    return out
+
+
 def compiler_binaries() -> list[str]:
-    """The binaries Triton runs lazily, at a kernel's first launch: ptxas (both builds Triton ships).
-    Everything else it runs (ldconfig, the C compiler for its driver module, `ptxas --version`) runs once
-    per process, before the wall, when the child's CUDA and Triton are initialised."""
+    """The binaries Triton runs lazily, at a kernel's first launch: ptxas (both builds Triton ships) and
+    the C compiler of the launcher module it builds for every new kernel signature. What else it runs
+    (ldconfig, `ptxas --version`) runs once per process, before the wall, when the child's CUDA and
+    Triton are initialised."""
     out = []
     try:
         from triton import knobs
@@ -412,7 +438,7 @@ def compiler_binaries() -> list[str]:
                 out.append(path)
     except Exception as e:  # noqa: BLE001 - no NVIDIA backend: nothing to allow
         print(f"wall: no ptxas found ({type(e).__name__}: {e})", flush=True)
-    return out
+    return out + c_compiler_programs() if out else out
 
 
 def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
