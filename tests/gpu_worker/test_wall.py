@@ -140,6 +140,43 @@ def test_with_listed_binaries_only_those_execute(tmp_path):
     assert not lis.connected and not (outside / "from-shell").exists()
 
 
+# Builds a C module behind the wall, as Triton builds a kernel signature's launcher at its first launch.
+C_PROBE = r'''
+import ctypes, json, os, subprocess, sys
+from gpu_worker import wall
+own = sys.argv[1]
+progs = wall.c_compiler_programs()
+desc = wall.install([own], exec_files=progs)
+src = os.path.join(own, "m.c")
+with open(src, "w") as f:
+    f.write("int answer(void) { return 42; }\n")
+so = os.path.join(own, "m.so")
+r = subprocess.run([progs[0], src, "-O3", "-shared", "-fPIC", "-o", so], capture_output=True, text=True,
+                   env=dict(os.environ, TMPDIR=own))
+res = {"rc": r.returncode, "err": r.stderr[-800:], "exec": desc["exec"]}
+res["answer"] = ctypes.CDLL(so).answer() if r.returncode == 0 else None
+try:
+    subprocess.run(["/bin/sh", "-c", "true"], check=True)
+    res["shell"] = "ok"
+except OSError as e:
+    res["shell"] = f"refused errno {e.errno}"
+print(json.dumps(res))
+'''
+
+
+@pytest.mark.skipif(not wall.landlock_abi() or not wall.c_compiler_programs(),
+                    reason="needs Landlock and a C compiler")
+def test_the_launchers_c_compiler_builds_behind_the_wall_and_a_shell_still_does_not_run(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    out = subprocess.run([sys.executable, "-c", C_PROBE, str(own)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["rc"] == 0 and res["answer"] == 42, res
+    assert res["shell"].startswith("refused"), res
+
+
 def test_without_landlock_seccomp_still_refuses_network_and_processes(tmp_path):
     """Seccomp cannot read paths, so without Landlock it leaves writes to the run-time guard (denying them
     all would fail every honest candidate's own exports); network and new processes stay refused."""
