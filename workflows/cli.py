@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -395,7 +396,14 @@ async def cmd_worker(args) -> int:
     if args.role in ("gpu", "all"):
         from gpu_worker.worker import build_gpu_worker
 
-        workers.append(build_gpu_worker(client, task_queue=queue))
+        from gpu_worker.activities import evaluator
+        from workflows.client import connect_config
+
+        # the identity says how this worker runs kernels: `marathon start` reads it from the queue's pollers
+        gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
+                                                   "identity": gpu_worker_identity(evaluator().interpreter)},
+                                                data_converter=client.data_converter)
+        workers.append(build_gpu_worker(gpu_client, task_queue=queue))
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
           f"{client.service_client.config.target_host}", flush=True)
     print(metrics.describe(), flush=True)
@@ -414,9 +422,81 @@ async def cmd_worker(args) -> int:
     return 0
 
 
+#: in a GPU worker's identity when it has no CUDA and runs kernels under the Triton interpreter
+CPU_WORKER_TAG = "marathon-gpu-worker cpu-interpreter"
+
+
+def gpu_worker_identity(interpreter: bool) -> str:
+    import socket
+
+    return f"{os.getpid()}@{socket.gethostname()} " + (CPU_WORKER_TAG if interpreter else "marathon-gpu-worker cuda")
+
+
+async def _queue_pollers(client, queue: str) -> list[str]:
+    """The identities of the workers that polled the activity task queue recently ([] where unknown)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
+
+    try:
+        resp = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+    except RPCError:
+        return []
+    return [p.identity for p in resp.pollers]
+
+
+async def check_workers_can_run(client, spec: RunSpec) -> None:
+    """A problem file without get_cpu_inputs() cannot run where the run's GPU queue is served only by workers
+    without CUDA (they run the interpreter on the CPU inputs): refused before the run starts."""
+    from baselines.external import CPU_SHAPE, is_file_key
+
+    if not is_file_key(spec.problem) or spec.shape not in (None, CPU_SHAPE):
+        return
+    from baselines.registry import get_problem
+
+    problem = get_problem(spec.problem)
+    if problem.has_cpu:
+        return
+    pollers = await _queue_pollers(client, spec.gpu_queue)
+    if pollers and all(CPU_WORKER_TAG in p for p in pollers):
+        raise UsageError(f"{problem.label} defines no get_cpu_inputs(), and the workers on task queue "
+                         f"{spec.gpu_queue} have no CUDA (they run the Triton interpreter on a problem's CPU "
+                         f"inputs): add get_cpu_inputs() to the file (small inputs; get_cpu_init_inputs() too if "
+                         f"Model's constructor arguments differ for them), or start GPU workers on {spec.gpu_queue}")
+
+
+def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
+    """The plain temporal CLI's commands for this run: queries, budget, hint, pause, resume, stop."""
+    import shlex
+
+    conn = "".join(f" --{k} {shlex.quote(v)}" for k, v in (("address", address), ("namespace", namespace)) if v)
+    if spec.policy == "search":
+        from baselines.registry import get_problem
+
+        space = get_problem(spec.problem).knob_space()
+        name = next(iter(space), None)
+        hint = f"{name}={space[name][-1]}" if name else "try a smaller block"
+    else:
+        hint = "try a smaller block"
+    wf = f"--workflow-id {shlex.quote(wid)}{conn}"
+    q = shlex.quote
+    return [f"temporal workflow query {wf} --name status",
+            f"temporal workflow query {wf} --name leaderboard",
+            f"temporal workflow update execute {wf} --name set_budget --input "
+            + q(json.dumps({"iterations": spec.budget.iterations * 2} if spec.budget.iterations else {"hours": 24})),
+            f"temporal workflow signal {wf} --name hint --input {q(json.dumps({'text': hint}))}",
+            f"temporal workflow signal {wf} --name pause",
+            f"temporal workflow signal {wf} --name resume",
+            f"temporal workflow signal {wf} --name stop --input {q(json.dumps({'reason': 'done for today'}))}"]
+
+
 async def cmd_start(args) -> int:
     spec = parse_spec(args)
     client = await _client(args)
+    await check_workers_can_run(client, spec)
     await register_search_attributes(client)
     name = spec.problem.replace(":", "-")[:19] if ":" in spec.problem else spec.problem  # a key: its start
     wid = args.id or f"marathon-{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
@@ -437,6 +517,10 @@ async def cmd_start(args) -> int:
     except WorkflowAlreadyStartedError:
         raise UsageError(f"a run with id {wid!r} already exists; pick another --id")
     print(wid)
+    # on stderr, so that `ID=$(marathon start ...)` keeps the id alone
+    print("the plain temporal CLI drives it too:\n  " + "\n  ".join(
+        temporal_hints(wid, spec, getattr(args, "address", None), getattr(args, "namespace", None))),
+        file=sys.stderr)
     return 0
 
 
@@ -742,28 +826,40 @@ async def cmd_problems(args) -> int:
 
 
 async def cmd_export(args) -> int:
-    """The crowned best kernel as a candidate module file (`run(inputs, out)`), ready to import or bench."""
+    """The crowned best kernel as a standalone file with its receipt (activities/export.py)."""
     from workflows.artifacts import ArtifactStore
-    from activities.ledger import read_ledger
+    from activities.export import ExportError, export_run, kernel_file_text, problem_source
 
     client = await _client(args)
     st = await _status_or_result(client, args.id)
-    if st.best is None:
-        raise UsageError(f"run {args.id} has no best kernel yet (no candidate has passed)")
-    store = ArtifactStore()
-    key = st.best_source_key or next((r.source_key for r in read_ledger(store, st.ledger_key)
-                                      if r.candidate_id == st.best.candidate_id), None)
-    if not key or not store.exists(key):
-        raise UsageError(f"the best kernel of run {args.id} is not in the artifact store at {store.root} "
-                         "(MARATHON_ARTIFACTS names another)")
-    source = store.get_text(key)
-    if args.out == "-":
-        sys.stdout.write(source)
-        return 0
-    out = Path(args.out) if args.out else Path(f"{st.problem}_{st.best.candidate_id}.py")
-    out.write_text(source)
-    print(f"{out}: {st.problem} best, {best_text(st.best)}")
+    out = Path(args.out) if args.out else Path(f"export-{args.id}")
+    try:
+        if args.out == "-":  # the kernel file alone, on stdout
+            with tempfile.TemporaryDirectory() as tmp:
+                export_run(args.id, st, Path(tmp))
+                sys.stdout.write((Path(tmp) / "kernel.py").read_text())
+            return 0
+        written = export_run(args.id, st, out, force=args.force)
+    except ExportError as e:
+        raise UsageError(str(e))
+    receipt = json.loads((out / "receipt.json").read_text())
+    print(f"{out / 'kernel.py'}: {st.problem} best, {best_text(st.best)}")
+    print(f"receipt: {out / 'receipt.json'}, {out / 'receipt.md'} ({len(written)} files written)")
+    print(f"re-verify: {receipt['verify_command']}")
     return 0
+
+
+async def cmd_verify(args) -> int:
+    """The harness's verification of a kernel file against a problem, on this machine."""
+    from activities.export import ExportError, verify_kernel
+
+    try:
+        ok, lines = await asyncio.to_thread(verify_kernel, args.problem, Path(args.kernel), args.shape)
+    except ExportError as e:
+        raise UsageError(str(e))
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
 
 
 async def cmd_selftest(args) -> int:
@@ -857,9 +953,18 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "notebook":
             c.add_argument("--version", type=int)
 
-    c = client_cmd("export", cmd_export, "write a run's best kernel to a file")
+    c = client_cmd("export", cmd_export, "write a run's best kernel as a standalone file, with its receipt")
     c.add_argument("id")
-    c.add_argument("--out", help="file (default ./PROBLEM_CANDIDATE.py; - for stdout)")
+    c.add_argument("--out", help="directory for kernel.py, receipt.json and receipt.md (default ./export-ID; "
+                                 "- prints kernel.py)")
+    c.add_argument("--force", action="store_true", help="overwrite an earlier export in that directory")
+
+    c = sub.add_parser("verify", help="verify a kernel file against a problem's reference here (GPU, or the Triton "
+                                      "interpreter without one)")
+    c.add_argument("problem", help="a problem name, a problem file or folder, or a stored key")
+    c.add_argument("kernel", help="the kernel file: run(inputs, out), a ModelNew class, or a `marathon export` file")
+    c.add_argument("--shape", help="the shape to verify at (default: the primary shape on a GPU, else the CPU one)")
+    c.set_defaults(fn=cmd_verify)
 
     c = sub.add_parser("problems", help="list the problems with their shapes, input distributions and knobs")
     c.add_argument("--json", action="store_true")

@@ -173,9 +173,16 @@ async def test_client_commands_against_the_dev_server(env, store):
         assert "stopped by stop-signal, stop reason: cli test" in text
         nb = await asyncio.to_thread(marathon, "notebook", wid, env_address=address, check=True)
         assert nb.stdout.startswith("# Notebook: softmax")
-        kernel = store.root.parent / "best.py"
-        await asyncio.to_thread(marathon, "export", wid, "--out", str(kernel), env_address=address, check=True)
-        assert kernel.read_text() == store.get_text(res.best_source_key) and "def run(" in kernel.read_text()
+        exported = store.root.parent / "export"
+        await asyncio.to_thread(marathon, "export", wid, "--out", str(exported), env_address=address, check=True)
+        kernel = (exported / "kernel.py").read_text()
+        assert kernel.startswith(f"# Exported from marathon run {wid}: the best kernel of problem softmax\n")
+        assert kernel.endswith(store.get_text(res.best_source_key)) and "class ModelNew" not in kernel
+        receipt = json.loads((exported / "receipt.json").read_text())
+        assert receipt["verify_command"] == f"marathon verify softmax {exported / 'kernel.py'}"
+        assert receipt["problem"]["key"] == "softmax" and receipt["problem"]["kind"] == "built-in"
+        assert len(receipt["problem"]["source_sha256"]) == 64 and receipt["kernel"]["candidate_id"] == res.best.candidate_id
+        assert sorted(p.name for p in exported.iterdir()) == ["kernel.py", "receipt.json", "receipt.md"]
     # with no worker to answer the query, a finished run's status is its result
     text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
     assert f"{wid}: softmax finished after {res.iterations} iterations" in text

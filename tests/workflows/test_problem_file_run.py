@@ -35,7 +35,8 @@ def real_gpu(store):
     ev.close()
 
 
-async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, real_gpu, tmp_path, monkeypatch):
+async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, real_gpu, tmp_path, monkeypatch,
+                                                                    capsys):
     good = (FILES / "rmsnorm_kernel.py").read_text()
     wrong = good.replace("x * r * w", "x * r")  # the learned scale left out
     script = TurnScript([turn(("submit_kernel", {"source": good, "rationale": "one program per row"})),
@@ -67,6 +68,61 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
     assert recs[0].outcome == "improved" and recs[0].interpreter and recs[0].baseline_ms, recs[0]
     assert recs[1].outcome == "rejected" and recs[1].stage == "verify", recs[1]
     assert res.best_source_key and store.get_text(res.best_source_key) == good
+    await export_and_reverify(wid, address, key, good, tmp_path, capsys)
+
+
+async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
+    """`marathon export` of the finished run: kernel.py (the candidate, then ModelNew), the receipt with its
+    re-verify command, which passes through the real harness; an earlier export is kept without --force."""
+    import json
+    import os
+    import shlex
+
+    from workflows.cli import main
+
+    out = tmp_path / "exported"
+    rc = await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--address", address])
+    assert rc == 0
+    receipt = json.loads((out / "receipt.json").read_text())
+    assert receipt["run_id"] == wid and receipt["problem"]["key"] == key
+    assert receipt["problem"]["source_sha256"] == key.removeprefix("file:")
+    assert receipt["kernel"]["source_sha256"] == hashlib.sha256(good.encode()).hexdigest()
+    assert receipt["best"]["interpreter"] and receipt["best"]["speedup"] is None and receipt["best"]["time_ms"] > 0
+    assert receipt["measured_on"]["device"] == "cpu (Triton interpreter)" and receipt["measured_on"]["torch"]
+    assert receipt["measured_on"]["mode"] == "interpreter"
+    cmd = receipt["verify_command"]
+    assert cmd == f"marathon verify {out / 'problem.py'} {out / 'kernel.py'}"
+    assert cmd in (out / "receipt.md").read_text() and "under the Triton interpreter" in (out / "receipt.md").read_text()
+    assert (out / "problem.py").read_bytes() == (FILES / "rmsnorm.py").read_bytes()
+    text = (out / "kernel.py").read_text()
+    assert good in text and "class ModelNew(" in text
+    # an earlier export is not overwritten without --force: one line, exit 2, the files untouched
+    (out / "kernel.py").write_text(text + "# edited\n")
+    capsys.readouterr()
+    assert await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--address", address]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("marathon: error: ") and "--force" in err[0], err
+    assert (out / "kernel.py").read_text().endswith("# edited\n")
+    assert await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--force", "--address", address]) == 0
+    assert (out / "kernel.py").read_text() == text
+    # the receipt's command, as a user runs it
+    argv = shlex.split(cmd)
+    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workflows.cli"] + argv[1:],
+                                capture_output=True, text=True, timeout=120)
+    assert v.returncode == 0 and v.stdout.startswith("PASS: "), v.stdout + v.stderr
+    # ModelNew is the problem's Model: same constructor and parameters, same outputs (interpreter)
+    check = ("import sys, torch, importlib.util as u\n"
+             "s = u.spec_from_file_location('k', sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m)\n"
+             "ref = m.marathon_reference\n"
+             "torch.manual_seed(1); model = ref.Model(*ref.get_cpu_init_inputs())\n"
+             "torch.manual_seed(1); new = m.ModelNew(*ref.get_cpu_init_inputs())\n"
+             "assert sorted(new.state_dict()) == sorted(model.state_dict())\n"
+             "torch.manual_seed(2); x = ref.get_cpu_inputs()\n"
+             "torch.testing.assert_close(new(*x), model(*x), rtol=1e-5, atol=1e-6); print('same')\n")
+    c = await asyncio.to_thread(subprocess.run, [sys.executable, "-c", check, str(out / "kernel.py")],
+                                capture_output=True, text=True, timeout=120,
+                                env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert c.returncode == 0 and c.stdout.strip() == "same", c.stderr
 
 
 async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env, store, real_gpu, tmp_path):
