@@ -276,3 +276,113 @@ async def test_hints_are_checked_by_the_run_s_policy_without_a_worker(env):
     finally:
         for wid in (search, llm):
             await env.client.get_workflow_handle(wid).terminate("test over")
+
+
+def readme_temporal_lines() -> list[str]:
+    """The plain temporal CLI commands of the README's CLI section, continuation lines joined."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = text.split("The plain temporal CLI drives the same workflow:", 1)[1].split("```bash\n", 1)[1]
+    return [ln for ln in block.split("```", 1)[0].replace("\\\n", " ").splitlines() if ln.strip()]
+
+
+async def test_the_temporal_cli_hints_printed_and_in_the_readme_work(env, store, capsys):
+    """Every command `marathon start` prints for the plain temporal CLI, and every one the README shows, run
+    with the temporal binary against the dev server, does what it says."""
+    import shlex
+
+    from workflows.cli import main
+    from workflows.optimization import KernelOptimization
+
+    address = env.client.service_client.config.target_host
+    wid, wid2 = run_id("thint"), run_id("readme")
+
+    def temporal(line: str, extra=()) -> subprocess.CompletedProcess:
+        argv = shlex.split(line)
+        assert argv[0] == "temporal", line
+        return subprocess.run([temporal_path()] + argv[1:] + list(extra), capture_output=True, text=True,
+                              timeout=60)
+
+    async with workers(env.client):
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["start", "softmax", "--iterations", "4000", "--id", wid,
+                                              "--address", address]) == 0
+        out = capsys.readouterr()
+        assert out.out.strip() == wid
+        head, *hints = out.err.strip().splitlines()
+        assert head == "the plain temporal CLI drives it too:" and len(hints) == 7, out.err
+        h = env.client.get_workflow_handle(wid, result_type=RunResult)
+        for line in hints:
+            r = await asyncio.to_thread(temporal, line)
+            assert r.returncode == 0, (line, r.stdout, r.stderr)
+            if "--name status" in line:
+                assert "Query result:" in r.stdout and wid in r.stdout, r.stdout
+            if "--name set_budget" in line:
+                assert (await h.query(KernelOptimization.status)).budget.iterations == 8000
+            if "--name hint" in line:
+                assert "BLOCK_N=" in line or "VARIANT=" in line
+            if "--name pause" in line:
+                async def paused(want):
+                    while (await h.query(KernelOptimization.status)).paused != want:
+                        await asyncio.sleep(0.1)
+                await asyncio.wait_for(paused(True), 30)
+            if "--name resume" in line:
+                await asyncio.wait_for(paused(False), 30)
+        res = await asyncio.wait_for(h.result(), 60)
+        assert res.stopped_by == "stop-signal" and res.stop_reason == "done for today"
+
+        readme = [ln.replace("run1", wid2) for ln in readme_temporal_lines()]
+        assert [shlex.split(ln)[2] for ln in readme] == ["start", "query", "update", "signal", "signal", "list"]
+        for line in readme:
+            r = await asyncio.to_thread(temporal, line, ["--address", address])
+            assert r.returncode == 0, (line, r.stdout, r.stderr)
+        res2 = await asyncio.wait_for(env.client.get_workflow_handle(wid2, result_type=RunResult).result(), 60)
+        assert res2.stopped_by == "stop-signal" and res2.stop_reason == "done for today"
+
+
+async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve(env, store, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """From a CUDA host the run is taken for a GPU run; the workers polling its GPU queue say in their
+    identity that they have no CUDA, so `marathon start` refuses it up front with what to add."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from temporalio import activity
+    from temporalio.client import Client
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.service import RPCError
+    from temporalio.worker import Worker
+
+    import baselines.external
+    from workflows.cli import _queue_pollers, gpu_worker_identity, main
+
+    @activity.defn(name="compile_candidate")
+    def idle() -> None:
+        pass
+
+    monkeypatch.setattr(baselines.external, "cuda_here", lambda: True)
+    address = env.client.service_client.config.target_host
+    f = tmp_path / "no_cpu.py"
+    f.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                 "        return x * 2\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n")
+    for interpreter, queue in ((True, run_id("cpuq")), (False, run_id("cudaq"))):
+        client = await Client.connect(address, identity=gpu_worker_identity(interpreter),
+                                      data_converter=pydantic_data_converter)
+        wid = run_id("nocpu")
+        async with Worker(client, task_queue=queue, activities=[idle], activity_executor=ThreadPoolExecutor(1)):
+            async def polled():  # the worker's first poll reached the server
+                while not await _queue_pollers(env.client, queue):
+                    await asyncio.sleep(0.1)
+            await asyncio.wait_for(polled(), 30)
+            capsys.readouterr()
+            rc = await asyncio.to_thread(main, ["start", str(f), "--policy", "llm", "--gpu-queue", queue, "--id", wid,
+                                                "--address", address])
+            err = capsys.readouterr().err.strip().splitlines()
+        if interpreter:
+            assert rc == 2 and len(err) == 1 and "add get_cpu_inputs() to the file" in err[0], err
+            assert f"the workers on task queue {queue} have no CUDA" in err[0]
+            with pytest.raises(RPCError):
+                await env.client.get_workflow_handle(wid).describe()  # nothing started
+        else:  # a CUDA worker serves the queue: the run starts
+            assert rc == 0, err
+            await env.client.get_workflow_handle(wid).terminate("test over")
