@@ -52,6 +52,8 @@ def marathon(*args, env_address=None, check=False):
     (["demo", "nosuch"], "unknown problem 'nosuch'"),  # refused before a dev server or worker starts
     (["demo", "softmax", "--iterations", "0"], "budget iterations must be positive"),
     (["bench", "nosuch"], "unknown problem 'nosuch'; known problems:"),
+    (["verify", "softmax", "/nonexistent/kernel.py"], "/nonexistent/kernel.py: cannot read the kernel file"),
+    (["verify", "nosuch", "README.md"], "unknown problem 'nosuch'; known problems:"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     # unreachable address: validation must fail first, before any connection is tried
@@ -386,3 +388,19 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
         else:  # a CUDA worker serves the queue: the run starts
             assert rc == 0, err
             await env.client.get_workflow_handle(wid).terminate("test over")
+
+
+def test_export_refuses_a_run_without_a_kernel_and_an_output_that_is_a_file(tmp_path, store):
+    from activities.export import ExportError, export_run
+    from workflows.contracts import BestSummary, Used
+
+    res = RunResult(workflow_id="r1", problem="softmax", iterations=3, best=None, stopped_by="budget-iterations",
+                    runs=1, used=Used())
+    with pytest.raises(ExportError, match="run r1 has no accepted kernel yet"):
+        export_run("r1", res, tmp_path / "out")
+    best = BestSummary(candidate_id="c1", speedup=1.0, time_ms=1.0, baseline_ms=1.0, iteration=1)
+    key = store.put_text("def run(inputs, out):\n    pass\n")
+    (tmp_path / "taken").write_text("mine")
+    with pytest.raises(ExportError, match="exists and is not a directory"):
+        export_run("r1", res.model_copy(update={"best": best, "best_source_key": key}), tmp_path / "taken")
+    assert (tmp_path / "taken").read_text() == "mine" and not (tmp_path / "out").exists()
