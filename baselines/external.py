@@ -700,12 +700,13 @@ def entry_source(source: str, problem: ExternalProblem) -> str:
     params = {name for name, _ in problem._skeleton(problem.shapes[0]).named_parameters()}
     ins = ", ".join(f'inputs["in{i}"]' for i in range(n))
     lines = ["", "", "# the ModelNew form called as run(inputs, out)", "import torch as marathon_torch", "",
+             "MARATHON_CANDIDATE = ModelNew  # bound here: an exported file defines a ModelNew of its own below",
              f"MARATHON_INIT_ARGS = {init_args!r}", "MARATHON_MODELS = {}", "", "",
              "def run(inputs, out):",
              f"    sizes = ({''.join(f'tuple(inputs[{chr(34)}in{i}{chr(34)}].shape), ' for i in range(n))})",
              "    model = MARATHON_MODELS.get(sizes)",
              "    if model is None:",
-             "        model = ModelNew(*MARATHON_INIT_ARGS[sizes])",
+             "        model = MARATHON_CANDIDATE(*MARATHON_INIT_ARGS[sizes])",
              "        MARATHON_MODELS[sizes] = model"]
     for name in problem._state_names:
         value = f'inputs["{name}"]'

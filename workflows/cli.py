@@ -448,7 +448,7 @@ async def _queue_pollers(client, queue: str) -> list[str]:
     return [p.identity for p in resp.pollers]
 
 
-async def check_workers_can_run(client, spec: RunSpec) -> None:
+async def check_workers_can_run(client, spec: RunSpec, label: str | None = None) -> None:
     """A problem file without get_cpu_inputs() cannot run where the run's GPU queue is served only by workers
     without CUDA (they run the interpreter on the CPU inputs): refused before the run starts."""
     from baselines.external import CPU_SHAPE, is_file_key
@@ -462,7 +462,7 @@ async def check_workers_can_run(client, spec: RunSpec) -> None:
         return
     pollers = await _queue_pollers(client, spec.gpu_queue)
     if pollers and all(CPU_WORKER_TAG in p for p in pollers):
-        raise UsageError(f"{problem.label} defines no get_cpu_inputs(), and the workers on task queue "
+        raise UsageError(f"{label or problem.label} defines no get_cpu_inputs(), and the workers on task queue "
                          f"{spec.gpu_queue} have no CUDA (they run the Triton interpreter on a problem's CPU "
                          f"inputs): add get_cpu_inputs() to the file (small inputs; get_cpu_init_inputs() too if "
                          f"Model's constructor arguments differ for them), or start GPU workers on {spec.gpu_queue}")
@@ -496,7 +496,7 @@ def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespac
 async def cmd_start(args) -> int:
     spec = parse_spec(args)
     client = await _client(args)
-    await check_workers_can_run(client, spec)
+    await check_workers_can_run(client, spec, args.problem if args.problem and _is_problem_path(args.problem) else None)
     await register_search_attributes(client)
     name = spec.problem.replace(":", "-")[:19] if ":" in spec.problem else spec.problem  # a key: its start
     wid = args.id or f"marathon-{name}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"

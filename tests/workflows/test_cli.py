@@ -382,6 +382,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
             err = capsys.readouterr().err.strip().splitlines()
         if interpreter:
             assert rc == 2 and len(err) == 1 and "add get_cpu_inputs() to the file" in err[0], err
+            assert err[0].startswith(f"marathon: error: {f} defines no get_cpu_inputs()"), err
             assert f"the workers on task queue {queue} have no CUDA" in err[0]
             with pytest.raises(RPCError):
                 await env.client.get_workflow_handle(wid).describe()  # nothing started
