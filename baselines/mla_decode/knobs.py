@@ -1,22 +1,39 @@
-"""Search space of the mla_decode split-KV template.
+"""Search space of the mla_decode split-KV template (kernel.py: split kernel + combine kernel).
 
-BLOCK_H: rows (query token x head) per program; 16 compiles to mma.sync, 64 to Hopper wgmma (a 64x512 fp32
-accumulator: 255 registers at 8 warps). BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB
-of shared memory per pipeline stage). NUM_SPLITS: cache ranges streamed in parallel; programs =
-cdiv(Q*H, BLOCK_H) * SPLIT_DV * NUM_SPLITS; the fp32 partials are Q*H*NUM_SPLITS*512*4 bytes (8.4 MB at
-Q1, 64 splits: as much as the cache). PARTIAL_BF16 halves that traffic (+0.5e-3 rel-RMS error).
-SPLIT_DV = 2 halves the accumulator and recomputes the scores (measured slower everywhere on the H200).
+BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 64 to Hopper wgmma (a
+64x512 fp32 accumulator, needs num_warps 8: at 4 warps it spills kilobytes per thread). The cache is read
+from L2 once per row block: cdiv(Q*H, BLOCK_H) times.
+MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until there are at least this many
+(or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones,
+each shape at its measured best. 1 = BLOCK_H as given.
+BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB of shared memory per pipeline stage, plus
+the BLOCK_H x 576 q tile).
+GRID: target number of split-kernel programs; splits = GRID / (row blocks * SPLIT_DV), rounded so every
+split is whole BLOCK_N tiles (so one setting gives Q1 four times the splits of Q4 at the same BLOCK_H).
+The partials are Q*H*splits*512 elements (bf16: 4.2 MB at Q1 with 64 splits), written by the split kernel
+and read back by the combine.
+COMBINE_TILE: partial elements one combine program reduces (splits x columns); fewer means more programs.
+PARTIAL_BF16: bf16 partials (half the traffic, +0.3e-3 rel-RMS error measured on the H200); the CPU
+interpreter path always keeps fp32.
+PDL: launch the combine as a programmatic dependent launch (griddepcontrol) of the split kernel; measured
+no faster on the H200 (Triton 3.6, CUDA graph), kept for the search. GPU only; ignored on the CPU.
+SPLIT_DV = 2: two programs per (row block, split), each owning 256 of the 512 output columns; both compute
+the scores (1.53x FLOPs).
 
-Every value compiles on its own; a few corners exceed the H200's 227 KB of shared memory and raise
-OutOfResources at compile time (measured: BLOCK_H 32/64 + BLOCK_N 64 + SPLIT_DV 2 at 2-3 stages) -- the
-harness must score those as failed candidates.
+Invalid or useless corners (the harness scores compile failures as failed candidates): over the H200's
+227 KB of shared memory (offline sm_90 compile, Triton 3.9): BLOCK_H 64 + BLOCK_N 64 + num_stages 3;
+BLOCK_H 64 + BLOCK_N 64 + SPLIT_DV 2 at num_stages >= 2; BLOCK_H 64 + BLOCK_N 32 + SPLIT_DV 2 +
+num_stages 3. BLOCK_H 64 with num_warps 4 compiles but spills heavily (valid, slow).
 """
 
 SPACE = {
     "BLOCK_H": [16, 32, 64],
     "BLOCK_N": [16, 32, 64],
-    "NUM_SPLITS": [8, 16, 32, 64, 128, 256],
+    "COMBINE_TILE": [2048, 4096, 8192],
+    "GRID": [64, 128, 256, 512],
+    "MIN_ROW_BLOCKS": [1, 2, 4, 8],
     "PARTIAL_BF16": [False, True],
+    "PDL": [False, True],
     "SPLIT_DV": [1, 2],
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],

@@ -32,10 +32,10 @@ PRE = get_problem("mla_prefill")
 # knob settings run under the interpreter (cpu_shape: decode S=100, Q*H=8 rows; prefill N=48)
 DECODE_KNOBS = [
     {},  # the template's defaults
-    {"BLOCK_H": 16, "BLOCK_N": 16, "NUM_SPLITS": 8},  # 7 non-empty splits + 1 empty one (lse = -inf)
-    {"BLOCK_H": 32, "BLOCK_N": 64, "NUM_SPLITS": 1},  # one split, tail tile masked
-    {"BLOCK_H": 64, "BLOCK_N": 32, "NUM_SPLITS": 3},
-    {"BLOCK_H": 16, "BLOCK_N": 32, "NUM_SPLITS": 4, "SPLIT_DV": 2, "PARTIAL_BF16": True},
+    {"BLOCK_H": 16, "BLOCK_N": 16, "GRID": 8},  # 7 splits of one tile, the last one masked
+    {"BLOCK_H": 32, "BLOCK_N": 64, "GRID": 1},  # one split, tail tile masked
+    {"BLOCK_H": 64, "BLOCK_N": 32, "GRID": 3, "PDL": True},  # PDL is ignored off the GPU
+    {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "SPLIT_DV": 2, "PARTIAL_BF16": True, "COMBINE_TILE": 2048},
 ]
 PREFILL_KNOBS = [
     {},
