@@ -294,7 +294,7 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
         from workflows.contracts import EvalRequest
 
         source_key = store.put_text(text)
-        ev = Evaluator(store=store, interpreter=not cuda, spares=0)
+        ev = Evaluator(store=store, interpreter=not cuda)
         try:
             rep = ev.verify(EvalRequest(problem=name, candidate_id=source_key[:16], source_key=source_key,
                                         shape=shape))

@@ -33,14 +33,15 @@ def evaluator():
     with _EV_LOCK:
         if _EV is None:
             from gpu_worker.harness import Evaluator, cuda_available
+            from gpu_worker.scheduling import Scheduler
             from gpu_worker.worker import gpu_concurrency
 
             cuda = cuda_available()
             # warm spares: a candidate child costs seconds to start (torch + Triton imports); on CUDA a
             # rolling population keeps several acquisitions in flight at once. Children handed from one
             # stage to the next: room for every candidate in flight on this worker, twice over
-            _EV = Evaluator(spares=int(os.environ.get("MARATHON_SPARES", "4" if cuda else "1")),
-                            keep=min(32, 2 * gpu_concurrency(cuda)))
+            _EV = Evaluator(scheduler=Scheduler(spares=int(os.environ.get("MARATHON_SPARES", "4" if cuda else "1")),
+                                                keep=min(32, 2 * gpu_concurrency(cuda))))
         return _EV
 
 

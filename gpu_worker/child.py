@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
             reply = server.describe_failure(e)
         reply["violations"] = server.violations()
-        reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (harness.DeviceMemory)
+        reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (scheduling.DeviceMemory)
         if server.role == "reference":  # trusted: its reading of the whole device calibrates that budget
             reply["device_free"] = server.device_free()
         reply["seq"] = seq

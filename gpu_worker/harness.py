@@ -29,13 +29,14 @@ from typing import Callable
 
 from workflows.artifacts import ArtifactStore
 from gpu_worker.rules import PROBLEM_OPS, check_source
-from gpu_worker.sandbox import (TIMING_CPUS, LoadedChildren, Rejection, Sandbox, SandboxFailure, SandboxPool,
-                                pin)
+from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
+from gpu_worker.phases import add_phase as _add_phase
+from gpu_worker.phases import phase as _phase
+from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
+from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
 from gpu_worker.timing import choose_mode, clearly_slower, crosscheck, decide, distribution_figures, median
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
                                  EvalRequest, ProfileReport, Receipt, VerifyReport)
-
-Heartbeat = Callable[[], None] | None
 
 #: seeds of verification inputs come from this pool (a candidate sees 3 of them, chosen by its id), so
 #: inputs differ between candidates while the oracle cache still hits
@@ -75,16 +76,91 @@ def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
             f"device allows {limit} per block (lower BLOCK sizes or num_stages)")
 
 
+class NoGate:
+    """The GPU gate of a serial caller: nothing to wait for. `shared(also=lock)` still takes `lock` (a
+    reference child serves one call at a time)."""
+
+    def shared(self, also: threading.Lock | None = None):
+        return also if also is not None else contextlib.nullcontext()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FreshChildren:
+    """A new candidate child for every acquire: no warm spares."""
+
+    def __init__(self, interpreter: bool):
+        self.interpreter = interpreter
+
+    def acquire(self) -> Sandbox:
+        return Sandbox("candidate", self.interpreter)
+
+    def close(self) -> None:
+        pass
+
+
+class NoHandOn:
+    """No loaded child waits between stages: each stage loads its candidate in a child of its own."""
+
+    def put(self, key, sb: Sandbox) -> None:
+        sb.close()
+
+    def take(self, key) -> Sandbox | None:
+        return None
+
+    def reserved(self) -> int:
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class SerialScheduler:
+    """The Evaluator's default scheduler, for one caller at a time: no GPU gate, no device-memory admission,
+    no warm spares, no hand-on of loaded children, no core pinning. The GPU worker, which runs many
+    evaluations at once, passes gpu_worker.scheduling.Scheduler instead; the verdicts are the same.
+
+    The interface: `gate` (`with gate:` the exclusive side, `gate.shared(also=)` the shared side),
+    `loaded` (put / take / reserved / close / len), `memory(carried)` (an admission with hold / alone /
+    learn / total, or None), `pool(interpreter, ready)` (acquire / close), `spawn(role, interpreter)` and
+    `pin(children, timed)`."""
+
+    def __init__(self):
+        self.gate = NoGate()
+        self.loaded = NoHandOn()
+
+    def memory(self, carried: Callable[[], int]):
+        return None
+
+    def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None) -> FreshChildren:
+        return FreshChildren(interpreter)
+
+    def spawn(self, role: str, interpreter: bool) -> Sandbox:
+        return Sandbox(role, interpreter)
+
+    def pin(self, children, timed: bool) -> None:
+        pass
+
+
 class Evaluator:
-    def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None, spares: int = 1,
-                 timeouts: dict | None = None, static_rules: bool = True, keep: int = 16):
+    def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None,
+                 timeouts: dict | None = None, static_rules: bool = True, scheduler=None):
         self.store = store or ArtifactStore()
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
-        self.gpu_lock = TimedLock()  # timing, verification and profiling never share the GPU (see TimedLock)
+        # the gate, admission, spares, hand-on and pinning (see SerialScheduler): the caller's choice
+        self.sched = scheduler if scheduler is not None else SerialScheduler()
+        self.gpu_lock = self.sched.gate  # timing, verification and profiling never share the GPU (scheduling.TimedLock)
         self._ceilings_lock = threading.Lock()  # the ceilings are measured once
-        # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
-        self.loaded = LoadedChildren(limit=keep)
+        # a candidate's child goes on from compile to verify to benchmark (scheduling.LoadedChildren)
+        self.loaded = self.sched.loaded
         self._refs: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self._refs_lock = threading.Lock()
         # per (problem, shape, dist, seed): the inputs' fingerprint and the baseline's own error. Small and
@@ -99,11 +175,10 @@ class Evaluator:
         # the timing values' seeds: drawn when the worker starts, from a space too large to precompute
         self.timing_seed = 1 << 20 | secrets.randbits(40)
         self.static_rules = static_rules  # False only in tests of the run-time guard
-        # candidates at once on one device stay within its memory (see DeviceMemory)
-        self.mem = DeviceMemory(float(os.environ.get("MARATHON_GPU_MEM_FRACTION", "0.85")), self._carried,
-                                lambda: Sandbox.device_free) if self.cuda else None
+        # candidates at once on one device stay within its memory (scheduling.DeviceMemory)
+        self.mem = self.sched.memory(self._carried) if self.cuda else None
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
-        self.pool = SandboxPool(self.interpreter, spares=spares, ready=self._cuda_init if self.cuda else None)
+        self.pool = self.sched.pool(self.interpreter, ready=self._cuda_init if self.cuda else None)
 
     def close(self):
         self.pool.close()
@@ -158,7 +233,7 @@ class Evaluator:
             if entry and not entry[0].alive():
                 entry = None
             if entry is None:
-                sb = Sandbox("reference", self.interpreter)
+                sb = self.sched.spawn("reference", self.interpreter)
                 entry = (sb, threading.Lock(), {})
                 self._refs[key] = entry
         sb, lock, info = entry
@@ -223,7 +298,7 @@ class Evaluator:
         and a CUDA context per live child."""
         with self._refs_lock:
             refs = sum(sb.reserved for sb, _, _ in self._refs.values())
-        return refs + self.loaded.reserved() + Sandbox.live * DeviceMemory.CONTEXT
+        return refs + self.loaded.reserved() + Sandbox.live * Sandbox.CONTEXT
 
     def _hold(self, problem, shape, stage: str):
         """A stage's device-memory admission (nothing to admit on the CPU)."""
@@ -290,7 +365,7 @@ class Evaluator:
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
-            if self.mem.total is None:
+            if self.mem and self.mem.total is None:
                 self.mem.learn(None, 0, sb.call("mem", 60).get("total"))
         r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
                     write_roots=[], trusted_roots=[str(triton_cache_dir())], banned_ops=_aten_ops(problem.name))
@@ -808,12 +883,12 @@ class Evaluator:
         timed_children = [cand, ref, best]
         with self._with_ref(ref_lock, "exclusive"):
             g0 = time.monotonic()
-            pin(timed_children, TIMING_CPUS and TIMING_CPUS[0])  # the timed processes get cores of their own
+            self.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
                 with _phase("interleave"):
                     return self._interleave(problem, dist, cand, ref, best, plan, hb)
             finally:
-                pin(timed_children, TIMING_CPUS and TIMING_CPUS[1])
+                self.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
     def _interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb) -> dict:
@@ -950,359 +1025,6 @@ class Evaluator:
 
         self.selftest_result = run_canaries(self, hb)
         return self.selftest_result
-
-
-_PHASES = threading.local()
-
-
-def _waiting_heartbeat(hb: Heartbeat) -> None:
-    """The activity's heartbeat for this thread: waits for the GPU gate or for device memory call it, so
-    that a long wait is not mistaken for a dead worker (Temporal would cancel and retry the activity)."""
-    _PHASES.hb = hb
-
-
-def _beat() -> None:
-    hb = getattr(_PHASES, "hb", None)
-    if hb is not None:
-        hb()
-
-
-def phases_begin() -> None:
-    """Start collecting this thread's phase timings (one activity runs on one thread)."""
-    _PHASES.d = {}
-
-
-def phases_end() -> dict:
-    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (the GPU lock) and the
-    named steps below; the activity log carries them, which is how the throughput run is read."""
-    d, _PHASES.d = getattr(_PHASES, "d", None) or {}, None
-    return {k: round(v, 3) for k, v in d.items()}
-
-
-def _add_phase(name: str, seconds: float) -> None:
-    d = getattr(_PHASES, "d", None)
-    if d is not None:
-        d[name] = d.get(name, 0.0) + seconds
-
-
-class _phase:
-    def __init__(self, name: str):
-        self.name = name
-
-    def __enter__(self):
-        self.t = time.monotonic()
-
-    def __exit__(self, *exc):
-        _add_phase(self.name, time.monotonic() - self.t)
-        return False
-
-
-class TimedLock:
-    """The GPU gate of one worker. Exclusive (`with lock:`): timed work (the interleaved benchmark, the
-    profiler's cross-check, profiling, the ceilings), one job at a time and nothing else of this
-    worker's on the device meanwhile. Shared (`with lock.shared():`): all untimed device work (uploads,
-    downloads, kernel loading, a new child's CUDA context, verification runs, comparisons with the
-    oracle), any number at once, never while timed work runs, because another process's device work
-    inflates timings (a many-launch baseline most: docs/throughput.md). Busy time is the union of both
-    sides' holds.
-
-    Exclusive has preference after `patience_s`: a timing request first waits that long for the shared
-    holds to end by themselves while new shared work still starts; then the gate closes to new shared work
-    until the holds have drained and every queued timing request has run (one drain for the batch). With
-    no patience every request closed the gate at once, and with a timing request about every 2.5 s and
-    drains of 1-3 s the gate was closed most of the time: in session f4 a shared entry waited about 5 s
-    while the shared holds lasted about 0.6 s.
-
-    A holder of either side waits for nothing but the device: a timing request waits for every shared
-    hold to end, and nothing else starts meanwhile. In session f1 shared holds included waits for the
-    (one, serial) reference child, so each drain lasted that child's queue, about 11 s per benchmark;
-    taking the child's lock first (f2) made the child's queue wait for every drain instead (about 20 s
-    per activity). `shared(also=lock)` takes both without holding one while waiting for the other;
-    the exclusive side takes the gate first, then the child's lock (Evaluator._with_ref)."""
-
-    def __init__(self, patience_s: float | None = None):
-        self._cv = threading.Condition()
-        self._exclusive = False
-        self._waiting = 0
-        self._closing = False  # new shared work waits: a timing request ran out of patience, or a batch runs
-        self.patience_s = float(os.environ.get("MARATHON_GATE_PATIENCE_S", "2.0")) if patience_s is None \
-            else patience_s
-        self._shared = 0
-        self.busy_s = 0.0  # time with the gate held on either side: the harness has work on the device
-        self.timed_s = 0.0  # of which exclusive (timing)
-        self.closed_s = 0.0  # closed to new shared work: a drain for timing, or timing (see _closed)
-        self._t = 0.0
-        self._busy_since: float | None = None
-        self._closed_since: float | None = None
-
-    def _enter(self) -> None:  # under _cv: the first holder starts a busy stretch
-        if self._busy_since is None:
-            self._busy_since = time.monotonic()
-
-    def _leave(self) -> None:  # under _cv: the last holder ends it
-        from workflows.metrics import add_gpu_busy
-
-        if not self._exclusive and not self._shared and self._busy_since is not None:
-            dt = time.monotonic() - self._busy_since
-            self._busy_since = None
-            self.busy_s += dt
-            add_gpu_busy(dt)  # Prometheus: marathon_gpu_busy_seconds_total, the busy fraction's numerator
-
-    def _closed(self) -> None:  # under _cv, after any change of _exclusive or _closing
-        from workflows.metrics import add_gpu_closed
-
-        if self._exclusive or self._closing:
-            if self._closed_since is None:
-                self._closed_since = time.monotonic()
-        elif self._closed_since is not None:
-            dt = time.monotonic() - self._closed_since
-            self._closed_since = None
-            self.closed_s += dt
-            add_gpu_closed(dt)  # Prometheus: marathon_gpu_closed_seconds_total
-
-    def acquire(self):
-        t = time.monotonic()
-        with self._cv:
-            self._waiting += 1
-            try:
-                while self._exclusive or self._shared:
-                    left = t + self.patience_s - time.monotonic()
-                    if left <= 0:
-                        self._closing = True  # no new shared work from now: the holds drain
-                        self._closed()
-                    self._cv.wait(min(2.0, left) if left > 0 else 2.0)
-                    _beat()
-            except BaseException:  # cancelled while waiting: the gate must not stay closed for nobody
-                self._waiting -= 1
-                if not self._waiting and not self._exclusive:
-                    self._closing = False
-                    self._closed()
-                    self._cv.notify_all()
-                raise
-            self._waiting -= 1
-            self._exclusive = True
-            self._closed()
-            self._enter()
-        self._t = time.monotonic()
-        _add_phase("gpu-wait", self._t - t)
-
-    def release(self):
-        from workflows.metrics import add_gpu_timed
-
-        dt = time.monotonic() - self._t
-        self.timed_s += dt
-        _add_phase("gpu-held", dt)
-        add_gpu_timed(dt)
-        with self._cv:
-            self._exclusive = False
-            self._closing = self._waiting > 0  # the queued timing requests run next, as one batch
-            self._closed()
-            self._leave()
-            self._cv.notify_all()
-
-    def _try_shared(self) -> bool:
-        with self._cv:
-            if self._exclusive or self._closing:
-                return False
-            self._shared += 1
-            self._enter()
-            return True
-
-    def _await_shared(self) -> None:
-        with self._cv:
-            while self._exclusive or self._closing:
-                self._cv.wait(2.0)
-                _beat()
-
-    @contextlib.contextmanager
-    def shared(self, also: threading.Lock | None = None):
-        """The shared side; with `also` (a reference child's lock), that lock and the shared side together,
-        neither waited for while holding the other: the lock is taken first and given back whenever the
-        gate is closed. So a holder of the gate never waits for the serial reference child (a timing
-        request's drain would last that child's whole queue), and a holder of the child's lock never
-        waits for the gate (the child's queue would last every drain): sessions f1 and f2."""
-        t0 = time.monotonic()
-        also_wait = 0.0
-        have_also = have_shared = False
-        try:  # an activity's cancellation arrives as an exception anywhere: nothing taken stays taken
-            while True:
-                if also is not None:
-                    ta = time.monotonic()
-                    have_also = also.acquire()
-                    also_wait += time.monotonic() - ta
-                have_shared = self._try_shared()
-                if have_shared:
-                    break
-                if also is not None:
-                    have_also = also.release()  # given back (release returns None): one statement, no gap
-                self._await_shared()
-        except BaseException:
-            if have_shared:
-                self._release_shared()
-            if have_also:
-                also.release()
-            raise
-        t = time.monotonic()
-        try:
-            _add_phase("gpu-shared-wait", t - t0 - also_wait)
-            if also is not None:
-                _add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
-            yield self
-        finally:
-            # how long shared holds last decides how long a timing request waits for them to drain
-            _add_phase("gpu-shared-held", time.monotonic() - t)
-            self._release_shared()
-            if also is not None:
-                also.release()
-
-    def _release_shared(self) -> None:
-        with self._cv:
-            self._shared -= 1
-            self._leave()
-            if not self._shared:
-                self._cv.notify_all()
-
-    def __enter__(self):
-        self.acquire()
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-        return False
-
-
-class DeviceMemory:
-    """Admission by device memory, so that many candidates at once on one GPU never run it out of memory
-    (an out-of-memory caused by the neighbours would be scored against an innocent candidate). Each
-    stage of a candidate (compile, verify, benchmark) holds its estimated footprint from its first upload
-    to its last comparison. The estimate is learned: the largest seen for (problem, shape, stage), that is
-    the children's peak reserved bytes plus what one comparison adds in the reference child; before one is
-    seen, a quarter of the capacity. A stage is admitted while the held estimates plus what the device
-    carries anyway (reference children, children waiting between stages, one CUDA context per child)
-    stay within `fraction` of the device; one stage always runs, so nothing waits forever.
-
-    That model adds up peaks as if every held stage were at its peak at once, and stages hold their
-    estimate through their waits for the GPU gate: in session e it kept stages waiting 20 s (KDA) to
-    130 s (prefill) with the device at most 52-76% full (nvidia-smi). So the device's own reading
-    calibrates it: a stage the model refuses is admitted when the device's free memory, as a reference
-    child read it in the last `fresh_s` seconds, less the estimates of the stages admitted since that
-    reading (not yet visible in it) and less its own estimate, still leaves `1 - fraction` of the device
-    free. That margin absorbs what stages admitted before the reading may still grow by. Waiters are
-    served oldest first once the oldest has waited `grace_s` (see _turn)."""
-
-    CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
-
-    def __init__(self, fraction: float, carried: Callable[[], int],
-                 device_free: Callable[[], tuple[float, int] | None] = lambda: None, fresh_s: float = 5.0,
-                 grace_s: float = 10.0):
-        self.fraction = fraction
-        self.carried = carried  # bytes the device holds outside the admitted stages, recomputed per check
-        self.device_free = device_free  # (monotonic time, free bytes) of the latest trusted reading
-        self.fresh_s = fresh_s
-        self.total: int | None = None  # learned from the first child's reply
-        self.used = 0
-        self.holders = 0
-        self.by_device = 0  # admissions the model refused and the device's reading allowed
-        self._admitted: dict[int, tuple[float, int]] = {}  # ticket -> (when admitted, estimate)
-        self._waiting: dict[int, float] = {}  # ticket -> when it began to wait, oldest first
-        self._tickets = 0
-        self.grace_s = grace_s
-        self._est: dict = {}
-        self._alone_held = 0  # stages admitted with the device to themselves (see alone)
-        self._alone = threading.local()
-        self._cv = threading.Condition()
-
-    def _asks_alone(self) -> bool:
-        """Whether the calling thread is inside `alone` (its stage is the retry)."""
-        return getattr(self._alone, "on", False)
-
-    @contextlib.contextmanager
-    def alone(self):
-        """This thread's stages are admitted only with no other stage admitted, and none is admitted beside
-        them: for a retry of a stage that ran out of memory beside others (Evaluator._retried_alone)."""
-        self._alone.on = True
-        try:
-            yield
-        finally:
-            self._alone.on = False
-
-    def learn(self, key, nbytes: int, total: int | None = None) -> None:
-        with self._cv:
-            if total:
-                self.total = total
-            if nbytes > 0:
-                self._est[key] = max(self._est.get(key, 0), int(nbytes))
-
-    def estimate(self, key) -> int:
-        with self._cv:
-            if key in self._est:
-                return self._est[key]
-            return int(self.fraction * self.total / 4) if self.total else 0
-
-    def _fits(self, n: int) -> str | None:
-        """Why a stage of `n` bytes may start now ("model" or "device"), or None if it must wait."""
-        if not self.holders or not self.total:
-            return "model"
-        if self._alone_held or self._asks_alone():
-            return None
-        if self.used + n + self.carried() <= self.fraction * self.total:
-            return "model"
-        reading = self.device_free()
-        if reading is None or time.monotonic() - reading[0] > self.fresh_s:
-            return None
-        since = sum(est for t, est in self._admitted.values() if t >= reading[0])
-        if reading[1] - since - n >= (1 - self.fraction) * self.total:
-            return "device"
-        return None
-
-    def _turn(self, ticket: int, now: float) -> bool:
-        """Whether waiter `ticket` may take memory now: the oldest waiter always; a younger one only while
-        the oldest has waited less than `grace_s`. Without this, a stage could wait indefinitely while
-        younger ones took each freed block, and the run records in iteration order: in session e one
-        prefill verification waited the whole call and held back the records of the 46 behind it."""
-        oldest = next(iter(self._waiting))
-        return ticket == oldest or now - self._waiting[oldest] < self.grace_s
-
-    @contextlib.contextmanager
-    def hold(self, key):
-        n = self.estimate(key)
-        t = time.monotonic()
-        with self._cv:
-            ticket = self._tickets = self._tickets + 1
-            self._waiting[ticket] = t
-            try:
-                while not (self._turn(ticket, time.monotonic()) and (why := self._fits(n))):
-                    self._cv.wait(0.5)  # what the device carries changes without a notify: look again
-                    _beat()
-            finally:
-                del self._waiting[ticket]
-                self._cv.notify_all()  # the next oldest may now be first in line
-            alone = self._asks_alone()
-            self.used += n
-            self.holders += 1
-            self._alone_held += alone
-            self._admitted[ticket] = (time.monotonic(), n)
-            if why == "device":
-                self.by_device += 1
-        _add_phase("mem-wait", time.monotonic() - t)
-        _add_phase("mem-est-gb", n / 1e9)  # what the model charged this stage (a size, not seconds)
-        reading = self.device_free()
-        if reading is not None:  # the device's latest trusted reading of its free memory, and its age
-            _add_phase("mem-free-gb", reading[1] / 1e9)
-            _add_phase("mem-reading-age", time.monotonic() - reading[0])
-        if why == "device":
-            _add_phase("mem-by-device", 1)
-        if alone:
-            _add_phase("mem-alone", 1)
-        try:
-            yield n
-        finally:
-            with self._cv:
-                self.used -= n
-                self.holders -= 1
-                self._alone_held -= alone
-                del self._admitted[ticket]
-                self._cv.notify_all()
 
 
 def _nbytes(handle: dict) -> tuple[int, int]:

@@ -5,8 +5,8 @@ TRITON_HOME), with a wall-clock limit per command, a host-memory limit (RSS poll
 RLIMIT_AS in interpreter mode where no CUDA mappings need the address space) and no core dumps.
 A hang, a crash (segfault, abort), CUDA errors, OOM or a Python exception all come back as a
 `SandboxFailure` carrying the kind and the log tail; the caller turns it into a rejection and the
-worker keeps serving. Candidate children are single-use; `SandboxPool` keeps warm spares (torch and
-Triton already imported) so the next candidate does not pay the import.
+worker keeps serving. Candidate children are single-use; the GPU worker keeps warm spares (torch and
+Triton already imported) so the next candidate does not pay the import (scheduling.SandboxPool).
 """
 
 from __future__ import annotations
@@ -85,12 +85,15 @@ def _rss_bytes(pid: int) -> int:
 
 class Sandbox:
     live = 0  # children started and not yet closed, in this process: each holds a CUDA context
-    # (when, bytes): the device's free memory as a reference child last read it (harness.DeviceMemory);
+    # (when, bytes): the device's free memory as a reference child last read it (scheduling.DeviceMemory);
     # only trusted children report it, a candidate could lie to make its neighbours run out of memory
     device_free: tuple[float, int] | None = None
     _live_lock = threading.Lock()
 
-    def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None):
+    CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
+
+    def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None, cpus: set | None = None):
+        """`cpus`: the cores the child starts on (None: those it inherits); scheduling.pin moves it later."""
         self.role = role
         self.interpreter = interpreter
         self.mem_limit = int((mem_limit_gb or float(os.environ.get("MARATHON_SANDBOX_MEM_GB", "0")) or default_mem_gb())
@@ -122,11 +125,10 @@ class Sandbox:
         # loads a candidate. Not a preexec_fn: Python code between fork and exec in this multi-threaded
         # worker can deadlock in the forked child (CPython resets its thread states there under a lock
         # another thread may have held at the fork), and the Popen then waits for the exec forever; a CI
-        # run hung that way. The cores are those outside the ones kept for timed work until the worker
-        # moves the child there (see pin).
+        # run hung that way. The cores are `cpus`, where the worker keeps others for timed work (scheduling.pin).
         env["MARATHON_CHILD_LIMITS"] = json.dumps({
             "core": 0, "address_space": self.mem_limit * 2 if interpreter else None,
-            "cpus": sorted(TIMING_CPUS[1]) if TIMING_CPUS else None})
+            "cpus": sorted(cpus) if cpus else None})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpu_worker.child", str(r1), str(w2), self.tmp, role],
             pass_fds=(r1, w2) + ((guard_w,) if guard_w is not None else ()), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -142,7 +144,7 @@ class Sandbox:
         self.ready: dict | None = None
         self.closed = False
         self.started = time.time()
-        self.reserved = 0  # device bytes its allocator holds, as of its last reply (harness.DeviceMemory)
+        self.reserved = 0  # device bytes its allocator holds, as of its last reply (scheduling.DeviceMemory)
         self._seq = 0  # each request's number, which its reply carries back (see call)
         with Sandbox._live_lock:
             Sandbox.live += 1
@@ -302,182 +304,3 @@ class Sandbox:
 
     def __exit__(self, *exc):
         self.close()
-
-
-class SandboxPool:
-    """Warm spare candidate processes. `acquire()` hands out one (single use) and starts a replacement."""
-
-    def __init__(self, interpreter: bool, spares: int = 1, ready: Callable[[Sandbox], None] | None = None):
-        """`ready(sb)`, if given, finishes a new spare before it is handed out (the harness creates its
-        CUDA context under the GPU gate); then spares are made in the background."""
-        self.interpreter = interpreter
-        self.spares = spares
-        self.ready = ready
-        self._lock = threading.Lock()
-        self._idle: list[Sandbox] = []
-        self._starting = 0
-        self._closed = False
-        if ready is None:
-            self.fill()
-        else:
-            threading.Thread(target=self.fill, daemon=True).start()
-
-    def fill(self) -> None:
-        with self._lock:
-            self._idle = [s for s in self._idle if s.alive()]
-            n = max(0, self.spares - len(self._idle) - self._starting) if not self._closed else 0
-            if self.ready is None:
-                self._idle += [Sandbox("candidate", self.interpreter) for _ in range(n)]
-                return
-            self._starting += n
-        new = [Sandbox("candidate", self.interpreter) for _ in range(n)]  # they start side by side
-        # and are readied side by side, each handed out as soon as it is ready: readied one after another,
-        # a burst of compiles (a population's proposals arrive together) found the pool dry while the last
-        # spares waited for the first ones' contexts, and made their own (docs/throughput.md, session i)
-        threads = [threading.Thread(target=self._ready_one, args=(sb,), daemon=True) for sb in new]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    def _ready_one(self, sb: Sandbox) -> None:
-        try:
-            self.ready(sb)
-        except Exception:  # noqa: BLE001 - a spare that failed to start is dropped, not handed out
-            sb.close()
-        with self._lock:
-            self._starting -= 1
-            if self._closed or not sb.alive():
-                sb.close()
-            else:
-                self._idle.append(sb)
-
-    def acquire(self) -> Sandbox:
-        with self._lock:
-            sb = None
-            while self._idle:
-                cand = self._idle.pop(0)
-                if cand.alive():
-                    sb = cand
-                    break
-                cand.close()
-        if sb is None:
-            sb = Sandbox("candidate", self.interpreter)
-        threading.Thread(target=self.fill, daemon=True).start()
-        return sb
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for s in idle:
-            s.close()
-
-
-class LoadedChildren:
-    """Candidate children that already hold one candidate's module and compiled kernels, handed on from
-    compile to verify to benchmark of the same candidate on this worker. Each new child paid for its
-    start-up and for loading the candidate's kernels (seconds each for KDA on the H200: the phase log's
-    prepare.kernels); a hand-off pays once. Isolation between candidates is unchanged: a child only ever
-    holds one candidate. A stage that finds none (another worker compiled it, a retry, an eviction) loads
-    a fresh child as before; children older than `ttl` seconds or beyond `limit` are closed, oldest first.
-
-    Several children may hold the same candidate (up to `per_key`): the current best takes part in every
-    benchmark, and benchmarks overlap, so each one that found the best's child taken used to load another
-    and then close it (session d's phase log: 1.2 of 2 children handed on per benchmark)."""
-
-    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4):
-        self.limit, self.ttl, self.per_key = limit, ttl, per_key
-        self._lock = threading.Lock()
-        self._kept: list = []  # [key, Sandbox, kept at], oldest first
-
-    def put(self, key, sb: Sandbox) -> None:
-        drop = []
-        with self._lock:
-            if self.limit > 0 and sb.alive():
-                self._kept.append((key, sb, time.monotonic()))
-            else:
-                drop.append(sb)
-            now = time.monotonic()
-            keep = []
-            for entry in self._kept:
-                if now - entry[2] > self.ttl:
-                    drop.append(entry[1])
-                else:
-                    keep.append(entry)
-            same = [e for e in keep if e[0] == key]
-            for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
-                keep.remove(e)
-                drop.append(e[1])
-            while len(keep) > self.limit:
-                drop.append(keep.pop(0)[1])
-            self._kept = keep
-        for d in drop:
-            d.close()
-
-    def take(self, key) -> Sandbox | None:
-        with self._lock:
-            i = next((i for i in range(len(self._kept) - 1, -1, -1) if self._kept[i][0] == key), None)
-            item = self._kept.pop(i) if i is not None else None
-        if item is None:
-            return None
-        _, sb, t = item
-        if not sb.alive() or time.monotonic() - t > self.ttl:
-            sb.close()
-            return None
-        return sb
-
-    def __len__(self) -> int:
-        return len(self._kept)
-
-    def reserved(self) -> int:
-        """Device bytes the waiting children hold (a kept best keeps its timing sets)."""
-        with self._lock:
-            return sum(sb.reserved for _, sb, _ in self._kept)
-
-    def close(self) -> None:
-        with self._lock:
-            kept, self._kept = self._kept, []
-        for _, sb, _ in kept:
-            sb.close()
-
-
-def timing_cpus() -> tuple[set, set] | None:
-    """(cores kept for timed work, cores for everything else), or None when the host is too small to
-    spare any. Why: a many-launch baseline (FLA's chunk_kda) may be host-bound between its launches, and
-    with every core compiling candidates it timed 1.17-1.73 ms in-run against 1.2 ms on a quiet host. Own
-    cores alone did not remove that spread on the H200 (docs/throughput.md, session d); cache and memory
-    traffic of the busy cores remain shared. MARATHON_TIMING_CPUS: how many (default 2 from 8 up), or
-    which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
-    if not hasattr(os, "sched_getaffinity"):
-        return None
-    cpus = sorted(os.sched_getaffinity(0))
-    spec = os.environ.get("MARATHON_TIMING_CPUS", "2" if len(cpus) >= 8 else "0").strip()
-    if "," in spec or "-" in spec:  # explicit cores, e.g. "30,31" or "28-29": one set per worker on a shared host
-        timed = set()
-        for part in spec.split(","):
-            lo, _, hi = part.partition("-")
-            timed |= set(range(int(lo), int(hi or lo) + 1))
-        timed &= set(cpus)
-        rest = set(cpus) - timed
-        return (timed, rest) if timed and rest else None
-    want = int(spec)
-    if want <= 0 or want >= len(cpus):
-        return None
-    return set(cpus[-want:]), set(cpus[:-want])
-
-
-def pin(sandboxes, cpus: set | None) -> None:
-    """Move the children's main threads (where launches happen) onto `cpus`; a child gone meanwhile is
-    skipped (its failure is reported by its own call)."""
-    if not cpus:
-        return
-    for sb in sandboxes:
-        if sb is not None and sb.alive():
-            try:
-                os.sched_setaffinity(sb.proc.pid, cpus)
-            except OSError:
-                pass
-
-
-TIMING_CPUS = timing_cpus()

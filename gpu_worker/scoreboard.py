@@ -146,6 +146,7 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
     """`best`: {problem: [source keys of candidate kernels]}, each measured on every shape of the problem."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator, cuda_available
+    from gpu_worker.scheduling import Scheduler
 
     store = ArtifactStore()
     sources = {}  # every candidate read before anything is measured: a wrong key fails now, not hours in
@@ -157,7 +158,7 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
                 raise SystemExit(f"marathon bench: --best {name}={key}: {e}") from None
     if not cuda_available():
         raise SystemExit("marathon bench needs a CUDA GPU (the scoreboard is GPU timings only)")
-    ev = Evaluator(store=store)
+    ev = Evaluator(store=store, scheduler=Scheduler())
     rows = []
     try:
         for target in problems:

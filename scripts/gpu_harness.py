@@ -32,6 +32,7 @@ os.environ.setdefault("MARATHON_GPU_WORKDIR", "/tmp/marathon-gpu-work")
 from workflows.artifacts import ArtifactStore  # noqa: E402
 from gpu_worker.canaries import canary_source  # noqa: E402
 from gpu_worker.harness import Evaluator  # noqa: E402
+from gpu_worker.scheduling import Scheduler
 from workflows.contracts import BenchRequest, BestRef, EvalRequest  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "gpu_worker" / "kernels"
@@ -85,7 +86,7 @@ def main():
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     store = ArtifactStore()
-    ev = Evaluator(store=store, spares=3)
+    ev = Evaluator(store=store, scheduler=Scheduler(spares=3))
     RESULTS["interpreter"] = ev.interpreter
     log("interpreter:", ev.interpreter)
 
@@ -115,7 +116,7 @@ def main():
         @section("cheats", 60, args)
         def _():
             rows = {}
-            raw = Evaluator(store=store, interpreter=ev.interpreter, spares=1, static_rules=False,
+            raw = Evaluator(store=store, interpreter=ev.interpreter, scheduler=Scheduler(spares=1), static_rules=False,
                             timeouts={"verify": 30, "compile": 60, "load": 60})
             try:
                 for name in ["canary:wrong", "canary:cheat", "unwritten", "shape_cache", "zeros", "nondeterministic",

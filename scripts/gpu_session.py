@@ -255,7 +255,7 @@ def main() -> int:
             args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * d)]
             env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(d))
             ncpu = os.cpu_count() or 0
-            if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.sandbox.timing_cpus)
+            if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.scheduling.timing_cpus)
                 env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * d}-{ncpu - 1 - 2 * d}"
             if a.split:
                 args += ["--gpu-queue", queues[i]]

@@ -216,13 +216,14 @@ def harness(tmp_path_factory):
 
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
     root = tmp_path_factory.mktemp("artifacts")
     old = os.environ.get("MARATHON_ARTIFACTS")
     os.environ["MARATHON_ARTIFACTS"] = str(root)
     store = ArtifactStore(root)
     key = "file:" + store.put_bytes(RMSNORM.read_bytes())
-    ev = Evaluator(store=store, interpreter=True, spares=1, timeouts={"verify": 60, "compile": 60})
+    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), timeouts={"verify": 60, "compile": 60})
     yield ev, store, key
     ev.close()
     if old is None:

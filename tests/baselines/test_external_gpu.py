@@ -20,11 +20,12 @@ FILES = Path(__file__).parent / "files"
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
     root = tmp_path_factory.mktemp("art")
     old = os.environ.get("MARATHON_ARTIFACTS")
     os.environ["MARATHON_ARTIFACTS"] = str(root)
-    e = Evaluator(store=ArtifactStore(root), interpreter=False, spares=1)
+    e = Evaluator(store=ArtifactStore(root), interpreter=False, scheduler=Scheduler(spares=1))
     yield e
     e.close()
     if old is None:

@@ -15,8 +15,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1)
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1))
     yield e
     e.close()
 
@@ -87,8 +88,9 @@ def ev_raw(tmp_path_factory):
     """Static rules off: the side stream is refused by them; here the judge itself must catch it."""
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art-raw")), interpreter=False, spares=1,
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art-raw")), interpreter=False, scheduler=Scheduler(spares=1),
                   static_rules=False)
     yield e
     e.close()

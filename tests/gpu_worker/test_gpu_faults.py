@@ -19,9 +19,10 @@ KERNELS = Path(__file__).parent / "kernels"
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
     # static rules off: the faults must be contained at run time (rt_crash imports os, which the rules refuse)
-    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1,
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),
                   static_rules=False, timeouts={"verify": 45, "load": 120})
     yield e
     e.close()

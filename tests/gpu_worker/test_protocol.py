@@ -30,8 +30,9 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ev(store):
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=2, timeouts={"verify": 40, "compile": 60})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=2), timeouts={"verify": 40, "compile": 60})
     yield e
     e.close()
 
@@ -40,8 +41,9 @@ def ev(store):
 def ev_raw(store):
     """Static rules off: proves the run-time guard on its own."""
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=1, static_rules=False, timeouts={"verify": 25, "compile": 25})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), static_rules=False, timeouts={"verify": 25, "compile": 25})
     yield e
     e.close()
 
@@ -169,9 +171,10 @@ def test_sandbox_failures_contained(ev_raw, store, name, stage, words):
 
 def test_memory_limit_contained(store, monkeypatch):
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
     monkeypatch.setenv("MARATHON_SANDBOX_MEM_GB", "3")
-    e = Evaluator(store=store, interpreter=True, spares=0, static_rules=False, timeouts={"verify": 60})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False, timeouts={"verify": 60})
     try:
         v = e.verify(req(store, kernel("rt_memory")))
     finally:
@@ -201,23 +204,6 @@ def test_activities_in_activity_environment(ev, store):
     assert v.ok and v.interpreter
     bad = env.run(acts.verify_candidate, req(store, canary("wrong")))
     assert not bad.ok and bad.stage == "verify"
-
-
-def test_a_repeated_request_gets_the_work_already_done(ev, store):
-    # what a run continued as new does with the evaluations it carried (gpu_worker.activities.SharedCalls)
-    from temporalio.testing import ActivityEnvironment
-
-    from gpu_worker import activities as acts
-
-    acts.set_evaluator(ev)
-    r = req(store, canary("fast"))
-    env = ActivityEnvironment()
-    first = env.run(acts.compile_candidate, r)
-    again = env.run(acts.compile_candidate, r)
-    assert first.ok and again == first
-    assert acts.CALLS.counts == {"ran": 1, "joined": 0, "kept": 1}
-    env.run(acts.compile_candidate, r.model_copy(update={"iteration": (r.iteration or 0) + 1}))
-    assert acts.CALLS.counts["ran"] == 2  # another iteration is another request
 
 
 def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
@@ -277,9 +263,10 @@ def test_profile_interpreter(ev, store):
 
 def test_warm_fills_oracle_bank(store, monkeypatch):
     import gpu_worker.harness as h
+    from gpu_worker.scheduling import Scheduler
 
     monkeypatch.setattr(h, "SEED_POOL", 3)
-    e = h.Evaluator(store=store, interpreter=True, spares=0)
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
         w = e.warm("softmax")
         assert w["oracles"] == 6 and len(e._ref_meta) == 6
@@ -298,8 +285,9 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
     import threading
 
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=0)
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
         p = e._problem("softmax")
         sh = e._shape(p, None)
@@ -350,11 +338,12 @@ def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, 
     import torch
 
     import gpu_worker.harness as h
+    from gpu_worker.scheduling import Scheduler
     from baselines.registry import get_problem
 
     monkeypatch.setenv("MARATHON_GPU_WORKDIR", str(tmp_path))
     monkeypatch.setattr(h, "SEED_POOL", 3)
-    e = h.Evaluator(store=store, interpreter=True, spares=0)
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
         e.warm("softmax")
         bank = sorted((tmp_path / "input-bank").glob("*.pt"))
@@ -385,8 +374,9 @@ def test_late_write_rejected(ev_raw, store):
 
 def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
     from gpu_worker.harness import Evaluator, phases_begin, phases_end
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=0)
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
         r = req(store, canary("fast"))
         assert e.compile(r).ok and len(e.loaded) == 1
@@ -426,7 +416,7 @@ def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
 
 
 def test_loaded_children_limit_and_age():
-    from gpu_worker.sandbox import LoadedChildren
+    from gpu_worker.scheduling import LoadedChildren
 
     class Child:  # what LoadedChildren uses of a Sandbox
         def __init__(self):
@@ -504,7 +494,7 @@ def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
     import threading
     import time as _t
 
-    from gpu_worker.harness import TimedLock
+    from gpu_worker.scheduling import TimedLock
 
     gate = TimedLock(patience_s=0)  # preference at once (the patience has a test of its own)
     log, lock = [], threading.Lock()
@@ -557,7 +547,8 @@ def test_gpu_gate_cancelled_waits_leave_nothing_taken():
     import threading
     import time as _t
 
-    from gpu_worker.harness import TimedLock, _waiting_heartbeat
+    from gpu_worker.harness import _waiting_heartbeat
+    from gpu_worker.scheduling import TimedLock
 
     class Cancelled(Exception):
         pass
@@ -621,7 +612,7 @@ def test_gpu_gate_patience_then_one_drain_for_the_batch():
     import threading
     import time as _t
 
-    from gpu_worker.harness import TimedLock
+    from gpu_worker.scheduling import TimedLock
 
     gate = TimedLock(patience_s=1.0)
     log, lock = [], threading.Lock()
@@ -675,8 +666,9 @@ def test_reference_wait_does_not_hold_the_gate(tmp_path):
 
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     e.cuda = True  # the gate is only used with a device; nothing below touches one
 
     class Child:
@@ -716,8 +708,9 @@ def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
 
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     e.cuda = True
     ref_lock = threading.Lock()
     ran = []
@@ -749,7 +742,7 @@ def test_device_memory_admission():
     import threading
     import time as _t
 
-    from gpu_worker.harness import DeviceMemory
+    from gpu_worker.scheduling import DeviceMemory
 
     carried = [0]
     mem = DeviceMemory(0.5, lambda: carried[0])
@@ -796,7 +789,7 @@ def test_device_memory_serves_the_oldest_waiter_after_its_grace():
     import threading
     import time as _t
 
-    from gpu_worker.harness import DeviceMemory
+    from gpu_worker.scheduling import DeviceMemory
 
     mem = DeviceMemory(0.5, lambda: 0, grace_s=2.0)  # wide enough for a slow machine
     mem.learn(None, 0, total=1000)
@@ -833,7 +826,7 @@ def test_device_memory_serves_the_oldest_waiter_after_its_grace():
 def test_device_memory_admission_calibrated_by_the_devices_reading():
     import time as _t
 
-    from gpu_worker.harness import DeviceMemory
+    from gpu_worker.scheduling import DeviceMemory
 
     reading = [None]
     mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0], fresh_s=5.0)
@@ -865,7 +858,7 @@ def test_device_memory_admission_calibrated_by_the_devices_reading():
 def test_timing_cpus_split(monkeypatch):
     import os
 
-    from gpu_worker.sandbox import timing_cpus
+    from gpu_worker.scheduling import timing_cpus
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
@@ -886,7 +879,7 @@ def test_pool_readies_spares_before_handing_them_out():
     # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
     import time as _t
 
-    from gpu_worker.sandbox import SandboxPool
+    from gpu_worker.scheduling import SandboxPool
 
     import threading
 
@@ -919,7 +912,8 @@ def test_waits_for_the_gate_heartbeat(monkeypatch):
     import threading
     import time as _t
 
-    from gpu_worker.harness import TimedLock, _waiting_heartbeat
+    from gpu_worker.harness import _waiting_heartbeat
+    from gpu_worker.scheduling import TimedLock
 
     gate = TimedLock()
     beats = []
@@ -950,7 +944,7 @@ def test_waits_for_the_gate_heartbeat(monkeypatch):
 def test_timing_cpus_explicit(monkeypatch):
     import os
 
-    from gpu_worker.sandbox import timing_cpus
+    from gpu_worker.scheduling import timing_cpus
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
@@ -987,8 +981,9 @@ def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
 
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     e.cuda = True
     e.gpu_lock.patience_s = 0.005  # closing the gate happens often, as it does under load
     ref_lock = threading.Lock()
@@ -1035,7 +1030,7 @@ def test_device_memory_alone_runs_with_nothing_beside_it():
     import threading
     import time as _t
 
-    from gpu_worker.harness import DeviceMemory
+    from gpu_worker.scheduling import DeviceMemory
 
     reading = [None]
     mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0])
@@ -1071,10 +1066,11 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
     """An OOM (or a child killed from outside) may be the neighbours' doing: the stage runs once more with the
     device to itself, and only what fails then is the candidate's. Other rejections are not retried."""
     from workflows.artifacts import ArtifactStore
-    from gpu_worker.harness import DeviceMemory, Evaluator
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import DeviceMemory, Scheduler
     from workflows.contracts import CompileReport, VerifyReport
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     e.mem = DeviceMemory(0.8, lambda: 0)
     e.mem.learn(None, 0, total=1000)
     calls = []
@@ -1117,8 +1113,9 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
     (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, spares=0)
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     plan = {"blocks": 5, "reps": 20, "warmup": 1, "rotate": 2, "pool": 2, "host_reps": 1}
 
     class Child:
@@ -1153,10 +1150,10 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
     import os
 
     from gpu_worker import sandbox
-    from gpu_worker.sandbox import Sandbox
+    from gpu_worker.scheduling import TIMING_CPUS, Scheduler
 
     assert "preexec_fn=" not in inspect.getsource(sandbox)
-    sb = Sandbox("candidate", interpreter=True)
+    sb = Scheduler().spawn("candidate", interpreter=True)
     try:
         assert sb.call("cuda_init", 120).get("ok")  # the child is up and serving
         limits = open(f"/proc/{sb.proc.pid}/limits").read().splitlines()
@@ -1164,8 +1161,8 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
         assert core[4:6] == ["0", "0"]
         space = next(line for line in limits if line.startswith("Max address space")).split()
         assert int(space[3]) == 2 * sb.mem_limit
-        if sandbox.TIMING_CPUS:
-            assert os.sched_getaffinity(sb.proc.pid) == set(sandbox.TIMING_CPUS[1])
+        if TIMING_CPUS:
+            assert os.sched_getaffinity(sb.proc.pid) == set(TIMING_CPUS[1])
     finally:
         sb.close()
 
@@ -1197,3 +1194,19 @@ def test_verification_steps_run_in_order_only(ev, store):
         assert "out of order" in sb.call("verify_reply", 120)["error"]  # the state went with the reply
     finally:
         sb.close()
+
+
+def test_the_serial_default_gives_the_scheduled_verdicts(ev, store):
+    """An Evaluator without a scheduler: no gate, no admission, no spares, no hand-on; same verdicts."""
+    from gpu_worker.harness import Evaluator, SerialScheduler
+
+    serial = Evaluator(store=store, interpreter=True, timeouts={"verify": 40, "compile": 60})
+    try:
+        assert isinstance(serial.sched, SerialScheduler) and serial.mem is None
+        for name in ("fast", "wrong"):
+            r = req(store, canary(name))
+            got, want = serial.verify(r), ev.verify(r)
+            assert (got.ok, got.stage) == (want.ok, want.stage), name
+            assert len(serial.loaded) == 0  # nothing waits between stages
+    finally:
+        serial.close()

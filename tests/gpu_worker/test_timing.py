@@ -108,8 +108,9 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ev(store):
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=1, timeouts={"verify": 40, "compile": 60})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), timeouts={"verify": 40, "compile": 60})
     yield e
     e.close()
 

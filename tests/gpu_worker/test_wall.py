@@ -226,8 +226,9 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def ev_raw(store):
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=store, interpreter=True, spares=1, static_rules=False, timeouts={"verify": 40, "compile": 40})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), static_rules=False, timeouts={"verify": 40, "compile": 40})
     yield e
     e.close()
 

@@ -19,8 +19,9 @@ KERNELS = Path(__file__).parent / "kernels"
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
 
-    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, spares=1,
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),
                   static_rules=False)
     yield e
     e.close()

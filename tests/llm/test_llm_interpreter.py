@@ -23,9 +23,10 @@ UNSAFE = (Path(__file__).resolve().parents[2] / "gpu_worker" / "canaries" / "wro
 def real_gpu(store):
     from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
     from gpu_worker.worker import gpu_activities
 
-    ev = Evaluator(store=store, interpreter=True, spares=1)
+    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
     a.set_evaluator(ev)
     yield gpu_activities()
     a.set_evaluator(None)

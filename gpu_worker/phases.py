@@ -1,0 +1,56 @@
+"""Per-thread phase timings of one activity (the phase log) and the heartbeat that waits call.
+
+Used by the protocol (harness) and by the scheduling around it (scheduling), so it lives below both.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+Heartbeat = Callable[[], None] | None
+
+_PHASES = threading.local()
+
+
+def waiting_heartbeat(hb: Heartbeat) -> None:
+    """The activity's heartbeat for this thread: waits for the GPU gate or for device memory call it, so
+    that a long wait is not mistaken for a dead worker (Temporal would cancel and retry the activity)."""
+    _PHASES.hb = hb
+
+
+def beat() -> None:
+    hb = getattr(_PHASES, "hb", None)
+    if hb is not None:
+        hb()
+
+
+def phases_begin() -> None:
+    """Start collecting this thread's phase timings (one activity runs on one thread)."""
+    _PHASES.d = {}
+
+
+def phases_end() -> dict:
+    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (the GPU lock) and the
+    named steps below; the activity log carries them, which is how the throughput run is read."""
+    d, _PHASES.d = getattr(_PHASES, "d", None) or {}, None
+    return {k: round(v, 3) for k, v in d.items()}
+
+
+def add_phase(name: str, seconds: float) -> None:
+    d = getattr(_PHASES, "d", None)
+    if d is not None:
+        d[name] = d.get(name, 0.0) + seconds
+
+
+class phase:
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.t = time.monotonic()
+
+    def __exit__(self, *exc):
+        add_phase(self.name, time.monotonic() - self.t)
+        return False
