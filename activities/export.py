@@ -298,6 +298,9 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
         try:
             rep = ev.verify(EvalRequest(problem=name, candidate_id=source_key[:16], source_key=source_key,
                                         shape=shape))
+        except Exception as e:  # noqa: BLE001 - the harness itself failed here: said in one line
+            raise ExportError(f"the harness could not verify here: {type(e).__name__}: "
+                              f"{(str(e).splitlines() or [''])[0][:300]}") from None
         finally:
             ev.close()
         where = "GPU" if cuda else "CPU, Triton interpreter"
