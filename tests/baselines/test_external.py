@@ -179,7 +179,7 @@ def spec_args(**kw):
 
 
 def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
-    from workflows.cli import parse_spec
+    from activities.cli import parse_spec
 
     f = tmp_path / "rms.py"
     shutil.copy(RMSNORM, f)
@@ -200,7 +200,7 @@ def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
     (lambda d: RMSNORM, ["--policy", "search"], "use --policy llm"),
 ])
 def test_start_refuses_bad_files_with_one_line(tmp_path, store, capsys, make, flags, message):
-    from workflows.cli import main
+    from activities.cli import main
 
     rc = main(["start", str(make(tmp_path)), "--address", "127.0.0.1:1"] + (flags or ["--policy", "llm"]))
     err = capsys.readouterr().err.strip().splitlines()
@@ -308,7 +308,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
     from activities.search import KnobSearch
     from baselines.registry import get_problem
-    from workflows.cli import parse_spec
+    from activities.cli import parse_spec
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -327,7 +327,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
 
 def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsys):
-    from workflows.cli import main
+    from activities.cli import main
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)

@@ -48,7 +48,7 @@ def test_marathon_bench_passes_its_options_through(monkeypatch):
     import asyncio
 
     import gpu_worker.scoreboard as sb
-    from workflows.cli import build_parser
+    from activities.cli import build_parser
 
     seen = {}
     monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out: seen.update(

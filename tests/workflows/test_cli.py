@@ -14,7 +14,7 @@ from tests.conftest import temporal_path
 from tests.workflows.helpers import run_id, workers
 from workflows.contracts import RunResult
 
-MARATHON = [sys.executable, "-m", "workflows.cli"]
+MARATHON = [sys.executable, "-m", "activities.cli"]
 
 
 def marathon(*args, env_address=None, check=False):
@@ -66,7 +66,7 @@ def test_bad_input_is_one_clear_line(args, message):
 def test_compaction_default_grows_with_the_population():
     import argparse
 
-    from workflows.cli import parse_spec
+    from activities.cli import parse_spec
 
     def spec(**kw):
         base = dict(spec=None, problem="softmax", iterations=None, hours=None, tokens=None, gpu_seconds=None,
@@ -294,7 +294,7 @@ async def test_the_temporal_cli_hints_printed_and_in_the_readme_work(env, store,
     with the temporal binary against the dev server, does what it says."""
     import shlex
 
-    from workflows.cli import main
+    from activities.cli import main
     from workflows.optimization import KernelOptimization
 
     address = env.client.service_client.config.target_host
@@ -356,7 +356,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     from temporalio.worker import Worker
 
     import baselines.external
-    from workflows.cli import _queue_pollers, gpu_worker_identity, main
+    from activities.cli import _queue_pollers, gpu_worker_identity, main
 
     @activity.defn(name="compile_candidate")
     def idle() -> None:

@@ -53,7 +53,7 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
             monkeypatch.setenv(k, v)
         async with workers(env.client, real_gpu):
             p = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "workflows.cli", "start", str(mine), "--policy", "llm",
+                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "llm",
                                  "--iterations", "2", "--id", wid, "--address", address],
                 capture_output=True, text=True, timeout=120)
             assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
@@ -79,7 +79,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     import os
     import shlex
 
-    from workflows.cli import main
+    from activities.cli import main
 
     out = tmp_path / "exported"
     rc = await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--address", address])
@@ -108,7 +108,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     assert (out / "kernel.py").read_text() == text
     # the receipt's command, as a user runs it
     argv = shlex.split(cmd)
-    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "workflows.cli"] + argv[1:],
+    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "activities.cli"] + argv[1:],
                                 capture_output=True, text=True, timeout=120)
     assert v.returncode == 0 and v.stdout.startswith("PASS: "), v.stdout + v.stderr
     # ModelNew is the problem's Model: same constructor and parameters, same outputs (interpreter)
@@ -133,7 +133,7 @@ async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env,
     wid = run_id("folder")
     async with workers(env.client, real_gpu):
         p = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "workflows.cli", "start", str(mine), "--policy", "search",
+            subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "search",
                              "--iterations", "3", "--id", wid, "--address", address],
             capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr

@@ -13,7 +13,7 @@ from temporalio import activity
 from tests import evaluators
 from tests.workflows.helpers import run_id, start, workers
 from tests.workflows.test_cli import marathon
-from workflows.cli import run_report, watch
+from activities.cli import run_report, watch
 from workflows.contracts import BenchReport, BenchRequest, RunSpec
 from workflows.optimization import KernelOptimization
 from workflows.text import INTERPRETER_NOTE

@@ -781,7 +781,7 @@ async def cmd_demo(args) -> int:
         client = await connect(args.address, args.namespace)
     await register_search_attributes(client)
     log = open(HOME / "worker.log", "ab")
-    worker = subprocess.Popen([sys.executable, "-m", "workflows.cli", "worker", "--role", "all"],
+    worker = subprocess.Popen([sys.executable, "-m", "activities.cli", "worker", "--role", "all"],
                               stdout=log, stderr=log, start_new_session=True)
     try:
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
@@ -1052,8 +1052,8 @@ def entry() -> None:
 
 
 if __name__ == "__main__":
-    # run the importable module, not this __main__ copy: commands that import workflows.cli (the report)
+    # run the importable module, not this __main__ copy: commands that import activities.cli (the report)
     # must raise the UsageError that main() catches
-    from workflows.cli import entry as _entry
+    from activities.cli import entry as _entry
 
     _entry()
