@@ -1,70 +1,166 @@
 """Starting kernel for KDA forward: chunked Triton, two launches, written from the math (docs/problems.md).
 
 Launch 1, `_kda_prep`, one program per (chunk, batch*head), all chunks in parallel. With G = chunk-local cumsum
-of g (so every exponent below is bounded by one chunk's decay, never by T):
+of g (so no exponent grows with T):
     A_qk[i,j] = sum_d (scale q_id) k_jd e^{G_id - G_jd}  (j <= i)
     A_kk[i,j] = beta_i sum_d k_id k_jd e^{G_id - G_jd}   (j < i)
     X = (I + A_kk)^-1 ;  w = X (beta * k * e^G) ;  u = X (beta * v)
   and stores w, u, qg = scale q e^G, kg = k e^{G_last - G}, A_qk and e^{G_last} (all exponents <= 0).
-  The pairwise decays are never formed per pair. Two factorisations e^{G_i - G_j} = e^{G_i - G_a} e^{G_a - G_j}:
-  * "levels" (any gate): a binary split of the chunk. At level b (b = C/2, ..., 1) the pairs with i in the
-    upper and j in the lower half of the same 2b-block use anchor a = first row of the upper half, so both
-    exponents are <= 0 (only underflow, which is exact enough: the true product is smaller still).
-    Every pair j < i lies in exactly one level, so A = sum over log2(C) levels of masked tensor-core products.
-  * "fast" (FAST knob; taken per chunk only when max_d (G_0d - G_last,d) <= BOUND): anchor row 0,
-    A = (q e^{G - G_0}) (k e^{G_0 - G})^T in one product; the second factor is <= e^BOUND (finite in fp32 and
-    bf16), the first <= 1; the upper triangle is discarded with tl.where after the dot. Chunks with a larger
-    decay span fall back to the levels path, so the result is safe under any gate.
-  A is summed over K blocks of BK channels (the cumsum is per channel), which bounds register use.
-  The unit lower-triangular solve: the 16x16 diagonal blocks are inverted together by 15-step forward
-  substitution on the [C, C] tile (step s finalises row s of every block), then X = (I + N)^-1 Xd with
-  N = Xd L_off nilpotent (N^NC = 0), by a Horner sum of NC - 1 products at SOLVE_PREC. tf32 there costs
-  ~3e-5 relative error in w, 50x under the bf16 rounding of w itself; tf32x3 spills.
+  The pairwise decays are never formed per pair: every block of A is a tensor-core product of two factored
+  operands, e^{G_i - G_j} = e^{G_i - c} e^{c - G_j}, with an anchor c per channel chosen so that neither
+  factor overflows fp32 (bf16 has the same range):
+  * FAST (taken per chunk when the chunk's decay span max_d (G_0d - G_{C-1,d}) <= BOUND): c = the midpoint of
+    the chunk's G range, so both factors are <= e^{span/2}; the whole lower triangle is one product.
+  * otherwise, a split into blocks of BD rows:
+    - pairs in different blocks, by binary levels: at level h (h = C/2, ..., BD) the pairs with i in the upper
+      and j in the lower half of the same 2h-row block use c = G at the lower half's last row, so both
+      factors are <= 1 (they can only underflow, and only where the true product is smaller still);
+    - pairs inside one BD-row block: c = the midpoint of the block's range of a *clamped* cumsum, built from
+      steps max(g, -CLAMP) and restarted at each block. A pair separated by a step below -CLAMP has a true
+      decay < e^-CLAMP, and its clamped decay is < e^-CLAMP as well, so the clamp changes A by < e^-CLAMP per
+      channel, while it bounds every factor by e^{(BD-1) CLAMP / 2} = e^85 (CLAMP = 170 / (BD-1): 11 nats
+      for BD = 16, a change < 2e-5 per term, far under bf16 rounding; 24 nats for BD = 8, < 4e-11).
+    Upper-triangle and cross-block entries of a product may be inf or NaN: they are discarded with tl.where
+    after the dot, never multiplied by a 0 mask.
+  With BK = K the program loads each input tile once and keeps it on chip (one pass); with BK < K, A is summed
+  over K blocks of BK channels (the cumsum is per channel) and w re-reads k and g, which bounds register use.
+  The unit lower-triangular solve by exact block doubling: with X_b the inverse of the b x b diagonal blocks
+  and L_b the part of L = diag(beta) A_kk between the two halves of each 2b-block,
+  X_2b = X_b - X_b L_b X_b (the 2x2 block inverse, no series); X_2 = I - L_1, then log2(C) - 1 levels of
+  two products: 8 dependent [C, C] products at C = 32 where forward substitution needs C - 1 reduction steps.
 Launch 2, `_kda_state`, one program per (V block, batch*head), sequential over chunks, fp32 state S [K, BV]:
     v_new = u - w S ;  o = qg S + A_qk v_new ;  S <- diag(e^{G_last}) S + kg^T v_new
+Tensor-core inputs are the input dtype (bf16 on the GPU, fp32 under the interpreter) with fp32 accumulation,
+unless PREP_DOT / SOLVE_PREC ask for fp32 (tf32) operands in the prep.
+Cost model at B1 T8192 H32 D128, C = 32, per token-head: the prep reads q, k, v (bf16) and g (fp32), 1282 B,
+writes w, u, qg, kg (bf16) and A_qk, 1088 B; the state pass reads those back (the K-wide w, qg, kg once per
+V block, from L2) and writes o. HBM floor ~0.16 ms in all; the prep's tensor-core work is ~1.5 MFLOP per chunk
+(A: 2-4 [C, K, C] products, the solve: 8 [C, C, C], w and u: 2 [C, C, K]), so both launches are bound by
+latency and on-chip traffic rather than by HBM or FLOPs.
 Tail chunks (T not a multiple of C) load zeros past T (g = 0 there, so G stays at the last valid row).
 """
 
-import math
 
 import torch
 import triton
 import triton.language as tl
 
-# The default knobs: the fastest setting a search over this space found on an H200.
-KNOBS = {"BK": 128, "BOUND": 40.0, "BV": 16, "CHUNK": 32, "FAST": True, "SOLVE_PREC": "tf32", "num_stages": 4, "num_warps_prep": 4, "num_warps_state": 4}
+# The default knobs (see knobs.py for what each one does).
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SOLVE_PREC": "input", "num_stages": 3, "num_warps_prep": 4, "num_warps_state": 4}
 
 
 @triton.jit
-def _level(G, q, k, ri, C: tl.constexpr, K: tl.constexpr, HB: tl.constexpr):
-    """Pairs (i upper half, j lower half) of each 2*HB-row block, anchored at the upper half's first row:
-    e^{G_i - G_j} = e^{G_i - G_a} e^{G_a - G_j}, both exponents <= 0."""
+def _level(G, q, k, ri, C: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr, DT: tl.constexpr):
+    """A_qk and A_kk (unmasked by beta) for the pairs i in the upper, j in the lower half of each 2*HB-row
+    block, anchored at the lower half's last row: both factors are <= 1."""
     NB: tl.constexpr = C // (2 * HB)
-    G3 = tl.reshape(G, (NB, 2 * HB, K))
-    sel = (tl.arange(0, 2 * HB) == HB)[None, :, None]
-    ga = tl.sum(tl.where(sel, G3, 0.0), axis=1)                  # [NB, K]: G at each block's anchor row
-    Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, K)), (C, K))
-    upper = (ri % (2 * HB)) >= HB
-    F = tl.exp(tl.where(upper[:, None], G - Ga, Ga - G))        # exponent <= 0 on every row
-    qa = tl.where(upper[:, None], q * F, 0.0)
-    ka = tl.where(upper[:, None], k * F, 0.0)
-    kb = tl.where(upper[:, None], 0.0, k * F)
-    same = (ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))
-    return tl.where(same, tl.dot(qa, tl.trans(kb)), 0.0), tl.where(same, tl.dot(ka, tl.trans(kb)), 0.0)
+    G3 = tl.reshape(G, (NB, 2 * HB, BK))
+    lower3 = (tl.arange(0, 2 * HB) < HB)[None, :, None]
+    ga = tl.min(tl.where(lower3, G3, float("inf")), axis=1)       # G is non-increasing: the last lower row
+    Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, BK)), (C, BK))
+    upper = ((ri % (2 * HB)) >= HB)[:, None]
+    F = tl.exp(tl.where(upper, G - Ga, Ga - G))                   # exponent <= 0 on every row
+    qa = tl.where(upper, q * F, 0.0).to(DT)
+    ka = tl.where(upper, k * F, 0.0).to(DT)
+    kb = tl.where(upper, 0.0, k * F).to(DT)
+    keep = ((ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))) & (ri[:, None] >= ri[None, :])
+    return (tl.where(keep, tl.dot(qa, tl.trans(kb)), 0.0),
+            tl.where(keep, tl.dot(ka, tl.trans(kb)), 0.0))
+
+
+@triton.jit
+def _double(X, L, ri, B: tl.constexpr, SOLVE_PREC: tl.constexpr, ST: tl.constexpr):
+    """X_2B = X_B - X_B L_B X_B: from the inverses of the B x B diagonal blocks to those of the 2B x 2B ones."""
+    sel = ((ri[:, None] // (2 * B)) == (ri[None, :] // (2 * B))) & ((ri[:, None] // B) != (ri[None, :] // B))
+    Lb = tl.where(sel, L, 0.0)
+    if SOLVE_PREC == "input":
+        Xh = X.to(ST)
+        return X - tl.dot(tl.dot(Xh, Lb.to(ST)).to(ST), Xh)
+    else:
+        return X - tl.dot(tl.dot(X, Lb, input_precision=SOLVE_PREC), X, input_precision=SOLVE_PREC)
+
+
+@triton.jit
+def _a_block(g, q, k, G, ri, C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, CLAMP: tl.constexpr,
+             FAST: tl.constexpr, BOUND: tl.constexpr, DT: tl.constexpr):
+    """One K block's share of A_qk (j <= i) and A_kk (j < i, before beta), masked."""
+    NBD: tl.constexpr = C // BD
+    causal = ri[:, None] >= ri[None, :]
+    strict = ri[:, None] > ri[None, :]
+    same_bd = (ri[:, None] // BD) == (ri[None, :] // BD)
+    G0 = tl.max(G, axis=0)                                       # first row
+    GL = tl.min(G, axis=0)                                       # last row
+    use_fast = False
+    if FAST:
+        use_fast = tl.max(G0 - GL, axis=0) <= BOUND
+    if use_fast:
+        c = 0.5 * (G0 + GL)
+        Fq = tl.exp(G - c[None, :])                               # <= e^{span/2}
+        kb = (k * tl.exp(c[None, :] - G)).to(DT)
+        a_qk = tl.where(causal, tl.dot((q * Fq).to(DT), tl.trans(kb)), 0.0)
+        a_kk = tl.where(strict, tl.dot((k * Fq).to(DT), tl.trans(kb)), 0.0)
+    else:
+        # inside each BD-row block: clamped steps, cumsum restarted per block, anchored at the range midpoint
+        gc = tl.reshape(tl.maximum(g, -CLAMP), (NBD, BD, BK))
+        Gc = tl.cumsum(gc, axis=1)
+        cc = 0.5 * (tl.max(Gc, axis=1) + tl.min(Gc, axis=1))     # [NBD, BK]
+        E = tl.reshape(Gc - cc[:, None, :], (C, BK))              # |E| <= (BD-1) CLAMP / 2
+        Fq = tl.exp(E)
+        kb = (k * tl.exp(-E)).to(DT)
+        a_qk = tl.where(same_bd & causal, tl.dot((q * Fq).to(DT), tl.trans(kb)), 0.0)
+        a_kk = tl.where(same_bd & strict, tl.dot((k * Fq).to(DT), tl.trans(kb)), 0.0)
+        # pairs in different BD-row blocks, one binary level each
+        if C >= 64:
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 32, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+        if C >= 32:
+            if BD <= 16:
+                s_qk, s_kk = _level(G, q, k, ri, C, BK, 16, DT)
+                a_qk += s_qk
+                a_kk += s_kk
+        if BD <= 8:
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 8, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+    return a_qk, a_kk
+
+
+@triton.jit
+def _solve(a_kk, beta, ri, C: tl.constexpr, SOLVE_PREC: tl.constexpr, ST: tl.constexpr):
+    """(I + diag(beta) A_kk)^-1 by block doubling (A_kk strictly lower)."""
+    L = a_kk * beta[:, None]
+    eye = ri[:, None] == ri[None, :]
+    pair = ((ri[:, None] // 2) == (ri[None, :] // 2)) & (ri[:, None] > ri[None, :])
+    X = tl.where(eye, 1.0, 0.0) - tl.where(pair, L, 0.0)
+    if C >= 4:
+        X = _double(X, L, ri, 2, SOLVE_PREC, ST)
+    if C >= 8:
+        X = _double(X, L, ri, 4, SOLVE_PREC, ST)
+    if C >= 16:
+        X = _double(X, L, ri, 8, SOLVE_PREC, ST)
+    if C >= 32:
+        X = _double(X, L, ri, 16, SOLVE_PREC, ST)
+    if C >= 64:
+        X = _double(X, L, ri, 32, SOLVE_PREC, ST)
+    return X
 
 
 @triton.jit
 def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
               w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
               T, H, NT, scale,
-              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr,
-              FAST: tl.constexpr, BOUND: tl.constexpr, SOLVE_PREC: tl.constexpr):
+              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+              CLAMP: tl.constexpr, FAST: tl.constexpr, BOUND: tl.constexpr, SOLVE_PREC: tl.constexpr,
+              PREP_DOT: tl.constexpr):
     n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    NC: tl.constexpr = C // BC
-    DT = w_ptr.dtype.element_ty
+    ST: tl.constexpr = w_ptr.dtype.element_ty
+    # tensor-core operand dtypes of the A products (DT) and of w, u = X (...) (WT): the input dtype or fp32 (tf32)
+    DT: tl.constexpr = tl.float32 if PREP_DOT == "tf32" else ST
+    WT: tl.constexpr = tl.float32 if PREP_DOT != "input" else ST
 
     ri = tl.arange(0, C)
     t = n * C + ri
@@ -72,97 +168,65 @@ def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     m_r = valid[:, None]
     row = (b * T + t) * H + h          # inputs [B, T, H, D]
     mid = bh * T + t                   # intermediates [B, H, T, D]
-    causal = ri[:, None] >= ri[None, :]
-    strict = ri[:, None] > ri[None, :]
+    beta = tl.load(beta_ptr + row, mask=valid, other=0.0).to(tl.float32)
 
-    # ---- A_qk, A_kk: sum over K blocks (channels are independent, so is the cumsum) ---------------------
-    a_qk = tl.zeros([C, C], dtype=tl.float32)
-    a_kk = tl.zeros([C, C], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        rk = k0 + tl.arange(0, BK)
+    if BK == K:
+        # one pass: every input tile is loaded once and stays on chip
+        rk = tl.arange(0, K)
         in_k = row[:, None] * K + rk[None, :]
         g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
         q = tl.load(q_ptr + in_k, mask=m_r, other=0.0).to(tl.float32) * scale
         k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
         G = tl.cumsum(g, axis=0)                                     # chunk-local, <= 0, non-increasing
-        G0 = tl.sum(tl.where(ri[:, None] == 0, G, 0.0), axis=0)      # [BK]
-        GL = tl.sum(tl.where(ri[:, None] == C - 1, G, 0.0), axis=0)  # last row (padded rows carry g = 0)
+        GL = tl.min(G, axis=0)                                       # last row (padded rows carry g = 0)
         mid_k = mid[:, None] * K + rk[None, :]
-        tl.store(qg_ptr + mid_k, (q * tl.exp(G)).to(DT), mask=m_r)
-        tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(DT), mask=m_r)
+        eG = tl.exp(G)
+        tl.store(qg_ptr + mid_k, (q * eG).to(ST), mask=m_r)
+        tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(ST), mask=m_r)
         tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
-        use_fast = False
-        if FAST:
-            use_fast = tl.max(G0 - GL, axis=0) <= BOUND
-        if use_fast:
-            F0 = tl.exp(G - G0[None, :])                             # <= 1
-            kb = k * tl.exp(G0[None, :] - G)                         # <= e^BOUND
-            a_qk += tl.dot(q * F0, tl.trans(kb))                     # upper triangle masked below
-            a_kk += tl.dot(k * F0, tl.trans(kb))
-        else:
-            a_qk += tl.where(ri[:, None] == ri[None, :], tl.sum(q * k, axis=1)[:, None], 0.0)
-            if C >= 64:
-                s_qk, s_kk = _level(G, q, k, ri, C, BK, 32)
-                a_qk += s_qk
-                a_kk += s_kk
-            s_qk, s_kk = _level(G, q, k, ri, C, BK, 16)
-            a_qk += s_qk
-            a_kk += s_kk
-            s_qk, s_kk = _level(G, q, k, ri, C, BK, 8)
-            a_qk += s_qk
-            a_kk += s_kk
-            s_qk, s_kk = _level(G, q, k, ri, C, BK, 4)
-            a_qk += s_qk
-            a_kk += s_kk
-            s_qk, s_kk = _level(G, q, k, ri, C, BK, 2)
-            a_qk += s_qk
-            a_kk += s_kk
-            s_qk, s_kk = _level(G, q, k, ri, C, BK, 1)
-            a_qk += s_qk
-            a_kk += s_kk
-    a_qk = tl.where(causal, a_qk, 0.0)
-    a_kk = tl.where(strict, a_kk, 0.0)
-    tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(DT), mask=m_r)
-    beta = tl.load(beta_ptr + row, mask=valid, other=0.0).to(tl.float32)
-
-    # ---- X = (I + diag(beta) A_kk)^-1 -----------------------------------------------------------------
-    L = a_kk * beta[:, None]
-    same16 = (ri[:, None] // BC) == (ri[None, :] // BC)
-    # Diagonal 16x16 blocks of (I + L)^-1, all blocks at once: step s finalises row s of every block. For
-    # column c, rsel picks the row i(c) = 16*(c//16) + s of c's block; as Xd is block-diagonal,
-    # sum_j L[i(c), j] Xd[j, c] only sees j in c's block, so one [C] vector serves all blocks.
-    Ld = tl.where(same16, L, 0.0)
-    Xd = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0)
-    for s in range(1, BC):
-        rsel = ri[:, None] == (ri[None, :] // BC) * BC + s       # [C, C]: (row i(c), column c)
-        li = tl.sum(tl.where(rsel, Ld, 0.0), axis=0)               # li[j] = L[i(j), j]
-        contrib = tl.sum(li[:, None] * Xd, axis=0)                 # contrib[c] = sum_j L[i(c), j] Xd[j, c]
-        Xd = tl.where(rsel, Xd - contrib[None, :], Xd)
-    eye = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0)
-    if NC > 1:
-        Lo = tl.where(same16, 0.0, L)
-        N = tl.dot(Xd, Lo, input_precision=SOLVE_PREC)
-        Y = eye - N
-        for _i in tl.static_range(NC - 2):
-            Y = eye - tl.dot(N, Y, input_precision=SOLVE_PREC)
-        X = tl.dot(Y, Xd, input_precision=SOLVE_PREC)
-    else:
-        X = Xd
-
-    # ---- w = X (beta k e^G), u = X (beta v), by K / V blocks -----------------------------------------------
-    for k0 in range(0, K, BK):
-        rk = k0 + tl.arange(0, BK)
-        in_k = row[:, None] * K + rk[None, :]
-        g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
-        k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
-        G = tl.cumsum(g, axis=0)
-        w = tl.dot(X, k * tl.exp(G) * beta[:, None])
-        tl.store(w_ptr + mid[:, None] * K + rk[None, :], w.to(DT), mask=m_r)
-    for v0 in range(0, V, BK):
-        rv = v0 + tl.arange(0, BK)
+        a_qk, a_kk = _a_block(g, q, k, G, ri, C, K, BD, CLAMP, FAST, BOUND, DT)
+        tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(ST), mask=m_r)
+        Xd = _solve(a_kk, beta, ri, C, SOLVE_PREC, ST).to(WT)
+        w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
+        tl.store(w_ptr + mid_k, w.to(ST), mask=m_r)
+        rv = tl.arange(0, V)
         v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m_r, other=0.0).to(tl.float32)
-        u = tl.dot(X, v * beta[:, None])
-        tl.store(u_ptr + mid[:, None] * V + rv[None, :], u.to(DT), mask=m_r)
+        u = tl.dot(Xd, (v * beta[:, None]).to(WT))
+        tl.store(u_ptr + mid[:, None] * V + rv[None, :], u.to(ST), mask=m_r)
+    else:
+        # A is summed over K blocks (channels are independent, so is the cumsum); w re-reads k and g
+        a_qk = tl.zeros([C, C], dtype=tl.float32)
+        a_kk = tl.zeros([C, C], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            in_k = row[:, None] * K + rk[None, :]
+            g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + in_k, mask=m_r, other=0.0).to(tl.float32) * scale
+            k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            G = tl.cumsum(g, axis=0)
+            GL = tl.min(G, axis=0)
+            mid_k = mid[:, None] * K + rk[None, :]
+            tl.store(qg_ptr + mid_k, (q * tl.exp(G)).to(ST), mask=m_r)
+            tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(ST), mask=m_r)
+            tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+            s_qk, s_kk = _a_block(g, q, k, G, ri, C, BK, BD, CLAMP, FAST, BOUND, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+        tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(ST), mask=m_r)
+        Xd = _solve(a_kk, beta, ri, C, SOLVE_PREC, ST).to(WT)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            in_k = row[:, None] * K + rk[None, :]
+            g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            G = tl.cumsum(g, axis=0)
+            w = tl.dot(Xd, (k * tl.exp(G) * beta[:, None]).to(WT))
+            tl.store(w_ptr + mid[:, None] * K + rk[None, :], w.to(ST), mask=m_r)
+        for v0 in range(0, V, BK):
+            rv = v0 + tl.arange(0, BK)
+            v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m_r, other=0.0).to(tl.float32)
+            u = tl.dot(Xd, (v * beta[:, None]).to(WT))
+            tl.store(u_ptr + mid[:, None] * V + rv[None, :], u.to(ST), mask=m_r)
 
 
 @triton.jit
@@ -215,7 +279,11 @@ def forward(inputs, out, prep=True, state=True):
     B, T, H, K = q.shape
     V = v.shape[-1]
     C = KNOBS["CHUNK"]
-    BC = 16
+    BD = KNOBS["BD"]
+    if BD not in (8, 16) or BD > C:
+        raise ValueError(f"BD={BD} must be 8 or 16 and at most CHUNK={C}")
+    if KNOBS["BOUND"] > 170.0:
+        raise ValueError("BOUND > 170 lets a FAST factor e^{BOUND/2} overflow fp32")
     BV = min(KNOBS["BV"], V)
     NT = triton.cdiv(T, C)
     scale = K ** -0.5
@@ -231,8 +299,9 @@ def forward(inputs, out, prep=True, state=True):
     if prep:
         _kda_prep[(NT, B * H)](
             q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
-            K=K, V=V, C=C, BC=BC, BK=min(KNOBS["BK"], K), FAST=KNOBS["FAST"], BOUND=KNOBS["BOUND"],
-            SOLVE_PREC=KNOBS["SOLVE_PREC"], num_warps=KNOBS["num_warps_prep"], num_stages=1)
+            K=K, V=V, C=C, BK=min(KNOBS["BK"], K), BD=BD, CLAMP=170.0 / (BD - 1), FAST=KNOBS["FAST"],
+            BOUND=KNOBS["BOUND"], SOLVE_PREC=KNOBS["SOLVE_PREC"], PREP_DOT=KNOBS["PREP_DOT"], num_warps=KNOBS["num_warps_prep"],
+            num_stages=1)
     if state:
         _kda_state[(triton.cdiv(V, BV), B * H)](
             w, u, qg, kg, a, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
