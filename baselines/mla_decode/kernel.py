@@ -1,31 +1,32 @@
-"""Starting kernel for mla_decode: split-KV over the cache with whole-row-block programs (Triton), from the math.
+"""Starting kernel for mla_decode: split-KV with shape-adaptive row blocks and a combine kernel (Triton).
 
 The Q query tokens and H heads are flattened into M = Q*H independent rows: every row attends to the whole
 cache with the same K/V, so the rows of all query tokens share every cache tile.
 
-Kernel 1 (`_mla_decode_split`), grid (cdiv(M, BLOCK_H) * SPLIT_DV, NUM_SPLITS), row block fastest so that
-the programs reading one cache range run together and all but the first read it from L2. A program owns
-BLOCK_H rows (64 = all heads of a query token, one Hopper wgmma row tile) and one contiguous range of the
-cache (its split). It streams that range in BLOCK_N-row tiles; each latent tile [BLOCK_N, DL] is loaded
-once and used twice: as K (with the rope tile [BLOCK_N, DR]) for the scores and as V for P @ V. Scores are
-bf16 tl.dot with fp32 accumulation, scaled into the log2 domain; online softmax (running max m, running
-sum l) in fp32. It writes its normalised partial acc / l (bf16 on the GPU: half the traffic of fp32, and
-normalised so that bf16's relative precision applies to a value of the output's size) and the
-log2-sum-exp m + log2(l) (-inf for an empty split). Partials are laid out [split, row, DL]: each program
-writes one contiguous block.
+Kernel 1 (`_mla_decode_split`), grid (row blocks * SPLIT_DV, splits), row block fastest so that the
+programs reading one cache range run together and all but the first read it from L2. A program owns a
+block of rows and one contiguous range of the cache (its split). It streams that range in BLOCK_N-row
+tiles; each latent tile [BLOCK_N, DL] is loaded once and used twice: as K (with the rope tile
+[BLOCK_N, DR]) for the scores and as V for P @ V (the rescaled accumulator is that dot's accumulator).
+Scores are bf16 tl.dot with fp32 accumulation, scaled into the log2 domain; online softmax (running max m,
+running sum l) in fp32. Where every split is whole tiles inside the cache (EVEN) the hot loop has no masks.
+It writes its normalised partial acc / l (bf16 on the GPU: half the traffic of fp32; normalised, so bf16's
+relative precision applies to a value of the output's size) and the log2-sum-exp m + log2(l) (-inf for an
+empty split), laid out [split, row, DL] so that each program writes one contiguous block.
 
-The number of splits follows from GRID, the target number of kernel-1 programs, so one knob setting fits
-both Q = 1 (one 64-row block: GRID splits) and Q = 4 (four blocks: GRID / 4 splits); each split is a whole
-number of tiles. With BLOCK_H 64 the cache is read from HBM once and from L2 cdiv(M, 64) times, instead of
-cdiv(M, 16) times with 16-row blocks.
+Row blocks: BLOCK_H rows (16/32: mma.sync; 64: Hopper wgmma, needs 8 warps), shrunk for small M until
+there are MIN_ROW_BLOCKS blocks (16 minimum). Splits: GRID / (row blocks * SPLIT_DV), each a whole number
+of BLOCK_N tiles, so one knob setting serves Q = 1 and Q = 4. The defaults give Q1 (64 rows) 4 blocks of 16
+x 64 splits and Q4 (256 rows) 8 blocks of 32 x 32 splits: 256 programs, two per SM. The cache is read
+from HBM once and from L2 once per row block; the partials are M * splits * DL elements.
 
 SPLIT_DV = 2: two programs per (row block, split), each owning 256 of the 512 output columns (half the
 accumulator); both compute the same scores (1.53x FLOPs); only the first writes the lse.
 
-Kernel 2 (`_mla_decode_combine`), grid (M, DL / BLOCK_D): weights w_s = 2^(lse_s - max lse) / sum,
-o = sum_s w_s * partial_s in fp32, cast to the output dtype. With PDL it is launched as a programmatic
-dependent of kernel 1 (Hopper): its programs are scheduled while kernel 1 drains and wait in
-griddepcontrol.wait until kernel 1's writes are visible, which hides the second launch's latency.
+Kernel 2 (`_mla_decode_combine`), grid (M, DL / BLOCK_D), BLOCK_D = COMBINE_TILE / splits: weights
+w_s = 2^(lse_s - max lse) / sum, o = sum_s w_s * partial_s in fp32, cast to the output dtype. PDL launches
+it as a programmatic dependent of kernel 1 (kernel 1 signals after its stores; the combine waits in
+griddepcontrol.wait until kernel 1's writes are visible).
 """
 
 import math
@@ -47,8 +48,6 @@ def _mla_decode_split(
     DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # a hint only: the combine's programs may be scheduled now; they wait for this grid to finish
-        tl.extra.cuda.gdc_launch_dependents()
     DV: tl.constexpr = DL // SPLIT_DV
     pid_h = tl.program_id(0) // SPLIT_DV
     dv0 = (tl.program_id(0) % SPLIT_DV) * DV
@@ -103,6 +102,8 @@ def _mla_decode_split(
     tl.store(po, part.to(po_ptr.dtype.element_ty), mask=rmask[:, None])
     if dv0 == 0:
         tl.store(plse_ptr + pid_s * M + rows, lse, mask=rmask)
+    if PDL:  # after the stores: the combine may launch once every program got here (it still waits for them)
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit
@@ -117,11 +118,12 @@ def _mla_decode_combine(
     d = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
     if PDL:  # launched early as a dependent of kernel 1: its partials are visible only after this
         tl.extra.cuda.gdc_wait()
+    # both loads issued before the weights' reductions, so their latencies overlap
+    part = tl.load(po_ptr + (sp[:, None] * M + row) * DL + d[None, :], mask=smask[:, None], other=0.0)
     lse = tl.load(plse_ptr + sp * M + row, mask=smask, other=float("-inf"))
     m = tl.max(lse, 0)  # finite: split 0 is never empty
     w = tl.exp2(lse - m)
     w = w / tl.sum(w, 0)
-    part = tl.load(po_ptr + (sp[:, None] * M + row) * DL + d[None, :], mask=smask[:, None], other=0.0)
     o = tl.sum(part.to(tl.float32) * w[:, None], 0)
     tl.store(o_ptr + row * stride_om + d, o.to(o_ptr.dtype.element_ty))
 
