@@ -13,10 +13,11 @@ split is whole BLOCK_N tiles (so one setting gives Q1 four times the splits of Q
 The partials are Q*H*splits*512 elements (bf16: 4.2 MB at Q1 with 64 splits), written by the split kernel
 and read back by the combine.
 COMBINE_TILE: partial elements one combine program reduces (splits x columns); fewer means more programs.
-PARTIAL_BF16: bf16 partials (half the traffic, +0.3e-3 rel-RMS error measured on the H200); the CPU
+PARTIAL_BF16: bf16 partials (half the traffic; +0.2-0.4e-3 rel-RMS error measured on the H200, against a 3.8-4.5e-3 tolerance); the CPU
 interpreter path always keeps fp32.
-PDL: launch the combine as a programmatic dependent launch (griddepcontrol) of the split kernel; measured
-no faster on the H200 (Triton 3.6, CUDA graph), kept for the search. GPU only; ignored on the CPU.
+PDL: launch the combine as a programmatic dependent launch (griddepcontrol) of the split kernel, which
+signals after its stores. Signalling at the split kernel's start measured slower on the H200 (Triton 3.6,
+CUDA graph: +1.6 us at Q1, +10 us at Q4); the after-the-stores form is not measured yet. GPU only.
 SPLIT_DV = 2: two programs per (row block, split), each owning 256 of the 512 output columns; both compute
 the scores (1.53x FLOPs).
 
