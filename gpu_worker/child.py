@@ -226,8 +226,7 @@ class Server:
     def cmd_warm_triton(self):
         """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
         so the worker asks for it outside its GPU gate. Inside the gate it made compiles hold the shared
-        side ~6 s each, and every timing request waited for such holds to drain (docs/throughput.md,
-        session e)."""
+        side ~6 s each, and every timing request waited for such holds to drain (docs/throughput.md)."""
         if self.cuda and not self.triton_warm:
             _warm_triton()
             self.triton_warm = True
@@ -684,7 +683,7 @@ class Server:
 
     # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
     # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
-    # drain, and one hold for all eight calls lasted 1.9 s on average (docs/throughput.md, session h).
+    # drain, and one hold for all eight calls lasted 1.9 s on average (docs/throughput.md).
 
     @staticmethod
     def _out_of_order(step: str) -> dict:

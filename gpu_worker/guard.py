@@ -109,16 +109,16 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
             f = f.f_back
         return False
 
-    def compiler_caller() -> bool:
-        """The innermost frame outside the standard library is one of Triton's compiler files."""
+    def first_caller() -> str:
+        """The file of the innermost frame outside the standard library."""
         f = getframe(2)
         while f is not None:
             fn = f.f_code.co_filename
             if fn.startswith(frozen) or fn.startswith(library_stdlib):
                 f = f.f_back
                 continue
-            return any(fn.endswith(c) for c in compiler_files)
-        return False
+            return fn
+        return ""
 
     library_stdlib = tuple(p for p in library if "site-packages" not in p and "dist-packages" not in p)
 
@@ -156,8 +156,11 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
             if isinstance(exe, bytes):
                 exe = exe.decode(errors="replace")
             ok_exe = isinstance(exe, str) and realpath(exe) in allowed_exec
-            if not (ok_exe and compiler_caller()) and candidate_on_stack():
-                record("process", f"{event} of {exe!r} refused: candidates may not start processes")
+            caller = first_caller()
+            if not (ok_exe and any(caller.endswith(c) for c in compiler_files)) and candidate_on_stack():
+                why = "" if ok_exe else ", not a listed compiler binary"
+                record("process", f"{event} of {exe!r} from {caller or '?'}{why} refused: candidates may not "
+                       "start processes")
         elif event == "socket.__new__":
             fam = args[1] if len(args) > 1 else None
             if fam != 1:  # AF_UNIX: its connect and bind are refused below

@@ -665,7 +665,7 @@ class Evaluator:
         t0 = time.monotonic()
         problem = self._problem(problem_name)
         shape = self._shape(problem, shape_name)
-        # where the warm-up's time goes (about 130 s for KDA, most of it FLA's first call: session h): returned
+        # where the warm-up's time goes (about 130 s for KDA, most of it FLA's first call): returned
         # per part, and per case by the reference child (inputs, oracle, baseline), for the worker's log
         parts: dict[str, float] = {}
         t = time.monotonic()
