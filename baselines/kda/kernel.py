@@ -184,10 +184,11 @@ def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
         tl.store(qg_ptr + mid_k, (q * eG).to(ST), mask=m_r)
         tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(ST), mask=m_r)
         tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+        kw = (k * eG * beta[:, None]).to(WT)                         # what w needs, narrow through the solve
         a_qk, a_kk = _a_block(g, q, k, G, ri, C, K, BD, CLAMP, FAST, BOUND, DT)
         tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(ST), mask=m_r)
         Xd = _solve(a_kk, beta, ri, C, SOLVE_PREC, ST).to(WT)
-        w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
+        w = tl.dot(Xd, kw)
         tl.store(w_ptr + mid_k, w.to(ST), mask=m_r)
         rv = tl.arange(0, V)
         v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m_r, other=0.0).to(tl.float32)
