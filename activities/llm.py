@@ -40,6 +40,8 @@ from datetime import timedelta
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from baselines.external import ExternalProblem, ProblemFileError, entry_source
+from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError, candidate_id
 from workflows.contracts import (LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall, ToolResult)
 
@@ -849,6 +851,18 @@ def text_tool_calls(content: str) -> tuple[list[dict], str]:
     return [{"id": f"text_{tag}_{i}", **c} for i, c in enumerate(calls)], prose.strip()
 
 
+def _entry_form(source: str, problem: str) -> str:
+    """A problem file's candidate in the entry-function form the harness calls (a `ModelNew` class is
+    accepted too, as in KernelBench); built-in problems' candidates as they are."""
+    p = get_problem(problem)
+    if not isinstance(p, ExternalProblem):
+        return source
+    try:
+        return entry_source(source, p)
+    except ProblemFileError:  # the rules and the harness name what is wrong with it
+        return source
+
+
 def _rules(source: str, problem: str) -> str | None:
     try:
         from gpu_worker.rules import check_source
@@ -940,7 +954,7 @@ def _source_call(cid: str, name: str, args: dict, problem: str, store: ArtifactS
         return ToolCall(call_id=cid, name=name, args=small,
                         error=f"{name} needs `source` (a complete module) or `candidate_id` (a kernel seen before)")
     if isinstance(src, str):
-        source = clean_source(src)
+        source = _entry_form(clean_source(src), problem)
         if not source.strip():
             return ToolCall(call_id=cid, name=name, args=small, error="`source` is empty")
         key = store.put_text(source)
@@ -956,8 +970,6 @@ def _source_call(cid: str, name: str, args: dict, problem: str, store: ArtifactS
 
 
 def _problem_facts(req: LlmTurnRequest) -> list[str]:
-    from baselines.registry import get_problem
-
     p = get_problem(req.problem)
     shapes = ", ".join(s.name for s in p.shapes)
     target = req.shape or "the primary GPU shape (or the CPU shape under the interpreter)"
@@ -1024,8 +1036,6 @@ def run_state(req: LlmTurnRequest) -> str:
 
 
 def _starting_source(problem: str) -> str | None:
-    from baselines.registry import get_problem
-
     try:
         return get_problem(problem).template()
     except (OSError, LookupError, ValueError):
@@ -1033,8 +1043,6 @@ def _starting_source(problem: str) -> str | None:
 
 
 def _template_block(problem: str) -> str:
-    from baselines.registry import get_problem
-
     try:
         src = (get_problem(problem).folder / "kernel.py").read_text()
     except OSError:
@@ -1484,8 +1492,6 @@ def line_range(text: str, label: str, args: dict) -> str:
 @activity.defn(name="llm_tool")
 def llm_tool(req: LlmToolRequest) -> ToolResult:
     """The tools that only read: sources of the problem, the notebook, the best kernel, a diff."""
-    from baselines.registry import get_problem
-
     call = req.call
     store = _store()
     try:

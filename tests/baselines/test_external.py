@@ -406,3 +406,17 @@ def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     assert check_source(src, key).ok  # the rules see what the harness runs
     v = ev.verify(_req(store, key, src))
     assert v.ok and v.rel_err < v.threshold, v.reason
+
+
+def test_an_llm_submission_in_modelnew_form_is_stored_in_the_entry_form(harness):
+    import json
+
+    from activities.llm import Reply, parse_calls
+
+    _, store, key = harness
+    args = json.dumps({"source": MODEL_NEW, "rationale": "one program per row"})
+    (call,), _ = parse_calls(Reply(content="", tool_calls=[{"id": "a", "name": "submit_kernel", "arguments": args}]),
+                             1, key, store)
+    assert call.error is None and call.rules_error is None, call
+    src = store.get_text(call.source_key)
+    assert "def run(inputs, out):" in src and "class ModelNew:" in src
