@@ -153,3 +153,14 @@ def test_the_workflow_definitions_import_no_shared_io_module():
     loaded = _imported_after(mods)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "triton", "openai", "structlog")}
     assert not loaded & {"workflows.artifacts", "workflows.metrics", "workflows.logs", "activities.cli"}
+
+
+#: the folders from the bottom up: each imports only those below it (and itself)
+LAYERS = ("workflows", "baselines", "gpu_worker", "activities")
+
+
+def test_every_import_between_folders_runs_down():
+    graph = _graph()
+    up = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
+                if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
+    assert not up, "imports that run back up:\n" + "\n".join(up)
