@@ -51,7 +51,7 @@ KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "CHUNK": 32, "FAST": Tru
 
 @triton.jit
 def _level(G, q, k, ri, C: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr, DT: tl.constexpr):
-    """A_qk and A_kk (unmasked by beta) for the pairs i in the upper, j in the lower half of each 2*HB-row
+    """A_qk and A_kk (before beta) for the pairs i in the upper, j in the lower half of each 2*HB-row
     block, anchored at the lower half's last row: both factors are <= 1."""
     NB: tl.constexpr = C // (2 * HB)
     G3 = tl.reshape(G, (NB, 2 * HB, BK))
@@ -115,10 +115,9 @@ def _a_block(g, q, k, G, ri, C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr
             a_qk += s_qk
             a_kk += s_kk
         if C >= 32:
-            if BD <= 16:
-                s_qk, s_kk = _level(G, q, k, ri, C, BK, 16, DT)
-                a_qk += s_qk
-                a_kk += s_kk
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 16, DT)
+            a_qk += s_qk
+            a_kk += s_kk
         if BD <= 8:
             s_qk, s_kk = _level(G, q, k, ri, C, BK, 8, DT)
             a_qk += s_qk
