@@ -24,6 +24,7 @@ from baselines.mla_decode.spec import SCALE, latent_dim
 from baselines.mla_prefill.oracle import mla_prefill_fp64
 from baselines.problem import Shape, default_knobs, rel_rms
 from baselines.registry import get_problem
+from tests.baselines.gpu_kernel_check import assert_passes, check
 
 ROOT = Path(__file__).resolve().parents[2]
 DEC = get_problem("mla_decode")
@@ -363,35 +364,13 @@ def test_prefill_every_space_value_accepted(prefill_space_results):
 # --- GPU (skipped without CUDA) ---------------------------------------------------------------------------
 
 
-def _gpu_check(prob, shape, dist, monkeypatch):
-    import importlib.util
-
-    # compiled, not interpreted: another test module may have set TRITON_INTERPRET=1 for this process
-    # (test_kda does, at import), and Triton's jit decorator reads it when the module is loaded
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    path = Path(__file__).resolve().parents[2] / "baselines" / prob.name / "kernel.py"
-    spec = importlib.util.spec_from_file_location(f"_gpu_{prob.name}_kernel", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    inputs = prob.make_inputs(shape, dist, 0, "cuda")
-    out = {"o": torch.full(prob.output_specs(shape)["o"].shape, float("nan"), dtype=torch.bfloat16, device="cuda")}
-    mod.run(inputs, out)
-    torch.cuda.synchronize()
-    ref = prob.oracle(inputs)["o"]
-    base = next(iter(prob.baselines().values()))(inputs)["o"]
-    tol = max(prob.tolerance_floor, prob.tolerance_alpha * rel_rms(ref, base))
-    err = rel_rms(ref, out["o"])
-    assert not torch.isnan(out["o"]).any()
-    assert err <= tol, (err, tol)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("dist", ["unit", "small"])
 @pytest.mark.parametrize("idx", [0, 1])
-def test_decode_kernel_gpu(idx, dist, monkeypatch):
-    _gpu_check(DEC, DEC.shapes[idx], dist, monkeypatch)
+def test_decode_kernel_gpu(idx, dist):
+    assert_passes(check("mla_decode", idx, dist))
 
 
 @pytest.mark.gpu
-def test_prefill_kernel_gpu(monkeypatch):
-    _gpu_check(PRE, PRE.shapes[0], "unit", monkeypatch)
+def test_prefill_kernel_gpu():
+    assert_passes(check("mla_prefill", 0, "unit"))

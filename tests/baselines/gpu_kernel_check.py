@@ -1,0 +1,69 @@
+"""A starting kernel on the GPU, compiled (not interpreted), against the fp64 oracle with the harness's
+tolerance. Runs in a process of its own: Triton decides at import time whether its jit functions are
+interpreted, and the CPU tests of this suite import it with TRITON_INTERPRET=1.
+
+    python -m tests.baselines.gpu_kernel_check PROBLEM SHAPE_INDEX DIST [KNOBS_JSON]
+
+prints one JSON line: per output, the kernel's and the primary baseline's rel-RMS error, the tolerance,
+and whether the kernel left a NaN."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check(problem: str, shape_index: int, dist: str, knobs: dict | None = None) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "tests.baselines.gpu_kernel_check", problem, str(shape_index), dist,
+                        json.dumps(knobs or {})], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str]) -> int:
+    import importlib.util
+    import tempfile
+
+    import torch
+
+    from baselines.problem import rel_rms
+    from baselines.registry import get_problem
+
+    prob = get_problem(argv[0])
+    shape, dist = prob.shapes[int(argv[1])], argv[2]
+    knobs = {**prob.default_knobs(), **json.loads(argv[3] if len(argv) > 3 else "{}")}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel_under_test.py"
+        path.write_text(prob.render(knobs))
+        spec = importlib.util.spec_from_file_location("kernel_under_test", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        inputs = prob.make_inputs(shape, dist, 0, "cuda")
+        out = {k: torch.full(o.shape, float("nan"), dtype=getattr(torch, o.dtype), device="cuda")
+               for k, o in prob.output_specs(shape).items()}
+        mod.run(inputs, out)
+        torch.cuda.synchronize()
+    ref = prob.oracle(inputs)
+    base = next(iter(prob.baselines().values()))(inputs)
+    res = {}
+    for k, o in out.items():
+        base_err = rel_rms(ref[k], base[k])
+        res[k] = {"err": rel_rms(ref[k], o), "baseline_err": base_err, "nan": bool(torch.isnan(o).any()),
+                  "tol": max(prob.tolerance_floor, prob.tolerance_alpha * base_err)}
+    print(json.dumps(res))
+    return 0
+
+
+def assert_passes(res: dict) -> None:
+    for k, r in res.items():
+        assert not r["nan"] and r["err"] <= r["tol"], (k, r)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
