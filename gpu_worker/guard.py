@@ -114,13 +114,15 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         f = getframe(2)
         while f is not None:
             fn = f.f_code.co_filename
-            if fn.startswith(frozen) or fn.startswith(library_stdlib):
+            if fn.startswith(frozen) or (fn.startswith(library_stdlib) and not any(p in fn for p in packages)):
                 f = f.f_back
                 continue
             return fn
         return ""
 
-    library_stdlib = tuple(p for p in library if "site-packages" not in p and "dist-packages" not in p)
+    # a venv's platstdlib holds its site-packages: a frame there is a package's, not the standard library's
+    packages = ("/site-packages/", "/dist-packages/")
+    library_stdlib = tuple(p for p in library if not any(q.strip("/") in p for q in packages))
 
     def under(path, where) -> bool:
         try:

@@ -436,8 +436,12 @@ def compiler_binaries() -> list[str]:
             path = getattr(tool, "path", None) if tool is not None else None
             if path and os.path.isfile(path):
                 out.append(path)
+        import triton.backends.nvidia as nvidia  # the builds Triton ships, whichever one a knob names
+
+        out += sorted(glob.glob(os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas*")))
     except Exception as e:  # noqa: BLE001 - no NVIDIA backend: nothing to allow
         print(f"wall: no ptxas found ({type(e).__name__}: {e})", flush=True)
+    out = list(dict.fromkeys(p for p in out if os.path.isfile(p)))
     return out + c_compiler_programs() if out else out
 
 

@@ -177,6 +177,47 @@ def test_the_launchers_c_compiler_builds_behind_the_wall_and_a_shell_still_does_
     assert res["shell"].startswith("refused"), res
 
 
+# A GPU child's walls (guard and OS wall, as `enclose` puts them up on a CUDA host), then a candidate whose
+# call reaches Triton's compiler running ptxas, and one that runs ptxas itself.
+PTXAS_PROBE = r'''
+import json, os, subprocess, sys
+from concurrent.futures import ThreadPoolExecutor
+import torch, triton.backends.nvidia.compiler  # loaded before the walls, as in the child
+from gpu_worker import wall
+own = sys.argv[1]
+# on a thread whose frames are all the library's (the child's are): Landlock holds for this thread
+pool = ThreadPoolExecutor(1)
+seal, desc = pool.submit(wall.enclose, own, [], [], True, None).result()
+with open(os.path.join(own, "cand.py"), "w") as f:
+    f.write("from triton.backends.nvidia import compiler\n"
+            "def through_triton():\n    return compiler.get_ptxas_version.__wrapped__(90)\n"
+            "def by_itself(ptxas):\n    import subprocess\n"
+            "    return subprocess.run([ptxas, '--version'], capture_output=True).returncode\n")
+sys.path.insert(0, own)
+import cand
+res = {"exec": desc.get("exec")}
+for name, fn in (("through_triton", cand.through_triton), ("by_itself", lambda: cand.by_itself(desc["exec"][0]))):
+    try:
+        pool.submit(fn).result()
+        res[name] = "ok"
+    except Exception as e:
+        res[name] = f"refused {type(e).__name__}: {e}"
+print(json.dumps(res))
+'''
+
+
+@pytest.mark.skipif(not wall.landlock_abi() or not wall.compiler_binaries(), reason="needs Landlock and Triton's ptxas")
+def test_behind_a_gpu_childs_walls_triton_runs_ptxas_and_the_candidate_cannot(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    out = subprocess.run([sys.executable, "-c", PTXAS_PROBE, str(own)], capture_output=True, text=True, timeout=120,
+                         cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(own)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["through_triton"] == "ok", res
+    assert res["by_itself"].startswith("refused GuardViolation") and "process" in res["by_itself"], res
+
+
 def test_without_landlock_seccomp_still_refuses_network_and_processes(tmp_path):
     """Seccomp cannot read paths, so without Landlock it leaves writes to the run-time guard (denying them
     all would fail every honest candidate's own exports); network and new processes stay refused."""
