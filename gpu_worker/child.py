@@ -226,7 +226,7 @@ class Server:
     def cmd_warm_triton(self):
         """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
         so the worker asks for it outside its GPU gate. Inside the gate it made compiles hold the shared
-        side ~6 s each, and every timing request waited for such holds to drain (docs/throughput.md)."""
+        side ~6 s each, and every timing request waited for such holds to drain."""
         if self.cuda and not self.triton_warm:
             _warm_triton()
             self.triton_warm = True
@@ -683,14 +683,14 @@ class Server:
 
     # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
     # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
-    # drain, and one hold for all eight calls lasted 1.9 s on average (docs/throughput.md).
+    # drain, and one hold for all eight calls lasted 1.9 s on average on the H200.
 
     @staticmethod
     def _out_of_order(step: str) -> dict:
         return {"ok": False, "kind": "exception", "error": f"verification step out of order: {step}"}
 
     def _tick(self, name: str, t0: float) -> float:
-        """Seconds per verification step, reported to the worker's phase log (docs/throughput.md)."""
+        """Seconds per verification step, reported to the worker's phase log."""
         tm = self._verifying["timing"]
         tm[name] = tm.get(name, 0.0) + self.T["perf"]() - t0
         return self.T["perf"]()
@@ -780,7 +780,7 @@ class Server:
         the oracle on its device. Only a path crosses the pipes: pickling a 67 MB output through the worker
         twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
         # the copy goes to host memory at once (a device copy per output per case held a prefill
-        # verification at ~17 GB and made the device memory the pipeline's bottleneck, docs/throughput.md)
+        # verification at ~17 GB and made the device memory the pipeline's bottleneck)
         snap = {k: self.T["to"](v.detach(), "cpu", copy=True) for k, v in outs.items()
                 if type(v) is __import__("torch").Tensor}
         handles = self._handles(snap, tag)  # an output that is no plain Tensor is reported by out_type_ok

@@ -391,8 +391,8 @@ class Evaluator:
         """A stage that ran out of device memory, or whose child was killed by a SIGKILL the harness did not
         send (most likely the host's OOM killer), is run once more with the device to itself
         (DeviceMemory.alone): beside up to 24 other candidates the memory may have been taken by the
-        neighbours, and an innocent candidate must not be scored for it (session g1: 9 of 49 prefill
-        evaluations). What fails alone is the candidate's.
+        neighbours, and an innocent candidate must not be scored for it (on the H200 that was 9 of 49 prefill
+        evaluations in one run). What fails alone is the candidate's.
         The report says both: the retry's log starts with the first attempt's reason."""
         first = attempt()
         why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""

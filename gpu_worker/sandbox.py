@@ -215,8 +215,8 @@ class Sandbox:
         except BaseException:
             # Interrupted between request and reply (an activity's cancellation arrives as an exception in
             # this thread, in the heartbeat or the poll): the command may still be running, on the device
-            # too, and its reply would be read by the next caller as the answer to another command. In
-            # session i4 a verification cancelled while the reference child computed oracles left that reply
+            # too, and its reply would be read by the next caller as the answer to another command. Once
+            # a verification cancelled while the reference child computed oracles left that reply
             # in the pipe; every later call to that child read its predecessor's reply (90 harness errors, and
             # a compare's results could have gone to the wrong candidate). The child is killed instead; the
             # harness makes a new one when it next needs one.

@@ -58,7 +58,7 @@ class SandboxPool:
         new = [Sandbox("candidate", self.interpreter, cpus=self.cpus) for _ in range(n)]  # they start side by side
         # and are readied side by side, each handed out as soon as it is ready: readied one after another,
         # a burst of compiles (a population's proposals arrive together) found the pool dry while the last
-        # spares waited for the first ones' contexts, and made their own (docs/throughput.md, session i)
+        # spares waited for the first ones' contexts, and made their own
         threads = [threading.Thread(target=self._ready_one, args=(sb,), daemon=True) for sb in new]
         for t in threads:
             t.start()
@@ -109,7 +109,7 @@ class LoadedChildren:
 
     Several children may hold the same candidate (up to `per_key`): the current best takes part in every
     benchmark, and benchmarks overlap, so each one that found the best's child taken used to load another
-    and then close it (session d's phase log: 1.2 of 2 children handed on per benchmark)."""
+    and then close it (measured: 1.2 of 2 children handed on per benchmark)."""
 
     def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4):
         self.limit, self.ttl, self.per_key = limit, ttl, per_key
@@ -171,7 +171,7 @@ def timing_cpus() -> tuple[set, set] | None:
     """(cores kept for timed work, cores for everything else), or None when the host is too small to
     spare any. Why: a many-launch baseline (FLA's chunk_kda) may be host-bound between its launches, and
     with every core compiling candidates it timed 1.17-1.73 ms in-run against 1.2 ms on a quiet host. Own
-    cores alone did not remove that spread on the H200 (docs/throughput.md, session d); cache and memory
+    cores alone did not remove that spread on the H200; cache and memory
     traffic of the busy cores remain shared. MARATHON_TIMING_CPUS: how many (default 2 from 8 up), or
     which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
     if not hasattr(os, "sched_getaffinity"):
@@ -211,20 +211,20 @@ class TimedLock:
     worker's on the device meanwhile. Shared (`with lock.shared():`): all untimed device work (uploads,
     downloads, kernel loading, a new child's CUDA context, verification runs, comparisons with the
     oracle), any number at once, never while timed work runs, because another process's device work
-    inflates timings (a many-launch baseline most: docs/throughput.md). Busy time is the union of both
+    inflates timings (a many-launch baseline most). Busy time is the union of both
     sides' holds.
 
     Exclusive has preference after `patience_s`: a timing request first waits that long for the shared
     holds to end by themselves while new shared work still starts; then the gate closes to new shared work
     until the holds have drained and every queued timing request has run (one drain for the batch). With
     no patience every request closed the gate at once, and with a timing request about every 2.5 s and
-    drains of 1-3 s the gate was closed most of the time: in session f4 a shared entry waited about 5 s
+    drains of 1-3 s the gate was closed most of the time: a shared entry waited about 5 s
     while the shared holds lasted about 0.6 s.
 
     A holder of either side waits for nothing but the device: a timing request waits for every shared
-    hold to end, and nothing else starts meanwhile. In session f1 shared holds included waits for the
-    (one, serial) reference child, so each drain lasted that child's queue, about 11 s per benchmark;
-    taking the child's lock first (f2) made the child's queue wait for every drain instead (about 20 s
+    hold to end, and nothing else starts meanwhile. When shared holds included waits for the
+    (one, serial) reference child, each drain lasted that child's queue, about 11 s per benchmark;
+    taking the child's lock first made the child's queue wait for every drain instead (about 20 s
     per activity). `shared(also=lock)` takes both without holding one while waiting for the other;
     the exclusive side takes the gate first, then the child's lock (Evaluator._with_ref)."""
 
@@ -322,7 +322,7 @@ class TimedLock:
         neither waited for while holding the other: the lock is taken first and given back whenever the
         gate is closed. So a holder of the gate never waits for the serial reference child (a timing
         request's drain would last that child's whole queue), and a holder of the child's lock never
-        waits for the gate (the child's queue would last every drain): sessions f1 and f2."""
+        waits for the gate (the child's queue would last every drain)."""
         t0 = time.monotonic()
         also_wait = 0.0
         have_also = have_shared = False
@@ -384,7 +384,7 @@ class DeviceMemory:
     stay within `fraction` of the device; one stage always runs, so nothing waits forever.
 
     That model adds up peaks as if every held stage were at its peak at once, and stages hold their
-    estimate through their waits for the GPU gate: in session e it kept stages waiting 20 s (KDA) to
+    estimate through their waits for the GPU gate: on the H200 it kept stages waiting 20 s (KDA) to
     130 s (prefill) with the device at most 52-76% full (nvidia-smi). So the device's own reading
     calibrates it: a stage the model refuses is admitted when the device's free memory, as a reference
     child read it in the last `fresh_s` seconds, less the estimates of the stages admitted since that
@@ -460,7 +460,7 @@ class DeviceMemory:
     def _turn(self, ticket: int, now: float) -> bool:
         """Whether waiter `ticket` may take memory now: the oldest waiter always; a younger one only while
         the oldest has waited less than `grace_s`. Without this, a stage could wait indefinitely while
-        younger ones took each freed block, and the run records in iteration order: in session e one
+        younger ones took each freed block, and the run records in iteration order: once one
         prefill verification waited the whole call and held back the records of the 46 behind it."""
         oldest = next(iter(self._waiting))
         return ticket == oldest or now - self._waiting[oldest] < self.grace_s
