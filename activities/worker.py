@@ -1,5 +1,5 @@
-"""The agent worker: the KernelOptimization workflow plus proposer, rules and compaction activities
-on task queue marathon-agent."""
+"""The agent worker: the KernelOptimization workflow and its EvaluateCandidate children, plus proposer,
+rules and compaction activities on task queue marathon-agent."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ from temporalio.worker import Worker
 
 from activities.agent import AGENT_ACTIVITIES
 from workflows.contracts import AGENT_QUEUE
+from workflows.evaluation import EvaluateCandidate
 from workflows.optimization import KernelOptimization
+
+WORKFLOWS = [KernelOptimization, EvaluateCandidate]
 
 
 def agent_activities() -> list:
@@ -23,6 +26,6 @@ def agent_activities() -> list:
 
 
 def build_agent_worker(client: Client, task_queue: str = AGENT_QUEUE, concurrency: int = 16) -> Worker:
-    return Worker(client, task_queue=task_queue, workflows=[KernelOptimization],
+    return Worker(client, task_queue=task_queue, workflows=WORKFLOWS,
                   activities=agent_activities(), activity_executor=ThreadPoolExecutor(concurrency),
                   max_concurrent_activities=concurrency)

@@ -18,12 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.worker import Worker
 
+from gpu_worker import activities as a
+from gpu_worker.activities import evaluator, gpu_concurrency
+from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
 
 def gpu_activities() -> list:
-    from gpu_worker import activities as a
-
     return [a.compile_candidate, a.verify_candidate, a.benchmark_candidate, a.profile_candidate, a.gpu_selftest]
 
 
@@ -38,12 +39,6 @@ def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, s
         check_problem_name(name.strip())
         out.append((name.strip(), shape.strip() or default_shape))
     return out
-
-
-def gpu_concurrency(cuda: bool) -> int:
-    """Concurrent activities per GPU worker (MARATHON_GPU_CONCURRENCY): on CUDA 8, so that a rolling
-    population keeps compiles (CPU) running behind the GPU lock; under the interpreter 2."""
-    return int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if cuda else "2"))
 
 
 def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thread:
@@ -74,11 +69,7 @@ class SelfTestFailed(RuntimeError):
 
 def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
                      max_concurrent: int | None = None) -> Worker:
-    from gpu_worker.activities import evaluator
-
     ev = evaluator()
-    from gpu_worker.wall import host_summary
-
     print(host_summary(), flush=True)
     if selftest is None:
         env = os.environ.get("MARATHON_GPU_SELFTEST")

@@ -13,10 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 AGENT_QUEUE = "marathon-agent"
 GPU_QUEUE = "marathon-gpu"
 WORKFLOW_TYPE = "KernelOptimization"
-STATE_VERSION = 1
+STATE_VERSION = 2  # the carried state of this workflow version (docs/architecture.md, Versioning)
 
 Phase = Literal[
-    "starting", "proposing", "checking", "compiling", "verifying", "benchmarking", "recording",
+    "starting", "proposing", "checking", "evaluating", "compiling", "verifying", "benchmarking", "recording",
     "compacting", "paused", "reverifying", "done",
 ]
 Outcome = Literal["improved", "passed", "rejected"]
@@ -172,16 +172,18 @@ class ToolResult(Strict):
     implicit: bool = False  # answers a reply that had no tool call (fed back as a user message)
 
 
-class InFlight(Strict):
-    """An evaluation started but not recorded when its run continued as new: the next run starts it again
-    with the same arguments, and the GPU worker hands that run the result of the work already under way
-    (gpu_worker.activities.SharedCalls), so a compaction no longer drains the population."""
+class Evaluation(Strict):
+    """An evaluation started and not yet recorded: its child workflow (EvaluateCandidate) runs on its own
+    and signals its result to the run (`evaluated`), so it survives continue-as-new. The run carries this
+    entry, not the work: the iteration it was given, the candidate (proposals exclude it) and, once the
+    signal has come, the result waiting for its turn to be recorded."""
 
     iteration: int
     slot: int
-    proposal: Proposal
-    best: BestRef | None = None
-    started_at: float = 0.0
+    candidate_id: str
+    workflow_id: str  # the child workflow's id: a result from another attempt at this iteration is ignored
+    record: IterationRecord | None = None
+    failure: str | None = None  # an infrastructure failure that outlived the retries: the run pauses
 
 
 class CarriedState(Strict):
@@ -203,7 +205,7 @@ class CarriedState(Strict):
     conversation_key: str | None = None  # llm policy: the transcript lives in the artifact store
     pending_tool_results: list[ToolResult] = Field(default_factory=list)  # llm: for the next turn
     last: IterationRecord | None = None
-    in_flight: list[InFlight] = Field(default_factory=list)  # in iteration order
+    evaluations: list[Evaluation] = Field(default_factory=list)  # started, not yet recorded; iteration order
     stop: StopRequest | None = None  # a stop that arrived while the run compacted: the next run ends at once
     llm_adapted: dict = Field(default_factory=dict)  # llm: what the endpoint refused and what replaced it
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
@@ -479,6 +481,32 @@ class CompactResult(Strict):
     tokens_out: int = 0
 
 
+class EvaluateRequest(Strict):
+    """Input of the EvaluateCandidate child workflow: one candidate's whole evaluation (rules, compile,
+    verify, benchmark, and the re-measure of a would-be best in a fresh process)."""
+
+    problem: str
+    iteration: int
+    slot: int = 0
+    candidate: Candidate
+    best: BestRef | None = None  # measured interleaved with the candidate
+    shape: str | None = None
+    gpu_queue: str = GPU_QUEUE
+    heartbeat_seconds: int = 60
+    started_at: float = 0.0  # workflow time the run started it
+
+
+class EvaluationResult(Strict):
+    """What an EvaluateCandidate child signals to its run: the record, or the infrastructure failure that
+    outlived the retries (the run pauses; the iteration is tried again on resume)."""
+
+    iteration: int
+    workflow_id: str  # the child's own id
+    record: IterationRecord | None = None
+    failure: str | None = None
+    device_facts: DeviceFacts | None = None
+
+
 # ---- what clients see ---------------------------------------------------------------------------
 
 
@@ -610,6 +638,6 @@ class LlmToolRequest(Strict):
     best: BestRef | None = None
 
 
-# InFlight names Proposal, which is defined further down
-for _m in (InFlight, CarriedState, RunSpec):
+# CarriedState names models defined further down
+for _m in (CarriedState, RunSpec):
     _m.model_rebuild()

@@ -20,29 +20,13 @@ def limit_reached(budget: Budget, used: Used) -> str | None:
     return None
 
 
-def iterations_this_step(budget: Budget, used: Used, population: int) -> int:
-    """How many candidates the next step evaluates in parallel: the population, capped by what is
-    left of the iteration budget so the last step never overshoots it."""
-    if budget.iterations is None:
-        return population
-    return max(0, min(population, budget.iterations - used.iterations))
-
-
-def slots_to_fill(budget: Budget, used: Used, population: int, in_flight: int, running: int,
-                  iterations_this_run: int, compact_every: int, continue_as_new_suggested: bool,
-                  carry: bool = False) -> int:
+def slots_to_fill(budget: Budget, used: Used, population: int, in_flight: int, running: int) -> int:
     """How many new candidates a rolling step starts: enough to keep `population` evaluations running,
     never past what is left of the iteration budget (counting those already in flight), and at most
-    2 x population started-but-unrecorded (a slow oldest evaluation must not grow the backlog). Without
-    `carry` also never past the next compaction point, where the run drains and continues as new with
-    nothing in flight; with it (patch "carry-in-flight") the evaluations in flight go on into the next run
-    (CarriedState.in_flight), so the population stays full across the compaction."""
-    if continue_as_new_suggested:
-        return 0
+    2 x population started-but-unrecorded (a slow oldest evaluation must not grow the backlog). A compaction
+    does not cap it: the evaluations under way go on into the next run (their results come by signal)."""
     n = population - running
     n = min(n, 2 * population - in_flight)
-    if not carry:
-        n = min(n, compact_every - iterations_this_run - in_flight)
     if budget.iterations is not None:
         n = min(n, budget.iterations - used.iterations - in_flight)
     return max(0, n)
@@ -98,17 +82,16 @@ def time_to_compact(iterations_this_run: int, compact_every: int, history_sugges
 
 def default_compact_every(population: int) -> int:
     """Iterations between compactions when the user names none: 10, or 8 x population when larger. A
-    search run's compaction does not drain the population (it carries its evaluations in flight,
-    slots_to_fill), but each one still costs a notebook compaction and a new run, and 8 x 24 = 192
-    iterations are about 4,100 history events, where Temporal suggests continuing as new anyway."""
+    search run's compaction does not drain the population (its evaluations go on across continue-as-new),
+    but each one still costs a notebook compaction and a new run, and 8 x 24 = 192 iterations are a few
+    thousand history events, where Temporal suggests continuing as new anyway."""
     return max(10, 8 * population)
 
 
 def compaction_problem(policy: str, population: int, compact_every: int) -> str | None:
     """Why a search run's compaction interval cannot work with its population, or None. Below the
     population a run continues as new before it records as many evaluations as it has in flight, so the
-    same evaluations are carried into run after run (and, in runs recorded before the carry, at most
-    `compact_every` could ever run at once)."""
+    same evaluations are handed on from run to run."""
     if policy == "search" and compact_every < population:
         return (f"compact_every {compact_every} is below population {population}: each run would continue as "
                 f"new with more evaluations in flight than it records, carrying the same ones into run after "

@@ -10,12 +10,14 @@ conversation itself lives in the artifact store and only its key is carried. So 
 learned about its endpoint (`llm_adapted`), the hints in force and the turns since the last recorded
 iteration, which `turns_per_iteration` bounds.
 
-Deterministic: no I/O here, only activity calls and arithmetic on state.
+Deterministic: no I/O here, only activity calls and arithmetic on state. The loop is handed in as `wf`
+and used through its public surface (`Loop`), so this module imports the workflow's module nowhere.
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Protocol
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -24,10 +26,11 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
-        AGENT_QUEUE, BenchReport, BenchRequest, Candidate, CompileReport, EvalRequest, IterationRecord,
-        LlmToolRequest, LlmTurnRequest, LlmTurnResult, ProfileReport, Proposal, ToolCall, ToolResult,
-        VerifyReport,
+        AGENT_QUEUE, BenchReport, BenchRequest, Candidate, CarriedState, CompileReport, EvalRequest,
+        IterationRecord, LlmToolRequest, LlmTurnRequest, LlmTurnResult, Phase, ProfileReport, RunSpec,
+        StopRequest, ToolCall, ToolResult, VerifyReport,
     )
+    from workflows.evaluation import Paused
 
 # The model's endpoint is retried by Temporal, not by the client: many attempts for rate limits and
 # server errors (429s carry their own delay), none for client errors (they are non-retryable).
@@ -39,13 +42,28 @@ MAX_STANDING_HINTS = 20  # hints in force at once (the oldest give way)
 _ANSWER_CHARS = 2500
 
 
-def _paused_type():
-    from workflows.optimization import _Paused  # the module that imports this one; loaded by now
+class Loop(Protocol):
+    """What this policy uses of the KernelOptimization loop."""
 
-    return _Paused
+    spec: RunSpec
+    st: CarriedState
+    records: list[IterationRecord]  # this run's
+    stop: StopRequest | None
+    llm_idle: int
+    llm_stopped_by: str | None
+
+    def set_phase(self, phase: Phase) -> None: ...
+
+    def publish(self) -> None: ...
+
+    async def submit(self, cand: Candidate) -> IterationRecord: ...
+
+    async def agent(self, name: str, arg, result_type, minutes: int = 2): ...
+
+    async def gpu(self, name: str, arg, result_type, minutes: int): ...
 
 
-async def _turn(wf, req: LlmTurnRequest) -> LlmTurnResult:
+async def _turn(wf: Loop, req: LlmTurnRequest) -> LlmTurnResult:
     try:
         return await workflow.execute_activity(
             "llm_turn", req, result_type=LlmTurnResult, task_queue=AGENT_QUEUE,
@@ -55,10 +73,10 @@ async def _turn(wf, req: LlmTurnRequest) -> LlmTurnResult:
     except ActivityError as e:
         cause = e.cause
         msg = str(cause) if cause is not None else str(e)
-        raise _paused_type()(f"llm_turn failed: {decisions.trim(msg, 600)}") from e
+        raise Paused(f"llm_turn failed: {decisions.trim(msg, 600)}") from e
 
 
-def _baseline_ms(wf) -> float | None:
+def _baseline_ms(wf: Loop) -> float | None:
     if wf.st.best is not None:
         return wf.st.best.baseline_ms
     for r in reversed(wf.records):
@@ -69,10 +87,10 @@ def _baseline_ms(wf) -> float | None:
     return None
 
 
-async def llm_step(wf) -> bool:
+async def llm_step(wf: Loop) -> bool:
     """One turn and its tool calls. True only when the model has stopped acting (several turns in a
     row with no tool call and no code)."""
-    wf._set_phase("proposing")
+    wf.set_phase("proposing")
     hints, wf.st.hints = wf.st.hints, []
     pending = list(wf.st.pending_tool_results)
     turn = wf.st.used.turns + 1
@@ -102,19 +120,19 @@ async def llm_step(wf) -> bool:
     u.tokens_out += res.tokens_out
     u.cost_usd += res.cost_usd
     u.tool_calls += len(res.tool_calls)
-    wf._publish()
+    wf.publish()
 
     if not res.tool_calls:
-        wf._llm_idle = getattr(wf, "_llm_idle", 0) + 1
-        return wf._llm_idle >= IDLE_TURNS_EXHAUST or _turn_budget_spent(wf)
-    wf._llm_idle = 0
+        wf.llm_idle += 1
+        return wf.llm_idle >= IDLE_TURNS_EXHAUST or _turn_budget_spent(wf)
+    wf.llm_idle = 0
 
     iteration_before = wf.st.iteration
     results: list[ToolResult] = []
     try:
         for call in res.tool_calls:
             results.append(await _execute(wf, call))
-    except _paused_type() as p:
+    except Paused as p:
         # Infrastructure failed under a tool: answer it and the rest, keep what ran, pause the run.
         done = {r.call_id for r in results}
         for call in res.tool_calls:
@@ -130,7 +148,7 @@ async def llm_step(wf) -> bool:
     return _turn_budget_spent(wf)
 
 
-def _turn_budget_spent(wf) -> bool:
+def _turn_budget_spent(wf: Loop) -> bool:
     """A model that keeps turning without a new iteration (reading, re-submitting one source, talking)
     ends the run after turns_per_iteration turns, with stopped_by turn-budget."""
     if wf.st.turns_since_submission < wf.spec.turns_per_iteration:
@@ -139,7 +157,7 @@ def _turn_budget_spent(wf) -> bool:
     return True
 
 
-def _known_sources(wf, call: ToolCall) -> str | None:
+def _known_sources(wf: Loop, call: ToolCall) -> str | None:
     """candidate_id -> source key, from what the workflow has seen: this run's records, the
     leaderboard, the best."""
     cid = call.candidate_id
@@ -161,7 +179,7 @@ def _answer(call: ToolCall, text: str, error: bool = False, key: str | None = No
                       error=error, implicit=call.implicit, content_key=key)
 
 
-async def _execute(wf, call: ToolCall) -> ToolResult:
+async def _execute(wf: Loop, call: ToolCall) -> ToolResult:
     if call.error:
         return _answer(call, call.error, error=True)
     if call.name == "submit_kernel":
@@ -174,13 +192,13 @@ async def _execute(wf, call: ToolCall) -> ToolResult:
         call = call.model_copy(update={"source_key": key})
     if call.name in ("compile", "check", "benchmark", "profile"):
         return await _gpu_tool(wf, call)
-    res = await wf._agent("llm_tool", LlmToolRequest(problem=wf.spec.problem, call=call,
+    res = await wf.agent("llm_tool", LlmToolRequest(problem=wf.spec.problem, call=call,
                                                      notebook_key=wf.st.notebook_key, best=wf.st.best),
                           ToolResult, minutes=2)
     return res.model_copy(update={"implicit": call.implicit})
 
 
-async def _submit(wf, call: ToolCall) -> ToolResult:
+async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
     limit = decisions.limit_reached(wf.spec.budget, wf.st.used)
     if limit or wf.stop is not None:
         why = "the run is stopping" if wf.stop is not None else f"the budget is used up ({limit})"
@@ -191,11 +209,7 @@ async def _submit(wf, call: ToolCall) -> ToolResult:
                                  + _describe(r) + ". Change something before submitting again.", error=True)
     rationale = str(call.args.get("rationale") or "")[:300]
     cand = Candidate(candidate_id=call.candidate_id, source_key=call.source_key, rationale=rationale)
-    wf._set_phase("checking")
-    rec = await wf._evaluate(wf.st.iteration + 1, 0, Proposal(candidate=cand), wf.st.best)
-    wf._set_phase("recording")
-    await wf._record(rec)
-    rec = wf.st.last  # as recorded: acceptance may have turned "improved" into "passed"
+    rec = await wf.submit(cand)  # as recorded: acceptance may have turned "improved" into "passed"
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
     profile = ""
@@ -205,12 +219,12 @@ async def _submit(wf, call: ToolCall) -> ToolResult:
     return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.{profile}")
 
 
-async def _profile_line(wf, ev: EvalRequest) -> str:
+async def _profile_line(wf: Loop, ev: EvalRequest) -> str:
     """The profile summary a timed kernel's answer brings without being asked (on a GPU: bound,
     achieved bandwidth and FLOP rate, occupancy, registers, spills)."""
     try:
-        p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)
-    except _paused_type() as e:
+        p = await wf.gpu("profile_candidate", ev, ProfileReport, minutes=20)
+    except Paused as e:
         return f"\nprofile: not available ({decisions.trim(e.reason, 200)})"
     return f"\nprofile ({p.tool or '-'}, {p.bound}-bound): {p.summary}" if p.ok else \
         f"\nprofile: failed ({decisions.trim(p.summary, 200)})"
@@ -243,14 +257,14 @@ def _describe(r: IterationRecord) -> str:
             f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms{interp}{_host_note(r)}")
 
 
-async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
+async def _gpu_tool(wf: Loop, call: ToolCall) -> ToolResult:
     if call.rules_error:
         return _answer(call, f"rejected by the rules before running: {call.rules_error}", error=True)
     ev = EvalRequest(problem=wf.spec.problem, candidate_id=call.candidate_id or "-", source_key=call.source_key,
                      shape=wf.spec.shape)
     if call.name == "compile":
-        wf._set_phase("compiling")
-        c = await wf._gpu("compile_candidate", ev, CompileReport, minutes=15)
+        wf.set_phase("compiling")
+        c = await wf.gpu("compile_candidate", ev, CompileReport, minutes=15)
         if not c.ok:
             return _answer(call, f"compile failed: {c.error}", error=True)
         facts = {k: getattr(c, k) for k in ("registers", "spills", "shared_bytes", "num_warps", "num_stages",
@@ -258,15 +272,15 @@ async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
         return _answer(call, f"compiled{' (interpreter)' if c.interpreter else ''}: kernels "
                              f"{', '.join(c.kernels) or '-'}; {facts}")
     if call.name == "check":
-        wf._set_phase("verifying")
-        v = await wf._gpu("verify_candidate", ev, VerifyReport, minutes=20)
+        wf.set_phase("verifying")
+        v = await wf.gpu("verify_candidate", ev, VerifyReport, minutes=20)
         if not v.ok:
             return _answer(call, f"incorrect ({v.stage}): {v.reason}", error=True)
         return _answer(call, f"correct: worst rel err {v.rel_err:.3g} (threshold {v.threshold:.3g})"
                        if v.rel_err is not None and v.threshold is not None else "correct")
     if call.name == "benchmark":
-        wf._set_phase("benchmarking")
-        b = await wf._gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=wf.st.best), BenchReport,
+        wf.set_phase("benchmarking")
+        b = await wf.gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=wf.st.best), BenchReport,
                           minutes=20)
         wf.st.device_facts = b.device_facts or wf.st.device_facts
         wf.st.used.gpu_seconds += b.gpu_seconds
@@ -279,6 +293,6 @@ async def _gpu_tool(wf, call: ToolCall) -> ToolResult:
                              f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}"
                              f"{_distributions_note(b)}{_host_note(b)}. "
                              f"Not submitted: use submit_kernel to make it count.{profile}")
-    wf._set_phase("benchmarking")
-    p = await wf._gpu("profile_candidate", ev, ProfileReport, minutes=20)
+    wf.set_phase("benchmarking")
+    p = await wf.gpu("profile_candidate", ev, ProfileReport, minutes=20)
     return _answer(call, f"profile ({p.tool}, {p.bound}-bound): {p.summary}", error=not p.ok)

@@ -126,7 +126,7 @@ async def test_worker_restart_mid_run_loses_nothing(env, store, llm_env):
 
     from temporalio.worker import Worker
 
-    from activities.worker import agent_activities
+    from activities.worker import WORKFLOWS, agent_activities
     from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES
     from workflows.contracts import GPU_QUEUE
 
@@ -145,7 +145,7 @@ async def test_worker_restart_mid_run_loses_nothing(env, store, llm_env):
     script = TurnScript(items)
 
     def pair(client):
-        agent = Worker(client, task_queue=AGENT_QUEUE, workflows=[KernelOptimization], activities=agent_activities(),
+        agent = Worker(client, task_queue=AGENT_QUEUE, workflows=WORKFLOWS, activities=agent_activities(),
                        activity_executor=ThreadPoolExecutor(8), max_concurrent_activities=8, max_cached_workflows=0)
         gpu = Worker(client, task_queue=GPU_QUEUE, activities=SYNTHETIC_GPU_ACTIVITIES,
                      activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)

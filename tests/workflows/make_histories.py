@@ -1,9 +1,10 @@
-"""Regenerate the replay fixtures in tests/histories/ (run by hand when the workflow changes on
-purpose, with `workflow.patched` guarding the change): `python -m tests.workflows.make_histories v2_`.
+"""Record the replay fixtures in tests/histories/ with today's code: `python -m tests.workflows.make_histories`.
 
 Records one run of every kind of history the workflow makes: a run that ends in continue-as-new after
-a compaction, with a signal, an accepted and a rejected budget update, a pause and resume; and the
-final run that completes."""
+a compaction with evaluations under way (their results arrive in the next run), with a signal, an accepted
+and a rejected budget update, a pause and resume; the final run that completes; and one evaluation's
+child workflow. A change that alters the command sequence of a supported version goes behind
+`workflow.patched`, and its fixtures are recorded beside these (docs/architecture.md, Versioning)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ async def main(prefix: str) -> None:
                                                 dev_server_extra_args=dev_server_config_args())
     from tests import evaluators
 
-    # every third candidate compiles slowly, so the rolling population (v3_ onwards) really overlaps steps
+    # every third candidate compiles slowly, so the rolling population really overlaps and some evaluations
+    # are still under way at a compaction
     evaluators.SLOW_EVERY, evaluators.SLOW_S = 3, 0.5
     try:
         async with workers(env.client):
@@ -54,7 +56,11 @@ async def main(prefix: str) -> None:
         for i, w in enumerate(sorted(runs, key=lambda w: w.start_time)):
             hist = await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
             (OUT / f"{prefix}softmax_run{i + 1}.json").write_text(hist.to_json())
-        print(f"wrote {len(runs)} histories to {OUT}")
+        child = [w async for w in env.client.list_workflows("WorkflowType = 'EvaluateCandidate'")
+                 if w.id.startswith("replay-fixture-eval-1-")]
+        hist = await env.client.get_workflow_handle(child[0].id, run_id=child[0].run_id).fetch_history()
+        (OUT / f"{prefix}softmax_evaluation.json").write_text(hist.to_json())
+        print(f"wrote {len(runs) + 1} histories to {OUT}")
     finally:
         await env.shutdown()
 
@@ -62,5 +68,5 @@ async def main(prefix: str) -> None:
 if __name__ == "__main__":
     import sys
 
-    # a new prefix per workflow change: older fixtures stay, proving old histories still replay
+    # a prefix for the fixtures of a patched change, recorded beside today's
     asyncio.run(main(sys.argv[1] if len(sys.argv) > 1 else ""))

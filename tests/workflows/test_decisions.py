@@ -20,27 +20,15 @@ def test_limit_reached_names_the_first_exhausted_budget():
     assert decisions.limit_reached(Budget(iterations=None, gpu_seconds=10), Used(gpu_seconds=9.9)) is None
 
 
-def test_the_last_step_never_overshoots_the_iteration_budget():
-    assert decisions.iterations_this_step(Budget(iterations=10), Used(iterations=8), 4) == 2
-    assert decisions.iterations_this_step(Budget(iterations=None), Used(iterations=8), 4) == 4
-
-
-def test_rolling_slots_fill_the_population_within_budget_and_compaction():
+def test_rolling_slots_fill_the_population_within_budget():
     f = decisions.slots_to_fill
     b, u = Budget(iterations=100), Used(iterations=10)
-    assert f(b, u, 4, in_flight=0, running=0, iterations_this_run=0, compact_every=50,
-             continue_as_new_suggested=False) == 4
-    assert f(b, u, 4, 3, 1, 0, 50, False) == 3          # one running, two finished waiting: 3 to start
-    assert f(b, u, 4, 8, 0, 0, 50, False) == 0          # backlog of 2 x population finished-unrecorded
-    assert f(b, u, 4, 2, 2, 47, 50, False) == 1         # room before the compaction point
-    assert f(b, Used(iterations=98), 4, 1, 1, 0, 50, False) == 1  # iteration budget counts in-flight
-    assert f(Budget(iterations=None), u, 4, 0, 0, 0, 50, True) == 0  # continue-as-new suggested: drain
-    assert f(Budget(iterations=None), u, 4, 0, 0, 60, 50, False) == 0
-    # carrying the evaluations in flight across continue-as-new: the compaction point no longer caps
-    assert f(b, u, 4, 2, 2, 47, 50, False, carry=True) == 2
-    assert f(b, u, 4, 2, 2, 60, 50, False, carry=True) == 2
-    assert f(Budget(iterations=None), u, 4, 0, 0, 0, 50, True, carry=True) == 0
-    assert f(b, Used(iterations=98), 4, 1, 1, 0, 50, False, carry=True) == 1  # the budget still does
+    assert f(b, u, 4, in_flight=0, running=0) == 4
+    assert f(b, u, 4, 3, 1) == 3          # one running, two finished waiting: 3 to start
+    assert f(b, u, 4, 8, 0) == 0          # backlog of 2 x population finished-unrecorded
+    assert f(b, Used(iterations=98), 4, 1, 1) == 1  # iteration budget counts in-flight
+    assert f(b, Used(iterations=100), 4, 0, 0) == 0
+    assert f(Budget(iterations=None), u, 4, 2, 2) == 2
 
 
 def test_budget_changes_below_what_is_used_are_refused():

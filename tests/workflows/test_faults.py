@@ -77,8 +77,7 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float):
         client = await connect(address)
         third = iterations // 3
         # 1. SIGKILL the worker while an activity is in flight
-        await _until(client, wid, lambda s: s.iteration >= third and s.phase in ("compiling", "benchmarking",
-                                                                                 "verifying"))
+        await _until(client, wid, lambda s: s.iteration >= third and s.phase == "evaluating")
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
         await asyncio.sleep(2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -195,31 +196,37 @@ async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, st
             moved.rename(objects)
 
 
-async def test_compaction_carries_the_evaluations_in_flight(env, store):
-    # Population 4, a compaction every 6: each continue-as-new happens with evaluations still in flight, and
-    # the next run starts those again with the very same requests (the GPU worker hands back the work under
-    # way: gpu_worker.activities.SharedCalls), instead of the population draining before every compaction.
+async def test_evaluations_go_on_across_continue_as_new(env, store):
+    # Population 4, a compaction every 6: each continue-as-new happens with evaluations under way. Each is a
+    # child workflow that outlives the run and signals its result to the run's workflow id: the next run
+    # records it, and no evaluation is started (compiled) twice.
     evaluators.DELAY_S = 0.3
     evaluators.REQUESTS.clear()
     try:
         spec = RunSpec(problem="softmax", budget={"iterations": 16}, compact_every=6, population=4)
         async with workers(env.client):
-            res = await (await _start(env.client, spec, "carry")).result()
+            h = await _start(env.client, spec, "carry")
+            res = await h.result()
     finally:
         evaluators.DELAY_S = 0.0
     assert_contiguous(store, res, 16)
     assert res.runs == 3  # compactions after 6 and 12 records
     recs = read_ledger(store, res.ledger_key)
     assert len({r.candidate_id for r in recs}) == 16
-    by_iteration: dict[int, dict[str, set]] = {}
-    for name, run, body in evaluators.REQUESTS:
-        if name == "compile_candidate":
-            it = EvalRequest.model_validate_json(body).iteration
-            by_iteration.setdefault(it, {}).setdefault(body, set()).add(run)
-    carried = [it for it, bodies in by_iteration.items() if len(set().union(*bodies.values())) > 1]
-    assert carried, "no evaluation was in flight at a compaction"
-    for it in carried:
-        assert len(by_iteration[it]) == 1, f"iteration {it} was asked again with another request"
-    # a carried evaluation keeps the start of its first run in the record
-    first = {r.iteration: r for r in recs}
-    assert all(first[it].started_at <= first[it].finished_at for it in carried)
+    compiled = [EvalRequest.model_validate_json(body).iteration for name, _, body in evaluators.REQUESTS
+                if name == "compile_candidate"]
+    assert sorted(compiled) == list(range(1, 17)), "an evaluation was started again"
+    started, delivered = {}, {}  # iteration -> the run that started its child / received its result
+    async for ex in env.client.list_workflows(f"WorkflowId = '{h.id}'"):
+        async for e in env.client.get_workflow_handle(h.id, run_id=ex.run_id).fetch_history_events():
+            if e.HasField("start_child_workflow_execution_initiated_event_attributes"):
+                it = int(e.start_child_workflow_execution_initiated_event_attributes.workflow_id.split("-eval-")[1]
+                         .split("-")[0])
+                started[it] = ex.run_id
+            elif e.HasField("workflow_execution_signaled_event_attributes"):
+                sig = e.workflow_execution_signaled_event_attributes
+                if sig.signal_name == "evaluated":
+                    it = json.loads(sig.input.payloads[0].data)["iteration"]
+                    delivered[it] = ex.run_id
+    assert sorted(started) == sorted(delivered) == list(range(1, 17))
+    assert any(started[it] != delivered[it] for it in started), "no evaluation was under way at a compaction"

@@ -11,7 +11,7 @@ from temporalio import activity
 from temporalio.worker import Worker
 
 from activities.agent import compact_notebook
-from activities.worker import agent_activities
+from activities.worker import WORKFLOWS, agent_activities
 from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES
 from tests.workflows.helpers import assert_contiguous, start
 from workflows.contracts import AGENT_QUEUE, GPU_QUEUE, CompactRequest, CompactResult, RunSpec, StopRequest
@@ -31,7 +31,7 @@ def held_compaction(req: CompactRequest) -> CompactResult:
 
 async def test_a_stop_during_the_compaction_ends_the_next_run_with_its_reason(env, store):
     acts = [a for a in agent_activities() if a is not compact_notebook] + [held_compaction]
-    agent = Worker(env.client, task_queue=AGENT_QUEUE, workflows=[KernelOptimization], activities=acts,
+    agent = Worker(env.client, task_queue=AGENT_QUEUE, workflows=WORKFLOWS, activities=acts,
                    activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)
     gpu = Worker(env.client, task_queue=GPU_QUEUE, activities=SYNTHETIC_GPU_ACTIVITIES,
                  activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)

@@ -8,13 +8,14 @@ import asyncio
 import io
 import re
 
+import pytest
 from temporalio import activity
 
 from tests import evaluators
 from tests.workflows.helpers import run_id, start, workers
 from tests.workflows.test_cli import marathon
 from activities.cli import run_report, watch
-from workflows.contracts import BenchReport, BenchRequest, RunSpec
+from workflows.contracts import AGENT_QUEUE, BenchReport, BenchRequest, RunSpec
 from workflows.optimization import KernelOptimization
 from workflows.text import INTERPRETER_NOTE
 
@@ -91,3 +92,23 @@ async def test_gpu_timings_show_as_speedups_with_the_crowned_best_first(env, sto
     desc = await h.describe()
     sa = {k.name: v for k, v in desc.typed_search_attributes.search_attributes}
     assert sa["MarathonBestSpeedup"] == b.speedup
+
+
+@pytest.mark.xfail(strict=True, reason="temporalio 1.35's workflow.continue_as_new takes no static summary or "
+                                       "details, and neither does the continue-as-new command it sends")
+async def test_the_start_summary_reaches_the_run_started_by_continue_as_new(env, store):
+    # what the Web UI shows as a run's summary, read back by describe: the first execution's is the one the
+    # client set; the continued one's must be the same. When it holds, pass the summary and details on in
+    # workflow.continue_as_new and drop this mark (strict: the test fails as soon as it passes).
+    wid = run_id("summary")
+    spec = RunSpec(problem="softmax", budget={"iterations": 2}, compact_every=1)
+    async with workers(env.client):
+        h = await env.client.start_workflow(KernelOptimization.run, spec, id=wid, task_queue=AGENT_QUEUE,
+                                            static_summary="summary of the run", static_details="details")
+        res = await asyncio.wait_for(h.result(), 60)
+        first = await env.client.get_workflow_handle(wid, run_id=h.first_execution_run_id).describe()
+        latest = await env.client.get_workflow_handle(wid).describe()
+    assert res.runs == 2 and latest.run_id != first.run_id
+    assert await first.static_summary() == "summary of the run"
+    assert await latest.static_summary() == "summary of the run"
+    assert await latest.static_details() == "details"

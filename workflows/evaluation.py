@@ -1,0 +1,147 @@
+"""EvaluateCandidate: one candidate's whole evaluation as one durable unit, a child workflow of the run.
+
+rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process. The run starts
+it with ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's
+workflow id (`evaluated`), which reaches the run's latest execution, so an evaluation under way goes on
+across the run's continue-as-new and the GPU pipeline never drains for a compaction.
+
+Deterministic: activity calls and decisions only. Also the activity-call helpers the loop shares
+(`Paused`: an infrastructure failure that outlived its retries).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows import decisions
+    from workflows.contracts import (
+        BenchReport, BenchRequest, CompileReport, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
+        RuleReport, RuleRequest, VerifyReport,
+    )
+
+EVALUATE_TYPE = "EvaluateCandidate"
+RESULT_SIGNAL = "evaluated"
+
+# Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
+# run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
+RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1),
+                    maximum_interval=timedelta(seconds=30))
+
+
+class Paused(Exception):
+    """An activity failed for infrastructure reasons after its retries: the run pauses with the reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Rejected(Exception):
+    """A candidate fell out of the pipeline; carries its record fields."""
+
+    def __init__(self, stage: str, reason: str, **extra) -> None:
+        super().__init__(reason)
+        self.stage, self.reason, self.extra = stage, reason, extra
+
+
+async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
+                        summary: str):
+    """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused."""
+    try:
+        return await workflow.execute_activity(
+            name, arg, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
+            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary)
+    except ActivityError as e:
+        msg = str(e.cause) if e.cause is not None else str(e)
+        raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+
+
+async def call_local(name: str, arg, result_type, summary: str):
+    """Short CPU-only agent steps (the search proposer, the static rule check) run as local activities:
+    recorded in history like any activity, without two trips through the server's task queues."""
+    try:
+        return await workflow.execute_local_activity(
+            name, arg, result_type=result_type, start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RETRY, summary=summary)
+    except ActivityError as e:
+        msg = str(e.cause) if e.cause is not None else str(e)
+        raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+    except ApplicationError as e:
+        # A local activity's failure can also arrive as its cause alone, without the ActivityError around it
+        # (after a workflow task timed out and was retried): it pauses the run as well.
+        raise Paused(f"{name} failed: {decisions.trim(str(e), 300)}") from e
+
+
+@workflow.defn(name=EVALUATE_TYPE)
+class EvaluateCandidate:
+    @workflow.run
+    async def run(self, req: EvaluateRequest) -> EvaluationResult:
+        me = workflow.info().workflow_id
+        try:
+            record, facts = await self.evaluate(req)
+            result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
+        except Paused as p:
+            result = EvaluationResult(iteration=req.iteration, workflow_id=me, failure=p.reason)
+        parent = workflow.info().parent
+        if parent is not None:
+            try:
+                await workflow.get_external_workflow_handle(parent.workflow_id).signal(RESULT_SIGNAL, result)
+            except Exception as e:  # noqa: BLE001 - the run has ended (terminated): nobody waits for this result
+                workflow.logger.info("result of #%s not delivered: %s", req.iteration, e)
+        return result
+
+    async def evaluate(self, req: EvaluateRequest):
+        cand = req.candidate
+        base = dict(iteration=req.iteration, slot=req.slot, candidate_id=cand.candidate_id,
+                    source_key=cand.source_key, knobs=cand.knobs, rationale=cand.rationale,
+                    started_at=req.started_at)
+        ev = EvalRequest(problem=req.problem, candidate_id=cand.candidate_id, source_key=cand.source_key,
+                         shape=req.shape, iteration=req.iteration)
+        facts = None
+
+        async def gpu(name, arg, result_type, minutes):
+            return await call_activity(name, arg, result_type, req.gpu_queue, minutes, req.heartbeat_seconds,
+                                       f"{name} #{req.iteration}")
+
+        try:
+            rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),
+                                     RuleReport, f"check_rules #{req.iteration}")
+            if not rules.ok:
+                raise Rejected("rules", f"{rules.rule}: {rules.detail}")
+            comp = await gpu("compile_candidate", ev, CompileReport, 15)
+            if not comp.ok:
+                raise Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
+            ver = await gpu("verify_candidate", ev, VerifyReport, 20)
+            if not ver.ok:
+                raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
+                               interpreter=ver.interpreter)
+            best = req.best
+            bench = await gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best), BenchReport, 20)
+            gpu_s, facts = bench.gpu_seconds, bench.device_facts
+            if not bench.ok:
+                raise Rejected(bench.stage, bench.reason, log_key=bench.log_key, interpreter=bench.interpreter,
+                               gpu_seconds=gpu_s)
+            outcome = "passed"
+            if decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
+                # A new best is re-measured in a fresh process before it is believed.
+                again = await gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best, fresh_process=True),
+                                  BenchReport, 20)
+                gpu_s += again.gpu_seconds
+                if again.ok and decisions.improves_on(again, best):
+                    bench, outcome = again, "improved"
+            elif decisions.improves_on(bench, best):
+                outcome = "improved"
+            return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms, baseline_ms=bench.baseline_ms,
+                                   speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
+                                   vs_best=bench.vs_best, rel_err=ver.rel_err, interpreter=bench.interpreter,
+                                   gpu_seconds=gpu_s, log_key=bench.log_key, deciding_dist=bench.deciding_dist,
+                                   host_ms=bench.host_ms, baseline_host_ms=bench.baseline_host_ms,
+                                   finished_at=workflow.now().timestamp()), facts
+        except Rejected as r:
+            return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
+                                   finished_at=workflow.now().timestamp(), **r.extra), facts
