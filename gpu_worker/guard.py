@@ -46,6 +46,9 @@ SOCKET_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendm
 #: the Triton files whose subprocesses are the compiler's own (ptxas, the driver module's C compiler)
 COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py", "triton/knobs.py",
                   "triton/backends/nvidia/driver.py")
+#: the launcher build: a C compiler runs only from Triton's build helper called by its NVIDIA driver (the
+#: launcher's source is generated from the kernel's signature there, not passed in by the candidate)
+LAUNCHER_BUILD, LAUNCHER_CALLER = "triton/runtime/build.py", "triton/backends/nvidia/driver.py"
 #: aten ops that are library kernels; problem-specific additions come from the parent
 ATEN_BANNED = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "einsum", "_scaled_mm",
                "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
@@ -76,7 +79,8 @@ def _library_prefixes() -> tuple[str, ...]:
 def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
     """The audit hook and its helpers, closed over frozen settings: nothing here reads a module global
     at call time, so rewriting this module's attributes changes nothing the hook does."""
-    roots, trusted_roots, library, compiler_files, allowed_exec, banned = cfg
+    roots, trusted_roots, library, compiler_files, allowed_exec, banned, launcher_exec = cfg
+    launcher_build, launcher_caller = LAUNCHER_BUILD, LAUNCHER_CALLER
     realpath, getframe, write, dumps = os.path.realpath, sys._getframe, os.write, json.dumps
     fspath, pathlike, devnull, violation = os.fspath, os.PathLike, os.devnull, GuardViolation
     subprocess_events, socket_events, ctypes_events = SUBPROCESS_EVENTS, SOCKET_EVENTS, CTYPES_EVENTS
@@ -105,6 +109,14 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         while f is not None:
             fn = f.f_code.co_filename
             if not (fn.startswith(frozen) or any(fn.startswith(p) for p in library)):
+                return True
+            f = f.f_back
+        return False
+
+    def on_stack(suffix: str) -> bool:
+        f = getframe(2)
+        while f is not None:
+            if f.f_code.co_filename.endswith(suffix):
                 return True
             f = f.f_back
         return False
@@ -157,9 +169,14 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 exe = fspath(exe)
             if isinstance(exe, bytes):
                 exe = exe.decode(errors="replace")
-            ok_exe = isinstance(exe, str) and realpath(exe) in allowed_exec
+            real = realpath(exe) if isinstance(exe, str) else None
+            ok_exe = real in allowed_exec
             caller = first_caller()
-            if not (ok_exe and any(caller.endswith(c) for c in compiler_files)) and candidate_on_stack():
+            if real in launcher_exec:
+                by_compiler = caller.endswith(launcher_build) and on_stack(launcher_caller)
+            else:
+                by_compiler = any(caller.endswith(c) for c in compiler_files)
+            if not (ok_exe and by_compiler) and candidate_on_stack():
                 why = "" if ok_exe else ", not a listed compiler binary"
                 record("process", f"{event} of {exe!r} from {caller or '?'}{why} refused: candidates may not "
                        "start processes")
@@ -276,19 +293,21 @@ _INSTALLED: Seal | None = None
 
 
 def install(write_roots: list[str], trusted_roots: list[str], report_fd: int | None = None,
-            allowed_exec: tuple[str, ...] = ()) -> Seal:
+            allowed_exec: tuple[str, ...] = (), launcher_exec: tuple[str, ...] = ()) -> Seal:
     """Add the audit hook (once per process). `write_roots` may be written by anyone, `trusted_roots`
     only while no candidate code is on the stack; `allowed_exec`: the binaries Triton's compiler may still
-    run while candidate code is on the stack (none on CPU). Returns the seal the harness checks after
-    every call."""
+    run while candidate code is on the stack (none on CPU), of which `launcher_exec` (the C compiler and
+    its programs) only from Triton's launcher build. Returns the seal the harness checks after every
+    call."""
     global _INSTALLED
     if _INSTALLED is not None:
         return _INSTALLED
     if report_fd is not None:
         os.set_blocking(report_fd, False)  # a full pipe drops a line instead of hanging the child
     cfg = (tuple(os.path.realpath(r) for r in write_roots), tuple(os.path.realpath(r) for r in trusted_roots),
-           _library_prefixes(), COMPILER_FILES, frozenset(os.path.realpath(p) for p in allowed_exec),
-           frozenset(BANNED_TOP))
+           _library_prefixes(), COMPILER_FILES,
+           frozenset(os.path.realpath(p) for p in tuple(allowed_exec) + tuple(launcher_exec)),
+           frozenset(BANNED_TOP), frozenset(os.path.realpath(p) for p in launcher_exec))
     hook, blocker, report = _make_hook(cfg, VIOLATIONS, report_fd)
     sys.meta_path.insert(0, blocker)
     sys.addaudithook(hook)

@@ -423,10 +423,10 @@ def c_compiler_programs() -> list[str]:
 
 
 def compiler_binaries() -> list[str]:
-    """The binaries Triton runs lazily, at a kernel's first launch: ptxas (both builds Triton ships) and
-    the C compiler of the launcher module it builds for every new kernel signature. What else it runs
-    (ldconfig, `ptxas --version`) runs once per process, before the wall, when the child's CUDA and
-    Triton are initialised."""
+    """The ptxas builds Triton ships and the one its knobs name, which it runs lazily, at a kernel's first
+    launch (as it runs the launcher's C compiler: `c_compiler_programs`). What else it runs (ldconfig,
+    `ptxas --version`) runs once per process, before the wall, when the child's CUDA and Triton are
+    initialised."""
     out = []
     try:
         from triton import knobs
@@ -441,8 +441,7 @@ def compiler_binaries() -> list[str]:
         out += sorted(glob.glob(os.path.join(os.path.dirname(nvidia.__file__), "bin", "ptxas*")))
     except Exception as e:  # noqa: BLE001 - no NVIDIA backend: nothing to allow
         print(f"wall: no ptxas found ({type(e).__name__}: {e})", flush=True)
-    out = list(dict.fromkeys(p for p in out if os.path.isfile(p)))
-    return out + c_compiler_programs() if out else out
+    return list(dict.fromkeys(p for p in out if os.path.isfile(p)))
 
 
 def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
@@ -451,9 +450,11 @@ def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bo
     wall. Returns (seal, description of the walls for the load reply)."""
     from gpu_worker import guard
 
-    execs = compiler_binaries() if cuda else []
+    ptxas = compiler_binaries() if cuda else []
+    launcher = c_compiler_programs() if ptxas else []
+    execs = ptxas + launcher
     seal = guard.install(write_roots=[tmp] + list(write_roots), trusted_roots=list(trusted_roots),
-                         report_fd=report_fd, allowed_exec=tuple(execs))
+                         report_fd=report_fd, allowed_exec=tuple(ptxas), launcher_exec=tuple(launcher))
     m = mode()
     if m == "off":
         return seal, {"os": "off (MARATHON_WALL=off)"}

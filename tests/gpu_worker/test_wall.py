@@ -187,16 +187,33 @@ from gpu_worker import wall
 own = sys.argv[1]
 # on a thread whose frames are all the library's (the child's are): Landlock holds for this thread
 pool = ThreadPoolExecutor(1)
+cc = wall.c_compiler_programs()[0]
 seal, desc = pool.submit(wall.enclose, own, [], [], True, None).result()
 with open(os.path.join(own, "cand.py"), "w") as f:
     f.write("from triton.backends.nvidia import compiler\n"
             "def through_triton():\n    return compiler.get_ptxas_version.__wrapped__(90)\n"
             "def by_itself(ptxas):\n    import subprocess\n"
             "    return subprocess.run([ptxas, '--version'], capture_output=True).returncode\n")
+# the launcher's C compiler: only from Triton's build helper under its NVIDIA driver (here files at those
+# paths stand in for them: there is no CUDA driver to build a launcher for); not from the helper alone
+fake = os.path.join(own, "fake")
+for rel, text in (("triton/runtime/build.py", f"import subprocess\ndef build():\n    subprocess.run([{cc!r}, '--version'], capture_output=True, check=True)\n"),
+                  ("triton/backends/nvidia/driver.py", "def launcher(build):\n    build()\n")):
+    os.makedirs(os.path.dirname(os.path.join(fake, rel)), exist_ok=True)
+    with open(os.path.join(fake, rel), "w") as f:
+        f.write(text)
+def load(rel):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], os.path.join(fake, rel))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+build, driver = load("triton/runtime/build.py"), load("triton/backends/nvidia/driver.py")
 sys.path.insert(0, own)
 import cand
 res = {"exec": desc.get("exec")}
-for name, fn in (("through_triton", cand.through_triton), ("by_itself", lambda: cand.by_itself(desc["exec"][0]))):
+for name, fn in (("through_triton", cand.through_triton), ("by_itself", lambda: cand.by_itself(desc["exec"][0])),
+                 ("launcher_build", lambda: driver.launcher(build.build)), ("build_alone", build.build)):
     try:
         pool.submit(fn).result()
         res[name] = "ok"
@@ -206,7 +223,8 @@ print(json.dumps(res))
 '''
 
 
-@pytest.mark.skipif(not wall.landlock_abi() or not wall.compiler_binaries(), reason="needs Landlock and Triton's ptxas")
+@pytest.mark.skipif(not wall.landlock_abi() or not wall.compiler_binaries() or not wall.c_compiler_programs(),
+                    reason="needs Landlock, Triton's ptxas and a C compiler")
 def test_behind_a_gpu_childs_walls_triton_runs_ptxas_and_the_candidate_cannot(tmp_path):
     own = tmp_path / "own"
     own.mkdir()
@@ -216,6 +234,8 @@ def test_behind_a_gpu_childs_walls_triton_runs_ptxas_and_the_candidate_cannot(tm
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["through_triton"] == "ok", res
     assert res["by_itself"].startswith("refused GuardViolation") and "process" in res["by_itself"], res
+    assert res["launcher_build"] == "ok", res
+    assert res["build_alone"].startswith("refused GuardViolation") and "process" in res["build_alone"], res
 
 
 def test_without_landlock_seccomp_still_refuses_network_and_processes(tmp_path):
