@@ -103,13 +103,9 @@ def _imported_after(modules: tuple[str, ...] | list[str]) -> set[str]:
     return set(out.stdout.split())
 
 
-#: cycles whose files are being rewritten; tolerated while they exist as they are, and no others
-KNOWN = [["gpu_worker.activities", "gpu_worker.worker"], ["workflows.llm_loop", "workflows.optimization"]]
-
-
 def test_no_import_cycle_among_the_project_modules():
     graph = _graph()
-    cycles = [c for c in _cycles(graph) if c not in KNOWN]
+    cycles = _cycles(graph)
     described = ["; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c) for c in cycles]
     assert not cycles, "import cycles:\n" + "\n".join(described)
 
