@@ -106,7 +106,7 @@ def kda_conversation(store, n_turns: int):
     return head, [ToolResult.model_validate(r) for r in prev_results], template
 
 
-def test_kda_prompt_at_turn_50_keeps_four_turns_and_the_template_whole(store):
+def test_kda_prompt_at_turn_50_keeps_three_turns_and_the_template_whole(store):
     from workflows.contracts import BestRef
 
     head, pending, template = kda_conversation(store, 50)
@@ -116,7 +116,7 @@ def test_kda_prompt_at_turn_50_keeps_four_turns_and_the_template_whole(store):
     r = req(store, problem="kda", turn=51, conversation_key=head, tool_results=pending, best=best)
     msgs = build_messages(r, store)
     assert estimate_tokens(msgs) + estimate_tokens(TOOLS) <= 24000
-    assert sum(m["role"] == "assistant" for m in msgs) >= 4
+    assert sum(m["role"] == "assistant" for m in msgs) >= 3  # beside the ~16 KB template, read whole
     last_read = [m for m in msgs if m["role"] == "tool"][-1]["content"]
     assert template.rstrip() in last_read  # the latest answer: the template whole
     # older turns name their kernels by candidate id instead of repeating them
