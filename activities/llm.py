@@ -48,7 +48,7 @@ from workflows.contracts import (LlmToolRequest, LlmTurnRequest, LlmTurnResult, 
 HISTORY_TURNS = 4  # past turns replayed verbatim in a prompt (older ones live in the notebook)
 MAX_CALLS_PER_TURN = 8
 TOOL_CONTENT_CHARS = 6000  # one tool answer of an older turn in a prompt, at most
-LAST_TOOL_CONTENT_CHARS = 16000  # one answer to the latest turn: a whole template fits (KDA's is 12.4 k)
+LAST_TOOL_CONTENT_CHARS = 20000  # one answer to the latest turn: a whole template fits (KDA's is 16.6 k)
 READ_LINES_DEFAULT = 400  # lines a read tool returns when no range is asked for
 
 SOURCE_TOOLS = {"submit_kernel", "compile", "check", "benchmark", "profile", "diff_against_best"}
