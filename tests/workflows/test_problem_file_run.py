@@ -72,6 +72,31 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
     await export_and_reverify(wid, address, key, good, tmp_path, capsys)
 
 
+async def test_a_kernelbench_softmax_file_runs_end_to_end(env, store, real_gpu, tmp_path, monkeypatch):
+    """The second KernelBench-format file, with no parameters: one LLM-proposed kernel judged against it."""
+    good = (FILES / "softmax_kernel.py").read_text()
+    mine = tmp_path / "softmax_problem.py"
+    shutil.copy(FILES / "softmax.py", mine)
+    key = "file:" + hashlib.sha256(mine.read_bytes()).hexdigest()
+    address = env.client.service_client.config.target_host
+    wid = run_id("softmax-file")
+    with ChatServer(TurnScript([turn(("submit_kernel", {"source": good, "rationale": "one program per row"}))])) as server:
+        for k, v in (("OPENAI_BASE_URL", server.url), ("OPENAI_API_KEY", "test-key-0123"),
+                     ("MARATHON_MODEL", "scripted-model"), ("MARATHON_LLM_TIMEOUT", "5")):
+            monkeypatch.setenv(k, v)
+        async with workers(env.client, real_gpu):
+            p = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "llm",
+                                 "--iterations", "1", "--id", wid, "--address", address],
+                capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+            res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 300)
+    (rec,) = read_ledger(store, res.ledger_key)
+    assert rec.outcome == "improved" and rec.interpreter and rec.baseline_ms, rec
+    assert res.best_source_key and store.get_text(res.best_source_key) == good
+    assert store.get_bytes(key.removeprefix("file:")) == (FILES / "softmax.py").read_bytes()
+
+
 async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     """`marathon export` of the finished run: kernel.py (the candidate, then ModelNew), the receipt with its
     re-verify command, which passes through the real harness; an earlier export is kept without --force."""
