@@ -27,7 +27,7 @@ run: install
 	exit $$status
 
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench-overhead: install
 	$(PY) -m tests.bench_overhead
