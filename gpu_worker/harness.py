@@ -63,6 +63,17 @@ def _aten_ops(problem: str) -> tuple[str, ...]:
     return ()
 
 
+def other_shapes(problem, verified) -> list[str]:
+    """The problem's shapes other than `verified`, cheapest first (by the bytes of their outputs): a
+    kernel correct only at the shape it was verified at fails at the first of them."""
+    import math
+
+    def cost(shape) -> int:
+        return sum(math.prod(o.shape) for o in problem.output_specs(shape).values())
+
+    return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
+
+
 def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
     """The compile rejection for kernels that need more shared memory than the device gives a block
     (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
@@ -537,7 +548,8 @@ class Evaluator:
             res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
                                 threshold=res["threshold"], interpreter=self.interpreter,
-                                log_key=self._log(res["log"]), seconds=time.monotonic() - t0)
+                                log_key=self._log(res["log"]), seconds=time.monotonic() - t0,
+                                other_shapes=other_shapes(problem, shape) if self.cuda else [])
         except Rejection as rej:
             return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
                                 rel_err=getattr(rej, "rel_err", None), threshold=getattr(rej, "threshold", None),

@@ -354,6 +354,8 @@ class VerifyReport(Strict):
     log_key: str | None = None
     seconds: float = 0.0
     family: str | None = None  # the cheating family the rejection names (FAMILIES), from its reason
+    # the problem's other shapes on this device, cheapest first: a would-be best is verified on one more
+    other_shapes: list[str] = []
 
     @model_validator(mode="after")
     def _family(self):

@@ -1,9 +1,10 @@
 """EvaluateCandidate: one candidate's whole evaluation as one durable unit, a child workflow of the run.
 
-rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process. The run starts
-it with ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's
-workflow id (`evaluated`), which reaches the run's latest execution, so an evaluation under way goes on
-across the run's continue-as-new and the GPU pipeline never drains for a compaction.
+rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified at
+one more of the problem's shapes. The run starts it with ParentClosePolicy.ABANDON and does not wait on
+it: the child signals its result to the run's workflow id (`evaluated`), which reaches the run's latest
+execution, so an evaluation under way goes on across the run's continue-as-new and the GPU pipeline never
+drains for a compaction.
 
 Deterministic: activity calls and decisions only. Also the activity-call helpers the loop shares
 (`Paused`: an infrastructure failure that outlived its retries).
@@ -136,6 +137,14 @@ class EvaluateCandidate:
                     bench, outcome = again, "improved"
             elif decisions.improves_on(bench, best):
                 outcome = "improved"
+            if outcome == "improved" and ver.other_shapes:
+                # A new best is verified at one more shape: a kernel correct only where it was verified fails.
+                other = ver.other_shapes[0]
+                at = await gpu("verify_candidate", ev.model_copy(update={"shape": other}), VerifyReport, 20)
+                if not at.ok:
+                    raise Rejected(at.stage, f"shape-specific: correct at {req.shape or 'the primary shape'}, "
+                                   f"not at {other}: {at.reason}", rel_err=at.rel_err, log_key=at.log_key,
+                                   interpreter=at.interpreter, gpu_seconds=gpu_s)
             return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms, baseline_ms=bench.baseline_ms,
                                    speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
                                    vs_best=bench.vs_best, rel_err=ver.rel_err, interpreter=bench.interpreter,
