@@ -16,7 +16,8 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# A torch already in the venv (a GPU host's CUDA build) is kept: the constraint stops pip replacing it.
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 --index-url $(TORCH_CPU_INDEX)
+	# Few retries: where that index is out of reach, pip goes on to the ones pip.conf names without waiting.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0 --index-url $(TORCH_CPU_INDEX) --retries 1 --timeout 10
 	$(PY) -W ignore -c "import torch; print('torch==' + torch.__version__)" > $(VENV)/torch-constraint.txt
 	$(PIP) install -e '.[$(EXTRAS)]' -c $(VENV)/torch-constraint.txt
 	touch $@
