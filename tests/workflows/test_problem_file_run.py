@@ -36,6 +36,27 @@ def real_gpu(store):
     ev.close()
 
 
+async def llm_file_run(env, real_gpu, monkeypatch, path, script, iterations: int, wid: str,
+                       delete_after_start: bool = False):
+    """`marathon start PATH --policy llm` against the scripted Chat Completions server, with the real
+    workers; (the run's handle, its result)."""
+    address = env.client.service_client.config.target_host
+    with ChatServer(script) as server:
+        for k, v in (("OPENAI_BASE_URL", server.url), ("OPENAI_API_KEY", "test-key-0123"),
+                     ("MARATHON_MODEL", "scripted-model"), ("MARATHON_LLM_TIMEOUT", "5")):
+            monkeypatch.setenv(k, v)
+        async with workers(env.client, real_gpu):
+            p = await asyncio.to_thread(
+                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(path), "--policy", "llm",
+                                 "--iterations", str(iterations), "--id", wid, "--address", address],
+                capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+            if delete_after_start:
+                path.unlink()
+            h = env.client.get_workflow_handle(wid, result_type=RunResult)
+            return h, await asyncio.wait_for(h.result(), 300)
+
+
 async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, real_gpu, tmp_path, monkeypatch,
                                                                     capsys):
     good = (FILES / "rmsnorm_kernel.py").read_text()
@@ -47,19 +68,8 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
     key = "file:" + hashlib.sha256(mine.read_bytes()).hexdigest()
     address = env.client.service_client.config.target_host
     wid = run_id("file")
-    with ChatServer(script) as server:
-        for k, v in (("OPENAI_BASE_URL", server.url), ("OPENAI_API_KEY", "test-key-0123"),
-                     ("MARATHON_MODEL", "scripted-model"), ("MARATHON_LLM_TIMEOUT", "5")):
-            monkeypatch.setenv(k, v)
-        async with workers(env.client, real_gpu):
-            p = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "llm",
-                                 "--iterations", "2", "--id", wid, "--address", address],
-                capture_output=True, text=True, timeout=120)
-            assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
-            mine.unlink()  # the run holds the file's bytes by key: the user's copy is no longer needed
-            h = env.client.get_workflow_handle(wid, result_type=RunResult)
-            res = await asyncio.wait_for(h.result(), 300)
+    # the user's copy deleted once started: the run holds the file's bytes by key
+    h, res = await llm_file_run(env, real_gpu, monkeypatch, mine, script, 2, wid, delete_after_start=True)
     assert store.get_bytes(key.removeprefix("file:")) == (FILES / "rmsnorm.py").read_bytes()
     spec = (await h.fetch_history()).events[0].workflow_execution_started_event_attributes.input.payloads
     (raw,) = await env.client.data_converter.decode(spec, [dict])
@@ -78,19 +88,8 @@ async def test_a_kernelbench_softmax_file_runs_end_to_end(env, store, real_gpu, 
     mine = tmp_path / "softmax_problem.py"
     shutil.copy(FILES / "softmax.py", mine)
     key = "file:" + hashlib.sha256(mine.read_bytes()).hexdigest()
-    address = env.client.service_client.config.target_host
-    wid = run_id("softmax-file")
-    with ChatServer(TurnScript([turn(("submit_kernel", {"source": good, "rationale": "one program per row"}))])) as server:
-        for k, v in (("OPENAI_BASE_URL", server.url), ("OPENAI_API_KEY", "test-key-0123"),
-                     ("MARATHON_MODEL", "scripted-model"), ("MARATHON_LLM_TIMEOUT", "5")):
-            monkeypatch.setenv(k, v)
-        async with workers(env.client, real_gpu):
-            p = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "llm",
-                                 "--iterations", "1", "--id", wid, "--address", address],
-                capture_output=True, text=True, timeout=120)
-            assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
-            res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 300)
+    script = TurnScript([turn(("submit_kernel", {"source": good, "rationale": "one program per row"}))])
+    _, res = await llm_file_run(env, real_gpu, monkeypatch, mine, script, 1, run_id("softmax-file"))
     (rec,) = read_ledger(store, res.ledger_key)
     assert rec.outcome == "improved" and rec.interpreter and rec.baseline_ms, rec
     assert res.best_source_key and store.get_text(res.best_source_key) == good
