@@ -29,6 +29,21 @@ def store(tmp_path, monkeypatch):
     return ArtifactStore(root)
 
 
+@pytest.fixture
+def real_gpu(store):
+    """The real GPU activities, their harness under the Triton interpreter (sandboxed children)."""
+    from gpu_worker import activities as a
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.worker import gpu_activities
+
+    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
+    a.set_evaluator(ev)
+    yield gpu_activities()
+    a.set_evaluator(None)
+    ev.close()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from activities.ledger import read_ledger
 from baselines.registry import get_problem
 from tests.llm.script import TurnScript, turn
@@ -17,20 +15,6 @@ from workflows.contracts import RunSpec
 # The harness's own "wrong" canary: it skips the max subtraction, so exp overflows on the "wide" inputs
 # and the check must fail.
 UNSAFE = (Path(__file__).resolve().parents[2] / "gpu_worker" / "canaries" / "wrong.py").read_text()
-
-
-@pytest.fixture
-def real_gpu(store):
-    from gpu_worker import activities as a
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-    from gpu_worker.worker import gpu_activities
-
-    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
-    a.set_evaluator(ev)
-    yield gpu_activities()
-    a.set_evaluator(None)
-    ev.close()
 
 
 async def test_llm_with_real_interpreter_kernels(env, store, llm_env, real_gpu):

@@ -11,8 +11,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from activities.ledger import read_ledger
 from tests.llm.script import TurnScript, turn
 from tests.llm.server import ChatServer
@@ -20,20 +18,6 @@ from tests.workflows.helpers import run_id, workers
 from workflows.contracts import RunResult, RunSpec
 
 FILES = Path(__file__).resolve().parents[1] / "baselines" / "files"
-
-
-@pytest.fixture
-def real_gpu(store):
-    from gpu_worker import activities as a
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-    from gpu_worker.worker import gpu_activities
-
-    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
-    a.set_evaluator(ev)
-    yield gpu_activities()
-    a.set_evaluator(None)
-    ev.close()
 
 
 async def llm_file_run(env, real_gpu, monkeypatch, path, script, iterations: int, wid: str,
