@@ -269,6 +269,10 @@ class Server:
         seal = getattr(self, "seal", None)
         if seal is not None:
             out += [v for v in seal.broken() if v not in out]
+        started = _unreaped_child()
+        if started:
+            out.append(("process", f"the candidate started a process of its own ({started}); only Triton's "
+                                   "compiler may, and it waits for its own"))
         timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep")
         for o, n in self.watch:
             if getattr(o, n) is not self.saved[(id(o), n)]:
@@ -1300,5 +1304,21 @@ class Server:
         return d
 
 
+def _unreaped_child() -> str | None:
+    """A child process of this one that nobody waited for: the compiler programs the guard admits are run
+    and waited for within one command, so any other was started by the candidate, even one whose program
+    the OS wall then refused to execute (its exec fails in the child, which exits unseen). Reaped here."""
+    import os
+
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if pid == 0:
+        return "still running"
+    return f"pid {pid}, exit status {os.waitstatus_to_exitcode(status)}"
+
+
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+

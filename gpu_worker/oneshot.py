@@ -17,7 +17,7 @@ def main(argv):
     import torch
 
     from baselines.registry import get_problem
-    from gpu_worker import guard
+    from gpu_worker import guard, wall
 
     p = get_problem(problem)
     cuda = torch.cuda.is_available()
@@ -28,7 +28,13 @@ def main(argv):
               for k, v in p.make_inputs(shape, p.distributions[0], 0, "cpu", cpu=not cuda).items()}
     outs = {n: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=dev)
             for n, s in p.output_specs(shape, cpu=not cuda).items()}
-    guard.install([tmp], [])
+    if cuda:  # what Triton runs once per process (ldconfig, `ptxas --version`), before the guard, as a child does
+        from gpu_worker.child import _warm_triton
+
+        _warm_triton()
+    ptxas = wall.compiler_binaries() if cuda else []
+    guard.install([tmp], [], allowed_exec=tuple(ptxas),
+                  launcher_exec=tuple(wall.c_compiler_programs() if ptxas else ()))
     spec = importlib.util.spec_from_file_location("candidate", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -40,6 +40,7 @@ import errno
 import glob
 import os
 import platform
+import re
 import struct
 
 # --- Linux constants ------------------------------------------------------------------------------
@@ -339,6 +340,52 @@ def _elf_interpreter(path: str) -> str | None:
     return None
 
 
+def _script_programs(path: str) -> list[str]:
+    """What a script the kernel executes runs in turn: its `#!` interpreter (through `env`, the program
+    it names) and the executable files its text names by absolute path, as a compiler's wrapper script
+    does (`exec /opt/toolchain/libexec/gcc "$@"`). Empty for a file that is not a script."""
+    import shutil
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return []
+    if not head.startswith(b"#!"):
+        return []
+    text = head.decode(errors="replace")
+    words = text[2:].splitlines()[0].split()
+    out = []
+    if words:
+        out.append(words[0])
+        if os.path.basename(words[0]) == "env" and len(words) > 1:
+            found = shutil.which(words[1])
+            if found:
+                out.append(found)
+    for m in re.finditer(r"(?<![\w.$])(/[\w.+-]+(?:/[\w.+-]+)+)", text):
+        q = m.group(1)
+        if os.path.isfile(q) and os.access(q, os.X_OK):
+            out.append(q)
+    return out
+
+
+def exec_closure(exec_files) -> list[str]:
+    """The files the kernel must be let execute for `exec_files` to run: each one's real path, the ELF
+    loader it names, and for a script its interpreter and the programs it names, followed transitively."""
+    seen: set[str] = set()
+    todo = [os.path.realpath(f) for f in exec_files]
+    while todo:
+        real = todo.pop()
+        if real in seen or not os.path.isfile(real):
+            continue
+        seen.add(real)
+        interp = _elf_interpreter(real)
+        if interp and os.path.exists(interp):
+            todo.append(os.path.realpath(interp))
+        todo += [os.path.realpath(q) for q in _script_programs(real)]
+    return sorted(seen)
+
+
 def device_files() -> list[str]:
     """Character devices a child keeps opening for writing: /dev/null and the GPU's nodes."""
     return [p for p in ["/dev/null", *sorted(glob.glob("/dev/nvidia*")), *sorted(glob.glob("/dev/dri/*"))]
@@ -356,16 +403,7 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
     abi = landlock_abi() if use_landlock else 0
     if require_landlock and abi == 0:
         raise WallError("Landlock is not available in this kernel")
-    execs: list[str] = []
-    if abi:
-        for f in exec_files:
-            real = os.path.realpath(f)
-            if os.path.isfile(real):
-                execs.append(real)
-                interp = _elf_interpreter(real)
-                if interp and os.path.exists(interp):
-                    execs.append(os.path.realpath(interp))
-        execs = sorted(set(execs))
+    execs = exec_closure(exec_files) if abi else []
     _no_new_privs()
     desc = {"landlock_abi": abi, "exec": execs}
     if abi:

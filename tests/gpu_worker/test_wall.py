@@ -174,7 +174,65 @@ def test_the_launchers_c_compiler_builds_behind_the_wall_and_a_shell_still_does_
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["rc"] == 0 and res["answer"] == 42, res
+    if any(os.path.basename(p) in SHELLS for p in res["exec"]):
+        pytest.skip("this host's C compiler is a shell script, so its shell must execute; the guard still "
+                    "refuses a candidate's shell, and an unwaited process is a violation")
     assert res["shell"].startswith("refused"), res
+
+
+SHELLS = ("sh", "dash", "bash")
+
+
+@pytest.mark.skipif(not wall.landlock_abi(), reason="executing only listed binaries needs Landlock")
+def test_a_process_whose_exec_the_wall_refused_is_still_seen(tmp_path):
+    """With a GPU child's wall (the compiler listed, so the kernel lets a vfork-style clone through), a
+    process started below the audit hook fails only at its exec, inside the new process, where the caller
+    never hears of it: the unwaited process is what the child reports as the candidate's."""
+    own = tmp_path / "own"
+    own.mkdir()
+    true = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
+    probe = ("import _posixsubprocess, json, os, sys, time\nfrom gpu_worker import wall\n"
+             "from gpu_worker.child import _unreaped_child\n"
+             "wall.install([sys.argv[1]], exec_files=[sys.argv[2]])\n"
+             "before = _unreaped_child()\n"
+             "r, w = os.pipe()\n"
+             "_posixsubprocess.fork_exec(['/bin/sh', '-c', 'true'], [b'/bin/sh'], True, (w,), None, None, -1, -1,"
+             " -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, True)\n"
+             "time.sleep(0.5)\n"
+             "print(json.dumps({'before': before, 'after': _unreaped_child(), 'again': _unreaped_child()}))\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(own), true], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["before"] is None and res["again"] is None, res
+    assert res["after"].startswith("pid ") and res["after"].endswith("exit status 255"), res
+
+
+@pytest.mark.skipif(not wall.landlock_abi(), reason="executing only listed binaries needs Landlock")
+def test_a_wrapper_script_compiler_runs_behind_the_wall_with_the_program_it_names(tmp_path):
+    """A toolchain's driver may be a script that execs the real one by absolute path: the kernel executes
+    the script's interpreter and that program too, so both are let through, and nothing else."""
+    real = tmp_path / "libexec" / "real-cc"
+    real.parent.mkdir()
+    real.write_bytes(Path(os.path.realpath("/bin/true")).read_bytes())
+    real.chmod(0o755)
+    cc = tmp_path / "bin" / "cc"
+    cc.parent.mkdir()
+    cc.write_text(f'#!/bin/sh\nexec {real} "$@"\n')
+    cc.chmod(0o755)
+    assert str(real) in wall.exec_closure([str(cc)]) and os.path.realpath("/bin/sh") in wall.exec_closure([str(cc)])
+    own = tmp_path / "own"
+    own.mkdir()
+    probe = ("import json, subprocess, sys\nfrom gpu_worker import wall\n"
+             "d = wall.install([sys.argv[1]], exec_files=[sys.argv[2]])\n"
+             "r = {'cc': subprocess.run([sys.argv[2]]).returncode}\n"
+             "try:\n    subprocess.run(['/bin/ls']); r['ls'] = 'ran'\n"
+             "except OSError as e:\n    r['ls'] = f'refused errno {e.errno}'\n"
+             "print(json.dumps(r))\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(own), str(cc)], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"cc": 0, "ls": "refused errno 13"}
 
 
 # A GPU child's walls (guard and OS wall, as `enclose` puts them up on a CUDA host), then a candidate whose
