@@ -201,9 +201,15 @@ class Server:
             "urandom": os.urandom,
             "sum": torch.sum,
             "int64": torch.int64,
+            "dot": torch.dot,
+            "randn": torch.randn,
+            "Generator": torch.Generator,
+            "float32": torch.float32,
         }
-        self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view")]
-        self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom"), (torch, "sum")]
+        self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view",
+                                                  "is_floating_point", "numel")]
+        self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom"), (torch, "sum"), (torch, "dot"),
+                       (torch, "randn"), (torch, "Generator")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
                           elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep)
@@ -976,8 +982,45 @@ class Server:
             self.sleep_rate = 2_000_000 / max(self.T["elapsed"](start, end), 1e-3)
         return self.sleep_rate
 
+    def _projections(self, seed: int, outs: dict) -> dict:
+        """Per compared output, a vector of standard normal values drawn from `seed` (the same in every
+        process for the same seed, device and size): the projection of an output onto it is that output's
+        fingerprint (see `cmd_time`'s `check_seed`)."""
+        import torch
+
+        names = compared_outputs(self.problem, self.shape, self.cpu_mode)
+        g = self.T["Generator"](device=self.device)
+        g.manual_seed(int(seed))
+        return {n: self.T["randn"](outs[n].numel(), generator=g, device=self.device, dtype=self.T["float32"])
+                for n in names if type(outs.get(n)) is torch.Tensor and outs[n].is_floating_point()}
+
+    def _fingerprint(self, outs: dict, proj: dict) -> list:
+        """Each compared output projected onto its random vector (device scalars; no synchronisation)."""
+        f32 = self.T["float32"]
+        return [self.T["dot"](self.T["to"](self.T["view"](self.T["contiguous"](outs[n]), -1), f32), v)
+                for n, v in proj.items()]
+
+    def cmd_fingerprints(self, entries: list, seed: int, dist: str | None = None):
+        """Reference role: for each pool entry, the baseline's outputs projected as `cmd_time` projects a
+        candidate's (same seed, so the same vectors), and each output's L2 norm, for the bound."""
+        import torch
+
+        ts = self._timing_set(dist, "fingerprints")
+        res = {}
+        proj = None
+        for idx in sorted(set(int(e) for e in entries)):
+            if idx not in ts.baseline:
+                ts.baseline[idx] = {k: v.detach() for k, v in self.baseline(ts.pool[idx]).items()}
+            outs = ts.baseline[idx]
+            proj = proj if proj is not None else self._projections(seed, outs)
+            fps = self._fingerprint(outs, proj)
+            res[idx] = {"names": list(proj), "fp": [float(x) for x in fps],
+                        "norm": [float(torch.linalg.vector_norm(outs[n].double())) for n in proj]}
+        self._release()
+        return {"entries": res}
+
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
-                 dist: str | None = None):
+                 dist: str | None = None, check_seed: int | None = None):
         """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
 
         CUDA: the device first waits (a spin kernel) long enough for the host to queue the whole block;
@@ -987,7 +1030,10 @@ class Server:
         eagerly around perf_counter (the interpreter stand-in: its times say nothing about speed).
 
         With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
-        with the pool entry it ran on (the worker compares them with the baseline's on the same values)."""
+        with the pool entry it ran on (the worker compares them with the baseline's on the same values).
+        With `check_seed` every repetition's outputs are also fingerprinted after its end event (outside the
+        timed interval, before the next refill): projected onto random vectors drawn from the seed, which
+        the worker compares with the baseline's projections on the same pool entry (`cmd_fingerprints`)."""
         T = self.T
         perf = T["perf"]
         ts = self._timing_set(dist, "time")
@@ -1019,6 +1065,15 @@ class Server:
                                                if type(v) is __import__("torch").Tensor}))
 
         timed = order[warmup:]
+        proj = self._projections(check_seed, ts.sets[0][1]) if check_seed is not None else None
+        fps: list = []
+
+        def check(r: int, into: list | None):
+            if proj is not None:
+                f = self._fingerprint(ts.sets[r][1], proj)
+                if into is not None:
+                    into.append(f)
+
         host_rep_ms = 0.0
         for n, (r, j) in enumerate(order[:warmup]):
             if self.cuda and n == warmup - 1:
@@ -1026,6 +1081,7 @@ class Server:
                 t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
             self._before_rep(ts, r, j)
             launch(r)
+            check(r, None)  # queued like a timed repetition's, so the host's queueing time counts it
             if self.cuda and n == warmup - 1:
                 host_rep_ms = (perf() - t0) * 1e3
         times = []
@@ -1036,7 +1092,9 @@ class Server:
                 launch(r)
                 times.append((perf() - t0) * 1e3)
                 keep(i, r, j)
-            return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu"}
+                check(r, fps)
+            return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
+                    "checks": self._checks(timed, fps, proj)}
         T["sync"]()
         from gpu_worker.timing import cushion_ms
 
@@ -1049,10 +1107,18 @@ class Server:
             launch(r)
             T["record"](ends[i])
             keep(i, r, j)
+            check(r, fps)
         T["sync"]()
         times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "mode": mode}
+        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj)}
+
+    @staticmethod
+    def _checks(timed: list, fps: list, proj: dict | None) -> list:
+        """[pool entry, [fingerprint per compared output]] per timed repetition; empty without a seed."""
+        if proj is None:
+            return []
+        return [[j, [float(x) for x in f]] for (_, j), f in zip(timed, fps)]
 
     def cmd_host_latency(self, reps: int = 10, dist: str | None = None):
         """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,

@@ -43,6 +43,7 @@ from workflows.contracts import (BenchReport, BenchRequest, CompileReport, Devic
 SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
+FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see _check_fingerprints)
 
 
 def cuda_available() -> bool:
@@ -762,7 +763,9 @@ class Evaluator:
                     fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
                     fig["captures"] = res["captures"]
                     with _phase("timed-outputs"):
-                        fig["timed_outputs"], jobs = self._check_timed_outputs(problem, shape, dist, cand, hb)
+                        prints = self._check_fingerprints(problem, shape, dist, res, hb)
+                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb)
+                        fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
                 verdict = decide(per_dist)
@@ -934,7 +937,8 @@ class Evaluator:
             mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter
         out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
                "planned_blocks": plan["blocks"], "captures": captures,
-               "mode": mode if self.cuda else "interpreter"}
+               "mode": mode if self.cuda else "interpreter", "checks": [],
+               "check_seed": int.from_bytes(os.urandom(6), "little")}  # secret: drawn per benchmark
         for b in range(plan["blocks"]):
             # at least two blocks, so that candidate, baseline and best are always interleaved
             if b >= 2 and clearly_slower(out["best"], out["cand"]):
@@ -947,8 +951,12 @@ class Evaluator:
                 if who == "base":
                     r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
                 else:
+                    if who == "cand":
+                        kw["check_seed"] = out["check_seed"]
                     r = sb.call("time", self.timeouts["time"], hb, **kw)
                     self._check_reply(r, "benchmark", sb)
+                    if who == "cand":
+                        out["checks"] += r.get("checks") or []
                 out[who] += r["times"]
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
@@ -966,9 +974,8 @@ class Evaluator:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
         timed call NaN-poisoned, its inputs refilled from the pool) against the baseline's outputs on the
         pool entry that call ran on: a candidate that skips or cheapens its work while being timed, or
-        replays a result fixed at capture or cached from an earlier call, is rejected here. Bound: the
-        verification threshold plus the baseline's own error, doubled (candidate and baseline each sit
-        within their error of the oracle; the timing values are other inputs than the verification cases)."""
+        replays a result fixed at capture or cached from an earlier call, is rejected here, within
+        `_timed_output_bound`."""
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
@@ -976,11 +983,7 @@ class Evaluator:
         jobs = [j for j in ex["jobs"] if j["name"] in names]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
-        with self._ref_meta_lock:
-            errs = [m["baseline_err"] for k, m in self._ref_meta.items()
-                    if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
-        base_err = max(errs) if errs else problem.tolerance_floor
-        bound = 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
+        bound = self._timed_output_bound(problem, shape)
         cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs, dist=dist)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
@@ -992,6 +995,43 @@ class Evaluator:
                                 "cheapened, cached or fixed at capture while being timed")
             worst = max(worst, err)
         return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}", jobs
+
+    def _timed_output_bound(self, problem, shape) -> float:
+        """rel-RMS a timed call's output may be off the baseline's on the same inputs: the verification
+        threshold plus the baseline's own error, doubled (candidate and baseline each sit within their error
+        of the oracle; the timing values are other inputs than the verification cases)."""
+        with self._ref_meta_lock:
+            errs = [m["baseline_err"] for k, m in self._ref_meta.items()
+                    if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
+        base_err = max(errs) if errs else problem.tolerance_floor
+        return 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
+
+    def _check_fingerprints(self, problem, shape, dist: str, res: dict, hb) -> str:
+        """Every timed call of the candidate, not only the kept ones: its outputs' projections onto random
+        vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's
+        on the pool entry that call ran on. For an output off by e, the projection is off by a normal
+        variable of standard deviation |e|; an honest output has |e| <= bound |baseline|, so a gap over
+        FINGERPRINT_SIGMAS times that is a call whose work was skipped, stale or cached (a chance of about
+        1e-8 per call for an honest kernel)."""
+        checks = res.get("checks") or []
+        if not checks:
+            raise Rejection("benchmark", "timed-output: no fingerprint of a timed call came back (harness error)")
+        ref = self._ref_call(problem, shape, hb, "fingerprints", self.timeouts["reference"],
+                             entries=sorted({c[0] for c in checks}), seed=res["check_seed"], dist=dist)
+        base = {int(k): v for k, v in ref["entries"].items()}
+        bound = self._timed_output_bound(problem, shape)
+        worst = 0.0
+        for n, (entry, fps) in enumerate(checks):
+            b = base[int(entry)]
+            for name, fc, fb, norm in zip(b["names"], fps, b["fp"], b["norm"]):
+                gap = abs(fc - fb) / max(bound * norm, 1e-30) if math.isfinite(fc) else math.inf
+                if gap > FINGERPRINT_SIGMAS:
+                    raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} ({dist}, pool "
+                                    f"entry {entry}): the output {name!r} does not match the baseline's on the same "
+                                    f"inputs ({'non-finite' if not math.isfinite(fc) else f'projection off by {gap:.3g} bounds'}): "
+                                    "work skipped, cheapened, cached or fixed at capture while being timed")
+                worst = max(worst, gap)
+        return f"{len(checks)} timed calls fingerprinted, worst {worst:.3g} of {FINGERPRINT_SIGMAS} bounds"
 
     def _crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
         """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with

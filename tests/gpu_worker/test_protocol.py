@@ -464,6 +464,15 @@ def test_work_skipped_while_timed_is_rejected(ev, store):
     assert b.reason.startswith("timed-output"), b.reason
 
 
+def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(ev, store):
+    r = req(store, kernel("timed_skip_some"))
+    assert ev.compile(r).ok
+    assert ev.verify(r).ok  # right while it is checked
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert not b.ok and b.stage == "benchmark", b
+    assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
+
+
 def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     r = req(store, canary("fast"))
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
@@ -472,6 +481,7 @@ def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     # one repetition's outputs checked per block, on each distribution
     assert "[normal] interpreter" in log and "[wide] interpreter" in log
     assert log.count("timed outputs 2 outputs") == 2, log
+    assert log.count("6 timed calls fingerprinted, worst ") == 2, log  # every timed call: 2 blocks of 3
 
 
 def test_sass_scan_reads_every_kernel(ev, tmp_path, monkeypatch):
