@@ -297,7 +297,7 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
         ev = Evaluator(store=store, interpreter=not cuda)
         try:
             rep = ev.verify(EvalRequest(problem=name, candidate_id=source_key[:16], source_key=source_key,
-                                        shape=shape))
+                                        shape=shape, random_shape=True))
         except Exception as e:  # noqa: BLE001 - the harness itself failed here: said in one line
             raise ExportError(f"the harness could not verify here: {type(e).__name__}: "
                               f"{(str(e).splitlines() or [''])[0][:300]}") from None
@@ -306,6 +306,7 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
         where = "GPU" if cuda else "CPU, Triton interpreter"
         used = shape or (problem.shapes[0].name if cuda else problem.cpu_shape.name)
         if rep.ok:
+            used += f", and at {rep.random_shape}" if rep.random_shape else ""
             return True, [f"PASS: {kernel} against {problem_arg} ({where}, shape {used}, every distribution): "
                           f"relative error {rep.rel_err:.3g} <= tolerance {rep.threshold:.3g}"
                           + (f" (the reference's own error {rep.baseline_rel_err:.3g})"

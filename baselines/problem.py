@@ -51,6 +51,9 @@ class OutputSpec:
     dtype: str  # a torch dtype name: "float32", "bfloat16", ...
 
 
+RANDOM_SHAPE = "random "  # the name of a shape drawn from a problem's random_space starts so
+
+
 class Problem:
     """Base class; a problem overrides the generator, oracle, baselines and roofline counts."""
 
@@ -112,6 +115,44 @@ class Problem:
 
     def render(self, knobs: dict[str, Any]) -> str:
         return render(self.template(), knobs)
+
+    # --- shapes a verification draws -------------------------------------------------------------
+    def random_space(self, cpu: bool) -> dict[str, tuple[int, ...]] | None:
+        """The values a random shape may give each parameter it varies (the others stay as at the base
+        shape: the CPU shape on the interpreter, else the first listed). Every candidate is also verified at
+        one such shape, drawn secretly per evaluation, so a kernel written for the listed shapes alone
+        fails. None: this problem has no random shapes (the listed ones are all its kernels must serve)."""
+        return None
+
+    def random_shape(self, rng, cpu: bool) -> Shape | None:
+        """A shape drawn from `random_space` with `rng` (a random.Random), named by its parameters."""
+        space = self.random_space(cpu)
+        if not space:
+            return None
+        params = dict((self.cpu_shape if cpu else self.shapes[0]).params)
+        for k, values in space.items():
+            params[k] = rng.choice(list(values))
+        return Shape(RANDOM_SHAPE + " ".join(f"{k}={v}" for k, v in params.items()), params)
+
+    def shape_named(self, name: str) -> Shape | None:
+        """A listed shape, the CPU shape, or a random shape (by the name `random_shape` gives it, checked
+        against `random_space`); None for any other name."""
+        for s in list(self.shapes) + [self.cpu_shape]:
+            if s.name == name:
+                return s
+        if not name.startswith(RANDOM_SHAPE):
+            return None
+        try:
+            params = {k: int(v) for k, v in (w.split("=", 1) for w in name[len(RANDOM_SHAPE):].split())}
+        except ValueError:
+            return None
+        for cpu in (True, False):
+            space = self.random_space(cpu) or {}
+            base = (self.cpu_shape if cpu else self.shapes[0]).params
+            if space and set(params) == set(base) and all(
+                    params[k] in space[k] if k in space else params[k] == base[k] for k in params):
+                return Shape(name, params)
+        return None
 
 
 def default_knobs(source: str) -> dict[str, Any]:

@@ -319,9 +319,9 @@ class Server:
     def _shape(self, problem, shape_name: str | None):
         if shape_name is None:
             return problem.shapes[0] if self.cuda else problem.cpu_shape
-        for s in list(problem.shapes) + [problem.cpu_shape]:
-            if s.name == shape_name:
-                return s
+        found = problem.shape_named(shape_name)
+        if found is not None:
+            return found
         raise ValueError(f"problem {problem.name} has no shape {shape_name!r}")
 
     def _inputs(self, dist: str, seed: int) -> dict:
@@ -387,9 +387,11 @@ class Server:
         self.prep_timing[what + "-n"] = self.prep_timing.get(what + "-n", 0) + 1
 
     def _bank_path(self, dist: str, seed: int) -> str | None:
+        from baselines.problem import RANDOM_SHAPE
+
         root = os.environ.get("MARATHON_INPUT_BANK")
-        if not root or self.bank_tag is None:
-            return None
+        if not root or self.bank_tag is None or self.shape.name.startswith(RANDOM_SHAPE):
+            return None  # a random shape's inputs come from secret seeds, each used once
         key = repr((self.problem.name, self.shape.name, dist, int(seed), self.cpu_mode, self.bank_tag))
         return os.path.join(root, f"{self.problem.name}-{self.T['sha'](key.encode()).hexdigest()[:24]}.pt")
 
@@ -1225,9 +1227,9 @@ class Server:
             cache.popitem(last=False)
         return ref
 
-    def cmd_reference(self, cases: list):
-        """Per case: the inputs' fingerprint and the baseline's own error against the oracle (the oracle
-        stays here, on the device, for `compare`)."""
+    def cmd_reference(self, cases: list, baseline: bool = True):
+        """Per case: the inputs' fingerprint and the baseline's own error against the oracle (NaN without
+        `baseline`: the baseline is not run); the oracle stays here, on the device, for `compare`."""
         from baselines.problem import rel_rms
 
         out = []
@@ -1240,10 +1242,10 @@ class Server:
             ref = self._oracle(dist, seed, inputs)
             self._sync()
             t2 = time.perf_counter()
-            base = self.baseline(inputs)  # a first call includes the baseline's compilation and autotuning
+            base = self.baseline(inputs) if baseline else None  # a first call compiles and autotunes
             self._sync()
             t3 = time.perf_counter()
-            errs = [rel_rms(ref[k], base[k]) for k in self.outputs]
+            errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
             out.append({"dist": dist, "seed": seed, "hash": h, "baseline_err": max(errs),
                         "timing": {"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}})
         return {"cases": out}

@@ -43,6 +43,7 @@ from workflows.contracts import (BenchReport, BenchRequest, CompileReport, Devic
 SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
+RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (_verify_random_shape)
 FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see _check_fingerprints)
 
 
@@ -73,6 +74,13 @@ def other_shapes(problem, verified) -> list[str]:
         return sum(math.prod(o.shape) for o in problem.output_specs(shape).values())
 
     return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
+
+
+def _mem_shape(shape) -> str:
+    """The shape's name in device-memory admission: random shapes share one, learned as the largest."""
+    from baselines.problem import RANDOM_SHAPE
+
+    return "random" if shape.name.startswith(RANDOM_SHAPE) else shape.name
 
 
 def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
@@ -186,6 +194,7 @@ class Evaluator:
         self.selftest_result: dict | None = None
         # the timing values' seeds: drawn when the worker starts, from a space too large to precompute
         self.timing_seed = 1 << 20 | secrets.randbits(40)
+        self._secret = random.SystemRandom()  # random shapes and their seeds: nothing the candidate can replay
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # candidates at once on one device stay within its memory (scheduling.DeviceMemory)
         self.mem = self.sched.memory(self._carried) if self.cuda else None
@@ -209,9 +218,9 @@ class Evaluator:
     def _shape(self, problem, shape_name):
         if shape_name is None:
             return problem.shapes[0] if self.cuda else problem.cpu_shape
-        for s in list(problem.shapes) + [problem.cpu_shape]:
-            if s.name == shape_name:
-                return s
+        found = problem.shape_named(shape_name)
+        if found is not None:
+            return found
         raise Rejection("verify", f"problem {problem.name} has no shape {shape_name!r}; shapes: "
                         + ", ".join(s.name for s in list(problem.shapes) + [problem.cpu_shape]))
 
@@ -282,7 +291,9 @@ class Evaluator:
             raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
         return r
 
-    def reference(self, problem, shape, cases, hb, gate: str = "shared") -> list[dict]:
+    def reference(self, problem, shape, cases, hb, gate: str = "shared", baseline: bool = True) -> list[dict]:
+        """Per case: the inputs' fingerprint and the baseline's own error (NaN without `baseline`), the oracle
+        left on the reference child's device for the comparisons; each case computed once."""
         def key(c):
             return (problem.name, shape.name, c[0], c[1])
 
@@ -298,7 +309,8 @@ class Evaluator:
                 # may have computed these cases while this one waited for it, and each case is computed once
                 missing = absent(missing)
                 if missing:
-                    r = self._ref_do(sb, hb, "reference", self.timeouts["reference"], cases=missing)
+                    r = self._ref_do(sb, hb, "reference", self.timeouts["reference"], cases=missing,
+                                     baseline=baseline)
                     with self._ref_meta_lock:
                         for c, res in zip(missing, r["cases"]):
                             self._ref_meta[key(c)] = res
@@ -314,7 +326,7 @@ class Evaluator:
 
     def _hold(self, problem, shape, stage: str):
         """A stage's device-memory admission (nothing to admit on the CPU)."""
-        return self.mem.hold((problem.name, shape.name, stage)) if self.mem else contextlib.nullcontext()
+        return self.mem.hold((problem.name, _mem_shape(shape), stage)) if self.mem else contextlib.nullcontext()
 
     def _learn(self, problem, shape, stage: str, children: list, jobs: list = ()) -> None:
         """The stage's footprint, learned for the next admission: the children's peak since their last
@@ -325,7 +337,7 @@ class Evaluator:
         peak = sum(int(sb.call("mem", 60).get("peak") or 0) for sb in children if sb is not None and sb.alive())
         sizes = [_nbytes(h) for j in jobs for h in (j.get("out"), j.get("other")) if h]
         staged = max((b + 8 * n for b, n in sizes), default=0)
-        self.mem.learn((problem.name, shape.name, stage), peak + staged)
+        self.mem.learn((problem.name, _mem_shape(shape), stage), peak + staged)
 
     def _shared(self):
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
@@ -547,10 +559,12 @@ class Evaluator:
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
             res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
+            probe, drawn = self._verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
+                else ("", None)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
                                 threshold=res["threshold"], interpreter=self.interpreter,
-                                log_key=self._log(res["log"]), seconds=time.monotonic() - t0,
-                                other_shapes=other_shapes(problem, shape) if self.cuda else [])
+                                log_key=self._log(res["log"] + "\n" + probe), seconds=time.monotonic() - t0,
+                                other_shapes=other_shapes(problem, shape) if self.cuda else [], random_shape=drawn)
         except Rejection as rej:
             return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
                                 rel_err=getattr(rej, "rel_err", None), threshold=getattr(rej, "threshold", None),
@@ -559,11 +573,54 @@ class Evaluator:
             return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
                                 log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
 
-    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str) -> dict:
+    def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
+        """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
+        once more, at a shape drawn from the problem's random space with the worker's secret generator (inputs from secret seeds too), one case per distribution: a kernel
+        written for the listed shapes alone, or answers prepared for them, fails (`shape-specific`). The
+        threshold is RANDOM_SLACK times the verified shape's, as the baseline is not run there (its first
+        call at every new size would compile and autotune). Returns (the line for the log, the shape's
+        name or None)."""
+        shape = problem.random_shape(self._secret, cpu=self.interpreter)
+        if shape is None:
+            return "random shape: none (the problem has no random space)", None
+        cases = [(d, self._secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
+        base_err = RANDOM_SLACK * max(res["threshold"], problem.tolerance_floor) / problem.tolerance_alpha
+        with _phase("random-shape"):
+            try:
+                r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
+                                 base_err=base_err, hand_on=False)
+            except Rejection as rej:
+                raise Rejection(rej.stage, f"shape-specific: correct at {verified.name}, not at {shape.name}: "
+                                f"{rej.reason}", rej.log) from None
+            except SandboxFailure as f:
+                raise Rejection("verify", f"shape-specific: correct at {verified.name}, not at {shape.name}: "
+                                f"{f.kind}: {f.reason}", f.log) from None
+            finally:
+                self._forget_shape(problem, shape)
+        return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
+                shape.name)
+
+    def _forget_shape(self, problem, shape) -> None:
+        """A random shape's reference child and records, dropped once its verification is over."""
+        with self._refs_lock:
+            entry = self._refs.pop((problem.name, shape.name), None)
+        if entry is not None:
+            entry[0].close()
+        with self._ref_meta_lock:
+            for k in [k for k in self._ref_meta if k[:2] == (problem.name, shape.name)]:
+                del self._ref_meta[k]
+
+    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
+                base_err: float | None = None, hand_on: bool = True) -> dict:
+        """Verification at `shape` on `cases` (default: the candidate's seeds from the pool, every
+        distribution). `base_err`: the baseline error the thresholds are taken from, instead of the
+        baseline's own on each case (which is then not computed). `hand_on`: keep the passing child for
+        the candidate's benchmark."""
         from gpu_worker.child import compared_outputs
 
         names = compared_outputs(problem, shape, self.interpreter)
-        cases = self.cases(problem, candidate_id)
+        cases = cases or self.cases(problem, candidate_id)
+        base_err_given = base_err
         key = self._child_key(problem.name, shape, source_key)
         sb, _ = self._loaded_child(key, source, problem, shape, hb)
         handed_on = False
@@ -576,7 +633,7 @@ class Evaluator:
             for k, v in (pre.get("timing") or {}).items():
                 _add_phase(f"prepare.{k}", v)
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
-                refs = self.reference(problem, shape, cases, hb)
+                refs = self.reference(problem, shape, cases, hb, baseline=base_err is None)
             # verification is untimed device work: the shared side (it never overlaps a timing), one hold per
             # step, so that a timing request's drain waits for one case, not for all of them (child.py)
             listed = [list(c) for c in cases]
@@ -625,7 +682,7 @@ class Evaluator:
             log_tail = sb.log_tail()
             worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
             for (dist, seed), ref in zip(cases, refs):
-                base_err = ref["baseline_err"]
+                base_err = ref["baseline_err"] if base_err_given is None else base_err_given
                 thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
                     else problem.tolerance_floor
                 thresholds.append(thr)
@@ -662,9 +719,9 @@ class Evaluator:
                         raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
                                         f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
             lines.append(log_tail)
-            # passed: the benchmark of this candidate gets this child, kernels loaded
-            self.loaded.put(key, sb)
-            handed_on = True
+            if hand_on:  # passed: the benchmark of this candidate gets this child, kernels loaded
+                self.loaded.put(key, sb)
+                handed_on = True
             return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
         finally:
             mem.close()

@@ -30,7 +30,7 @@ from tests.conftest import temporal_path
 from tests.workflows.helpers import workers
 from workflows import decisions
 from activities.cli import DEV_SERVER_DYNAMIC_CONFIG, dev_server_config_args
-from workflows.contracts import (AGENT_QUEUE, BenchRequest, CompactRequest, EvalRequest, IterationRecord,
+from workflows.contracts import (AGENT_QUEUE, CompactRequest, EvalRequest, IterationRecord,
                                  ProposeRequest, RuleRequest, RunResult, RunSpec)
 from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
 
@@ -50,7 +50,7 @@ def in_process(n: int, compact_every: int) -> list[float]:
         rec = IterationRecord(iteration=i, candidate_id=c.candidate_id, source_key=c.source_key, knobs=c.knobs,
                               outcome="rejected", stage="verify")
         if ver.ok:
-            b = evaluators.benchmark_candidate(BenchRequest(**ev.model_dump()))
+            b = evaluators.benchmark_candidate(ev.bench())
             rec = rec.model_copy(update={"outcome": "improved" if decisions.improves_on(b, best) else "passed",
                                          "stage": None, "speedup": b.speedup, "time_ms": b.time_ms})
         recs.append(rec)

@@ -318,6 +318,11 @@ class EvalRequest(Strict):
     source_key: str
     shape: str | None = None
     iteration: int | None = None  # for logs only
+    random_shape: bool = False  # verify: also at a shape the harness draws from the problem's random space
+
+    def bench(self, **kw) -> "BenchRequest":
+        """The benchmark request for the same candidate (`kw`: BenchRequest's own fields)."""
+        return BenchRequest(**self.model_dump(exclude={"random_shape"}), **kw)
 
 
 class CompileReport(Strict):
@@ -356,6 +361,7 @@ class VerifyReport(Strict):
     family: str | None = None  # the cheating family the rejection names (FAMILIES), from its reason
     # the problem's other shapes on this device, cheapest first: a would-be best is verified on one more
     other_shapes: list[str] = []
+    random_shape: str | None = None  # the random shape it was also verified at (EvalRequest.random_shape)
 
     @model_validator(mode="after")
     def _family(self):

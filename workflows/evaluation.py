@@ -1,7 +1,7 @@
 """EvaluateCandidate: one candidate's whole evaluation as one durable unit, a child workflow of the run.
 
-rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified at
-one more of the problem's shapes. The run starts it with ParentClosePolicy.ABANDON and does not wait on
+rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified again,
+at one more of the problem's shapes and at a random one. The run starts it with ParentClosePolicy.ABANDON and does not wait on
 it: the child signals its result to the run's workflow id (`evaluated`), which reaches the run's latest
 execution, so an evaluation under way goes on across the run's continue-as-new and the GPU pipeline never
 drains for a compaction.
@@ -21,12 +21,14 @@ from temporalio.exceptions import ActivityError, ApplicationError
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
-        BenchReport, BenchRequest, CompileReport, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
+        BenchReport, CompileReport, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
         RuleReport, RuleRequest, VerifyReport,
     )
 
 EVALUATE_TYPE = "EvaluateCandidate"
 RESULT_SIGNAL = "evaluated"
+# a would-be best is also verified at a random shape, where the harness lists no other shape too
+RANDOM_SHAPE_PATCH = "random-shape-for-bests"
 
 # Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
@@ -83,6 +85,7 @@ class EvaluateCandidate:
     @workflow.run
     async def run(self, req: EvaluateRequest) -> EvaluationResult:
         me = workflow.info().workflow_id
+        self.random_shapes = workflow.patched(RANDOM_SHAPE_PATCH)  # decided in the first activation
         try:
             record, facts = await self.evaluate(req)
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
@@ -122,7 +125,7 @@ class EvaluateCandidate:
                 raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
                                interpreter=ver.interpreter)
             best = req.best
-            bench = await gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best), BenchReport, 20)
+            bench = await gpu("benchmark_candidate", ev.bench(best=best), BenchReport, 20)
             gpu_s, facts = bench.gpu_seconds, bench.device_facts
             if not bench.ok:
                 raise Rejected(bench.stage, bench.reason, log_key=bench.log_key, interpreter=bench.interpreter,
@@ -130,20 +133,24 @@ class EvaluateCandidate:
             outcome = "passed"
             if decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
                 # A new best is re-measured in a fresh process before it is believed.
-                again = await gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=best, fresh_process=True),
+                again = await gpu("benchmark_candidate", ev.bench(best=best, fresh_process=True),
                                   BenchReport, 20)
                 gpu_s += again.gpu_seconds
                 if again.ok and decisions.improves_on(again, best):
                     bench, outcome = again, "improved"
             elif decisions.improves_on(bench, best):
                 outcome = "improved"
-            if outcome == "improved" and ver.other_shapes:
-                # A new best is verified at one more shape: a kernel correct only where it was verified fails.
-                other = ver.other_shapes[0]
-                at = await gpu("verify_candidate", ev.model_copy(update={"shape": other}), VerifyReport, 20)
+            if outcome == "improved" and (ver.other_shapes or self.random_shapes):
+                # A new best is verified again: at one more listed shape where the problem has one, and at a
+                # shape the harness draws from the problem's random space. A kernel correct only where it
+                # was verified fails.
+                other = ver.other_shapes[0] if ver.other_shapes else req.shape
+                again = {"shape": other, "random_shape": True} if self.random_shapes else {"shape": other}
+                at = await gpu("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
                 if not at.ok:
-                    raise Rejected(at.stage, f"shape-specific: correct at {req.shape or 'the primary shape'}, "
-                                   f"not at {other}: {at.reason}", rel_err=at.rel_err, log_key=at.log_key,
+                    reason = at.reason if other == req.shape or at.reason.startswith("shape-specific:") else \
+                        f"shape-specific: correct at {req.shape or 'the primary shape'}, not at {other}: {at.reason}"
+                    raise Rejected(at.stage, reason, rel_err=at.rel_err, log_key=at.log_key,
                                    interpreter=at.interpreter, gpu_seconds=gpu_s)
             return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms, baseline_ms=bench.baseline_ms,
                                    speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,

@@ -26,7 +26,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
-        AGENT_QUEUE, BenchReport, BenchRequest, Candidate, CarriedState, CompileReport, EvalRequest,
+        AGENT_QUEUE, BenchReport, Candidate, CarriedState, CompileReport, EvalRequest,
         IterationRecord, LlmToolRequest, LlmTurnRequest, LlmTurnResult, Phase, ProfileReport, RunSpec,
         StopRequest, ToolCall, ToolResult, VerifyReport,
     )
@@ -280,7 +280,7 @@ async def _gpu_tool(wf: Loop, call: ToolCall) -> ToolResult:
                        if v.rel_err is not None and v.threshold is not None else "correct")
     if call.name == "benchmark":
         wf.set_phase("benchmarking")
-        b = await wf.gpu("benchmark_candidate", BenchRequest(**ev.model_dump(), best=wf.st.best), BenchReport,
+        b = await wf.gpu("benchmark_candidate", ev.bench(best=wf.st.best), BenchReport,
                           minutes=20)
         wf.st.device_facts = b.device_facts or wf.st.device_facts
         wf.st.used.gpu_seconds += b.gpu_seconds

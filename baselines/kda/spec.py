@@ -65,6 +65,13 @@ class KDA(Problem):
     tolerance_alpha = 1.5
     outputs = ("o", "final_state")
 
+    def random_space(self, cpu):
+        # lengths that leave a tail chunk at every CHUNK (an odd one among them), odd head counts, with and
+        # without a state
+        if cpu:
+            return {"B": (1, 2), "T": (37, 80), "H": (1, 3), "state": (0, 1)}
+        return {"B": (1, 2), "T": (531, 1040, 2064), "H": (1, 5, 12), "state": (0, 1)}
+
     def compared_outputs(self, shape: Shape) -> tuple[str, ...]:
         specs = self.output_specs(shape)
         return tuple(n for n in self.outputs if n in specs)

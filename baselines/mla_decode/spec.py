@@ -62,6 +62,12 @@ class MLADecode(Problem):
     ]
     # S = 100 is not a multiple of any block; Q = 2 exercises the several-query path; H*Q = 8 < 16 rows
     cpu_shape = _shape("Q2 H4 S100 DL128 DR16", 2, 4, 100, 128, 16)
+
+    def random_space(self, cpu):
+        # cache lengths that fill no tile or split evenly, every query count the spec serves
+        if cpu:
+            return {"Q": (1, 3), "S": (37, 129)}
+        return {"Q": (1, 2, 3, 4), "S": (1000, 3001, 5555)}
     # unit: q, cache ~ N(0,1) (logits std ~ 1.7); small: q/10 (FlashMLA's test setting, flat softmax);
     # peaked: q*4 (logits std ~ 7: a kernel without the running max overflows / loses precision)
     distributions = ("unit", "small", "peaked")

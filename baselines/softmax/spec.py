@@ -16,6 +16,12 @@ class Softmax(Problem):
     tolerance_alpha = 4.0
     outputs = ("y",)
 
+    def random_space(self, cpu):
+        # rows and columns of every kind: one row, one warp's worth, not a power of two, the widest listed
+        if cpu:
+            return {"M": (1, 7, 33), "N": (5, 130, 300)}
+        return {"M": (1, 37, 1000, 3001), "N": (5, 130, 1000, 3000, 4096)}
+
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         import torch
 

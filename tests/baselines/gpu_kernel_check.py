@@ -2,7 +2,7 @@
 tolerance. Runs in a process of its own: Triton decides at import time whether its jit functions are
 interpreted, and the CPU tests of this suite import it with TRITON_INTERPRET=1.
 
-    python -m tests.baselines.gpu_kernel_check PROBLEM SHAPE_INDEX DIST [KNOBS_JSON]
+    python -m tests.baselines.gpu_kernel_check PROBLEM SHAPE_INDEX|SHAPE_NAME DIST [KNOBS_JSON]
 
 prints one JSON line: per output, the kernel's and the primary baseline's rel-RMS error, the tolerance,
 and whether the kernel left a NaN."""
@@ -18,7 +18,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def check(problem: str, shape_index: int, dist: str, knobs: dict | None = None) -> dict:
+def check(problem: str, shape_index: int | str, dist: str, knobs: dict | None = None) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
     p = subprocess.run([sys.executable, "-m", "tests.baselines.gpu_kernel_check", problem, str(shape_index), dist,
                         json.dumps(knobs or {})], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
@@ -36,7 +36,8 @@ def main(argv: list[str]) -> int:
     from baselines.registry import get_problem
 
     prob = get_problem(argv[0])
-    shape, dist = prob.shapes[int(argv[1])], argv[2]
+    shape = prob.shapes[int(argv[1])] if argv[1].isdigit() else prob.shape_named(argv[1])
+    dist = argv[2]
     knobs = {**prob.default_knobs(), **json.loads(argv[3] if len(argv) > 3 else "{}")}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel_under_test.py"

@@ -36,7 +36,7 @@ def ev(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["rmsnorm", "softmax"])
 def test_file_problem_candidate_verifies_and_benchmarks_on_the_gpu(ev, name):
-    from workflows.contracts import BenchRequest, EvalRequest
+    from workflows.contracts import EvalRequest
 
     key = "file:" + ev.store.put_bytes((FILES / f"{name}.py").read_bytes())
     src = (FILES / f"{name}_kernel.py").read_text()
@@ -45,6 +45,6 @@ def test_file_problem_candidate_verifies_and_benchmarks_on_the_gpu(ev, name):
     assert ev.compile(r).ok
     v = ev.verify(r)
     assert v.ok and not v.interpreter, v.reason
-    b = ev.benchmark(BenchRequest(**r.model_dump()))
+    b = ev.benchmark(r.bench())
     assert b.ok, b.reason
     assert b.baseline_name == "eager" and b.time_ms > 0 and b.baseline_ms > 0

@@ -67,14 +67,14 @@ def test_timing_canaries_pass(ev):
 def _bench_kernel(ev, name: str, fresh: bool = True):
     from pathlib import Path
 
-    from workflows.contracts import BenchRequest, EvalRequest
+    from workflows.contracts import EvalRequest
 
     src = (Path(__file__).parent / "kernels" / f"{name}.py").read_text()
     cid = hashlib.sha256(src.encode()).hexdigest()[:16]
     key = ev.store.put_text(src)
     r = EvalRequest(problem="softmax", candidate_id=cid, source_key=key)
     assert ev.compile(r).ok
-    return ev.verify(r), ev.benchmark(BenchRequest(**r.model_dump(), fresh_process=fresh))
+    return ev.verify(r), ev.benchmark(r.bench(fresh_process=fresh))
 
 
 def test_a_result_baked_in_at_capture_is_rejected_in_graph_mode(ev):

@@ -473,6 +473,22 @@ def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(ev, 
     assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
 
 
+def test_verified_at_a_random_shape_on_request(ev, store):
+    from baselines.problem import RANDOM_SHAPE
+
+    cheat = req(store, kernel("listed_shape_only"))
+    assert ev.verify(cheat).ok  # right where it expects to be verified
+    v = ev.verify(cheat.model_copy(update={"random_shape": True}))
+    assert not v.ok and v.family == "shape-specific", v
+    assert v.reason.startswith(f"shape-specific: correct at M64 N300, not at {RANDOM_SHAPE}M="), v.reason
+    from baselines.registry import get_problem
+
+    honest = ev.verify(req(store, get_problem("softmax").template()).model_copy(update={"random_shape": True}))
+    assert honest.ok and honest.random_shape and honest.random_shape.startswith(RANDOM_SHAPE), honest
+    assert f"random shape {honest.random_shape}: worst rel_err" in store.get_text(honest.log_key)
+    assert not any(k[1].startswith(RANDOM_SHAPE) for k in ev._refs), "a random shape's reference child stays"
+
+
 def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     r = req(store, canary("fast"))
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))

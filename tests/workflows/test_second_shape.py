@@ -1,7 +1,8 @@
-"""A would-be best is verified at one more of the problem's shapes (the first the harness lists, the
-cheapest): a kernel correct only at the shape it was verified at is rejected as shape-specific, and an
-honest one is crowned. Real workflow and dev server; the GPU activities are synthetic ones that report
-other shapes, as the harness does on CUDA."""
+"""A would-be best is verified again, with a random shape drawn by the harness, at one more of the problem's
+shapes (the first the harness lists, the cheapest) or, where it lists none (the interpreter), at its own: a
+kernel correct only at the shape it was verified at is rejected as shape-specific, and an honest one is
+crowned. Real workflow and dev server; the GPU activities are synthetic ones that report other shapes, as
+the harness does on CUDA, or none."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from tests import evaluators
 from tests.workflows.helpers import start, workers
 from workflows.contracts import EvalRequest, RunSpec, VerifyReport
 
-SEEN: list[str | None] = []
+SEEN: list[tuple[str | None, bool]] = []
 
 
 @activity.defn(name="verify_candidate")
 def verify_with_other_shapes(req: EvalRequest) -> VerifyReport:
-    SEEN.append(req.shape)
+    SEEN.append((req.shape, req.random_shape))
     if req.shape == "B8" and req.iteration == 1:  # the first kernel is right only where it was verified
         return VerifyReport(ok=False, reason="wrong: rel err 0.2 > threshold 1e-5", rel_err=0.2)
     return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, other_shapes=[] if req.shape else ["B8", "B64"])
@@ -39,7 +40,30 @@ async def test_a_would_be_best_is_verified_at_another_shape(env, store):
     assert first.outcome == "rejected" and first.family == "shape-specific", first
     assert "not at B8" in first.reason
     assert second.outcome == "improved" and res.best.iteration == 2, second
-    assert SEEN == [None, "B8", None, "B8"]
+    assert SEEN == [(None, False), ("B8", True), (None, False), ("B8", True)]
+
+
+@activity.defn(name="verify_candidate")
+def verify_with_no_other_shape(req: EvalRequest) -> VerifyReport:
+    SEEN.append((req.shape, req.random_shape))
+    if req.random_shape and req.iteration == 1:  # the first kernel is right only at the listed shape
+        return VerifyReport(ok=False, reason="shape-specific: correct at M64 N300, not at random M=7 N=5: wrong")
+    return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, random_shape="random M=1 N=5" if req.random_shape else None)
+
+
+async def test_where_no_other_shape_is_listed_a_would_be_best_is_verified_at_a_random_one(env, store):
+    SEEN.clear()
+    gpu = [evaluators.compile_candidate, verify_with_no_other_shape, evaluators.benchmark_candidate,
+           evaluators.profile_candidate]
+    async with workers(env.client, gpu_activities=gpu):
+        h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 2}, population=1),
+                        "random-shape")
+        res = await asyncio.wait_for(h.result(), 60)
+    first, second = read_ledger(store, res.ledger_key)
+    assert first.outcome == "rejected" and first.family == "shape-specific", first
+    assert first.reason.startswith("shape-specific: correct at M64 N300, not at random M=7 N=5"), first.reason
+    assert second.outcome == "improved" and res.best.iteration == 2, second
+    assert SEEN == [(None, False), (None, True), (None, False), (None, True)]
 
 
 def test_the_other_shapes_are_listed_cheapest_first():

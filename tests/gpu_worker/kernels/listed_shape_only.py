@@ -1,0 +1,19 @@
+"""Cheat (shape-specific): a kernel specialised to the one shape it expects to be verified at (the CPU
+shape, 64 rows of 300) that leaves every other shape's outputs unwritten; it passes there."""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def k_softmax(x_ptr, y_ptr, stride, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(y_ptr + row * stride + cols, e / tl.sum(e, 0), mask=cols < N)
+
+
+def run(inputs, out):
+    x, y = inputs["x"], out["y"]
+    if tuple(x.shape) == (64, 300):
+        k_softmax[(64,)](x, y, 300, N=300, BLOCK=512)
