@@ -5,7 +5,7 @@ baseline are timed on every distribution with gpu_worker.devicetime (a CUDA grap
 together more than twice L2, no refill and no harness), and each figure is compared with the scoreboard's.
 Prints one line per (row, distribution, side) and exits 1 if any differs by more than --tolerance.
 
-    python scripts/device_time_check.py [--scoreboard docs/scoreboard.json] [--tolerance 0.03]
+    python scripts/device_time_check.py [--scoreboard docs/scoreboard.json] [--tolerance 0.03] [--only kda ...]
 """
 
 from __future__ import annotations
@@ -38,8 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scoreboard", default="docs/scoreboard.json")
     ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--only", action="append", default=[],
+                    help="PROBLEM or PROBLEM@SHAPE_NAME: check only these rows (repeatable)")
     a = ap.parse_args(argv)
     rows = json.loads(Path(a.scoreboard).read_text())
+    if a.only:
+        rows = [r for r in rows if r["problem"] in a.only or f"{r['problem']}@{r['shape']}" in a.only]
+        if not rows:
+            ap.error(f"no scoreboard row matches {', '.join(a.only)}")
     worst, lines = 0.0, []
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
