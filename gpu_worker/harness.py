@@ -16,6 +16,7 @@ All rejections are returned as reports; only infrastructure failures (artifact s
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import os
@@ -195,6 +196,7 @@ class Evaluator:
         # the timing values' seeds: drawn when the worker starts, from a space too large to precompute
         self.timing_seed = 1 << 20 | secrets.randbits(40)
         self._secret = random.SystemRandom()  # random shapes and their seeds: nothing the candidate can replay
+        self._random_users: collections.Counter = collections.Counter()  # (problem, random shape) -> verifications
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # candidates at once on one device stay within its memory (scheduling.DeviceMemory)
         self.mem = self.sched.memory(self._carried) if self.cuda else None
@@ -575,16 +577,18 @@ class Evaluator:
 
     def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
         """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
-        once more, at a shape drawn from the problem's random space with the worker's secret generator (inputs from secret seeds too), one case per distribution: a kernel
-        written for the listed shapes alone, or answers prepared for them, fails (`shape-specific`). The
-        threshold is RANDOM_SLACK times the verified shape's, as the baseline is not run there (its first
-        call at every new size would compile and autotune). Returns (the line for the log, the shape's
-        name or None)."""
+        once more, at a shape drawn from the problem's random space with the worker's secret generator, on
+        inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone,
+        or answers prepared for them, fails (`shape-specific`). The threshold is RANDOM_SLACK times the
+        verified shape's, as the baseline is not run there (its first call at every new size would compile
+        and autotune). Returns (the line for the log, the shape's name or None)."""
         shape = problem.random_shape(self._secret, cpu=self.interpreter)
         if shape is None:
             return "random shape: none (the problem has no random space)", None
         cases = [(d, self._secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
         base_err = RANDOM_SLACK * max(res["threshold"], problem.tolerance_floor) / problem.tolerance_alpha
+        with self._refs_lock:  # two verifications may draw the same shape: its reference child serves both
+            self._random_users[(problem.name, shape.name)] += 1
         with _phase("random-shape"):
             try:
                 r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
@@ -596,19 +600,24 @@ class Evaluator:
                 raise Rejection("verify", f"shape-specific: correct at {verified.name}, not at {shape.name}: "
                                 f"{f.kind}: {f.reason}", f.log) from None
             finally:
-                self._forget_shape(problem, shape)
+                self._forget_shape(problem, shape, cases)
         return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
                 shape.name)
 
-    def _forget_shape(self, problem, shape) -> None:
-        """A random shape's reference child and records, dropped once its verification is over."""
+    def _forget_shape(self, problem, shape, cases: list) -> None:
+        """A random shape's records of `cases`, dropped once its verification is over, and its reference
+        child once no other verification uses it."""
+        key = (problem.name, shape.name)
         with self._refs_lock:
-            entry = self._refs.pop((problem.name, shape.name), None)
+            self._random_users[key] -= 1
+            entry = self._refs.pop(key, None) if self._random_users[key] <= 0 else None
+            if self._random_users[key] <= 0:
+                del self._random_users[key]
         if entry is not None:
             entry[0].close()
         with self._ref_meta_lock:
-            for k in [k for k in self._ref_meta if k[:2] == (problem.name, shape.name)]:
-                del self._ref_meta[k]
+            for d, seed in cases:
+                self._ref_meta.pop((problem.name, shape.name, d, seed), None)
 
     def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
                 base_err: float | None = None, hand_on: bool = True) -> dict:
