@@ -137,6 +137,9 @@ def compared_outputs(problem, shape, cpu: bool) -> tuple:
     return tuple(n for n in problem.outputs if n in specs)
 
 
+FINGERPRINT_CHUNK = 1 << 24  # elements per step of a fingerprint: its temporaries stay at 64 MB in fp32
+
+
 @dataclass
 class TimingSet:
     """One distribution's timing state: static buffers (what graphs read and write) and the value pool."""
@@ -148,6 +151,9 @@ class TimingSet:
     initial: list  # per static set: the pool entry it held when captured (or first filled)
     graphs: list | None = None
     baseline: dict = field(default_factory=dict)  # reference role: pool index -> the baseline's outputs
+    # per static set, its output buffers as the harness allocated them: what is poisoned, kept and
+    # fingerprinted, whatever the candidate does to the dicts it is handed
+    outs: list = field(default_factory=list)
 
     def other_entry(self, r: int, rnd: int, held: int | None = None) -> int:
         """A pool entry other than the one static set r holds (`held`, else its present content)."""
@@ -205,11 +211,14 @@ class Server:
             "randn": torch.randn,
             "Generator": torch.Generator,
             "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "narrow": torch.Tensor.narrow,
+            "add": torch.add,
         }
         self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view",
-                                                  "is_floating_point", "numel")]
+                                                  "is_floating_point", "numel", "narrow")]
         self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom"), (torch, "sum"), (torch, "dot"),
-                       (torch, "randn"), (torch, "Generator")]
+                       (torch, "randn"), (torch, "Generator"), (torch, "add")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
                           elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep)
@@ -726,6 +735,7 @@ class Server:
         h0 = self._hash(inputs)
         pristine = self._pristine(inputs)
         outs = self._outputs()
+        given = dict(outs)  # the harness's buffers: the call writes into them, it does not replace them
         t = self._tick("hash-copy", t)
         self._call(inputs, outs, guarded=True)
         t = self._tick("first-call" if v["first"] is None else "call", t)
@@ -734,7 +744,7 @@ class Server:
         t = self._tick("hash-copy", t)
         v["cases"].append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
                            "outputs": self._export(outs, f"case{i}"),
-                           "out_type_ok": all(type(x) is __import__("torch").Tensor for x in outs.values())})
+                           "out_type_ok": outs.keys() == given.keys() and all(outs[k] is given[k] for k in given)})
         self._tick("export", t)
         if v["first"] is None:
             v["first"] = (inputs, outs)
@@ -876,7 +886,8 @@ class Server:
         sets = [({k: (self.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
         content = [i % pool for i in range(rotate)]
-        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, content=content, initial=list(content))
+        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, content=content, initial=list(content),
+                                      outs=[dict(out) for _, out in sets])
         if self.cuda and self.flush is None:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             nbytes = max(2 * l2, 256 << 20)
@@ -930,10 +941,9 @@ class Server:
 
     def _before_rep(self, ts: "TimingSet", r: int, j: int) -> None:
         """Everything a repetition needs that is not timed, queued on the stream ahead of its events."""
-        inp, out = ts.sets[r]
-        self._refill(inp, ts.pool[j])
+        self._refill(ts.sets[r][0], ts.pool[j])
         ts.content[r] = j
-        self._poison(out)
+        self._poison(ts.outs[r])
         if self.cuda:  # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel
             self.T["sum"](self.flush, 0, dtype=self.T["int64"], out=self.flush_sink)
 
@@ -984,29 +994,61 @@ class Server:
             self.sleep_rate = 2_000_000 / max(self.T["elapsed"](start, end), 1e-3)
         return self.sleep_rate
 
-    def _projections(self, seed: int, outs: dict) -> dict:
-        """Per compared output, a vector of standard normal values drawn from `seed` (the same in every
-        process for the same seed, device and size): the projection of an output onto it is that output's
-        fingerprint (see `cmd_time`'s `check_seed`)."""
+    def _projections(self, seed: int) -> dict:
+        """Per compared floating-point output (as the problem specifies it, not as any tensor says), a
+        vector of standard normal values drawn from `seed`, the same in every process for the same seed,
+        device and size: the projection of an output onto it is that output's fingerprint (see
+        `cmd_time`'s `check_seed`)."""
         import torch
 
-        names = compared_outputs(self.problem, self.shape, self.cpu_mode)
+        specs = self.problem.output_specs(self.shape, cpu=self.cpu_mode)
         g = self.T["Generator"](device=self.device)
         g.manual_seed(int(seed))
-        return {n: self.T["randn"](outs[n].numel(), generator=g, device=self.device, dtype=self.T["float32"])
-                for n in names if type(outs.get(n)) is torch.Tensor and outs[n].is_floating_point()}
+        out = {}
+        for n in compared_outputs(self.problem, self.shape, self.cpu_mode):
+            if not getattr(torch, specs[n].dtype).is_floating_point:
+                continue
+            size = math.prod(specs[n].shape)
+            v = self.T["empty"](size, dtype=self.T["bfloat16"], device=self.device)  # half an fp32 vector's memory
+            for c in range(0, size, FINGERPRINT_CHUNK):  # drawn chunk by chunk: no fp32 copy of the whole
+                w = min(FINGERPRINT_CHUNK, size - c)
+                self.T["copy_"](self.T["narrow"](v, 0, c, w),
+                                self.T["randn"](w, generator=g, device=self.device, dtype=self.T["float32"]))
+            out[n] = v
+        return out
 
     def _fingerprint(self, outs: dict, proj: dict) -> list:
-        """Each compared output projected onto its random vector (device scalars; no synchronisation)."""
-        f32 = self.T["float32"]
-        return [self.T["dot"](self.T["to"](self.T["view"](self.T["contiguous"](outs[n]), -1), f32), v)
-                for n, v in proj.items()]
+        """Each compared output projected onto its random vector, in fp32 chunks (device scalars; no
+        synchronisation). An output whose size is not its spec's fails here."""
+        T, f32 = self.T, self.T["float32"]
+        res = []
+        for n, v in proj.items():
+            flat = T["view"](T["contiguous"](outs[n]), -1)
+            if flat.numel() != v.numel():
+                raise ValueError(f"output {n!r} holds {flat.numel()} elements, its spec {v.numel()}")
+            acc = None
+            for c in range(0, v.numel(), FINGERPRINT_CHUNK):
+                w = min(FINGERPRINT_CHUNK, v.numel() - c)
+                d = T["dot"](T["to"](T["narrow"](flat, 0, c, w), f32), T["to"](T["narrow"](v, 0, c, w), f32))
+                acc = d if acc is None else T["add"](acc, d)
+            res.append(acc)
+        return res
+
+    def _norm(self, x) -> float:
+        """The L2 norm of a trusted tensor, accumulated in fp64 over chunks (no fp64 copy of the whole)."""
+        import torch
+
+        flat = self.T["view"](self.T["contiguous"](x), -1)
+        total = 0.0
+        for c in range(0, flat.numel(), FINGERPRINT_CHUNK):
+            part = self.T["to"](self.T["narrow"](flat, 0, c, min(FINGERPRINT_CHUNK, flat.numel() - c)),
+                                torch.float64)
+            total += float(self.T["dot"](part, part))
+        return math.sqrt(total)
 
     def cmd_fingerprints(self, entries: list, seed: int, dist: str | None = None):
         """Reference role: for each pool entry, the baseline's outputs projected as `cmd_time` projects a
         candidate's (same seed, so the same vectors), and each output's L2 norm, for the bound."""
-        import torch
-
         ts = self._timing_set(dist, "fingerprints")
         res = {}
         proj = None
@@ -1014,10 +1056,10 @@ class Server:
             if idx not in ts.baseline:
                 ts.baseline[idx] = {k: v.detach() for k, v in self.baseline(ts.pool[idx]).items()}
             outs = ts.baseline[idx]
-            proj = proj if proj is not None else self._projections(seed, outs)
+            proj = proj if proj is not None else self._projections(seed)
             fps = self._fingerprint(outs, proj)
             res[idx] = {"names": list(proj), "fp": [float(x) for x in fps],
-                        "norm": [float(torch.linalg.vector_norm(outs[n].double())) for n in proj]}
+                        "norm": [self._norm(outs[n]) for n in proj]}
         self._release()
         return {"entries": res}
 
@@ -1063,16 +1105,15 @@ class Server:
 
         def keep(i: int, r: int, j: int):
             if i == pick:
-                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.sets[r][1].items()
-                                               if type(v) is __import__("torch").Tensor}))
+                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
 
         timed = order[warmup:]
-        proj = self._projections(check_seed, ts.sets[0][1]) if check_seed is not None else None
+        proj = self._projections(check_seed) if check_seed is not None else None
         fps: list = []
 
         def check(r: int, into: list | None):
             if proj is not None:
-                f = self._fingerprint(ts.sets[r][1], proj)
+                f = self._fingerprint(ts.outs[r], proj)
                 if into is not None:
                     into.append(f)
 

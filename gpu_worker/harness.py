@@ -45,6 +45,8 @@ SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
 RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (_verify_random_shape)
+# the verdicts of a verification that say the kernel's answer is wrong (at a random shape: shape-specific)
+SHAPE_WRONG = ("wrong:", "non-finite:", "degenerate:", "nondeterministic:", "output-cache:", "late-write:")
 FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see _check_fingerprints)
 
 
@@ -578,27 +580,34 @@ class Evaluator:
     def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
         """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
         once more, at a shape drawn from the problem's random space with the worker's secret generator, on
-        inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone,
-        or answers prepared for them, fails (`shape-specific`). The threshold is RANDOM_SLACK times the
+        inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone
+        fails (`shape-specific`). The threshold is RANDOM_SLACK times the
         verified shape's, as the baseline is not run there (its first call at every new size would compile
         and autotune). Returns (the line for the log, the shape's name or None)."""
         shape = problem.random_shape(self._secret, cpu=self.interpreter)
         if shape is None:
             return "random shape: none (the problem has no random space)", None
         cases = [(d, self._secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
-        base_err = RANDOM_SLACK * max(res["threshold"], problem.tolerance_floor) / problem.tolerance_alpha
+        # each distribution's threshold, doubled: base_err such that max(floor, alpha * base_err) is that
+        base_err = {d: RANDOM_SLACK * max(t, problem.tolerance_floor) / problem.tolerance_alpha
+                    for d, t in res["thresholds"].items()}
         with self._refs_lock:  # two verifications may draw the same shape: its reference child serves both
             self._random_users[(problem.name, shape.name)] += 1
         with _phase("random-shape"):
             try:
+                with self._shared():  # a new reference child's context: untimed device work, never beside a timing
+                    self._ref(problem, shape, hb)
                 r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
                                  base_err=base_err, hand_on=False)
             except Rejection as rej:
-                raise Rejection(rej.stage, f"shape-specific: correct at {verified.name}, not at {shape.name}: "
-                                f"{rej.reason}", rej.log) from None
-            except SandboxFailure as f:
-                raise Rejection("verify", f"shape-specific: correct at {verified.name}, not at {shape.name}: "
-                                f"{f.kind}: {f.reason}", f.log) from None
+                # only a wrong answer there is the shape's; a guard's refusal, or the device's memory taken by
+                # the neighbours (retried alone), keeps its own reason
+                if rej.stage != "verify" or not rej.reason.startswith(SHAPE_WRONG):
+                    raise
+                wrapped = Rejection(rej.stage, f"shape-specific: correct at {verified.name}, not at {shape.name}: "
+                                    f"{rej.reason}", rej.log)
+                wrapped.rel_err, wrapped.threshold = getattr(rej, "rel_err", None), getattr(rej, "threshold", None)
+                raise wrapped from None
             finally:
                 self._forget_shape(problem, shape, cases)
         return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
@@ -620,11 +629,12 @@ class Evaluator:
                 self._ref_meta.pop((problem.name, shape.name, d, seed), None)
 
     def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
-                base_err: float | None = None, hand_on: bool = True) -> dict:
+                base_err: dict | None = None, hand_on: bool = True) -> dict:
         """Verification at `shape` on `cases` (default: the candidate's seeds from the pool, every
-        distribution). `base_err`: the baseline error the thresholds are taken from, instead of the
-        baseline's own on each case (which is then not computed). `hand_on`: keep the passing child for
-        the candidate's benchmark."""
+        distribution). `base_err`: per distribution, the baseline error the thresholds are taken from,
+        instead of the baseline's own on each case (which is then not computed). `hand_on`: keep the
+        passing child for the candidate's benchmark. Returns the worst errors, the smallest threshold and
+        each distribution's (the smallest over its cases), and the log."""
         from gpu_worker.child import compared_outputs
 
         names = compared_outputs(problem, shape, self.interpreter)
@@ -664,7 +674,8 @@ class Evaluator:
                     raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got['mutated']} "
                                     f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
                 if not got["out_type_ok"]:
-                    raise Rejection("verify", "output-type: outputs must stay plain torch.Tensor")
+                    raise Rejection("verify", "output-type: run must write into the tensors it is given in out, in "
+                                    "place; an entry of out was replaced or removed")
             # The outputs' copies go to files and then onto the reference child's device, where they are
             # compared with the oracle.
             ex = self._download(sb, "export", "verify", hb)
@@ -689,12 +700,13 @@ class Evaluator:
             for k, v in (cr.get("timing") or {}).items():
                 _add_phase(f"compare.{k}", v)
             log_tail = sb.log_tail()
-            worst, base_worst, lines, thresholds = 0.0, 0.0, [], []
+            worst, base_worst, lines, thresholds, by_dist = 0.0, 0.0, [], [], {}
             for (dist, seed), ref in zip(cases, refs):
-                base_err = ref["baseline_err"] if base_err_given is None else base_err_given
+                base_err = ref["baseline_err"] if base_err_given is None else base_err_given[dist]
                 thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
                     else problem.tolerance_floor
                 thresholds.append(thr)
+                by_dist[dist] = min(thr, by_dist.get(dist, thr))
                 base_worst = max(base_worst, base_err)
                 for name in names:
                     c = next(cmp)
@@ -731,7 +743,8 @@ class Evaluator:
             if hand_on:  # passed: the benchmark of this candidate gets this child, kernels loaded
                 self.loaded.put(key, sb)
                 handed_on = True
-            return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "log": "\n".join(lines)}
+            return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "thresholds": by_dist,
+                    "log": "\n".join(lines)}
         finally:
             mem.close()
             if not handed_on:
@@ -1077,8 +1090,8 @@ class Evaluator:
         vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's
         on the pool entry that call ran on. For an output off by e, the projection is off by a normal
         variable of standard deviation |e|; an honest output has |e| <= bound |baseline|, so a gap over
-        FINGERPRINT_SIGMAS times that is a call whose work was skipped, stale or cached (a chance of about
-        1e-8 per call for an honest kernel)."""
+        FINGERPRINT_SIGMAS times that is a call whose work was skipped, or whose result is stale or cached
+        per buffer (an honest output's gap is at most half a bound: 12 standard deviations short)."""
         checks = res.get("checks") or []
         if not checks:
             raise Rejection("benchmark", "timed-output: no fingerprint of a timed call came back (harness error)")
@@ -1089,6 +1102,9 @@ class Evaluator:
         worst = 0.0
         for n, (entry, fps) in enumerate(checks):
             b = base[int(entry)]
+            if len(fps) != len(b["names"]):
+                raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} has {len(fps)} "
+                                f"fingerprints for the outputs {b['names']} (harness error)")
             for name, fc, fb, norm in zip(b["names"], fps, b["fp"], b["norm"]):
                 gap = abs(fc - fb) / max(bound * norm, 1e-30) if math.isfinite(fc) else math.inf
                 if gap > FINGERPRINT_SIGMAS:

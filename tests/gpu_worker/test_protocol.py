@@ -473,6 +473,11 @@ def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(ev, 
     assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
 
 
+def test_an_output_buffer_replaced_instead_of_written_is_rejected(ev, store):
+    v = ev.verify(req(store, kernel("replaced_output")))
+    assert not v.ok and v.reason.startswith("output-type: run must write into the tensors it is given"), v
+
+
 def test_verified_at_a_random_shape_on_request(ev, store):
     from baselines.problem import RANDOM_SHAPE
 

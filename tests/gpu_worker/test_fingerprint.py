@@ -1,0 +1,57 @@
+"""A timed call's fingerprint (gpu_worker.child): the projection computed in chunks equals the projection
+of the whole output onto the same vector, the vectors are the same for the same seed in another process,
+and a different output, or one of another size, does not pass for the right one."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from gpu_worker import child
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def server(tmp_path, monkeypatch, chunk: int):
+    monkeypatch.setattr(child, "FINGERPRINT_CHUNK", chunk)
+    s = child.Server(str(tmp_path), "reference")
+    s.cmd_setup("softmax", None)  # on the CPU: the cpu_shape, M64 N300
+    return s
+
+
+def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
+    s = server(tmp_path, monkeypatch, chunk=1000)  # 19,200 elements: 20 chunks, the last one short
+    proj = s._projections(seed=12345)
+    assert list(proj) == ["y"] and proj["y"].numel() == 64 * 300
+    y = torch.randn(64, 300)
+    (fp,) = s._fingerprint({"y": y}, proj)
+    whole = float(torch.dot(y.reshape(-1).double(), proj["y"].double()))
+    assert math.isclose(float(fp), whole, rel_tol=1e-5, abs_tol=1e-3)
+    assert math.isclose(s._norm(y), float(torch.linalg.vector_norm(y.double())), rel_tol=1e-12)
+    other = y.clone()
+    other[5] = torch.randn(300)  # one row stale
+    (fo,) = s._fingerprint({"y": other}, proj)
+    assert abs(float(fo) - float(fp)) > 1e-3 * s._norm(y)
+    try:
+        s._fingerprint({"y": torch.randn(64, 299)}, proj)
+        raise AssertionError("an output of another size was fingerprinted")
+    except ValueError as e:
+        assert "holds 19136 elements, its spec 19200" in str(e)
+
+
+def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monkeypatch):
+    s = server(tmp_path, monkeypatch, chunk=child.FINGERPRINT_CHUNK)
+    here = s._projections(seed=777)["y"].float()
+    code = ("import sys, torch\nfrom gpu_worker import child\n"
+            "s = child.Server(sys.argv[1], 'reference'); s.cmd_setup('softmax', None)\n"
+            "torch.save(s._projections(seed=777)['y'], sys.argv[1] + '/v.pt')\n")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       cwd=REPO)
+    assert p.returncode == 0, p.stderr[-2000:]
+    there = torch.load(tmp_path / "v.pt").float()
+    assert torch.equal(here, there)
+    assert not torch.equal(here, s._projections(seed=778)["y"].float())
