@@ -354,7 +354,8 @@ def _script_programs(path: str) -> list[str]:
     if not head.startswith(b"#!"):
         return []
     text = head.decode(errors="replace")
-    words = text[2:].splitlines()[0].split()
+    lines = text[2:].splitlines()
+    words = lines[0].split() if lines else []
     out = []
     if words:
         out.append(words[0])
