@@ -119,9 +119,9 @@ class Problem:
     # --- shapes a verification draws -------------------------------------------------------------
     def random_space(self, cpu: bool) -> dict[str, tuple[int, ...]] | None:
         """The values a random shape may give each parameter it varies (the others stay as at the base
-        shape: the CPU shape on the interpreter, else the first listed). Every candidate is also verified at
-        one such shape, drawn secretly per evaluation, so a kernel written for the listed shapes alone
-        fails. None: this problem has no random shapes (the listed ones are all its kernels must serve)."""
+        shape: the CPU shape on the interpreter, else the first listed). A would-be best is also verified
+        at one such shape, drawn secretly each time, so a kernel written for the listed shapes alone fails.
+        None: this problem has no random shapes (the listed ones are all its kernels must serve)."""
         return None
 
     def random_shape(self, rng, cpu: bool) -> Shape | None:
