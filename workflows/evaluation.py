@@ -2,9 +2,9 @@
 
 rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified
 again, at one more of the problem's shapes and at a random one. The run starts it with
-ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's workflow id (`evaluated`), which reaches the run's latest
-execution, so an evaluation under way goes on across the run's continue-as-new and the GPU pipeline never
-drains for a compaction.
+ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's workflow id
+(`evaluated`), which reaches the run's latest execution, so an evaluation under way goes on across the
+run's continue-as-new and the GPU pipeline never drains for a compaction.
 
 Deterministic: activity calls and decisions only. Also the activity-call helpers the loop shares
 (`Paused`: an infrastructure failure that outlived its retries).
