@@ -28,18 +28,22 @@ def verify_with_other_shapes(req: EvalRequest) -> VerifyReport:
     return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, other_shapes=[] if req.shape else ["B8", "B64"])
 
 
-async def test_a_would_be_best_is_verified_at_another_shape(env, store):
+async def two_iterations(env, store, verify, name: str):
+    """A two-iteration softmax run with `verify` as the GPU worker's verification: its two records."""
     SEEN.clear()
-    gpu = [evaluators.compile_candidate, verify_with_other_shapes, evaluators.benchmark_candidate,
-           evaluators.profile_candidate]
+    gpu = [evaluators.compile_candidate, verify, evaluators.benchmark_candidate, evaluators.profile_candidate]
     async with workers(env.client, gpu_activities=gpu):
-        h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 2}, population=1),
-                        "second-shape")
+        h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 2}, population=1), name)
         res = await asyncio.wait_for(h.result(), 60)
     first, second = read_ledger(store, res.ledger_key)
+    assert second.outcome == "improved" and res.best.iteration == 2, second
+    return first, second
+
+
+async def test_a_would_be_best_is_verified_at_another_shape(env, store):
+    first, _ = await two_iterations(env, store, verify_with_other_shapes, "second-shape")
     assert first.outcome == "rejected" and first.family == "shape-specific", first
     assert "not at B8" in first.reason
-    assert second.outcome == "improved" and res.best.iteration == 2, second
     assert SEEN == [(None, False), ("B8", True), (None, False), ("B8", True)]
 
 
@@ -52,17 +56,9 @@ def verify_with_no_other_shape(req: EvalRequest) -> VerifyReport:
 
 
 async def test_where_no_other_shape_is_listed_a_would_be_best_is_verified_at_a_random_one(env, store):
-    SEEN.clear()
-    gpu = [evaluators.compile_candidate, verify_with_no_other_shape, evaluators.benchmark_candidate,
-           evaluators.profile_candidate]
-    async with workers(env.client, gpu_activities=gpu):
-        h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 2}, population=1),
-                        "random-shape")
-        res = await asyncio.wait_for(h.result(), 60)
-    first, second = read_ledger(store, res.ledger_key)
+    first, _ = await two_iterations(env, store, verify_with_no_other_shape, "random-shape")
     assert first.outcome == "rejected" and first.family == "shape-specific", first
     assert first.reason.startswith("shape-specific: correct at M64 N300, not at random M=7 N=5"), first.reason
-    assert second.outcome == "improved" and res.best.iteration == 2, second
     assert SEEN == [(None, False), (None, True), (None, False), (None, True)]
 
 
