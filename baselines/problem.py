@@ -116,6 +116,18 @@ class Problem:
     def render(self, knobs: dict[str, Any]) -> str:
         return render(self.template(), knobs)
 
+    # --- timing inputs that never repeat ----------------------------------------------------------
+    def refresh_count(self, shape: Shape) -> int:
+        """How many distinct input sets `refreshed` makes of one (1: it makes none but the set itself)."""
+        return 1
+
+    def refreshed(self, inputs: dict, k: int) -> dict:
+        """Input set number k (0 <= k < refresh_count) made from `inputs` by a change that keeps them valid
+        inputs of the same distribution, such as a rotation along a sequence axis, that changes the
+        outputs. The timing refills each repetition with such a set, drawn secretly, so a cache keyed on
+        the inputs' contents misses. k = 0 is `inputs` itself."""
+        return inputs
+
     # --- shapes a verification draws -------------------------------------------------------------
     def random_space(self, cpu: bool) -> dict[str, tuple[int, ...]] | None:
         """The values a random shape may give each parameter it varies (the others stay as at the base

@@ -147,18 +147,30 @@ class TimingSet:
     key: tuple
     sets: list  # [(inputs, outputs)] static buffers, one graph each when captured
     pool: list  # [inputs] value sets the static inputs are refilled from
-    content: list  # per static set: the pool entry it holds now
-    initial: list  # per static set: the pool entry it held when captured (or first filled)
+    # An entry e names a value set: pool[e % len(pool)] refreshed by e // len(pool) (Problem.refreshed),
+    # one of len(pool) x `refreshes` sets, so repetitions do not see the same contents again
+    content: list  # per static set: the entry it holds now
+    initial: list  # per static set: the entry it held when captured (or first filled)
     graphs: list | None = None
     baseline: dict = field(default_factory=dict)  # reference role: pool index -> the baseline's outputs
     # per static set, its output buffers as the harness allocated them: what is poisoned, kept and
     # fingerprinted, whatever the candidate does to the dicts it is handed
     outs: list = field(default_factory=list)
+    refreshes: int = 1
 
     def other_entry(self, r: int, rnd: int, held: int | None = None) -> int:
-        """A pool entry other than the one static set r holds (`held`, else its present content)."""
-        held = self.content[r] if held is None else held
-        return [k for k in range(len(self.pool)) if k != held][rnd % (len(self.pool) - 1)]
+        """An entry of another pool set than the one static set r holds (`held`, else its present content),
+        refreshed by a number `rnd` picks too."""
+        P = len(self.pool)
+        held = (self.content[r] if held is None else held) % P
+        j = [k for k in range(P) if k != held][rnd % (P - 1)]
+        return j + P * ((rnd // (P - 1)) % self.refreshes)
+
+    def values(self, e: int, refreshed) -> dict:
+        """The inputs of entry e (`refreshed`: the problem's Problem.refreshed, captured before any candidate
+        loaded)."""
+        P = len(self.pool)
+        return self.pool[e % P] if e < P else refreshed(self.pool[e % P], e // P)
 
 
 class Server:
@@ -218,7 +230,7 @@ class Server:
         self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view",
                                                   "is_floating_point", "numel", "narrow")]
         self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom"), (torch, "sum"), (torch, "dot"),
-                       (torch, "randn"), (torch, "Generator"), (torch, "add")]
+                       (torch, "randn"), (torch, "Generator"), (torch, "add"), (torch, "roll")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
                           elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep)
@@ -485,6 +497,8 @@ class Server:
         self.shape = self._shape(p, shape)
         self.make_inputs = p.make_inputs
         self.output_specs = p.output_specs
+        # both taken now, before any candidate loads: one that rebinds the problem's methods changes nothing
+        self.refreshed, self.refresh_count = p.refreshed, max(1, int(p.refresh_count(self.shape)))
         self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
         self.bank_tag = self._generator_tag(p)
         return p
@@ -887,7 +901,8 @@ class Server:
                   for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
         content = [i % pool for i in range(rotate)]
         self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, content=content, initial=list(content),
-                                      outs=[dict(out) for _, out in sets])
+                                      outs=[dict(out) for _, out in sets],
+                                      refreshes=self.refresh_count)
         if self.cuda and self.flush is None:
             l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
             nbytes = max(2 * l2, 256 << 20)
@@ -941,7 +956,7 @@ class Server:
 
     def _before_rep(self, ts: "TimingSet", r: int, j: int) -> None:
         """Everything a repetition needs that is not timed, queued on the stream ahead of its events."""
-        self._refill(ts.sets[r][0], ts.pool[j])
+        self._refill(ts.sets[r][0], ts.values(j, self.refreshed))
         ts.content[r] = j
         self._poison(ts.outs[r])
         if self.cuda:  # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel
@@ -1046,6 +1061,18 @@ class Server:
             total += float(self.T["dot"](part, part))
         return math.sqrt(total)
 
+    def _baseline_at(self, ts: "TimingSet", e: int) -> dict:
+        """The baseline's outputs on entry e's inputs: kept for a pool set itself, computed afresh for a
+        refreshed one (each is met once)."""
+        e = int(e)
+        if e in ts.baseline:
+            return ts.baseline[e]
+        outs = {k: v.detach() for k, v in self.baseline(ts.values(e, self.refreshed)).items()}
+        self._sync()
+        if e < len(ts.pool):
+            ts.baseline[e] = outs
+        return outs
+
     def cmd_fingerprints(self, entries: list, seed: int, dist: str | None = None):
         """Reference role: for each pool entry, the baseline's outputs projected as `cmd_time` projects a
         candidate's (same seed, so the same vectors), and each output's L2 norm, for the bound."""
@@ -1053,9 +1080,7 @@ class Server:
         res = {}
         proj = None
         for idx in sorted(set(int(e) for e in entries)):
-            if idx not in ts.baseline:
-                ts.baseline[idx] = {k: v.detach() for k, v in self.baseline(ts.pool[idx]).items()}
-            outs = ts.baseline[idx]
+            outs = self._baseline_at(ts, idx)
             proj = proj if proj is not None else self._projections(seed)
             fps = self._fingerprint(outs, proj)
             res[idx] = {"names": list(proj), "fp": [float(x) for x in fps],
@@ -1315,11 +1340,7 @@ class Server:
         res = []
         for job in jobs:
             o = self._import(job["out"])  # one output on the device at a time
-            idx = job["set"]
-            if idx not in ts.baseline:
-                ts.baseline[idx] = {k: v.detach() for k, v in self.baseline(ts.pool[idx]).items()}
-                self._sync()
-            ref = ts.baseline[idx][job["name"]]
+            ref = self._baseline_at(ts, job["set"])[job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
             o = of = None  # noqa: F841 - freed before the next output is read, and before the release below

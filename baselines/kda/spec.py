@@ -65,6 +65,17 @@ class KDA(Problem):
     tolerance_alpha = 1.5
     outputs = ("o", "final_state")
 
+    def refresh_count(self, shape):
+        return shape["T"]
+
+    def refreshed(self, inputs, k):
+        import torch
+
+        if not k:
+            return inputs
+        # the sequence rotated: every token keeps its own q, k, v, g and beta; the recurrence sees a new order
+        return {n: (torch.roll(v, k, dims=1) if n in ("q", "k", "v", "g", "beta") else v) for n, v in inputs.items()}
+
     def random_space(self, cpu):
         # lengths that leave a tail chunk at every CHUNK (an odd one among them), odd head counts, with and
         # without a state

@@ -63,6 +63,19 @@ class MLADecode(Problem):
     # S = 100 is not a multiple of any block; Q = 2 exercises the several-query path; H*Q = 8 < 16 rows
     cpu_shape = _shape("Q2 H4 S100 DL128 DR16", 2, 4, 100, 128, 16)
 
+    def refresh_count(self, shape):
+        return shape["S"] * shape["H"]
+
+    def refreshed(self, inputs, k):
+        import torch
+
+        if not k:
+            return inputs
+        # the cache's rows rotated (the answer does not change) and the heads' queries (it moves with them)
+        H = inputs["q"].shape[1]
+        return {**inputs, "q": torch.roll(inputs["q"], k % H, dims=1),
+                "kv_cache": torch.roll(inputs["kv_cache"], k // H, dims=0)}
+
     def random_space(self, cpu):
         # cache lengths that fill no tile or split evenly, every query count the spec serves
         if cpu:

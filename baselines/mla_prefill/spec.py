@@ -35,6 +35,18 @@ class MLAPrefill(Problem):
     # N = 48 is not a multiple of 32 or 64; the diagonal blocks and the tail are both exercised
     cpu_shape = _shape("N48 H2 DL128 DR16", 48, 2, 128, 16)
 
+    def refresh_count(self, shape):
+        return shape["N"]
+
+    def refreshed(self, inputs, k):
+        import torch
+
+        if not k:
+            return inputs
+        # the sequence rotated: queries and cache rows together, so each query still sees its own prefix of
+        # a sequence, a different one
+        return {**inputs, "q": torch.roll(inputs["q"], k, dims=0), "kv_cache": torch.roll(inputs["kv_cache"], k, dims=0)}
+
     def random_space(self, cpu):
         # sequence lengths that fill no tile: a tail block on the causal diagonal
         if cpu:

@@ -55,3 +55,17 @@ def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monke
     there = torch.load(tmp_path / "v.pt").float()
     assert torch.equal(here, there)
     assert not torch.equal(here, s._projections(seed=778)["y"].float())
+
+
+def test_an_entry_names_a_pool_set_and_a_refresh_of_it():
+    from baselines.registry import get_problem
+
+    p = get_problem("softmax")
+    pool = [p.make_inputs(p.cpu_shape, "normal", seed=s, device="cpu", cpu=True) for s in (1, 2, 3)]
+    ts = child.TimingSet(key=(), sets=[], pool=pool, content=[0], initial=[0], refreshes=p.refresh_count(p.cpu_shape))
+    entries = [ts.other_entry(0, rnd) for rnd in range(400)]
+    assert all(e % 3 != 0 for e in entries)  # never the pool set static set 0 holds
+    assert len({e // 3 for e in entries}) > 50  # refreshes spread over the 64 the problem makes
+    assert ts.values(1, p.refreshed) is pool[1]
+    e = 2 + 3 * 5
+    assert torch.equal(ts.values(e, p.refreshed)["x"], torch.roll(pool[2]["x"], 5, dims=0))
