@@ -134,20 +134,25 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     assert c.returncode == 0 and c.stdout.strip() == "same", c.stderr
 
 
-async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env, store, real_gpu, tmp_path):
+async def folder_search_run(env, gpu, tmp_path, iterations: int, wid: str, wait_s: float) -> RunResult:
+    """`marathon start DIR --policy search` on a copy of the axpy folder with the real workers; the copy is
+    deleted once started (the run holds the folder's files by key). The run's result."""
     mine = tmp_path / "axpy"
     shutil.copytree(FILES / "axpy_folder", mine)
     address = env.client.service_client.config.target_host
-    wid = run_id("folder")
-    async with workers(env.client, real_gpu):
+    async with workers(env.client, gpu):
         p = await asyncio.to_thread(
             subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "search",
-                             "--iterations", "3", "--id", wid, "--address", address],
+                             "--iterations", str(iterations), "--id", wid, "--address", address],
             capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
         shutil.rmtree(mine)
         h = env.client.get_workflow_handle(wid, result_type=RunResult)
-        res = await asyncio.wait_for(h.result(), 300)
+        return await asyncio.wait_for(h.result(), wait_s)
+
+
+async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env, store, real_gpu, tmp_path):
+    res = await folder_search_run(env, real_gpu, tmp_path, 3, run_id("folder"), 300)
     assert res.problem.startswith("folder:")
     recs = read_ledger(store, res.ledger_key)
     assert [r.iteration for r in recs] == [1, 2, 3]

@@ -18,9 +18,8 @@ import pytest
 
 from activities.ledger import read_ledger
 from tests.llm.script import TurnScript, turn
-from tests.workflows.helpers import run_id, workers
-from tests.workflows.test_problem_file_run import FILES, llm_file_run
-from workflows.contracts import RunResult
+from tests.workflows.helpers import run_id
+from tests.workflows.test_problem_file_run import FILES, folder_search_run, llm_file_run
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -149,19 +148,7 @@ async def test_a_kernelbench_file_runs_end_to_end_on_the_gpu(env, store, cuda_gp
 async def test_marathon_start_folder_runs_the_search_policy_on_the_gpu(env, store, cuda_gpu, tmp_path):
     """The axpy folder under the search policy: every knob setting judged is correct and measured, the first
     is the template's own, and the run crowns one of them with a measured speedup against the baseline."""
-    mine = tmp_path / "axpy"
-    shutil.copytree(FILES / "axpy_folder", mine)
-    address = env.client.service_client.config.target_host
-    wid = run_id("folder-gpu")
-    async with workers(env.client, cuda_gpu):
-        p = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "search",
-                             "--iterations", "6", "--id", wid, "--address", address],
-            capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
-        shutil.rmtree(mine)  # the run holds the folder's files by key
-        h = env.client.get_workflow_handle(wid, result_type=RunResult)
-        res = await asyncio.wait_for(h.result(), 900)
+    res = await folder_search_run(env, cuda_gpu, tmp_path, 6, run_id("folder-gpu"), 900)
     assert res.problem.startswith("folder:") and res.iterations == 6 and res.stopped_by == "budget-iterations", res
     recs = read_ledger(store, res.ledger_key)
     assert [r.iteration for r in recs] == [1, 2, 3, 4, 5, 6]
