@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def check(problem: str, shape_index: int | str, dist: str, knobs: dict | None = None) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
+    # the repository ahead of the inherited path, not instead of it: FLA may be installed only there
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-m", "tests.baselines.gpu_kernel_check", problem, str(shape_index), dist,
                         json.dumps(knobs or {})], capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
