@@ -872,7 +872,8 @@ async def cmd_selftest(args) -> int:
 async def cmd_bench(args) -> int:
     from gpu_worker.scoreboard import main as scoreboard
 
-    argv = list(args.problems) + [x for b in args.best for x in ("--best", b)] + ["--out", args.out]
+    argv = (list(args.problems) + [x for b in args.best for x in ("--best", b)] + ["--out", args.out]
+            + (["--merge", *args.merge] if args.merge else []))
     from baselines.registry import UnknownProblem
 
     try:
@@ -1006,6 +1007,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--best", action="append", default=[],
                    help="PROBLEM=SOURCE_KEY of a run's kernel; repeat it to measure several, the fastest counts")
     c.add_argument("--primary-only", action="store_true")
+    c.add_argument("--merge", nargs="+", metavar="SCOREBOARD_JSON",
+                   help="measure nothing: write these scoreboard.json files' rows as one scoreboard")
     c.add_argument("--out", default=str(HOME / "bench"),
                    help=f"directory for scoreboard.md and .json (default {HOME / 'bench'})")
     c.set_defaults(fn=cmd_bench)

@@ -5,7 +5,9 @@ PROBLEM=SOURCE_KEY`, as often as there are candidates, e.g. a run's crowned best
 candidates from its ledger) go through the harness exactly as the loop sends candidates (verify against the
 oracle, then benchmark interleaved with the primary baseline), and the problem's other baselines are timed
 beside them. The row's best is the fastest candidate that passed, if it beats the starting kernel; every
-candidate's measurement stays in the row (`candidates`). Rows carry the harness's receipts.
+candidate's measurement stays in the row (`candidates`). Rows carry the harness's receipts and the time
+they were measured. `--merge A.json B.json ...` measures nothing: it writes the rows of several runs (shapes
+measured by separate processes, or on several GPUs) as one scoreboard.
 """
 
 from __future__ import annotations
@@ -99,7 +101,7 @@ def make_row(problem: str, shape: str, baseline: str, start: dict, found: list[d
             "floor_ms": floor,
             "percent_of_floor": (100 * floor / top["time_ms"]) if floor and top.get("time_ms") else None,
             "receipt": top.get("receipt"), "candidates": [candidate_summary(c) for c in found],
-            "seconds": round(seconds, 1)}
+            "seconds": round(seconds, 1), "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
 
 
 def candidate_summary(measured: dict) -> dict:
@@ -193,14 +195,53 @@ def _line(r: dict) -> str:
             f"floor {_f(r['floor_ms'])} ms ({_f(r['percent_of_floor'], '{:.1f}')}%)")
 
 
+def merge(files: list[str]) -> list[dict]:
+    """The rows of several scoreboard.json files (shapes measured by separate processes, or on several GPUs)
+    as one scoreboard: of a (problem, shape) measured more than once, the row of the later file counts. Rows
+    come in the registry's order of problems and each problem's order of shapes; any other after them."""
+    from baselines.registry import get_problem, problem_names
+
+    order = {name: i for i, name in enumerate(problem_names())}
+    rows: dict[tuple[str, str], dict] = {}
+    for f in files:
+        try:
+            got = json.loads(Path(f).read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"marathon bench: --merge {f}: {e}") from None
+        if not isinstance(got, list) or not all(isinstance(r, dict) and "problem" in r and "shape" in r
+                                                for r in got):
+            raise SystemExit(f"marathon bench: --merge {f}: not a scoreboard.json (a list of rows, each with "
+                             "a problem and a shape)")
+        for r in got:
+            rows.pop((r["problem"], r["shape"]), None)  # a later measurement goes where the order puts it
+            rows[(r["problem"], r["shape"])] = r
+
+    def place(key: tuple[str, str]) -> tuple[int, int]:
+        if key[0] not in order:
+            return len(order), 0
+        names = [s.name for s in get_problem(key[0]).shapes]
+        return order[key[0]], names.index(key[1]) if key[1] in names else len(names)
+
+    return [rows[k] for k in sorted(rows, key=place)]  # sorted is stable: ties keep the files' order
+
+
+def _environment(rec: dict) -> str:
+    return (f"{rec.get('device', '?')} (driver {rec.get('driver', '?')}, torch {rec.get('torch', '?')}, "
+            f"triton {rec.get('triton', '?')})")
+
+
 def write(rows: list[dict], out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "scoreboard.json").write_text(json.dumps(rows, indent=1, default=str))
-    rec = next((r["receipt"] for r in rows if r.get("receipt")), None) or {}
+    recs = [r.get("receipt") or {} for r in rows]
+    envs = list(dict.fromkeys(_environment(rec) for rec in recs if rec))
     lines = ["# Scoreboard", "",
-             f"Produced by `marathon bench` on {rec.get('device', '?')} (driver {rec.get('driver', '?')}, "
-             f"torch {rec.get('torch', '?')}, triton {rec.get('triton', '?')}, clocks at start: "
-             f"{rec.get('clocks', '?')}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+             f"Produced by `marathon bench` on {' and '.join(envs) or '?'}. When each row was measured, and "
+             "the GPU's clocks as its benchmark began:", ""]
+    lines += [f"- {r['problem']} {r['shape']}: {r.get('measured_at', '?')}, "
+              + (f"on {_environment(rec)}, " if len(envs) > 1 else "") + f"clocks {rec.get('clocks', '?')}"
+              for r, rec in zip(rows, recs)]
+    lines += ["",
              "Times: device time, medians in ms, as the harness judges (CUDA-graph replay when both sides capture, "
              "else back to back with the host ahead; inputs refilled from fresh values and L2 flushed before every "
              "repetition; interleaved with the primary baseline). Every input distribution is timed and the worst "
@@ -243,8 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best", action="append", default=[],
                     help="PROBLEM=SOURCE_KEY of a run's kernel; repeat it to measure several, the fastest counts")
     ap.add_argument("--primary-only", action="store_true")
+    ap.add_argument("--merge", nargs="+", metavar="SCOREBOARD_JSON",
+                    help="measure nothing: write the rows of these scoreboard.json files as one (a later file's "
+                         "row replaces an earlier one of the same problem and shape)")
     ap.add_argument("--out", default="docs")
     a = ap.parse_args(argv)
+    if a.merge:
+        if a.problems or a.best or a.primary_only:
+            raise SystemExit("marathon bench: --merge measures nothing: give it no problems, --best or "
+                             "--primary-only")
+        write(merge(a.merge), Path(a.out))
+        return 0
     names = a.problems or [n for n in problem_names() if n != "softmax"]
     for n in names:  # every target checked before anything is measured
         name, idx = parse_target(n)

@@ -39,6 +39,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the project's packages, for the ledger and the scoreboard
 OUT = Path("gpu-session-out")  # --out
 WORK = Path("/tmp/marathon-session")
 T0 = time.time()
@@ -497,7 +498,7 @@ def bench(a, summary: dict, devices: list[int]) -> list:
         log("bench:", " ".join(cmd[1:]))
         procs.append((gpu, out, subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)))
     end = time.time() + min(a.bench_timeout, max(10, left(a) - 40))
-    res = []
+    files = []
     for gpu, out, pr in procs:
         try:
             pr.wait(max(1, end - time.time()))
@@ -505,9 +506,12 @@ def bench(a, summary: dict, devices: list[int]) -> list:
             pr.terminate()
             pr.wait(20)
         rows = json.loads((out / "scoreboard.json").read_text()) if (out / "scoreboard.json").exists() else []
-        res += rows
+        files += [str(out / "scoreboard.json")] if rows else []
         log(f"bench gpu{gpu}: rc={pr.returncode}, {len(rows)} rows")
-    (OUT / "scoreboard.json").write_text(json.dumps(res, indent=1, default=str))
+    from gpu_worker.scoreboard import merge, write
+
+    res = merge(files)
+    write(res, OUT)  # the GPUs' rows as one scoreboard.json and .md
     return res
 
 

@@ -176,3 +176,57 @@ def test_the_best_cell_names_the_winner_only_among_several(tmp_path):
     assert "| 0.8 (run) |" in lines[2]
     assert "| 1 (start, 2 candidates) |" in lines[3]
     assert [c.count("|") for c in lines] == [14] * 4  # the table's columns stay as they were
+
+
+def test_merge_keeps_the_later_row_of_a_shape_in_the_registrys_order(tmp_path):
+    """Rows measured by separate runs become one scoreboard: a shape measured twice keeps the later file's
+    row, rows come in the order of problems and shapes, and each row's time and clocks are listed."""
+    from gpu_worker.scoreboard import merge
+
+    start = measured("s" * 64, True, 1.0)
+
+    def row(problem, shape, ms):
+        r = make_row(problem, shape, "b", {**start, "time_ms": ms}, [], {}, None, 1.0)
+        r["receipt"] = {"device": "NVIDIA H200", "driver": "1", "torch": "2", "triton": "3", "clocks": f"sm {ms}"}
+        return r
+
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps([row("mla_decode", "B1 H64 S8192 Q4", 4.0), row("kda", "B1 T32768 H32 D128", 1.0)]))
+    b.write_text(json.dumps([row("kda", "B1 T32768 H32 D128", 2.0), row("kda", "B1 T8192 H32 D128", 3.0),
+                             row("mla_decode", "B1 H64 S8192 Q1", 5.0)]))
+    rows = merge([str(a), str(b)])
+    assert [(r["problem"], r["shape"], r["best_ms"]) for r in rows] == [
+        ("kda", "B1 T8192 H32 D128", 3.0), ("kda", "B1 T32768 H32 D128", 2.0),
+        ("mla_decode", "B1 H64 S8192 Q1", 5.0), ("mla_decode", "B1 H64 S8192 Q4", 4.0)]
+    assert main(["--merge", str(a), str(b), "--out", str(tmp_path / "sb")]) == 0
+    md = (tmp_path / "sb" / "scoreboard.md").read_text()
+    assert json.loads((tmp_path / "sb" / "scoreboard.json").read_text()) == rows
+    assert "on NVIDIA H200 (driver 1, torch 2, triton 3)" in md
+    assert f"- kda B1 T32768 H32 D128: {rows[1]['measured_at']}, clocks sm 2.0" in md
+    assert len(table(tmp_path / "sb")) == 2 + 4
+
+
+@pytest.mark.parametrize("content, message", [(None, "No such file"), ("{not json", "Expecting"),
+                                              ('[{"problem": "kda"}]', "not a scoreboard.json")])
+def test_merge_refuses_a_file_that_is_no_scoreboard_with_one_message(tmp_path, content, message):
+    f = tmp_path / "x.json"
+    if content is not None:
+        f.write_text(content)
+    with pytest.raises(SystemExit, match=message):
+        main(["--merge", str(f), "--out", str(tmp_path / "sb")])
+    assert not (tmp_path / "sb").exists()  # nothing written
+
+
+def test_merge_measures_nothing_so_it_takes_no_targets(tmp_path):
+    with pytest.raises(SystemExit, match="measures nothing"):
+        main(["kda", "--merge", str(tmp_path / "x.json")])
+
+
+def test_marathon_bench_merge_refuses_a_missing_file_with_one_line(tmp_path):
+    import asyncio
+
+    from activities.cli import UsageError, build_parser
+
+    args = build_parser().parse_args(["bench", "--merge", str(tmp_path / "nope.json"), "--out", str(tmp_path)])
+    with pytest.raises(UsageError, match=r"^--merge .*nope.json: \[Errno 2\]"):
+        asyncio.run(args.fn(args))
