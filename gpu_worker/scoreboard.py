@@ -47,15 +47,23 @@ def _time_other_baselines(problem, shape, skip: str) -> dict[str, dict]:
 
 
 def measure(ev, store, problem, shape, source: str) -> dict:
+    """One kernel through the harness on one shape; `phases`: the seconds each step of verify and benchmark
+    took (gpu_worker.phases), which is where a row's wall time goes."""
+    from gpu_worker.phases import phases_begin, phases_end
+
     key = store.put_text(source)
     cid = candidate_id(source)
+    phases_begin()
     ver = ev.verify(EvalRequest(problem=problem.name, candidate_id=cid, source_key=key, shape=shape.name))
     row = {"candidate_id": cid, "source_key": key, "ok": ver.ok, "rel_err": ver.rel_err,
-           "baseline_rel_err": ver.baseline_rel_err, "threshold": ver.threshold}
+           "baseline_rel_err": ver.baseline_rel_err, "threshold": ver.threshold,
+           "phases": {"verify": phases_end()}}
     if not ver.ok:
         row["reason"] = ver.reason
         return row
+    phases_begin()
     b = ev.benchmark(BenchRequest(problem=problem.name, candidate_id=cid, source_key=key, shape=shape.name))
+    row["phases"]["benchmark"] = phases_end()
     row.update(ok=b.ok, time_ms=b.time_ms, baseline_ms=b.baseline_ms, baseline_name=b.baseline_name,
                speedup=b.speedup, speedup_ci=b.speedup_ci, geomean_speedup=b.geomean_speedup,
                deciding_dist=b.deciding_dist, host_ms=b.host_ms, baseline_host_ms=b.baseline_host_ms,
@@ -92,7 +100,7 @@ def make_row(problem: str, shape: str, baseline: str, start: dict, found: list[d
             "best_speedup": top.get("speedup"), "best_speedup_ci": top.get("speedup_ci"),
             "best_geomean_speedup": top.get("geomean_speedup"), "deciding_dist": top.get("deciding_dist"),
             "best_host_ms": top.get("host_ms"), "baseline_host_ms": top.get("baseline_host_ms"),
-            "start_distributions": start.get("distributions") or [],
+            "start_distributions": start.get("distributions") or [], "start_phases": start.get("phases"),
             "best_distributions": top.get("distributions") or [],
             "speedups_vs_other_baselines": {
                 k: min(v[d["dist"]] / d["time_ms"] for d in top.get("distributions") or [] if d["dist"] in v)

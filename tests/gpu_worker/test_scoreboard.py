@@ -230,3 +230,25 @@ def test_marathon_bench_merge_refuses_a_missing_file_with_one_line(tmp_path):
     args = build_parser().parse_args(["bench", "--merge", str(tmp_path / "nope.json"), "--out", str(tmp_path)])
     with pytest.raises(UsageError, match=r"^--merge .*nope.json: \[Errno 2\]"):
         asyncio.run(args.fn(args))
+
+
+def test_measure_keeps_where_the_time_of_verify_and_benchmark_went(store):
+    """The starting softmax kernel through the real harness (the Triton interpreter, CPU shape): the row's
+    phases name the steps of its verification and its benchmark, each in seconds."""
+    from baselines.registry import get_problem
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.scoreboard import measure
+
+    p = get_problem("softmax")
+    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
+    try:
+        row = measure(ev, store, p, p.cpu_shape, p.render(p.default_knobs()))
+    finally:
+        ev.close()
+    assert row["ok"], row
+    for step in ("verify", "benchmark"):
+        ph = row["phases"][step]
+        assert ph and all(isinstance(v, float) and v >= 0 for v in ph.values()), (step, ph)
+    assert any(k.startswith("ref.") for k in row["phases"]["verify"]), row["phases"]["verify"]
+    json.dumps(row)
