@@ -318,7 +318,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
     shutil.rmtree(mine)
     p = get_problem(spec.problem)
     assert p.name == spec.problem and p.own_name == "axpy" and p.distributions == ("normal", "large")
-    assert p.default_knobs() == {"BLOCK": 256, "num_warps": 4} and p.knob_space()["BLOCK"][0] == 64
+    assert p.default_knobs() == {"BLOCK": 64, "num_warps": 8} and p.knob_space()["BLOCK"][0] == 64
     assert p.folder != mine and (p.folder / "kernel.py").read_text() == (AXPY / "kernel.py").read_text()
     x = p.make_inputs(p.cpu_shape, "large", 1, "cpu", cpu=True)
     assert torch.equal(p.oracle(x)["y"], 2.5 * x["x"].double() + x["z"].double())

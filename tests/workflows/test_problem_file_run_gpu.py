@@ -147,7 +147,9 @@ async def test_a_kernelbench_file_runs_end_to_end_on_the_gpu(env, store, cuda_gp
 
 async def test_marathon_start_folder_runs_the_search_policy_on_the_gpu(env, store, cuda_gpu, tmp_path):
     """The axpy folder under the search policy: every knob setting judged is correct and measured, the first
-    is the template's own, and the run crowns one of them with a measured speedup against the baseline."""
+    is the template's own, and the run improves on it. The template starts at 64 elements and 8 warps a
+    program, three quarters of its threads idle and too few loads in flight to reach the memory's bandwidth,
+    so a setting the search reaches beats it by far more than the noise."""
     res = await folder_search_run(env, cuda_gpu, tmp_path, 6, run_id("folder-gpu"), 900)
     assert res.problem.startswith("folder:") and res.iterations == 6 and res.stopped_by == "budget-iterations", res
     recs = read_ledger(store, res.ledger_key)
@@ -156,7 +158,7 @@ async def test_marathon_start_folder_runs_the_search_policy_on_the_gpu(env, stor
     for r in recs:
         assert_measured(r)
     # the first judged is the template as written, its knobs the defaults of kernel.py's KNOBS line
-    assert recs[0].knobs == {"BLOCK": 256, "num_warps": 4} and recs[0].outcome == "improved", recs[0]
+    assert recs[0].knobs == {"BLOCK": 64, "num_warps": 8} and recs[0].outcome == "improved", recs[0]
     # the search proposes no candidate twice: six distinct knob settings of knobs.py's SPACE
     assert len({r.candidate_id for r in recs}) == 6
     settings = {tuple(sorted(r.knobs.items())) for r in recs}
@@ -177,3 +179,4 @@ async def test_marathon_start_folder_runs_the_search_policy_on_the_gpu(env, stor
     assert res.best.speedup == crowned.speedup and res.best.iteration == crowned.iteration
     assert res.best_source_key == crowned.source_key and store.exists(res.best_source_key)
     assert "KNOBS" in store.get_text(res.best_source_key)
+    assert crowned is not recs[0] and res.best.iteration > 1, recs  # improved on its starting knobs
