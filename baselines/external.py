@@ -11,6 +11,8 @@ The file (docs/problems.md, "Your own operator") defines
   FLOPS, BYTES_MOVED          optional numbers for get_inputs()'s size: the physical floor; without both the
                               floor check is skipped
   TOLERANCE_FLOOR, TOLERANCE_ALPHA   optional: the pass rule's floor and factor (default 1e-5 and 2.0)
+  REFRESH = False             optional: time only the drawn input sets, never rotated ones (for inputs that a
+                              rotation makes invalid, e.g. a matrix that must stay symmetric)
 
 What the project derives from it:
 
@@ -18,6 +20,9 @@ What the project derives from it:
   case's seed; Model is built under the same seed, and its parameters and buffers are inputs too, under their
   names in the module (`weight`, `fc.bias`, ...). Distribution `plain` is that; `scaled` multiplies the float
   inputs from get_inputs() by SCALE (only where there is a float input).
+- timing refreshes: every float input from get_inputs() rolled by the same secret k along its first axis
+  longer than one (Model's parameters and buffers, and integer inputs, stay), so a cache keyed on the inputs'
+  contents misses; REFRESH = False turns it off.
 - outputs: `out0, out1, ...`: forward's tensor, or the tensors of the tuple it returns.
 - oracle: Model's forward with inputs and parameters cast to float64; where an op has no float64 kernel,
   float32 (`oracle_dtype` says which, and the description names it).
@@ -49,6 +54,8 @@ KEY_RE = re.compile(r"^file:[0-9a-f]{64}$")
 SCALE = 8.0
 GPU_SHAPE = "get_inputs"
 CPU_SHAPE = "get_cpu_inputs"
+#: at most this many rotations of one drawn set (the timing draws one per repetition)
+REFRESH_CAP = 4096
 
 
 class ProblemFileError(UnknownProblem):
@@ -124,6 +131,9 @@ class ExternalProblem(Problem):
         self._bytes = _positive_number(m, "BYTES_MOVED", self.label)
         self.tolerance_floor = _positive_number(m, "TOLERANCE_FLOOR", self.label) or 1e-5
         self.tolerance_alpha = _positive_number(m, "TOLERANCE_ALPHA", self.label) or 2.0
+        self.refresh = getattr(m, "REFRESH", True)
+        if not isinstance(self.refresh, bool):
+            raise ProblemFileError(f"{self.label}: REFRESH must be True or False, got {self.refresh!r}")
         self.oracle_dtype = "float64"
         self.oracle_note = ""
         self._specs: dict = {}
@@ -300,6 +310,34 @@ class ExternalProblem(Problem):
                 t = t.float()
             inputs[n] = t.to(device).contiguous()
         return inputs
+
+    # --- timing inputs that never repeat ----------------------------------------------------------
+    @staticmethod
+    def _roll_axis(dims) -> int | None:
+        return next((i for i, d in enumerate(dims) if d > 1), None)
+
+    def refresh_count(self, shape):
+        """The longest axis a refresh rolls (the probe's facts give the inputs' sizes), within REFRESH_CAP."""
+        if not self.refresh:
+            return 1
+        cpu = shape.name == CPU_SHAPE
+        if (shape.name, cpu) not in self._facts:
+            self.output_specs(shape, cpu=cpu)
+        lengths = [dims[a] for name, dims, dtype in self._facts[(shape.name, cpu)]
+                   if re.fullmatch(r"in\d+", name) and dtype.startswith(("float", "bfloat"))
+                   and (a := self._roll_axis(dims)) is not None]
+        return min(REFRESH_CAP, max(lengths, default=1))
+
+    def refreshed(self, inputs, k):
+        if not k or not self.refresh:
+            return inputs
+        import torch
+
+        out = dict(inputs)
+        for name, t in inputs.items():
+            if re.fullmatch(r"in\d+", name) and t.is_floating_point() and (a := self._roll_axis(t.shape)) is not None:
+                out[name] = torch.roll(t, k, dims=a)
+        return out
 
     def output_specs(self, shape, cpu=False):
         k = (shape.name, bool(cpu))

@@ -123,6 +123,7 @@ MODEL = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def
     (MODEL.replace("return x * 2", "return 7") + GOOD_TAIL, "must return a tensor or a tuple of tensors"),
     (MODEL + GOOD_TAIL + "FLOPS = -1\n", "FLOPS must be a positive number"),
     (MODEL.replace("return x * 2", "return x.cuda() * 2") + GOOD_TAIL, "the reference raised"),  # CPU host
+    (MODEL + GOOD_TAIL + "REFRESH = 'no'\n", "REFRESH must be True or False, got 'no'"),
     (b"\xff\xfe", "not a UTF-8 Python file"),
 ])
 def test_bad_files_get_one_clear_error(tmp_path, text, message):
@@ -141,6 +142,37 @@ def test_integer_inputs_have_no_scaled_distribution(tmp_path):
     p = problem(write(tmp_path, "ints.py", MODEL + "\ndef get_inputs():\n    return [torch.randint(0, 9, (4, 4))]\n"))
     assert p.distributions == ("plain",) and p.output_specs(p.shapes[0])["out0"].dtype == "int64"
     assert p.make_inputs(p.shapes[0], "plain", 0, "cpu")["in0"].dtype == torch.int64
+
+
+def test_timing_refreshes_roll_the_float_inputs_and_leave_the_models_state(tmp_path):
+    """A refreshed set is a valid one of the same distribution with other answers: each float input from
+    get_inputs() rolled by k along its first axis longer than one; parameters, buffers and integer inputs as
+    drawn; k = 0 the set itself; as many refreshes as the longest rolled axis."""
+    import torch
+
+    p = problem()
+    x = p.make_inputs(p.cpu_shape, "plain", 3, "cpu", cpu=True)
+    assert p.refresh_count(p.cpu_shape) == 16 and p.refresh_count(p.shapes[0]) == 256  # the rows
+    assert p.refreshed(x, 0) is x
+    y = p.refreshed(x, 5)
+    assert torch.equal(y["in0"], torch.roll(x["in0"], 5, dims=0)) and y["weight"] is x["weight"]
+    assert not torch.allclose(p.oracle(y)["out0"], p.oracle(x)["out0"])
+
+    mixed = MODEL.replace("def forward(self, x):\n        return x * 2",
+                          "def forward(self, x, i):\n        return x * 2 + i")
+    q = problem(write(tmp_path, "mixed.py", mixed + "\ndef get_inputs():\n    return [torch.randn(1, 7), "
+                                                    "torch.randint(0, 9, (1, 7))]\n"))
+    assert q.refresh_count(q.shapes[0]) == 7  # batch 1: the first axis longer than one
+    a = q.make_inputs(q.shapes[0], "plain", 0, "cpu")
+    b = q.refreshed(a, 2)
+    assert torch.equal(b["in0"], torch.roll(a["in0"], 2, dims=1)) and b["in1"] is a["in1"]
+
+    ints = problem(write(tmp_path, "ints.py", MODEL + "\ndef get_inputs():\n    return [torch.randint(0, 9, (4, 4))]\n"))
+    assert ints.refresh_count(ints.shapes[0]) == 1  # nothing to roll
+    off = problem(write(tmp_path, "off.py", MODEL + GOOD_TAIL + "REFRESH = False\n"))
+    assert off.refresh_count(off.shapes[0]) == 1
+    z = off.make_inputs(off.shapes[0], "plain", 0, "cpu")
+    assert off.refreshed(z, 3) is z
 
 
 def test_cpu_run_checks(tmp_path):
