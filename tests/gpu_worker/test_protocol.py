@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.gpu_worker.harnesses import on_both
 from workflows.contracts import BenchRequest, BestRef, EvalRequest
 
 KERNELS = Path(__file__).parent / "kernels"
@@ -46,6 +47,11 @@ def ev_raw(store):
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), static_rules=False, timeouts={"verify": 25, "compile": 25})
     yield e
     e.close()
+
+
+#: the cheat tests' harnesses: ev's and ev_raw's settings on the interpreter and, where CUDA is, on the GPU
+judge = on_both("ev", spares=2, timeouts={"verify": 40, "compile": 60})
+judge_raw = on_both("ev_raw", spares=1, static_rules=False, timeouts={"verify": 25, "compile": 25})
 
 
 def req(store, source: str, problem="softmax") -> EvalRequest:
@@ -115,9 +121,9 @@ def test_named_shape_and_unknown_shape(ev, store):
     ("zeros", "verify", ("wrong", "degenerate")),                      # family 9: zero output
     ("nondeterministic", "verify", ("nondeterministic",)),             # family 11: differs on rerun
 ])
-def test_cheating_families_rejected(ev, store, source, stage, reason):
+def test_cheating_families_rejected(judge, store, source, stage, reason):
     text = canary(source.split(":")[1]) if source.startswith("canary:") else kernel(source)
-    v = ev.verify(req(store, text))
+    v = judge.verify(req(store, text))
     assert not v.ok
     assert v.stage == stage, v
     assert v.reason.startswith(reason), v.reason
@@ -148,8 +154,8 @@ def test_compile_error_returned_verbatim(ev, store):
     ("rt_write", "filesystem"),
     ("rt_timer", "timer"),                  # time.perf_counter replaced at import
 ])
-def test_runtime_guard(ev_raw, store, name, rule):
-    v = ev_raw.verify(req(store, kernel(name)))
+def test_runtime_guard(judge_raw, store, name, rule):
+    v = judge_raw.verify(req(store, kernel(name)))
     assert not v.ok
     assert v.stage == "rules", v
     assert v.reason.startswith(rule), v.reason
@@ -162,8 +168,8 @@ def test_runtime_guard(ev_raw, store, name, rule):
     ("rt_crash", "sandbox", ("crash", "SIGSEGV")),
     ("rt_exception", "verify", ("exception", "blew up on purpose")),
 ])
-def test_sandbox_failures_contained(ev_raw, store, name, stage, words):
-    v = ev_raw.verify(req(store, kernel(name)))
+def test_sandbox_failures_contained(judge_raw, store, name, stage, words):
+    v = judge_raw.verify(req(store, kernel(name)))
     assert not v.ok and v.stage == stage, v
     for w in words:
         assert w in v.reason, v.reason
@@ -364,10 +370,10 @@ def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, 
         e.close()
 
 
-def test_late_write_rejected(ev_raw, store):
+def test_late_write_rejected(judge_raw, store):
     # outputs are snapshotted right after each call and the candidate's buffers must still match them
     # when the worker exports them: the zeros the call produced are what is judged, and the change is named
-    v = ev_raw.verify(req(store, kernel("late_write")))
+    v = judge_raw.verify(req(store, kernel("late_write")))
     assert not v.ok and v.stage == "verify", v
     assert v.reason.startswith("late-write"), v.reason
 
@@ -455,43 +461,45 @@ def test_loaded_children_limit_and_age():
     assert got == {x2, x3} and many.take("x") is None
 
 
-def test_work_skipped_while_timed_is_rejected(ev, store):
+def test_work_skipped_while_timed_is_rejected(judge, store):
     r = req(store, kernel("timed_skip"))
-    assert ev.compile(r).ok
-    assert ev.verify(r).ok  # right while it is checked
-    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert judge.compile(r).ok
+    assert judge.verify(r).ok  # right while it is checked
+    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
     assert not b.ok and b.stage == "benchmark", b
     assert b.reason.startswith("timed-output"), b.reason
 
 
-def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(ev, store):
+def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(judge, store):
     r = req(store, kernel("timed_skip_some"))
-    assert ev.compile(r).ok
-    assert ev.verify(r).ok  # right while it is checked
-    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert judge.compile(r).ok
+    assert judge.verify(r).ok  # right while it is checked
+    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
     assert not b.ok and b.stage == "benchmark", b
     assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
 
 
-def test_an_output_buffer_replaced_instead_of_written_is_rejected(ev, store):
-    v = ev.verify(req(store, kernel("replaced_output")))
+def test_an_output_buffer_replaced_instead_of_written_is_rejected(judge, store):
+    v = judge.verify(req(store, kernel("replaced_output")))
     assert not v.ok and v.reason.startswith("output-type: run must write into the tensors it is given"), v
 
 
-def test_verified_at_a_random_shape_on_request(ev, store):
+def test_verified_at_a_random_shape_on_request(judge, store):
     from baselines.problem import RANDOM_SHAPE
-
-    cheat = req(store, kernel("listed_shape_only"))
-    assert ev.verify(cheat).ok  # right where it expects to be verified
-    v = ev.verify(cheat.model_copy(update={"random_shape": True}))
-    assert not v.ok and v.family == "shape-specific", v
-    assert v.reason.startswith(f"shape-specific: correct at M64 N300, not at {RANDOM_SHAPE}M="), v.reason
     from baselines.registry import get_problem
 
-    honest = ev.verify(req(store, get_problem("softmax").template()).model_copy(update={"random_shape": True}))
+    p = get_problem("softmax")
+    listed = (p.cpu_shape if judge.interpreter else p.shapes[0]).name  # where it expects to be verified
+    cheat = req(store, kernel("listed_shape_only"))
+    assert judge.verify(cheat).ok  # right there
+    v = judge.verify(cheat.model_copy(update={"random_shape": True}))
+    assert not v.ok and v.family == "shape-specific", v
+    assert v.reason.startswith(f"shape-specific: correct at {listed}, not at {RANDOM_SHAPE}M="), v.reason
+
+    honest = judge.verify(req(store, p.template()).model_copy(update={"random_shape": True}))
     assert honest.ok and honest.random_shape and honest.random_shape.startswith(RANDOM_SHAPE), honest
     assert f"random shape {honest.random_shape}: worst rel_err" in store.get_text(honest.log_key)
-    assert not any(k[1].startswith(RANDOM_SHAPE) for k in ev._refs), "a random shape's reference child stays"
+    assert not any(k[1].startswith(RANDOM_SHAPE) for k in judge._refs), "a random shape's reference child stays"
 
 
 def test_honest_benchmark_reports_checked_timed_outputs(ev, store):

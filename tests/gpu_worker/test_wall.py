@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_worker import wall
+from tests.gpu_worker.harnesses import on_both
 from workflows.contracts import EvalRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -352,6 +353,10 @@ def ev_raw(store):
     e.close()
 
 
+#: ev_raw's settings on the interpreter and, where CUDA is, on the GPU
+judge_raw = on_both("ev_raw", spares=1, static_rules=False, timeouts={"verify": 40, "compile": 40})
+
+
 def req(store, source: str) -> EvalRequest:
     return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16],
                        source_key=store.put_text(source))
@@ -380,7 +385,7 @@ WHY = {"wall_fork_exec": "refused by the OS wall", "wall_mkdir": "refused by the
     ("lazy_function_mode", "lazy-output"),  # a TorchFunctionMode left on the stack
     ("lazy_dispatch_mode", "lazy-output"),  # a TorchDispatchMode left on the stack
 ])
-def test_cheats_rejected_with_their_family(ev_raw, store, name, family):
+def test_cheats_rejected_with_their_family(judge_raw, store, name, family):
     for p in ESCAPES:
         if os.path.isdir(p):
             os.rmdir(p)
@@ -389,7 +394,7 @@ def test_cheats_rejected_with_their_family(ev_raw, store, name, family):
     lis = Listener()
     try:
         source = (KERNELS / f"{name}.py").read_text().replace("PORT = 0", f"PORT = {lis.port}")
-        v = ev_raw.verify(req(store, source))
+        v = judge_raw.verify(req(store, source))
     finally:
         lis.close()
     assert not v.ok, name

@@ -1,19 +1,16 @@
 """The OS wall on a CUDA host (marked `gpu`, skipped without CUDA): a candidate child's kernels compile
-lazily behind it (Triton runs ptxas at a kernel's first launch), and the cheats are refused there too."""
+lazily behind it (Triton runs ptxas at a kernel's first launch). The cheats' refusals on CUDA are the cheat
+tests' own (test_wall.py, test_protocol.py, test_timing.py: their `judge` harnesses)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-KERNELS = Path(__file__).parent / "kernels"
-
 
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
@@ -56,12 +53,3 @@ def test_the_load_reply_lists_ptxas_and_honest_kernels_compile_behind_the_wall(e
     assert c.ok, c.error
     v = ev.verify(req(ev, template))
     assert v.ok, v.reason
-
-
-@pytest.mark.parametrize("name,family", [
-    ("wall_fork_exec", "process"), ("wall_mkdir", "filesystem"), ("wall_shell_via_torch", "process"),
-    ("lazy_function_mode", "lazy-output"), ("seal_swallow_and_clear", "filesystem"),
-])
-def test_cheats_rejected_with_their_family_on_cuda(ev, name, family):
-    v = ev.verify(req(ev, (KERNELS / f"{name}.py").read_text()))
-    assert not v.ok and v.reason.startswith(family + ":"), v.reason

@@ -1,5 +1,6 @@
 """Cheat (shape-specific): a kernel specialised to the one shape it expects to be verified at (the CPU
-shape, 64 rows of 300) that leaves every other shape's outputs unwritten; it passes there."""
+shape, 64 rows of 300, under the interpreter; the primary shape, 4096 rows of 4096, on a GPU) that leaves
+every other shape's outputs unwritten; it passes there."""
 import triton
 import triton.language as tl
 
@@ -17,3 +18,5 @@ def run(inputs, out):
     x, y = inputs["x"], out["y"]
     if tuple(x.shape) == (64, 300):
         k_softmax[(64,)](x, y, 300, N=300, BLOCK=512)
+    elif tuple(x.shape) == (4096, 4096):
+        k_softmax[(4096,)](x, y, 4096, N=4096, BLOCK=4096)
