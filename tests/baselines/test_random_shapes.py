@@ -18,7 +18,7 @@ import torch
 
 from baselines.problem import RANDOM_SHAPE, Shape, rel_rms
 from baselines.registry import get_problem
-from tests.baselines.gpu_kernel_check import assert_passes, check
+from tests.baselines.gpu_kernel_check import assert_passes, check_all
 
 BUILT_IN = ("softmax", "kda", "mla_decode", "mla_prefill")
 
@@ -98,6 +98,6 @@ def test_the_starting_kernel_is_right_at_the_corners_of_the_cpu_space(name, tmp_
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_the_starting_kernel_is_right_at_the_corners_of_the_gpu_space(name):
     p = get_problem(name)
-    for shape in corners(p, cpu=False):
-        for dist in p.distributions:
-            assert_passes(check(name, shape.name, dist))
+    cases = [(shape.name, dist) for shape in corners(p, cpu=False) for dist in p.distributions]
+    for case, res in zip(cases, check_all(name, cases)):  # one child process for them all
+        assert_passes(res, case)
