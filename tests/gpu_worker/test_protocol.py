@@ -2,7 +2,8 @@
 
 Every cheating family has a kernel that must be rejected with the right reason; honest variants pass;
 sandbox failures (hang, crash, exception, memory, forbidden import via importlib, subprocess, socket,
-writes outside the temp dir, timer patching) are contained and the evaluator keeps serving.
+writes outside the temp dir, timer patching) are contained and the evaluator keeps serving. The cheat tests
+judge with `judge`/`judge_raw`: these settings on the interpreter and, where CUDA is, on the GPU too.
 """
 
 from __future__ import annotations
