@@ -904,8 +904,9 @@ class Server:
                                       outs=[dict(out) for _, out in sets],
                                       refreshes=self.refresh_count)
         if self.cuda and self.flush is None:
-            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
-            nbytes = max(2 * l2, 256 << 20)
+            from gpu_worker.devicetime import cold_bytes
+
+            nbytes = cold_bytes()
             self.flush = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
             self.flush_sink = torch.zeros((), dtype=torch.int64, device="cuda")
 

@@ -1,5 +1,6 @@
 """A device-time measurement apart from the harness's protocol: one CUDA graph per rotated copy of the
-inputs (enough copies to exceed twice L2, so every replay reads cold memory), replayed back to back with
+inputs (enough copies to hold `cold_bytes()`, as much as the harness's L2 flush reads, so every replay
+reads memory as cold as a judged repetition does), replayed back to back with
 events around each replay. Trusted code only (baselines, the project's own kernels): it neither refills
 inputs nor checks outputs. The scoreboard times secondary baselines with it, and
 scripts/device_time_check.py uses it to cross-examine the scoreboard in a process of its own."""
@@ -63,3 +64,9 @@ def l2_bytes() -> int:
     import torch
 
     return int(getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20))
+
+
+def cold_bytes() -> int:
+    """How much other memory is read between two uses of one input for it to be cold: twice L2, and at
+    least 256 MiB. The harness's L2 flush reads this much before every repetition; rotated copies hold it."""
+    return max(2 * l2_bytes(), 256 << 20)

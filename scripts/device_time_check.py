@@ -2,7 +2,7 @@
 
 For every row of scoreboard.json, the starting kernel (imported directly, no sandbox) and the primary
 baseline are timed on every distribution with gpu_worker.devicetime (a CUDA graph per rotated input copy,
-together more than twice L2, no refill and no harness), and each figure is compared with the scoreboard's.
+together as much as the harness's L2 flush reads, no refill and no harness), and each figure is compared with the scoreboard's.
 Prints one line per (row, distribution, side) and exits 1 if any differs by more than --tolerance.
 
     python scripts/device_time_check.py [--scoreboard docs/scoreboard.json] [--tolerance 0.03] [--only kda ...]
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from baselines.registry import get_problem
-    from gpu_worker.devicetime import graph_time_ms, l2_bytes, rotated_copies
+    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scoreboard", default="docs/scoreboard.json")
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             base = problem.baselines()[row["baseline"]]
             for d in row.get("start_distributions") or []:
                 dist = d["dist"]
-                inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"), 2 * l2_bytes())
+                inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"), cold_bytes())
                 sets = [{"inputs": inp, "out": {k: torch.empty(o.shape, dtype=getattr(torch, o.dtype), device="cuda")
                                                 for k, o in problem.output_specs(shape).items()}} for inp in inputs]
                 start = graph_time_ms(lambda s: mod.run(s["inputs"], s["out"]), sets)

@@ -8,7 +8,7 @@ tolerance on every distribution, then timed beside the primary baseline.
 `--knobs` (repeatable) and each line of `--knobs-file` override the template's defaults; with neither,
 the defaults alone. `--baseline` picks which of the problem's baselines the tolerance and the timing are
 taken against (default: the primary); each row carries that baseline's own error. Timing: gpu_worker.devicetime (one CUDA graph per rotated input copy, together more
-than twice L2, replayed back to back), medians; trusted code only, as it neither refills inputs nor checks
+than the harness's L2 flush reads, replayed back to back), medians; trusted code only, as it neither refills inputs nor checks
 timed outputs (the harness does both when it judges a candidate). Without CUDA the settings are checked
 under the Triton interpreter on the CPU shape and not timed. One JSON line per setting and distribution,
 then a table.
@@ -130,9 +130,9 @@ def _check(prob, shape, dist, mod, baseline, device, cpu, torch, rel_rms) -> dic
 def _time(prob, shape, dist, mod, baseline) -> dict:
     import torch
 
-    from gpu_worker.devicetime import graph_time_ms, l2_bytes, rotated_copies
+    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
 
-    inputs = rotated_copies(lambda i: prob.make_inputs(shape, dist, 100 + i, "cuda"), 2 * l2_bytes())
+    inputs = rotated_copies(lambda i: prob.make_inputs(shape, dist, 100 + i, "cuda"), cold_bytes())
     sets = [{"inputs": x, "out": {k: torch.empty(o.shape, dtype=getattr(torch, o.dtype), device="cuda")
                                   for k, o in prob.output_specs(shape).items()}} for x in inputs]
     mine = graph_time_ms(lambda s: mod.run(s["inputs"], s["out"]), sets)

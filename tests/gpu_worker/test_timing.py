@@ -145,3 +145,18 @@ def test_a_result_from_an_earlier_call_on_the_same_buffers_is_rejected(judge, st
     b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
     assert not b.ok and b.stage == "benchmark", b
     assert b.reason.startswith("timed-output"), b.reason
+
+
+def test_cold_means_the_same_to_the_harness_and_to_the_independent_measurement(monkeypatch):
+    """The harness's L2 flush and devicetime's rotated copies read the same amount between two uses of an
+    input: twice L2, at least 256 MiB."""
+    from gpu_worker import devicetime
+
+    monkeypatch.setattr(devicetime, "l2_bytes", lambda: 50 << 20)
+    assert devicetime.cold_bytes() == 256 << 20
+    monkeypatch.setattr(devicetime, "l2_bytes", lambda: 200 << 20)
+    assert devicetime.cold_bytes() == 400 << 20
+    import torch
+
+    sets = devicetime.rotated_copies(lambda i: {"x": torch.empty(100 << 20, dtype=torch.uint8)}, devicetime.cold_bytes())
+    assert len(sets) == 4  # 4 x 100 MiB hold 400 MiB
