@@ -118,9 +118,11 @@ def test_named_shape_and_unknown_shape(ev, store):
     ("canary:wrong", "verify", ("wrong", "non-finite")),               # precision/overflow: wide inputs
     ("canary:cheat", "verify", ("input-mutation",)),                   # family 2: mutates inputs
     ("unwritten", "verify", ("non-finite",)),                          # family 11: skipped elements (NaN poison)
-    ("shape_cache", "verify", ("wrong", "output-cache")),              # family 6/10: cached result replayed
+    ("shape_cache", "verify", ("wrong", "output-cache", "non-finite")),  # family 6/10: cached result replayed
+                                                                         # (on a GPU its copy may miss the poison)
     ("zeros", "verify", ("wrong", "degenerate")),                      # family 9: zero output
-    ("nondeterministic", "verify", ("nondeterministic",)),             # family 11: differs on rerun
+    ("nondeterministic", "verify", ("nondeterministic", "wrong")),     # family 11: differs on rerun, or on
+                                                                         # a compared case
 ])
 def test_cheating_families_rejected(judge, store, source, stage, reason):
     text = canary(source.split(":")[1]) if source.startswith("canary:") else kernel(source)
