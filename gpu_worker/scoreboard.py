@@ -221,7 +221,6 @@ def merge(files: list[str]) -> list[dict]:
             raise SystemExit(f"marathon bench: --merge {f}: not a scoreboard.json (a list of rows, each with "
                              "a problem and a shape)")
         for r in got:
-            rows.pop((r["problem"], r["shape"]), None)  # a later measurement goes where the order puts it
             rows[(r["problem"], r["shape"])] = r
 
     def place(key: tuple[str, str]) -> tuple[int, int]:
@@ -230,7 +229,7 @@ def merge(files: list[str]) -> list[dict]:
         names = [s.name for s in get_problem(key[0]).shapes]
         return order[key[0]], names.index(key[1]) if key[1] in names else len(names)
 
-    return [rows[k] for k in sorted(rows, key=place)]  # sorted is stable: ties keep the files' order
+    return [rows[k] for k in sorted(rows, key=place)]  # sorted is stable: ties keep first-seen order
 
 
 def _environment(rec: dict) -> str:
