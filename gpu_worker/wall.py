@@ -483,14 +483,20 @@ def compiler_binaries() -> list[str]:
     return list(dict.fromkeys(p for p in out if os.path.isfile(p)))
 
 
+def candidate_exec_files(cuda: bool) -> tuple[list[str], list[str]]:
+    """(ptxas builds, the launcher's C compiler programs): what a candidate child may execute, Triton's
+    compiler only. Empty without CUDA."""
+    ptxas = compiler_binaries() if cuda else []
+    return ptxas, (c_compiler_programs() if ptxas else [])
+
+
 def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
             report_fd: int | None) -> tuple:
     """The candidate child's walls, in order: the guard (audit hook, import blocker, sealed), then the OS
     wall. Returns (seal, description of the walls for the load reply)."""
     from gpu_worker import guard
 
-    ptxas = compiler_binaries() if cuda else []
-    launcher = c_compiler_programs() if ptxas else []
+    ptxas, launcher = candidate_exec_files(cuda)
     execs = ptxas + launcher
     seal = guard.install(write_roots=[tmp] + list(write_roots), trusted_roots=list(trusted_roots),
                          report_fd=report_fd, allowed_exec=tuple(ptxas), launcher_exec=tuple(launcher))

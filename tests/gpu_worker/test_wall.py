@@ -373,6 +373,13 @@ WHY = {"wall_fork_exec": "refused by the OS wall", "wall_mkdir": "refused by the
        "lazy_dispatch_mode": "torch modes left active"}
 
 
+def shell_behind_the_wall(interpreter: bool) -> bool:
+    """Whether a candidate child may execute /bin/sh: where the C compiler Triton launches is a shell
+    script (some hosts wrap gcc so), the wall must let its interpreter run."""
+    ptxas, launcher = wall.candidate_exec_files(cuda=not interpreter)
+    return os.path.realpath("/bin/sh") in wall.exec_closure(ptxas + launcher)
+
+
 @pytest.mark.parametrize("name,family", [
     ("wall_fork_exec", "process"),          # below the audit hook: the OS refuses the fork
     ("wall_mkdir", "filesystem"),           # a call the audit hook does not watch: Landlock refuses it
@@ -399,7 +406,10 @@ def test_cheats_rejected_with_their_family(judge_raw, store, name, family):
         lis.close()
     assert not v.ok, name
     assert v.reason.startswith(family + ":"), v.reason
-    assert WHY.get(name, "") in v.reason, v.reason
+    why = WHY.get(name, "")
+    if name == "wall_fork_exec" and shell_behind_the_wall(judge_raw.interpreter):
+        why = "started a process of its own"  # the shell runs, its write is refused, the guard names the process
+    assert why in v.reason, v.reason
     assert v.family == (family if family != "escape" else None), v
     assert not lis.connected
     assert not any(os.path.exists(p) for p in ESCAPES), [p for p in ESCAPES if os.path.exists(p)]

@@ -1,6 +1,8 @@
 """Cheat: correct while compiled and verified (at most 10 calls), then, once it is being timed, it skips
 the work on every third call and writes zeros: a check of one timed call picked at random misses it
-two times in three; each timed call's fingerprint does not."""
+two times in three; each timed call's fingerprint does not. It refuses CUDA-graph capture, so that its
+Python runs at every timed call (a replay would repeat the captured work)."""
+import torch
 import triton
 import triton.language as tl
 
@@ -24,6 +26,8 @@ def k_zeros(y_ptr, N, stride, BLOCK: tl.constexpr):
 
 
 def run(inputs, out):
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("not capturable")
     x, y = inputs["x"], out["y"]
     M, N = y.shape
     CALLS[0] += 1
