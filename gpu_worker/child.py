@@ -1090,10 +1090,11 @@ class Server:
         return {"entries": res}
 
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
-                 dist: str | None = None, check_seed: int | None = None):
+                 dist: str | None = None, check_seed: int | None = None, device_floor_ms: float = 0.0):
         """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
 
-        CUDA: the device first waits (a spin kernel) long enough for the host to queue the whole block;
+        CUDA: the device first waits (a spin kernel) long enough for the host to stay ahead of it through
+        the block (`cushion_ms`; `device_floor_ms`: a lower bound of the device's time per repetition);
         then each repetition is refill, poison, L2 flush, start event, the work (a graph replay in
         "cuda-graph" mode, an eager call in "back-to-back" mode), end event; one synchronize at the end.
         Host time therefore never lies between a repetition's events. Without CUDA the same steps run
@@ -1169,7 +1170,7 @@ class Server:
 
         starts = [T["Event"](enable_timing=True) for _ in timed]
         ends = [T["Event"](enable_timing=True) for _ in timed]
-        T["sleep"](int(cushion_ms(host_rep_ms, len(timed)) * self._cycles_per_ms()))
+        T["sleep"](int(cushion_ms(host_rep_ms, len(timed), device_floor_ms) * self._cycles_per_ms()))
         for i, (r, j) in enumerate(timed):
             self._before_rep(ts, r, j)
             T["record"](starts[i])

@@ -1026,7 +1026,9 @@ class Evaluator:
             for who, sb in parties:
                 if sb is None:
                     continue
-                kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist)
+                # the side's fastest timed work so far bounds the device's time per repetition from below
+                kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist,
+                          device_floor_ms=min(out[who]) if out[who] else 0.0)
                 if who == "base":
                     r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
                 else:

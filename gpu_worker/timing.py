@@ -113,11 +113,15 @@ def crosscheck(judged_ms: float, kernel_ms: float, launches: float = 1.0) -> tup
     return abs(kernel_ms - judged_ms) <= allowed, allowed
 
 
-def cushion_ms(host_per_rep_ms: float, reps: int, cap_ms: float = 400.0) -> float:
-    """How long the device waits before a back-to-back block: longer than the host takes to queue the
-    whole block, so that every repetition is queued before the device reaches it and no host time falls
-    between a repetition's events."""
-    return min(cap_ms, 1.5 * max(host_per_rep_ms, 0.0) * reps + 1.0)
+def cushion_ms(host_per_rep_ms: float, reps: int, device_floor_ms: float = 0.0, cap_ms: float = 400.0) -> float:
+    """How long the device waits before a back-to-back block: long enough that the host, queueing one
+    repetition in `host_per_rep_ms` (taken 1.5x), stays ahead of the device through the whole block, so
+    no host time falls between a repetition's events. The device spends at least `device_floor_ms` on
+    each repetition (a lower bound: that side's fastest timed work so far; 0 when unknown), so the host
+    need only be ahead by the first repetition plus what it loses on each later one."""
+    h = 1.5 * max(host_per_rep_ms, 0.0)
+    behind = max(h - max(device_floor_ms, 0.0), 0.0)
+    return min(cap_ms, h + max(reps - 1, 0) * behind + 1.0)
 
 
 def canary_host_work(busy: dict, plain: dict) -> tuple[bool, float]:

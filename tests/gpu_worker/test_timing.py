@@ -74,6 +74,18 @@ def test_cushion_covers_the_host_queueing_a_block():
     assert timing.cushion_ms(0.3, 20) >= 0.3 * 20
     assert timing.cushion_ms(0.0, 20) > 0
     assert timing.cushion_ms(100.0, 100) == 400.0  # capped: blocks are short
+    # a device at least as slow per repetition as the host: the host need only be ahead by one
+    assert timing.cushion_ms(0.3, 20, device_floor_ms=0.45) == pytest.approx(1.5 * 0.3 + 1.0)
+    # a faster device: the host loses (1.5 h - floor) on each later repetition, which the wait covers
+    assert timing.cushion_ms(0.3, 20, device_floor_ms=0.2) == pytest.approx(0.45 + 19 * 0.25 + 1.0)
+    assert timing.cushion_ms(0.3, 20, device_floor_ms=0.0) == timing.cushion_ms(0.3, 20)
+
+
+def test_cushion_keeps_every_repetition_queued_before_the_device_reaches_it():
+    # host queues repetition i by (i + 1) h; the device reaches it at cushion + i d, for d >= the floor
+    for h, d, reps in [(0.3, 0.1, 20), (1.2, 1.0, 20), (0.05, 2.0, 5), (0.8, 0.0, 10), (2.0, 1.9, 100)]:
+        c = timing.cushion_ms(h, reps, device_floor_ms=d, cap_ms=1e9)
+        assert all(c + i * d >= (i + 1) * h for i in range(reps)), (h, d, reps)
 
 
 def test_timing_canary_checks():
