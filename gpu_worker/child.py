@@ -198,6 +198,9 @@ class Server:
         self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
+        # reference role: per static output set (the id of its dict), what the timed baseline returned last;
+        # a graph's replays rewrite the tensors it returned when captured
+        self.base_outputs: dict = {}
         self.prep_timing: dict = {}
         self.timing: dict[str, TimingSet] = {}  # distribution -> its timing set (see the timing section)
         self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
@@ -894,6 +897,7 @@ class Server:
             self._drop_timing()
         else:
             self.timing.pop(dist, None)
+            self.base_outputs.clear()  # the next timed call of each set fills its entry again
         if pool < 2:
             raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
         entries = [self._inputs(dist, int(seed) + k) for k in range(pool)]
@@ -933,10 +937,10 @@ class Server:
                     run(inputs, out)
 
             return run_guarded
-        base = self.baseline
+        base, last = self.baseline, self.base_outputs
 
-        def run_baseline(inputs, out):
-            base(inputs)
+        def run_baseline(inputs, out):  # its own outputs, not copied into `out`: the copy is no baseline work
+            last[id(out)] = base(inputs)
 
         return run_baseline
 
@@ -1050,17 +1054,20 @@ class Server:
             res.append(acc)
         return res
 
-    def _norm(self, x) -> float:
-        """The L2 norm of a trusted tensor, accumulated in fp64 over chunks (no fp64 copy of the whole)."""
-        import torch
-
-        flat = self.T["view"](self.T["contiguous"](x), -1)
-        total = 0.0
-        for c in range(0, flat.numel(), FINGERPRINT_CHUNK):
-            part = self.T["to"](self.T["narrow"](flat, 0, c, min(FINGERPRINT_CHUNK, flat.numel() - c)),
-                                torch.float64)
-            total += float(self.T["dot"](part, part))
-        return math.sqrt(total)
+    def _norms(self, outs: dict, proj: dict) -> list:
+        """The L2 norm of each output `_fingerprint` projects, in fp32 chunks (device scalars; no
+        synchronisation): the scale of its bound."""
+        T, f32 = self.T, self.T["float32"]
+        res = []
+        for n, v in proj.items():
+            flat = T["view"](T["contiguous"](outs[n]), -1)
+            acc = None
+            for c in range(0, v.numel(), FINGERPRINT_CHUNK):
+                part = T["to"](T["narrow"](flat, 0, c, min(FINGERPRINT_CHUNK, v.numel() - c)), f32)
+                d = T["dot"](part, part)
+                acc = d if acc is None else T["add"](acc, d)
+            res.append(acc)
+        return res
 
     def _baseline_at(self, ts: "TimingSet", e: int) -> dict:
         """The baseline's outputs on entry e's inputs: kept for a pool set itself, computed afresh for a
@@ -1074,23 +1081,9 @@ class Server:
             ts.baseline[e] = outs
         return outs
 
-    def cmd_fingerprints(self, entries: list, seed: int, dist: str | None = None):
-        """Reference role: for each pool entry, the baseline's outputs projected as `cmd_time` projects a
-        candidate's (same seed, so the same vectors), and each output's L2 norm, for the bound."""
-        ts = self._timing_set(dist, "fingerprints")
-        res = {}
-        proj = None
-        for idx in sorted(set(int(e) for e in entries)):
-            outs = self._baseline_at(ts, idx)
-            proj = proj if proj is not None else self._projections(seed)
-            fps = self._fingerprint(outs, proj)
-            res[idx] = {"names": list(proj), "fp": [float(x) for x in fps],
-                        "norm": [self._norm(outs[n]) for n in proj]}
-        self._release()
-        return {"entries": res}
-
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
-                 dist: str | None = None, check_seed: int | None = None, device_floor_ms: float = 0.0):
+                 dist: str | None = None, check_seed: int | None = None, device_floor_ms: float = 0.0,
+                 entries: list | None = None):
         """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
 
         CUDA: the device first waits (a spin kernel) long enough for the host to stay ahead of it through
@@ -1103,8 +1096,10 @@ class Server:
         With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
         with the pool entry it ran on (the worker compares them with the baseline's on the same values).
         With `check_seed` every repetition's outputs are also fingerprinted after its end event (outside the
-        timed interval, before the next refill): projected onto random vectors drawn from the seed, which
-        the worker compares with the baseline's projections on the same pool entry (`cmd_fingerprints`)."""
+        timed interval, before the next refill): projected onto random vectors drawn from the seed. The
+        reference role is given the candidate's block's pool `entries` and times the baseline on those, in
+        that order, fingerprinting on the same vectors and adding each output's norm: the worker compares
+        the two call by call, and no baseline call is spent on the comparison alone."""
         T = self.T
         perf = T["perf"]
         ts = self._timing_set(dist, "time")
@@ -1112,12 +1107,19 @@ class Server:
             raise ValueError("cuda-graph timing asked of a side that did not capture")
         fn = self._fn()
         rotate, warmup = len(ts.sets), max(warmup, 1)
+        if entries is not None:
+            n_entries = len(ts.pool) * ts.refreshes
+            entries = [int(e) for e in entries]
+            if not entries or any(not 0 <= e < n_entries for e in entries):
+                raise ValueError(f"entries must be {n_entries} pool entries or fewer, each in 0..{n_entries - 1}")
+            reps = len(entries)
         draw = T["urandom"](4 * (reps + warmup + 1))
         picks = [int.from_bytes(draw[4 * i:4 * i + 4], "little") for i in range(reps + warmup + 1)]
         order, held = [], list(ts.content)
         for i in range(reps + warmup):  # every refill changes the set's contents
             r = i % rotate
-            held[r] = ts.other_entry(r, picks[i], held[r])
+            given = entries is not None and i >= warmup
+            held[r] = entries[i - warmup] if given else ts.other_entry(r, picks[i], held[r])
             order.append((r, held[r]))
         # the kept repetition ran on other values than its buffers held when captured (or first filled):
         # a result fixed then, or cached per buffer, cannot be right there
@@ -1136,11 +1138,15 @@ class Server:
 
         timed = order[warmup:]
         proj = self._projections(check_seed) if check_seed is not None else None
+        reference = self.role == "reference"
         fps: list = []
 
         def check(r: int, into: list | None):
             if proj is not None:
-                f = self._fingerprint(ts.outs[r], proj)
+                outs = self.base_outputs[id(ts.sets[r][1])] if reference else ts.outs[r]
+                f = self._fingerprint(outs, proj)
+                if reference:
+                    f = (f, self._norms(outs, proj))
                 if into is not None:
                     into.append(f)
 
@@ -1164,7 +1170,7 @@ class Server:
                 keep(i, r, j)
                 check(r, fps)
             return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
-                    "checks": self._checks(timed, fps, proj)}
+                    "checks": self._checks(timed, fps, proj), "check_names": list(proj or {})}
         T["sync"]()
         from gpu_worker.timing import cushion_ms
 
@@ -1181,14 +1187,22 @@ class Server:
         T["sync"]()
         times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj)}
+        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj),
+                "check_names": list(proj or {})}
 
     @staticmethod
     def _checks(timed: list, fps: list, proj: dict | None) -> list:
-        """[pool entry, [fingerprint per compared output]] per timed repetition; empty without a seed."""
+        """[pool entry, [fingerprint per compared output]] per timed repetition, with [its norm per compared
+        output] in the reference role; empty without a seed."""
         if proj is None:
             return []
-        return [[j, [float(x) for x in f]] for (_, j), f in zip(timed, fps)]
+        out = []
+        for (_, j), f in zip(timed, fps):
+            if isinstance(f, tuple):
+                out.append([j, [float(x) for x in f[0]], [math.sqrt(float(x)) for x in f[1]]])
+            else:
+                out.append([j, [float(x) for x in f]])
+        return out
 
     def cmd_host_latency(self, reps: int = 10, dist: str | None = None):
         """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,

@@ -79,6 +79,19 @@ def other_shapes(problem, verified) -> list[str]:
     return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
 
 
+def _check_entries(checks: list, reps: int, n_entries: int | None) -> None:
+    """A candidate child's report of its timed calls, before the baseline is run on the entries it names:
+    one [entry, fingerprints] per timed call, each entry a pool entry of the timing set."""
+    if not checks:
+        return
+    ok = len(checks) == reps and all(
+        isinstance(c, list) and len(c) == 2 and type(c[0]) is int and isinstance(c[1], list)
+        and 0 <= c[0] < (n_entries or 0) for c in checks)
+    if not ok:
+        raise Rejection("benchmark", f"timed-output: the candidate's process reported {len(checks)} timed calls "
+                        f"for {reps} timings, or entries outside the timing set's {n_entries}: its report was altered")
+
+
 def _mem_shape(shape) -> str:
     """The shape's name in device-memory admission: random shapes share one, learned as the largest."""
     from baselines.problem import RANDOM_SHAPE
@@ -836,13 +849,13 @@ class Evaluator:
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
                 for dist in problem.distributions:
-                    res = self._time_distribution(problem, dist, cand, ref_sb, ref_lock, best, hb, gpu_s)
+                    res = self._time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s)
                     fig = distribution_figures(dist, res["cand"], res["base"], res["best"] or None,
                                                res["cand_host"], res["base_host"])
                     fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
                     fig["captures"] = res["captures"]
                     with _phase("timed-outputs"):
-                        prints = self._check_fingerprints(problem, shape, dist, res, hb)
+                        prints = self._check_fingerprints(problem, shape, dist, res)
                         kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb)
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
@@ -959,11 +972,12 @@ class Evaluator:
         plan = self._plan()
         return {"rotate": plan["rotate"], "pool": plan["pool"], "dist": dist, "seed": self.timing_seed}
 
-    def _time_distribution(self, problem, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
+    def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
         """One distribution: every side prepares its timing set (the gate's shared side), then under the
         exclusive side each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         plan = self._plan()
+        plan["entries"] = plan["pool"] * max(1, int(problem.refresh_count(shape)))  # pool entries a set names
         prep = self._timing_args(dist)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         for _, sb in sides:  # one shared hold each: a timing request waits for the shorter one
@@ -1016,13 +1030,14 @@ class Evaluator:
             mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter
         out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
                "planned_blocks": plan["blocks"], "captures": captures,
-               "mode": mode if self.cuda else "interpreter", "checks": [],
+               "mode": mode if self.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
                "check_seed": int.from_bytes(os.urandom(6), "little")}  # secret: drawn per benchmark
         for b in range(plan["blocks"]):
             # at least two blocks, so that candidate, baseline and best are always interleaved
             if b >= 2 and clearly_slower(out["best"], out["cand"]):
                 break
             warm = plan["warmup"] if b == 0 else 1
+            cand_block: list = []
             for who, sb in parties:
                 if sb is None:
                     continue
@@ -1030,14 +1045,20 @@ class Evaluator:
                 kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist,
                           device_floor_ms=min(out[who]) if out[who] else 0.0)
                 if who == "base":
+                    if cand_block:  # the baseline runs on the candidate's block's entries, fingerprinted alike
+                        kw.update(entries=[c[0] for c in cand_block], check_seed=out["check_seed"])
                     r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
+                    out["base_checks"] += r.get("checks") or []
+                    out["check_names"] = r.get("check_names") or out["check_names"]  # the trusted side's
                 else:
                     if who == "cand":
                         kw["check_seed"] = out["check_seed"]
                     r = sb.call("time", self.timeouts["time"], hb, **kw)
                     self._check_reply(r, "benchmark", sb)
                     if who == "cand":
-                        out["checks"] += r.get("checks") or []
+                        cand_block = r.get("checks") or []
+                        _check_entries(cand_block, len(r["times"]), plan.get("entries"))
+                        out["checks"] += cand_block
                 out[who] += r["times"]
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
@@ -1087,27 +1108,28 @@ class Evaluator:
         base_err = max(errs) if errs else problem.tolerance_floor
         return 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
 
-    def _check_fingerprints(self, problem, shape, dist: str, res: dict, hb) -> str:
+    def _check_fingerprints(self, problem, shape, dist: str, res: dict) -> str:
         """Every timed call of the candidate, not only the kept ones: its outputs' projections onto random
-        vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's
-        on the pool entry that call ran on. For an output off by e, the projection is off by a normal
-        variable of standard deviation |e|; an honest output has |e| <= bound |baseline|, so a gap over
-        FINGERPRINT_SIGMAS times that is a call whose work was skipped, or whose result is stale or cached
-        per buffer (an honest output's gap is at most half a bound: 12 standard deviations short)."""
-        checks = res.get("checks") or []
+        vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's,
+        timed in the same block on the same pool entries and projected onto the same vectors. For an
+        output off by e, the projection is off by a normal variable of standard deviation |e|; an honest
+        output has |e| <= bound |baseline|, so a gap over FINGERPRINT_SIGMAS times that is a call whose
+        work was skipped, or whose result is stale or cached per buffer (an honest output's gap is at most
+        half a bound: 12 standard deviations short)."""
+        checks, base = res.get("checks") or [], res.get("base_checks") or []
         if not checks:
             raise Rejection("benchmark", "timed-output: no fingerprint of a timed call came back (harness error)")
-        ref = self._ref_call(problem, shape, hb, "fingerprints", self.timeouts["reference"],
-                             entries=sorted({c[0] for c in checks}), seed=res["check_seed"], dist=dist)
-        base = {int(k): v for k, v in ref["entries"].items()}
+        if len(base) != len(checks) or any(int(c[0]) != int(b[0]) for c, b in zip(checks, base)):
+            raise Rejection("benchmark", f"timed-output: the baseline's {len(base)} fingerprinted calls do not pair "
+                            f"with the candidate's {len(checks)} (harness error)")
+        names = res.get("check_names") or []
         bound = self._timed_output_bound(problem, shape)
         worst = 0.0
-        for n, (entry, fps) in enumerate(checks):
-            b = base[int(entry)]
-            if len(fps) != len(b["names"]):
+        for n, ((entry, fps), (_, fbs, norms)) in enumerate(zip(checks, base)):
+            if not len(fps) == len(fbs) == len(norms) == len(names):
                 raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} has {len(fps)} "
-                                f"fingerprints for the outputs {b['names']} (harness error)")
-            for name, fc, fb, norm in zip(b["names"], fps, b["fp"], b["norm"]):
+                                f"fingerprints for the outputs {names} (harness error)")
+            for name, fc, fb, norm in zip(names, fps, fbs, norms):
                 gap = abs(fc - fb) / max(bound * norm, 1e-30) if math.isfinite(fc) else math.inf
                 if gap > FINGERPRINT_SIGMAS:
                     raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} ({dist}, pool "

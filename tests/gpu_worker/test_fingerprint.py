@@ -1,6 +1,8 @@
 """A timed call's fingerprint (gpu_worker.child): the projection computed in chunks equals the projection
 of the whole output onto the same vector, the vectors are the same for the same seed in another process,
-and a different output, or one of another size, does not pass for the right one."""
+and a different output, or one of another size, does not pass for the right one. The reference child times
+the baseline on the entries the candidate's block ran on, and a candidate's report of them is checked
+before it is used."""
 
 from __future__ import annotations
 
@@ -31,11 +33,13 @@ def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
     (fp,) = s._fingerprint({"y": y}, proj)
     whole = float(torch.dot(y.reshape(-1).double(), proj["y"].double()))
     assert math.isclose(float(fp), whole, rel_tol=1e-5, abs_tol=1e-3)
-    assert math.isclose(s._norm(y), float(torch.linalg.vector_norm(y.double())), rel_tol=1e-12)
+    (sq,) = s._norms({"y": y}, proj)
+    norm = math.sqrt(float(sq))
+    assert math.isclose(norm, float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
     other = y.clone()
     other[5] = torch.randn(300)  # one row stale
     (fo,) = s._fingerprint({"y": other}, proj)
-    assert abs(float(fo) - float(fp)) > 1e-3 * s._norm(y)
+    assert abs(float(fo) - float(fp)) > 1e-3 * norm
     try:
         s._fingerprint({"y": torch.randn(64, 299)}, proj)
         raise AssertionError("an output of another size was fingerprinted")
@@ -69,3 +73,40 @@ def test_an_entry_names_a_pool_set_and_a_refresh_of_it():
     assert ts.values(1, p.refreshed) is pool[1]
     e = 2 + 3 * 5
     assert torch.equal(ts.values(e, p.refreshed)["x"], torch.roll(pool[2]["x"], 5, dims=0))
+
+
+def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerprints_them(tmp_path, monkeypatch):
+    s = server(tmp_path, monkeypatch, chunk=child.FINGERPRINT_CHUNK)
+    s.cmd_prepare(rotate=2, pool=3, dist="normal", seed=11)
+    entries = [4, 1, 7, 7, 2]
+    r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries)
+    assert len(r["times"]) == 5 and [c[0] for c in r["checks"]] == entries and r["check_names"] == ["y"]
+    ts = s.timing["normal"]
+    proj = s._projections(99)
+    for (e, fps, norms) in r["checks"]:  # each the baseline's own output on that entry, with its norm
+        y = s.baseline(ts.values(e, s.refreshed))["y"]
+        assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
+        assert math.isclose(norms[0], float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
+    n = len(ts.pool) * ts.refreshes
+    for bad in ([n], [-1], []):
+        try:
+            s.cmd_time(reps=5, dist="normal", check_seed=99, entries=bad)
+            raise AssertionError(f"entries {bad} were timed")
+        except ValueError as e:
+            assert "pool entries" in str(e)
+
+
+def test_a_candidates_report_of_its_timed_calls_is_checked_before_the_baseline_runs_on_it():
+    from gpu_worker.harness import _check_entries
+    from gpu_worker.sandbox import Rejection
+
+    good = [[3, [0.5]], [0, [1.5]]]
+    _check_entries(good, 2, n_entries=8)
+    _check_entries([], 2, n_entries=8)  # no seed, no report: nothing to pair (the fingerprint check says so)
+    for bad, reps in ([good, 3], ([[8, [0.5]], [0, [1.5]]], 2), ([[-1, [0.5]], [0, [1.5]]], 2),
+                      ([["3", [0.5]], [0, [1.5]]], 2), ([[3.0, [0.5]], [0, [1.5]]], 2), ([[3], [0, [1.5]]], 2)):
+        try:
+            _check_entries(bad, reps, n_entries=8)
+            raise AssertionError(f"{bad} accepted")
+        except Rejection as e:
+            assert "timed-output" in str(e) and "altered" in str(e)
