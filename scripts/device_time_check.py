@@ -41,18 +41,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", default=[],
                     help="PROBLEM or PROBLEM@SHAPE_NAME: check only these rows (repeatable)")
     a = ap.parse_args(argv)
-    rows = json.loads(Path(a.scoreboard).read_text())
+    try:
+        rows = json.loads(Path(a.scoreboard).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"--scoreboard {a.scoreboard}: {e}")
     if a.only:
         rows = [r for r in rows if r["problem"] in a.only or f"{r['problem']}@{r['shape']}" in a.only]
         if not rows:
             ap.error(f"no scoreboard row matches {', '.join(a.only)}")
+    if not torch.cuda.is_available():
+        ap.error("a device-time measurement needs a CUDA device")
     worst, lines = 0.0, []
     with tempfile.TemporaryDirectory() as tmp:
         for row in rows:
             problem = get_problem(row["problem"])
             shape = next(s for s in problem.shapes if s.name == row["shape"])
             mod = load_module(problem.render(problem.default_knobs()), Path(tmp))
-            base = problem.baselines()[row["baseline"]]
+            bases = problem.baselines()
+            if row["baseline"] not in bases:
+                ap.error(f"{row['problem']}'s baseline {row['baseline']!r} is not available here "
+                         f"(available: {', '.join(bases) or 'none'})")
+            base = bases[row["baseline"]]
             for d in row.get("start_distributions") or []:
                 dist = d["dist"]
                 inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"), cold_bytes())
