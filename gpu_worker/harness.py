@@ -86,7 +86,7 @@ def _check_entries(checks: list, reps: int, n_entries: int | None) -> None:
         return
     ok = len(checks) == reps and all(
         isinstance(c, list) and len(c) == 2 and type(c[0]) is int and isinstance(c[1], list)
-        and 0 <= c[0] < (n_entries or 0) for c in checks)
+        and all(type(x) is float for x in c[1]) and 0 <= c[0] < (n_entries or 0) for c in checks)
     if not ok:
         raise Rejection("benchmark", f"timed-output: the candidate's process reported {len(checks)} timed calls "
                         f"for {reps} timings, or entries outside the timing set's {n_entries}: its report was altered")
@@ -1126,9 +1126,12 @@ class Evaluator:
         bound = self._timed_output_bound(problem, shape)
         worst = 0.0
         for n, ((entry, fps), (_, fbs, norms)) in enumerate(zip(checks, base)):
-            if not len(fps) == len(fbs) == len(norms) == len(names):
-                raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} has {len(fps)} "
-                                f"fingerprints for the outputs {names} (harness error)")
+            if not len(fbs) == len(norms) == len(names):
+                raise Rejection("benchmark", f"timed-output: the baseline's call {n + 1} has {len(fbs)} fingerprints "
+                                f"for the outputs {names} (harness error)")
+            if len(fps) != len(names):
+                raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} reported {len(fps)} "
+                                f"fingerprints for the outputs {names}: its report was altered")
             for name, fc, fb, norm in zip(names, fps, fbs, norms):
                 gap = abs(fc - fb) / max(bound * norm, 1e-30) if math.isfinite(fc) else math.inf
                 if gap > FINGERPRINT_SIGMAS:

@@ -104,7 +104,8 @@ def test_a_candidates_report_of_its_timed_calls_is_checked_before_the_baseline_r
     _check_entries(good, 2, n_entries=8)
     _check_entries([], 2, n_entries=8)  # no seed, no report: nothing to pair (the fingerprint check says so)
     for bad, reps in ([good, 3], ([[8, [0.5]], [0, [1.5]]], 2), ([[-1, [0.5]], [0, [1.5]]], 2),
-                      ([["3", [0.5]], [0, [1.5]]], 2), ([[3.0, [0.5]], [0, [1.5]]], 2), ([[3], [0, [1.5]]], 2)):
+                      ([["3", [0.5]], [0, [1.5]]], 2), ([[3.0, [0.5]], [0, [1.5]]], 2), ([[3], [0, [1.5]]], 2),
+                      ([[3, ["0.5"]], [0, [1.5]]], 2)):
         try:
             _check_entries(bad, reps, n_entries=8)
             raise AssertionError(f"{bad} accepted")
