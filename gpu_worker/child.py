@@ -1037,36 +1037,26 @@ class Server:
             out[n] = v
         return out
 
-    def _fingerprint(self, outs: dict, proj: dict) -> list:
+    def _fingerprint(self, outs: dict, proj: dict, squares: bool = False) -> list:
         """Each compared output projected onto its random vector, in fp32 chunks (device scalars; no
-        synchronisation). An output whose size is not its spec's fails here."""
+        synchronisation); with `squares`, [projection, sum of squares] per output, from the same chunks
+        (the norm is the bound's scale). An output whose size is not its spec's fails here."""
         T, f32 = self.T, self.T["float32"]
         res = []
         for n, v in proj.items():
             flat = T["view"](T["contiguous"](outs[n]), -1)
             if flat.numel() != v.numel():
                 raise ValueError(f"output {n!r} holds {flat.numel()} elements, its spec {v.numel()}")
-            acc = None
+            acc = sq = None
             for c in range(0, v.numel(), FINGERPRINT_CHUNK):
                 w = min(FINGERPRINT_CHUNK, v.numel() - c)
-                d = T["dot"](T["to"](T["narrow"](flat, 0, c, w), f32), T["to"](T["narrow"](v, 0, c, w), f32))
+                part = T["to"](T["narrow"](flat, 0, c, w), f32)
+                d = T["dot"](part, T["to"](T["narrow"](v, 0, c, w), f32))
                 acc = d if acc is None else T["add"](acc, d)
-            res.append(acc)
-        return res
-
-    def _norms(self, outs: dict, proj: dict) -> list:
-        """The L2 norm of each output `_fingerprint` projects, in fp32 chunks (device scalars; no
-        synchronisation): the scale of its bound."""
-        T, f32 = self.T, self.T["float32"]
-        res = []
-        for n, v in proj.items():
-            flat = T["view"](T["contiguous"](outs[n]), -1)
-            acc = None
-            for c in range(0, v.numel(), FINGERPRINT_CHUNK):
-                part = T["to"](T["narrow"](flat, 0, c, min(FINGERPRINT_CHUNK, v.numel() - c)), f32)
-                d = T["dot"](part, part)
-                acc = d if acc is None else T["add"](acc, d)
-            res.append(acc)
+                if squares:
+                    e = T["dot"](part, part)
+                    sq = e if sq is None else T["add"](sq, e)
+            res.append([acc, sq] if squares else acc)
         return res
 
     def _baseline_at(self, ts: "TimingSet", e: int) -> dict:
@@ -1111,7 +1101,7 @@ class Server:
             n_entries = len(ts.pool) * ts.refreshes
             entries = [int(e) for e in entries]
             if not entries or any(not 0 <= e < n_entries for e in entries):
-                raise ValueError(f"entries must be {n_entries} pool entries or fewer, each in 0..{n_entries - 1}")
+                raise ValueError(f"entries must be a non-empty list of pool entries, each in 0..{n_entries - 1}")
             reps = len(entries)
         draw = T["urandom"](4 * (reps + warmup + 1))
         picks = [int.from_bytes(draw[4 * i:4 * i + 4], "little") for i in range(reps + warmup + 1)]
@@ -1144,9 +1134,7 @@ class Server:
         def check(r: int, into: list | None):
             if proj is not None:
                 outs = self.base_outputs[id(ts.sets[r][1])] if reference else ts.outs[r]
-                f = self._fingerprint(outs, proj)
-                if reference:
-                    f = (f, self._norms(outs, proj))
+                f = self._fingerprint(outs, proj, squares=reference)
                 if into is not None:
                     into.append(f)
 
@@ -1170,7 +1158,7 @@ class Server:
                 keep(i, r, j)
                 check(r, fps)
             return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
-                    "checks": self._checks(timed, fps, proj), "check_names": list(proj or {})}
+                    "checks": self._checks(timed, fps, proj, reference), "check_names": list(proj or {})}
         T["sync"]()
         from gpu_worker.timing import cushion_ms
 
@@ -1187,19 +1175,19 @@ class Server:
         T["sync"]()
         times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj),
+        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj, reference),
                 "check_names": list(proj or {})}
 
     @staticmethod
-    def _checks(timed: list, fps: list, proj: dict | None) -> list:
+    def _checks(timed: list, fps: list, proj: dict | None, squares: bool) -> list:
         """[pool entry, [fingerprint per compared output]] per timed repetition, with [its norm per compared
-        output] in the reference role; empty without a seed."""
+        output] in the reference role (whose fingerprints carry their sums of squares); empty without a seed."""
         if proj is None:
             return []
         out = []
         for (_, j), f in zip(timed, fps):
-            if isinstance(f, tuple):
-                out.append([j, [float(x) for x in f[0]], [math.sqrt(float(x)) for x in f[1]]])
+            if squares:
+                out.append([j, [float(p) for p, _ in f], [math.sqrt(float(q)) for _, q in f]])
             else:
                 out.append([j, [float(x) for x in f]])
         return out
