@@ -10,12 +10,13 @@ from __future__ import annotations
 import statistics
 
 
-def rotated_copies(make, nbytes_target: int) -> list:
-    """Input sets from `make(i)` until together they hold at least `nbytes_target` bytes (at least two)."""
+def rotated_copies(make) -> list:
+    """Input sets from `make(i)` until together they hold at least `cold_bytes()` (at least two)."""
     import torch
 
+    target = cold_bytes()
     sets, total = [], 0
-    while len(sets) < 2 or total < nbytes_target:
+    while len(sets) < 2 or total < target:
         s = make(len(sets))
         sets.append(s)
         total += sum(v.numel() * v.element_size() for v in s.values() if isinstance(v, torch.Tensor))

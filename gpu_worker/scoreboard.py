@@ -27,7 +27,7 @@ def _time_other_baselines(problem, shape, skip: str) -> dict[str, dict]:
     rotated input copy, in this process; they are trusted code)."""
     import torch
 
-    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
+    from gpu_worker.devicetime import graph_time_ms, rotated_copies
 
     out = {}
     for name, fn in problem.baselines().items():
@@ -36,7 +36,7 @@ def _time_other_baselines(problem, shape, skip: str) -> dict[str, dict]:
         out[name] = {}
         for dist in problem.distributions:
             try:
-                sets = rotated_copies(lambda i: problem.make_inputs(shape, dist, 5000 + i, "cuda"), cold_bytes())
+                sets = rotated_copies(lambda i: problem.make_inputs(shape, dist, 5000 + i, "cuda"))
                 out[name][dist] = graph_time_ms(lambda inp: fn(inp), sets)["ms"]
                 del sets
             except Exception as e:  # e.g. SDPA refusing a head dim: reported, not fatal

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from baselines.registry import get_problem
-    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
+    from gpu_worker.devicetime import graph_time_ms, rotated_copies
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scoreboard", default="docs/scoreboard.json")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             base = bases[row["baseline"]]
             for d in row.get("start_distributions") or []:
                 dist = d["dist"]
-                inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"), cold_bytes())
+                inputs = rotated_copies(lambda i: problem.make_inputs(shape, dist, 9000 + i, "cuda"))
                 sets = [{"inputs": inp, "out": {k: torch.empty(o.shape, dtype=getattr(torch, o.dtype), device="cuda")
                                                 for k, o in problem.output_specs(shape).items()}} for inp in inputs]
                 start = graph_time_ms(lambda s: mod.run(s["inputs"], s["out"]), sets)

@@ -130,9 +130,9 @@ def _check(prob, shape, dist, mod, baseline, device, cpu, torch, rel_rms) -> dic
 def _time(prob, shape, dist, mod, baseline) -> dict:
     import torch
 
-    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
+    from gpu_worker.devicetime import graph_time_ms, rotated_copies
 
-    inputs = rotated_copies(lambda i: prob.make_inputs(shape, dist, 100 + i, "cuda"), cold_bytes())
+    inputs = rotated_copies(lambda i: prob.make_inputs(shape, dist, 100 + i, "cuda"))
     sets = [{"inputs": x, "out": {k: torch.empty(o.shape, dtype=getattr(torch, o.dtype), device="cuda")
                                   for k, o in prob.output_specs(shape).items()}} for x in inputs]
     mine = graph_time_ms(lambda s: mod.run(s["inputs"], s["out"]), sets)

@@ -170,5 +170,5 @@ def test_cold_means_the_same_to_the_harness_and_to_the_independent_measurement(m
     assert devicetime.cold_bytes() == 400 << 20
     import torch
 
-    sets = devicetime.rotated_copies(lambda i: {"x": torch.empty(100 << 20, dtype=torch.uint8)}, devicetime.cold_bytes())
+    sets = devicetime.rotated_copies(lambda i: {"x": torch.empty(100 << 20, dtype=torch.uint8)})
     assert len(sets) == 4  # 4 x 100 MiB hold 400 MiB
