@@ -733,7 +733,26 @@ async def run_report(client, wid: str, out: Path | None) -> Path:
     """`marathon report`: Markdown and plots of the run, into `out` (default MARATHON_HOME/reports/ID)."""
     from activities.report import write_report
 
-    return write_report(await _status_or_result(client, wid), wid, out or HOME / "reports" / wid)
+    # a live run's newest records are not in the ledger yet; asked first, so that a compaction between the two
+    # queries moves records into the ledger the status names (they are merged by iteration) and none is lost
+    unledgered = await _unledgered(client, wid)
+    return write_report(await _status_or_result(client, wid), wid, out or HOME / "reports" / wid, unledgered)
+
+
+async def _unledgered(client, wid: str) -> list:
+    """The open run's records not yet in its ledger; none for a closed run (its result's ledger has them all)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from workflows.optimization import KernelOptimization
+
+    h = _handle(client, wid)
+    try:
+        if (await h.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return []
+        return await h.query(KernelOptimization.unledgered)
+    except RPCError as e:
+        raise UsageError(f"cannot query run {wid!r}: {e.message}")
 
 
 async def _status_or_result(client, wid: str, prefer_query: bool = False):

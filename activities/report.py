@@ -11,10 +11,13 @@ from workflows.contracts import IterationRecord
 from workflows.text import INTERPRETER_NOTE, best_text
 
 
-def write_report(st, wid: str, out: Path) -> Path:
-    """The report of run `wid` into `out`, from its status or result `st` (both carry the ledger key)."""
+def write_report(st, wid: str, out: Path, unledgered: list[IterationRecord] = ()) -> Path:
+    """The report of run `wid` into `out`, from its status or result `st` (both carry the ledger key) and, for
+    a live run, the records its ledger does not hold yet."""
     store = ArtifactStore()
     records = read_ledger(store, st.ledger_key)
+    seen = {r.iteration for r in records}
+    records += sorted((r for r in unledgered if r.iteration not in seen), key=lambda r: r.iteration)
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(records, out)
     best_src = None

@@ -419,6 +419,11 @@ class KernelOptimization:
     def leaderboard(self) -> list[LeaderEntry]:
         return self.st.leaderboard
 
+    @workflow.query
+    def unledgered(self) -> list[IterationRecord]:
+        """This run's records that the ledger does not hold yet (it gets them at the next compaction)."""
+        return self.records
+
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _pause(self, reason: str) -> None:
         # Takes effect at the loop's next quiet point, which sets the phase to "paused".

@@ -122,8 +122,9 @@ async def test_client_commands_against_the_dev_server(env, store):
     async with workers(env.client):
         # a budget the run cannot exhaust while the CLI calls below run (each is a fresh process: slow
         # on a loaded machine), so that it is still running when the budget is changed and stopped
+        # compaction only where the history suggests it: a live report must add the records its ledger lacks
         p = await asyncio.to_thread(marathon, "start", "softmax", "--iterations", "4000", "--tokens", "900000",
-                                    "--id", wid, env_address=address, check=True)
+                                    "--compact-every", "5000", "--id", wid, env_address=address, check=True)
         assert p.stdout.strip() == wid
         dup = await asyncio.to_thread(marathon, "start", "softmax", "--id", wid, env_address=address)
         assert dup.returncode == 2 and "already exists" in dup.stderr
@@ -157,6 +158,20 @@ async def test_client_commands_against_the_dev_server(env, store):
             assert bad.returncode == 2 and len(lines) == 1 and message in lines[0], bad.stderr
         await asyncio.to_thread(marathon, "hint", wid, "BLOCK_N=1024 num_warps=8", env_address=address,
                                 check=True)
+
+        for _ in range(600):
+            before = json.loads((await asyncio.to_thread(marathon, "status", wid, "--json", env_address=address,
+                                                         check=True)).stdout)["iteration"]
+            if before >= 2:
+                break
+            await asyncio.sleep(0.2)
+        rep = await asyncio.to_thread(marathon, "report", wid, "--out", str(store.root.parent / "live"),
+                                      env_address=address, check=True)
+        live = open(rep.stdout.strip()).read()
+        listed = [int(ln.split("|")[1]) for ln in live.split("## Iterations", 1)[1].splitlines()
+                  if ln.startswith("| ") and ln.split("|")[1].strip().isdigit()]
+        assert before >= 2 and listed == list(range(1, len(listed) + 1)) and len(listed) >= before, listed
+        assert f"- iterations: {len(listed)} recorded, still running" in live and "progress.png" in live
 
         piped = await asyncio.to_thread(closed_pipe_run, "status", wid, env_address=address)
         assert piped.returncode == 0 and piped.stderr == "", piped.stderr
