@@ -28,6 +28,8 @@ of g (so no exponent grows with T):
   and L_b the part of L = diag(beta) A_kk between the two halves of each 2b-block,
   X_2b = X_b - X_b L_b X_b (the 2x2 block inverse, no series); X_2 = I - L_1, then log2(C) - 1 levels of
   two products: 8 dependent [C, C] products at C = 32 where forward substitution needs C - 1 reduction steps.
+With PREP = "halves" at C = 32, launch 1 is `_kda_prep_halves` instead: the same outputs from 16-row halves on one
+  path for every gate (its docstring says how).
 Launch 2, `_kda_state`, one program per (V block, batch*head), sequential over chunks, fp32 state S [K, BV]:
     v_new = u - w S ;  o = qg S + A_qk v_new ;  S <- diag(e^{G_last}) S + kg^T v_new
 Tensor-core inputs are the input dtype (bf16 on the GPU, fp32 under the interpreter) with fp32 accumulation,
@@ -46,7 +48,7 @@ import triton
 import triton.language as tl
 
 # The default knobs: the fastest of the settings timed on an H200 (knobs.py says what each one does).
-KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SOLVE_PREC": "input", "num_stages": 3, "num_warps_prep": 4, "num_warps_state": 4}
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "CHUNK": 32, "FAST": True, "PREP": "chunk", "PREP_DOT": "input", "SOLVE_PREC": "input", "num_stages": 3, "num_warps_prep": 4, "num_warps_state": 4}
 
 
 @triton.jit
@@ -230,6 +232,107 @@ def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
 
 
 @triton.jit
+def _mid_clamped(g, HB: tl.constexpr, CLAMP: tl.constexpr):
+    """Exponents for one HB-row block's own pairs: the cumsum of steps max(g, -CLAMP), less the midpoint of
+    its range, so |E| <= (HB-1) CLAMP / 2 and E_i - E_j = G_i - G_j unless a step below -CLAMP lies between."""
+    Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
+    return Gc - 0.5 * (tl.max(Gc, axis=0) + tl.min(Gc, axis=0))[None, :]
+
+
+@triton.jit
+def _kda_prep_halves(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                     w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
+                     T, H, NT, scale,
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, CLAMP: tl.constexpr,
+                     SOLVE_PREC: tl.constexpr, PREP_DOT: tl.constexpr):
+    """The prep of a C = 32 chunk as two 16-row halves, lo (rows 0-15) and hi (16-31), with one path for
+    every gate: A's three nonzero 16 x 16 blocks are each one product, the diagonal ones anchored as
+    `_mid_clamped` says and hi x lo at lo's last row (both factors <= 1), so no chunk takes a slower path
+    and no product spends work on the upper triangle. The solve is block forward substitution:
+    w_lo = X_lo kw_lo, w_hi = X_hi (kw_hi - L_hi,lo w_lo), with X_lo, X_hi the 16 x 16 inverses."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    HB: tl.constexpr = C // 2
+    ST: tl.constexpr = w_ptr.dtype.element_ty
+    DT: tl.constexpr = tl.float32 if PREP_DOT == "tf32" else ST
+    WT: tl.constexpr = tl.float32 if PREP_DOT != "input" else ST
+
+    ri = tl.arange(0, HB)
+    rk = tl.arange(0, K)
+    rv = tl.arange(0, V)
+    t_lo = n * C + ri
+    t_hi = t_lo + HB
+    m_lo = (t_lo < T)[:, None]
+    m_hi = (t_hi < T)[:, None]
+    row_lo = (b * T + t_lo) * H + h
+    row_hi = (b * T + t_hi) * H + h
+    mid_lo = bh * T + t_lo
+    mid_hi = bh * T + t_hi
+    beta_lo = tl.load(beta_ptr + row_lo, mask=t_lo < T, other=0.0).to(tl.float32)
+    beta_hi = tl.load(beta_ptr + row_hi, mask=t_hi < T, other=0.0).to(tl.float32)
+    g_lo = tl.load(g_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    g_hi = tl.load(g_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32)
+    q_lo = tl.load(q_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32) * scale
+    q_hi = tl.load(q_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32) * scale
+    k_lo = tl.load(k_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    k_hi = tl.load(k_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32)
+
+    G_lo = tl.cumsum(g_lo, axis=0)                                   # chunk-local, <= 0, non-increasing
+    Ga = tl.min(G_lo, axis=0)                                        # lo's last row: the cross anchor
+    G_hi = Ga[None, :] + tl.cumsum(g_hi, axis=0)
+    GL = tl.min(G_hi, axis=0)                                        # the chunk's last row (padding: g = 0)
+    eG_lo = tl.exp(G_lo)
+    eG_hi = tl.exp(G_hi)
+    tl.store(qg_ptr + mid_lo[:, None] * K + rk[None, :], (q_lo * eG_lo).to(ST), mask=m_lo)
+    tl.store(qg_ptr + mid_hi[:, None] * K + rk[None, :], (q_hi * eG_hi).to(ST), mask=m_hi)
+    tl.store(kg_ptr + mid_lo[:, None] * K + rk[None, :], (k_lo * tl.exp(GL[None, :] - G_lo)).to(ST), mask=m_lo)
+    tl.store(kg_ptr + mid_hi[:, None] * K + rk[None, :], (k_hi * tl.exp(GL[None, :] - G_hi)).to(ST), mask=m_hi)
+    tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+
+    causal = ri[:, None] >= ri[None, :]
+    strict = ri[:, None] > ri[None, :]
+    E_lo = _mid_clamped(g_lo, HB, CLAMP)
+    E_hi = _mid_clamped(g_hi, HB, CLAMP)
+    F_lo = tl.exp(E_lo)
+    F_hi = tl.exp(E_hi)
+    kb_lo = (k_lo * tl.exp(-E_lo)).to(DT)
+    kb_hi = (k_hi * tl.exp(-E_hi)).to(DT)
+    a_ll = tl.where(causal, tl.dot((q_lo * F_lo).to(DT), tl.trans(kb_lo)), 0.0)
+    a_hh = tl.where(causal, tl.dot((q_hi * F_hi).to(DT), tl.trans(kb_hi)), 0.0)
+    kk_ll = tl.where(strict, tl.dot((k_lo * F_lo).to(DT), tl.trans(kb_lo)), 0.0)
+    kk_hh = tl.where(strict, tl.dot((k_hi * F_hi).to(DT), tl.trans(kb_hi)), 0.0)
+    up = tl.exp(G_hi - Ga[None, :])                                  # <= 1
+    kx = (k_lo * tl.exp(Ga[None, :] - G_lo)).to(DT)                  # <= 1
+    a_hl = tl.dot((q_hi * up).to(DT), tl.trans(kx))
+    kk_hl = tl.dot((k_hi * up).to(DT), tl.trans(kx))
+
+    # A_qk as the state pass reads it, [C, C] per chunk, zero above the diagonal
+    zero = tl.zeros([HB, HB], dtype=tl.float32)
+    a_lo = a_ptr + mid_lo[:, None] * C + ri[None, :]
+    a_hi = a_ptr + mid_hi[:, None] * C + ri[None, :]
+    tl.store(a_lo, a_ll.to(ST), mask=m_lo)
+    tl.store(a_lo + HB, zero.to(ST), mask=m_lo)
+    tl.store(a_hi, a_hl.to(ST), mask=m_hi)
+    tl.store(a_hi + HB, a_hh.to(ST), mask=m_hi)
+
+    X_lo = _solve(kk_ll, beta_lo, ri, HB, SOLVE_PREC, ST).to(WT)
+    X_hi = _solve(kk_hh, beta_hi, ri, HB, SOLVE_PREC, ST).to(WT)
+    L_hl = (kk_hl * beta_hi[:, None]).to(WT)
+    w_lo = tl.dot(X_lo, (k_lo * eG_lo * beta_lo[:, None]).to(WT))
+    w_hi = tl.dot(X_hi, (k_hi * eG_hi * beta_hi[:, None] - tl.dot(L_hl, w_lo.to(WT))).to(WT))
+    tl.store(w_ptr + mid_lo[:, None] * K + rk[None, :], w_lo.to(ST), mask=m_lo)
+    tl.store(w_ptr + mid_hi[:, None] * K + rk[None, :], w_hi.to(ST), mask=m_hi)
+    v_lo = tl.load(v_ptr + row_lo[:, None] * V + rv[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    v_hi = tl.load(v_ptr + row_hi[:, None] * V + rv[None, :], mask=m_hi, other=0.0).to(tl.float32)
+    u_lo = tl.dot(X_lo, (v_lo * beta_lo[:, None]).to(WT))
+    u_hi = tl.dot(X_hi, (v_hi * beta_hi[:, None] - tl.dot(L_hl, u_lo.to(WT))).to(WT))
+    tl.store(u_ptr + mid_lo[:, None] * V + rv[None, :], u_lo.to(ST), mask=m_lo)
+    tl.store(u_ptr + mid_hi[:, None] * V + rv[None, :], u_hi.to(ST), mask=m_hi)
+
+
+@triton.jit
 def _kda_state(w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
                T, H, NT,
                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
@@ -296,7 +399,12 @@ def forward(inputs, out, prep=True, state=True):
     u = torch.empty(B, H, T, V, dtype=dt, device=dev)
     a = torch.empty(B, H, T, C, dtype=dt, device=dev)
     gl = torch.empty(B, H, NT, K, dtype=torch.float32, device=dev)
-    if prep:
+    if prep and KNOBS["PREP"] == "halves" and C == 32:
+        _kda_prep_halves[(NT, B * H)](
+            q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
+            K=K, V=V, C=C, CLAMP=170.0 / (C // 2 - 1), SOLVE_PREC=KNOBS["SOLVE_PREC"], PREP_DOT=KNOBS["PREP_DOT"],
+            num_warps=KNOBS["num_warps_prep"], num_stages=1)
+    elif prep:
         _kda_prep[(NT, B * H)](
             q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
             K=K, V=V, C=C, BK=min(KNOBS["BK"], K), BD=BD, CLAMP=170.0 / (BD - 1), FAST=KNOBS["FAST"],

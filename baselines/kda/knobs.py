@@ -9,6 +9,10 @@ BD       rows of the diagonal blocks of A computed with the clamped, midpoint-an
          ~1e-5 change in A, invisible at bf16 precision)
 FAST     per-chunk fast path (one product for the whole chunk, anchored at the midpoint of its G range) when
          the chunk's decay span <= BOUND; other chunks take the always-safe split (levels + diagonal blocks)
+PREP     "chunk": launch 1 as kernel.py describes it; "halves" (at CHUNK 32; other chunk sizes take "chunk"): the chunk as two
+         16-row halves, A's three nonzero 16 x 16 blocks one product each (diagonal blocks clamped and
+         midpoint-anchored, the cross block anchored at the lower half's last row), block forward
+         substitution for w and u; one path for every gate, so BK, BD, FAST and BOUND do not apply
 BOUND    span limit in nats for FAST; each factor is <= e^{BOUND/2}, so <= 170 keeps it finite in fp32/bf16
 PREP_DOT operands of the prep's products: "input" (the input dtype: bf16 on the GPU), "wu_tf32" (A in the input
          dtype, w and u in fp32/tf32), "tf32" (all fp32/tf32: ~15% less error at bf16 inputs, ~20% slower prep)
@@ -25,6 +29,7 @@ SPACE = {
     "BV": [16, 32, 64, 128],
     "BD": [8, 16],
     "FAST": [True, False],
+    "PREP": ["chunk", "halves"],
     "BOUND": [40.0, 80.0, 160.0],
     "PREP_DOT": ["input", "wu_tf32", "tf32"],
     "SOLVE_PREC": ["input", "tf32", "tf32x3", "ieee"],

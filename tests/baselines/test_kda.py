@@ -184,6 +184,8 @@ COMBOS = [
     {"CHUNK": 64, "BD": 8, "BK": 16, "BV": 16, "num_stages": 2},
     {"CHUNK": 16, "FAST": False, "SOLVE_PREC": "ieee", "BV": 16},
     {"CHUNK": 64, "PREP_DOT": "tf32", "SOLVE_PREC": "tf32", "BOUND": 40.0, "num_warps_prep": 8, "num_stages": 2},
+    {"PREP": "halves"},
+    {"PREP": "halves", "PREP_DOT": "wu_tf32", "SOLVE_PREC": "ieee", "BV": 16},
 ]
 
 
@@ -200,10 +202,11 @@ def test_kernel_interpreter_cpu_shape(knobs, dist, tmp_path):
         assert err <= P.tolerance_floor
 
 
+@pytest.mark.parametrize("prep", ["chunk", "halves"])
 @pytest.mark.parametrize("T", [1, 17, 64, 130])
 @pytest.mark.parametrize("dist", P.distributions)
-def test_kernel_interpreter_lengths(T, dist, tmp_path):
-    mod = load_kernel({}, tmp_path)
+def test_kernel_interpreter_lengths(T, dist, prep, tmp_path):
+    mod = load_kernel({"PREP": prep}, tmp_path)
     sh = shp(B=2, T=T, H=1, D=16, state=T % 2)
     x = P.make_inputs(sh, dist, seed=T, device="cpu", cpu=True)
     ref = P.oracle(x)
@@ -240,6 +243,7 @@ EXTREME = [
     ({}, "span150", 1e-6), ({}, "span200", 1e-6), ({}, "steep", 5e-5), ({}, "bursts", 1e-4),
     ({"BD": 8}, "steep", 1e-6),
     ({"CHUNK": 64, "BD": 8, "BK": 16}, "span200", 1e-6), ({"CHUNK": 64, "BD": 8, "BK": 16}, "steep", 1e-6),
+    ({"PREP": "halves"}, "span200", 1e-6), ({"PREP": "halves"}, "steep", 5e-5), ({"PREP": "halves"}, "bursts", 1e-4),
 ]
 
 
