@@ -48,8 +48,8 @@ from workflows.contracts import (LlmToolRequest, LlmTurnRequest, LlmTurnResult, 
 HISTORY_TURNS = 4  # past turns replayed verbatim in a prompt (older ones live in the notebook)
 MAX_CALLS_PER_TURN = 8
 TOOL_CONTENT_CHARS = 6000  # one tool answer of an older turn in a prompt, at most
-LAST_TOOL_CONTENT_CHARS = 20000  # one answer to the latest turn: a whole template fits (KDA's is 16.6 k)
-READ_LINES_DEFAULT = 400  # lines a read tool returns when no range is asked for
+LAST_TOOL_CONTENT_CHARS = 24000  # one answer to the latest turn: a whole template fits (KDA's is 22.9 k)
+READ_LINES_DEFAULT = 480  # lines a read tool returns when no range is asked for
 
 SOURCE_TOOLS = {"submit_kernel", "compile", "check", "benchmark", "profile", "diff_against_best"}
 READ_TOOLS = {"read_baseline", "read_oracle", "read_starting_kernel", "read_notebook", "show_best",
@@ -66,7 +66,7 @@ def _fn(name: str, description: str, props: dict | None = None, required: list[s
 
 
 _RANGE = {"start_line": {"type": "integer", "description": "first line to read (1-based; default 1)"},
-          "end_line": {"type": "integer", "description": "last line to read (default: 400 lines on)"}}
+          "end_line": {"type": "integer", "description": "last line to read (default: 480 lines on)"}}
 RANGE_TOOLS = {"read_baseline", "read_oracle", "read_starting_kernel", "read_notebook"}
 
 _SRC = {"source": {"type": "string", "description": "the complete candidate module (Python + Triton)"},
@@ -1061,7 +1061,9 @@ def _records_block(req: LlmTurnRequest) -> str:
     return "\n".join(lines)
 
 
-def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool) -> str:
+def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, base: str | None = None) -> str:
+    """The best kernel in full (with `base`, the starting kernel, as a diff against it where that is
+    shorter: for prompts too small for the whole source), then with_diffs the leaderboard against the best."""
     best_src = None
     lines = []
     if req.best is not None:
@@ -1070,8 +1072,16 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool) 
         except ArtifactStoreError:
             best_src = None
     if best_src:
-        lines += ["# Top kernels", f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)",
-                  "```python", best_src.rstrip(), "```"]
+        head = f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)"
+        diff = "".join(difflib.unified_diff(base.splitlines(True), best_src.splitlines(True), "start",
+                                            req.best.candidate_id, n=1)) if base else None
+        if base and best_src.rstrip() == base.rstrip():
+            lines += ["# Top kernels", head + ": identical to the starting kernel (read_starting_kernel shows it)"]
+        elif diff is not None and len(diff) < len(best_src):
+            lines += ["# Top kernels", head + ", as a diff against the starting kernel (read_starting_kernel "
+                      "shows it)", "```diff", diff.rstrip(), "```"]
+        else:
+            lines += ["# Top kernels", head, "```python", best_src.rstrip(), "```"]
     if not with_diffs:
         return "\n".join(lines)
     for i, e in enumerate((e for e in req.leaderboard if not req.best or e.candidate_id != req.best.candidate_id),
@@ -1228,7 +1238,8 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
     schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
     turn to turn), the last turns, then the run's state. To fit, it sheds the template (keeping the two
-    latest turns), old turns, the non-best kernels, the notebook's middle, then long tool answers."""
+    latest turns), old turns, the non-best kernels, the notebook's middle, long tool answers, then the
+    best kernel's lines that the starting kernel has too."""
     notebook = ""
     if req.notebook_key:
         try:
@@ -1257,7 +1268,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
                     f"step and {call}.")
 
     def assemble(n_turns: int, diffs: bool, nb_chars: int | None, tool_limit: int, last_limit: int,
-                 with_template: bool) -> list[dict]:
+                 with_template: bool, best_as_diff: bool = False) -> list[dict]:
         # What stays the same from turn to turn comes first (system, objective, template, notebook), so a
         # provider's prompt cache covers it; what changes (state, kernels, submissions, hints) comes last.
         stable = [objective(req)]
@@ -1269,7 +1280,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
                 + notebook[-nb_chars // 2:])
             stable.append("# Notebook (compacted memory of this run)\n" + nb)
         state = [f"Turn {req.turn}.", run_state(req)]
-        kb = _kernels_block(req, store, diffs)
+        kb = _kernels_block(req, store, diffs, base if best_as_diff else None)
         if kb:
             state.append(kb)
         rb = _records_block(req)
@@ -1296,6 +1307,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     plans += [(1, False, None, small, big, False), (1, False, None, small, small, False)]
     plans += [(1, False, c, small, small, False) for c in (8000, 4000, 2000, 800)]
     plans += [(1, False, 800, 1500, 1500, False), (0, False, 400, 500, 500, False)]
+    plans += [(1, False, 800, 1500, 1500, False, True), (0, False, 400, 500, 500, False, True)]
     for plan in plans:
         msgs = assemble(*plan)
         if estimate_tokens(msgs) <= budget:

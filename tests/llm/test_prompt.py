@@ -116,7 +116,7 @@ def test_kda_prompt_at_turn_50_keeps_three_turns_and_the_template_whole(store):
     r = req(store, problem="kda", turn=51, conversation_key=head, tool_results=pending, best=best)
     msgs = build_messages(r, store)
     assert estimate_tokens(msgs) + estimate_tokens(TOOLS) <= 24000
-    assert sum(m["role"] == "assistant" for m in msgs) >= 3  # beside the ~16 KB template, read whole
+    assert sum(m["role"] == "assistant" for m in msgs) >= 3  # beside the ~23 KB template, read whole
     last_read = [m for m in msgs if m["role"] == "tool"][-1]["content"]
     assert template.rstrip() in last_read  # the latest answer: the template whole
     # older turns name their kernels by candidate id instead of repeating them
@@ -130,6 +130,9 @@ def test_kda_prompt_at_turn_50_keeps_three_turns_and_the_template_whole(store):
     assert estimate_tokens(small) + estimate_tokens(TOOLS) <= 8000
     assert small[-1]["content"].startswith("Turn 51.")
     assert any("iteration 50: passed" in (m.get("content") or "") for m in small)  # the last step is kept
+    # too small for the ~23 KB best kernel in full: it is named as what it is against the starting kernel
+    assert any("identical to the starting kernel (read_starting_kernel shows it)" in (m.get("content") or "")
+               for m in small)
 
 
 def test_a_replayed_kernel_reference_sent_back_names_that_kernel(store):
