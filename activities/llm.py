@@ -1073,9 +1073,10 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, 
             best_src = None
     if best_src:
         head = f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)"
+        same = base is not None and best_src.rstrip() == base.rstrip()
         diff = "".join(difflib.unified_diff(base.splitlines(True), best_src.splitlines(True), "start",
-                                            req.best.candidate_id, n=1)) if base else None
-        if base and best_src.rstrip() == base.rstrip():
+                                            req.best.candidate_id, n=1)) if base and not same else None
+        if same:
             lines += ["# Top kernels", head + ": identical to the starting kernel (read_starting_kernel shows it)"]
         elif diff is not None and len(diff) < len(best_src):
             lines += ["# Top kernels", head + ", as a diff against the starting kernel (read_starting_kernel "
