@@ -232,9 +232,10 @@ def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
 
 
 @triton.jit
-def _mid_clamped(g, HB: tl.constexpr, CLAMP: tl.constexpr):
-    """Exponents for one HB-row block's own pairs: the cumsum of steps max(g, -CLAMP), less the midpoint of
-    its range, so |E| <= (HB-1) CLAMP / 2 and E_i - E_j = G_i - G_j unless a step below -CLAMP lies between."""
+def _mid_clamped(g, CLAMP: tl.constexpr):
+    """Exponents for one row block's own pairs (rows along axis 0): the cumsum of steps max(g, -CLAMP), less
+    the midpoint of its range, so |E| <= (rows - 1) CLAMP / 2 and E_i - E_j = G_i - G_j unless a step below
+    -CLAMP lies between."""
     Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
     return Gc - 0.5 * (tl.max(Gc, axis=0) + tl.min(Gc, axis=0))[None, :]
 
@@ -293,8 +294,8 @@ def _kda_prep_halves(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
 
     causal = ri[:, None] >= ri[None, :]
     strict = ri[:, None] > ri[None, :]
-    E_lo = _mid_clamped(g_lo, HB, CLAMP)
-    E_hi = _mid_clamped(g_hi, HB, CLAMP)
+    E_lo = _mid_clamped(g_lo, CLAMP)
+    E_hi = _mid_clamped(g_hi, CLAMP)
     F_lo = tl.exp(E_lo)
     F_hi = tl.exp(E_hi)
     kb_lo = (k_lo * tl.exp(-E_lo)).to(DT)
