@@ -25,9 +25,6 @@ Invalid or useless corners (the harness scores compile failures as failed candid
 227 KB of shared memory (offline sm_90 compile, Triton 3.9): BLOCK_H 64 + BLOCK_N 64 + num_stages 3;
 BLOCK_H 64 + BLOCK_N 64 + SPLIT_DV 2 at num_stages >= 2; BLOCK_H 64 + BLOCK_N 32 + SPLIT_DV 2 +
 num_stages 3. BLOCK_H 64 with num_warps 4 compiles but spills heavily (valid, slow).
-Registers in the same offline compile (ptxas -v, num_stages 2): BLOCK_H 32 + BLOCK_N 64 takes 255 registers
-and spills 16 bytes at 4 warps, 194 and none at 8; BLOCK_H 64 + BLOCK_N 32 at 8 warps emits wgmma in 255
-registers without spills, and in 206 with SPLIT_DV 2.
 """
 
 SPACE = {
