@@ -14,6 +14,12 @@ def main(argv):
     # the candidate compiles into its own directory, like a sandbox child: a shared cache it could write
     # would let it plant a kernel binary under another kernel's key
     os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")
+    # the guard lets it write under TMPDIR only, as in a child: Triton's ptx/cubin temp files go there too
+    os.makedirs(tmp, exist_ok=True)
+    os.environ["TMPDIR"] = tmp
+    import tempfile
+
+    tempfile.tempdir = None
     import torch
 
     from baselines.registry import get_problem

@@ -5,7 +5,7 @@ BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 6
 from L2 once per row block: cdiv(Q*H, BLOCK_H) times.
 MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until there are at least this many
 (or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones,
-each shape at its measured best. 1 = BLOCK_H as given.
+each shape at its measured best. 1 = BLOCK_H as given (never wider than the next power of two of Q*H).
 BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB of shared memory per pipeline stage, plus
 the BLOCK_H x 576 q tile).
 GRID: target number of split-kernel programs; splits = GRID / (row blocks * SPLIT_DV), rounded so every
@@ -16,8 +16,9 @@ COMBINE_TILE: partial elements one combine program reduces (splits x columns); f
 PARTIAL_BF16: bf16 partials (half the traffic; +0.2-0.4e-3 rel-RMS error measured on the H200, against a 3.8-4.5e-3 tolerance); the CPU
 interpreter path always keeps fp32.
 PDL: launch the combine as a programmatic dependent launch (griddepcontrol) of the split kernel, which
-signals after its stores. Signalling at the split kernel's start measured slower on the H200 (Triton 3.6,
-CUDA graph: +1.6 us at Q1, +10 us at Q4); the after-the-stores form is not measured yet. GPU only.
+signals after its stores: the combine's launch overlaps the split kernel's tail (on the H200, Triton 3.6,
+CUDA graphs: -0.6 us at Q1 and -1.6 us at Q4 on the earlier BLOCK_H 32 defaults). Signalling at the split
+kernel's start measured slower (+1.6 us at Q1, +10 us at Q4). GPU only.
 SPLIT_DV = 2: two programs per (row block, split), each owning 256 of the 512 output columns; both compute
 the scores (1.53x FLOPs).
 

@@ -1,0 +1,40 @@
+"""The one-shot runner external profilers wrap (gpu_worker.oneshot): the candidate runs under the guard with
+the temp directory it is given, as a sandbox child does."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# writes a temp file the way Triton's compiler does (tempfile, default directory), then the output
+CANDIDATE = '''
+import tempfile
+
+def run(inputs, outs):
+    with tempfile.NamedTemporaryFile(mode="w", suffix=".ptx") as f:
+        f.write("x")
+    outs["y"].copy_(inputs["x"].softmax(-1))
+'''
+
+
+def _oneshot(tmp_path, source, tmpdir):
+    cand = tmp_path / "cand.py"
+    cand.write_text(source)
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "gpu_worker.oneshot", str(cand), "softmax", "M64 N300", str(tmpdir)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_candidate_writes_temp_files_in_the_directory_it_is_given(tmp_path):
+    r = _oneshot(tmp_path, CANDIDATE, tmp_path / "work")
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_write_outside_that_directory_is_refused(tmp_path):
+    outside = tmp_path / "outside.txt"
+    source = CANDIDATE.replace('f.write("x")', f'f.write("x")\n    open({str(outside)!r}, "w").write("x")')
+    r = _oneshot(tmp_path, source, tmp_path / "work")
+    assert r.returncode != 0 and "outside the sandbox's temp directory" in r.stderr
+    assert not outside.exists()
