@@ -4,8 +4,8 @@ BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 6
 64x512 fp32 accumulator, needs num_warps 8: at 4 warps it spills kilobytes per thread). The cache is read
 from L2 once per row block: cdiv(Q*H, BLOCK_H) times.
 MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until there are at least this many
-(or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones,
-each shape at its measured best. 1 = BLOCK_H as given (never wider than the next power of two of Q*H).
+(or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones.
+1 = BLOCK_H as given (never wider than the next power of two of Q*H).
 BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB of shared memory per pipeline stage, plus
 the BLOCK_H x 576 q tile).
 GRID: target number of split-kernel programs; splits = GRID / (row blocks * SPLIT_DV), rounded so every

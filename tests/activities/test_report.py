@@ -1,0 +1,28 @@
+"""The report's progress picture (activities/report.py): what it draws from a run's records."""
+
+from activities.report import _plots, progress_series
+from workflows.contracts import IterationRecord
+
+
+def _rec(i, outcome, speedup=None, finished=0.0, **kw):
+    return IterationRecord(iteration=i, candidate_id=f"c{i}", source_key="k", outcome=outcome, speedup=speedup,
+                           time_ms=1.0 / speedup if speedup else None, started_at=100.0, finished_at=finished, **kw)
+
+
+def test_the_wall_time_curve_follows_the_order_records_finished_in():
+    # iteration 3 finished before iteration 2 (evaluations run in parallel): the curve must not run back in time
+    records = [_rec(1, "improved", 1.0, 160.0), _rec(2, "improved", 1.2, 400.0), _rec(3, "passed", 0.8, 220.0),
+               _rec(4, "rejected", finished=280.0, stage="verify")]
+    s = progress_series(records)
+    assert s["minutes"] == sorted(s["minutes"]) == [1.0, 2.0, 3.0, 5.0]
+    assert s["best_by_time"] == [1.0, 1.0, 1.0, 1.2]
+    assert s["iter"] == [1, 2, 3, 4] and s["best"] == [1.0, 1.2, 1.2, 1.2]
+    # every measured candidate is drawn, the rejected one is not
+    assert s["cand_iter"] == [1, 2, 3] and s["cand"] == [1.0, 1.2, 0.8]
+
+
+def test_under_the_interpreter_it_draws_times_not_ratios(tmp_path):
+    records = [_rec(1, "improved", 0.02, 130.0, interpreter=True), _rec(2, "passed", 0.01, 190.0, interpreter=True)]
+    s = progress_series(records)
+    assert s["cand"] == [50.0, 100.0] and s["best"] == [50.0, 50.0]
+    assert _plots(records, tmp_path) == ["progress.png"] and (tmp_path / "progress.png").stat().st_size > 0
