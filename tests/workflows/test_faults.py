@@ -108,8 +108,8 @@ async def test_worker_kill_and_server_restart_lose_nothing(tmp_path, store):
 
 @pytest.mark.slow
 async def test_done_when_scenario_with_the_real_harness(tmp_path, store):
-    """The same scenario through the real harness: 9 softmax iterations under the Triton interpreter on
-    CPU, worker SIGKILLed and dev server restarted mid-run."""
-    res, recs = await _scenario(tmp_path, store, real=True, iterations=9, delay=0)
+    """The same scenario through the real harness: 6 softmax iterations (one compaction) under the Triton
+    interpreter on CPU, worker SIGKILLed and dev server restarted mid-run."""
+    res, recs = await _scenario(tmp_path, store, real=True, iterations=6, delay=0)
     assert res.best is not None and res.best.interpreter
     assert any(r.outcome in ("passed", "improved") for r in recs)
