@@ -1,9 +1,11 @@
 """Policy `search`: an evolutionary optimizer over a problem's template knobs.
 
 Each proposal is either a mutation of a parent drawn by tournament from the candidates that passed
-(mostly the fast ones), or, with a small probability or when nothing has passed yet, a fresh sample in
-which every knob value is drawn by its record so far (values that keep failing fade, values seen in
-fast kernels are preferred; untried values get an optimistic prior). No candidate is proposed twice.
+(mostly the fast ones), or, with a small probability, a fresh sample in which every knob value is drawn by
+its record so far (values that keep failing fade, values seen in fast kernels are preferred; untried values
+get an optimistic prior). Until something has passed, the parent is the starting kernel, which its author
+verified and tuned: a population's first wave explores around it instead of across the whole space, where
+most points are far slower (unless the start itself was rejected). No candidate is proposed twice.
 The random stream is seeded by (seed, iteration, slot), so a run is reproducible for its seed whatever
 crashes and retries happen in between.
 """
@@ -39,6 +41,7 @@ class KnobSearch:
         self.space = problem.knob_space()
         self.default = problem.default_knobs()
         self.seed = seed
+        self.start_id = candidate_id(render(self.template, self.default))
 
     def propose(self, iteration: int, slot: int, history: list[IterationRecord],
                 taken: set[str], hints: list[str] = ()) -> Choice | None:
@@ -57,6 +60,7 @@ class KnobSearch:
             if c.candidate_id not in tried:
                 return c
         stats = self._value_stats(history)
+        start_rejected = any(r.candidate_id == self.start_id and r.outcome == "rejected" for r in history)
         for _ in range(200):
             if passed and rng.random() > EXPLORE:
                 parent = max(rng.sample(passed, min(TOURNAMENT, len(passed))), key=lambda r: r.speedup)
@@ -64,6 +68,9 @@ class KnobSearch:
                 # an interpreter timing's ratio says nothing about speed: name the parent without it
                 score = "" if parent.interpreter else f" ({parent.speedup:.3g}x)"
                 c = self._choice(knobs, parent.candidate_id, f"mutate {parent.candidate_id}{score}: {what}")
+            elif not passed and not start_rejected and rng.random() > EXPLORE:
+                knobs, what = self._mutate(self.default, rng, stats)
+                c = self._choice(knobs, self.start_id, f"mutate the starting kernel: {what}")
             else:
                 knobs = {k: self._draw(k, rng, stats) for k in self.space}
                 c = self._choice(knobs, None, "fresh sample weighted by each knob value's record")
