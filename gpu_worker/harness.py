@@ -641,6 +641,19 @@ class Evaluator:
             for d, seed in cases:
                 self._ref_meta.pop((problem.name, shape.name, d, seed), None)
 
+    def _compile_ahead(self, sb: Sandbox, problem, hb) -> None:
+        """A child loaded for this verification (a shape other than the compiled one) compiles there first, as
+        the compile stage does: one case uploaded under the gate's shared side, Triton's warmup path outside
+        it. Compiling inside the verification's shared hold kept timing requests draining behind a compiler
+        (seconds per new shape). Under the interpreter, the compile stage's single run."""
+        dist = problem.distributions[0]
+        with _phase("prepare"), self._shared():
+            pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[dist, 0]], kernels=False)
+        self._check_reply(pre, "verify", sb)
+        with _phase("compile-ahead"):
+            r = sb.call("compile", self.timeouts["compile"], hb, dist=dist)
+        self._check_reply(r, "verify", sb)
+
     def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
                 base_err: dict | None = None, hand_on: bool = True) -> dict:
         """Verification at `shape` on `cases` (default: the candidate's seeds from the pool, every
@@ -654,11 +667,13 @@ class Evaluator:
         cases = cases or self.cases(problem, candidate_id)
         base_err_given = base_err
         key = self._child_key(problem.name, shape, source_key)
-        sb, _ = self._loaded_child(key, source, problem, shape, hb)
+        sb, loaded_now = self._loaded_child(key, source, problem, shape, hb)
         handed_on = False
         mem = contextlib.ExitStack()  # device-memory admission: from the upload to the last comparison
         try:
             mem.enter_context(self._hold(problem, shape, "verify"))
+            if loaded_now:
+                self._compile_ahead(sb, problem, hb)
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)

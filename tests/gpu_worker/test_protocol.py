@@ -505,6 +505,38 @@ def test_verified_at_a_random_shape_on_request(judge, store):
     assert not any(k[1].startswith(RANDOM_SHAPE) for k in judge._refs), "a random shape's reference child stays"
 
 
+def test_a_child_loaded_for_another_shape_compiles_outside_the_shared_hold(judge, store, monkeypatch):
+    # a timing request drains the shared holds: a compiler inside one kept it waiting for seconds
+    import contextlib
+
+    from baselines.registry import get_problem
+    from gpu_worker.sandbox import Sandbox
+
+    held, calls = [], []
+    real_shared, real_call = judge._shared, Sandbox.call
+
+    @contextlib.contextmanager
+    def shared():
+        with real_shared():
+            held.append(1)
+            try:
+                yield
+            finally:
+                held.pop()
+
+    def call(sb, cmd, *a, **kw):
+        calls.append((cmd, bool(held)))
+        return real_call(sb, cmd, *a, **kw)
+
+    monkeypatch.setattr(judge, "_shared", shared)
+    monkeypatch.setattr(Sandbox, "call", call)
+    v = judge.verify(req(store, get_problem("softmax").template()).model_copy(update={"random_shape": True}))
+    assert v.ok and v.random_shape, v
+    compiles = [h for c, h in calls if c == "compile"]
+    assert compiles and not any(compiles), calls  # the random shape's child compiled, with no hold
+    assert all(h for c, h in calls if c in ("prepare", "verify_case")), calls
+
+
 def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     r = req(store, canary("fast"))
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
