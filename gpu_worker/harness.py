@@ -484,15 +484,7 @@ class Evaluator:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
                 with self._hold(problem, shape, "compile"):
-                    with _phase("prepare"), self._shared():  # the one device step of compiling: the inputs' upload
-                        pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[problem.distributions[0], 0]],
-                                      kernels=False)
-                    self._check_reply(pre, "compile", sb)
-                    for k, v in (pre.get("timing") or {}).items():
-                        _add_phase(f"prepare.{k}", v)
-                    with _phase("compile"):
-                        r = sb.call("compile", self.timeouts["compile"], hb, dist=problem.distributions[0])
-                    self._check_reply(r, "compile", sb)
+                    r = self._compile_in(sb, problem, hb, "compile")
                     self._learn(problem, shape, "compile", [sb])
                 for k, v in (r.get("timing") or {}).items():
                     _add_phase(f"compile.{k}", v)
@@ -641,18 +633,20 @@ class Evaluator:
             for d, seed in cases:
                 self._ref_meta.pop((problem.name, shape.name, d, seed), None)
 
-    def _compile_ahead(self, sb: Sandbox, problem, hb) -> None:
-        """A child loaded for this verification (a shape other than the compiled one) compiles there first, as
-        the compile stage does: one case uploaded under the gate's shared side, Triton's warmup path outside
-        it. Compiling inside the verification's shared hold kept timing requests draining behind a compiler
-        (seconds per new shape). Under the interpreter, the compile stage's single run."""
+    def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> dict:
+        """Compile the loaded candidate at the child's shape: one case uploaded under the gate's shared side
+        (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
+        drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
         dist = problem.distributions[0]
         with _phase("prepare"), self._shared():
             pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[dist, 0]], kernels=False)
-        self._check_reply(pre, "verify", sb)
-        with _phase("compile-ahead"):
+        self._check_reply(pre, stage, sb)
+        for k, v in (pre.get("timing") or {}).items():
+            _add_phase(f"prepare.{k}", v)
+        with _phase("compile"):
             r = sb.call("compile", self.timeouts["compile"], hb, dist=dist)
-        self._check_reply(r, "verify", sb)
+        self._check_reply(r, stage, sb)
+        return r
 
     def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
                 base_err: dict | None = None, hand_on: bool = True) -> dict:
@@ -672,8 +666,8 @@ class Evaluator:
         mem = contextlib.ExitStack()  # device-memory admission: from the upload to the last comparison
         try:
             mem.enter_context(self._hold(problem, shape, "verify"))
-            if loaded_now:
-                self._compile_ahead(sb, problem, hb)
+            if loaded_now:  # a child loaded for this shape compiles first, outside the verification's holds
+                self._compile_in(sb, problem, hb, "verify")
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
