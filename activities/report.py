@@ -103,21 +103,21 @@ def progress_series(records: list[IterationRecord]) -> dict[str, list[float]]:
     def figure(r):
         return r.time_ms if interp else r.speedup
 
-    t0 = min((r.started_at for r in records if r.started_at), default=0.0)
-    out: dict[str, list[float]] = {k: [] for k in ("iter", "best", "cand_iter", "cand", "minutes", "best_by_time")}
-    for key, xs, ys, order in (("iteration", "iter", "best", sorted(records, key=lambda r: r.iteration)),
-                               ("time", "minutes", "best_by_time", sorted(records, key=lambda r: r.finished_at))):
-        best = float("nan")
+    def running_best(order):
+        best, out = float("nan"), []
         for r in order:
             if r.outcome == "improved" and r.speedup:
                 best = figure(r)
-            out[xs].append(r.iteration if key == "iteration" else (r.finished_at - t0) / 60)
-            out[ys].append(best)
-    for r in sorted(records, key=lambda r: r.iteration):
-        if r.outcome in ("passed", "improved") and figure(r) is not None:
-            out["cand_iter"].append(r.iteration)
-            out["cand"].append(figure(r))
-    return out
+            out.append(best)
+        return out
+
+    t0 = min((r.started_at for r in records if r.started_at), default=0.0)
+    by_iter = sorted(records, key=lambda r: r.iteration)
+    by_time = sorted(records, key=lambda r: r.finished_at)
+    measured = [r for r in by_iter if r.outcome in ("passed", "improved") and figure(r) is not None]
+    return {"iter": [r.iteration for r in by_iter], "best": running_best(by_iter),
+            "minutes": [(r.finished_at - t0) / 60 for r in by_time], "best_by_time": running_best(by_time),
+            "cand_iter": [r.iteration for r in measured], "cand": [figure(r) for r in measured]}
 
 
 def _plots(records: list[IterationRecord], out: Path) -> list[str]:
