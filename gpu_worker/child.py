@@ -207,6 +207,7 @@ class Server:
         self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random, see cmd_time
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.flush = None
+        self.flush_graph = None
         # trusted references, captured before any candidate code exists in this process
         self.T = {
             "perf": time.perf_counter,
@@ -236,9 +237,12 @@ class Server:
                        (torch, "randn"), (torch, "Generator"), (torch, "add"), (torch, "roll")]
         if self.cuda:
             self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
-                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep)
+                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep,
+                          replay=torch.cuda.CUDAGraph.replay)
             self.watch += [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
-                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph"), (torch.cuda, "_sleep")]
+                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph"), (torch.cuda, "_sleep"),
+                           (torch.cuda.CUDAGraph, "replay"), (torch.cuda.CUDAGraph, "capture_begin"),
+                           (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda, "graph")]
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
 
     def cmd_cuda_init(self):
@@ -303,7 +307,8 @@ class Server:
         if started:
             out.append(("process", f"the candidate started a process of its own ({started}); only Triton's "
                                    "compiler may, and it waits for its own"))
-        timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep")
+        timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep",
+                  "replay", "capture_begin", "capture_end", "graph")
         for o, n in self.watch:
             if getattr(o, n) is not self.saved[(id(o), n)]:
                 out.append(("timer" if n in timers else "escape",
@@ -911,8 +916,9 @@ class Server:
             from gpu_worker.devicetime import cold_bytes
 
             nbytes = cold_bytes()
-            self.flush = torch.zeros(nbytes // 4, dtype=torch.int32, device="cuda")
-            self.flush_sink = torch.zeros((), dtype=torch.int64, device="cuda")
+            self.flush = torch.zeros(nbytes // 4, dtype=torch.float32, device="cuda")
+            self.flush_sink = torch.zeros((), dtype=torch.float32, device="cuda")
+            self.flush_graph = self._capture_flush()
 
     def _drop_timing(self):
         self.timing = {}
@@ -959,13 +965,40 @@ class Server:
             if type(v) is torch.Tensor and v.is_floating_point():
                 self.T["fill_"](v, float("nan"))
 
-    def _before_rep(self, ts: "TimingSet", r: int, j: int) -> None:
-        """Everything a repetition needs that is not timed, queued on the stream ahead of its events."""
+    def _flush_l2(self) -> None:
+        # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel (a float sum
+        # reads the buffer once; an integer sum widened to int64 first writes a copy twice its size)
+        self.T["sum"](self.flush, 0, out=self.flush_sink)
+
+    def _capture_flush(self):
+        """The L2 flush as a CUDA graph, or None if it does not capture. A graph replayed right after
+        stream work starts ~1 us later on the device than one replayed after another graph (2 us for a
+        handful of kernels), which would lie inside the timed interval: graph-mode repetitions are
+        preceded by this graph, as back-to-back replays are by each other."""
+        import torch
+
+        try:
+            g = self.T["graph"]()
+            with torch.cuda.graph(g):
+                self._flush_l2()
+            self.T["sync"]()
+            return g
+        except Exception as e:  # noqa: BLE001 - a flush that does not capture runs on the stream
+            print(f"L2 flush not captured ({type(e).__name__}: {e}); it runs on the stream", flush=True)
+            self.T["sync"]()
+            return None
+
+    def _before_rep(self, ts: "TimingSet", r: int, j: int, graph: bool = False) -> None:
+        """Everything a repetition needs that is not timed, queued on the stream ahead of its events; the
+        L2 flush last, launched the way the timed work is (`graph`: as a graph replay)."""
         self._refill(ts.sets[r][0], ts.values(j, self.refreshed))
         ts.content[r] = j
         self._poison(ts.outs[r])
-        if self.cuda:  # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel
-            self.T["sum"](self.flush, 0, dtype=self.T["int64"], out=self.flush_sink)
+        if self.cuda:
+            if graph and self.flush_graph is not None:
+                self.T["replay"](self.flush_graph)
+            else:
+                self._flush_l2()
 
     def cmd_capture(self, dist: str | None = None):
         """Capture one CUDA graph per static set; the reply says whether this side captures (the worker
@@ -1118,7 +1151,7 @@ class Server:
 
         def launch(r: int):
             if mode == "cuda-graph":
-                ts.graphs[r].replay()
+                T["replay"](ts.graphs[r])
             else:
                 fn(*ts.sets[r])
 
@@ -1143,7 +1176,7 @@ class Server:
             if self.cuda and n == warmup - 1:
                 T["sync"]()
                 t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
-            self._before_rep(ts, r, j)
+            self._before_rep(ts, r, j, graph=mode == "cuda-graph")
             launch(r)
             check(r, None)  # queued like a timed repetition's, so the host's queueing time counts it
             if self.cuda and n == warmup - 1:
@@ -1166,7 +1199,7 @@ class Server:
         ends = [T["Event"](enable_timing=True) for _ in timed]
         T["sleep"](int(cushion_ms(host_rep_ms, len(timed), device_floor_ms) * self._cycles_per_ms()))
         for i, (r, j) in enumerate(timed):
-            self._before_rep(ts, r, j)
+            self._before_rep(ts, r, j, graph=mode == "cuda-graph")
             T["record"](starts[i])
             launch(r)
             T["record"](ends[i])
@@ -1214,7 +1247,7 @@ class Server:
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
         they cost ~0.3 s to make again and ~1.4 GB (KDA) of device memory to keep per waiting child."""
         self._drop_timing()
-        self.flush = None
+        self.flush = self.flush_graph = None
         self._release()
         return {}
 
