@@ -23,9 +23,10 @@ def rotated_copies(make) -> list:
     return sets
 
 
-def graph_time_ms(call, sets: list, reps: int = 50) -> dict:
+def graph_time_ms(call, sets: list, reps: int = 50, before=None) -> dict:
     """Median device milliseconds of `call(inputs)` replayed as one CUDA graph per input set; falls back to
-    back-to-back eager calls behind a device-side wait when the call does not capture."""
+    back-to-back eager calls behind a device-side wait when the call does not capture. `before(i)`, if
+    given, queues untimed work ahead of repetition i (on set i % len(sets)), outside its events."""
     import torch
 
     for s in sets:  # lazy initialisation and autotuning before capture
@@ -52,6 +53,8 @@ def graph_time_ms(call, sets: list, reps: int = 50) -> dict:
     torch.cuda.synchronize()
     torch.cuda._sleep(int(2e8))  # ~0.1 s: the host queues every replay before the device reaches it
     for i in range(reps):
+        if before is not None:
+            before(i)
         starts[i].record()
         launches[i % len(sets)]()
         ends[i].record()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from baselines.registry import check_problem_name, get_problem
-    from gpu_worker.devicetime import cold_bytes, rotated_copies
+    from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
 
     try:
         check_problem_name(a.problem)
@@ -107,27 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     def median_us(call, sets, before) -> float:
-        for s in sets:
-            call(s)
-        torch.cuda.synchronize()
-        graphs = []
-        for s in sets:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                call(s)
-            graphs.append(g)
-        torch.cuda.synchronize()
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(a.reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(a.reps)]
-        torch.cuda._sleep(int(5e8))  # the host queues the whole block before the device reaches it
-        for i in range(a.reps):
-            r = i % len(sets)
-            before(sets[r], i)
-            starts[i].record()
-            graphs[r].replay()
-            ends[i].record()
-        torch.cuda.synchronize()
-        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+        res = graph_time_ms(call, sets, reps=a.reps, before=lambda i: before(sets[i % len(sets)], i))
+        if res["mode"] != "cuda-graph":
+            raise SystemExit(f"timing_steps.py: {a.problem}'s work does not capture as a CUDA graph")
+        return res["ms"] * 1e3
 
     with tempfile.TemporaryDirectory() as tmp:
         calls = {}
@@ -140,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             calls[name] = lambda s, m=mod: m.run(s["inputs"], s["out"])
         primary = next(iter(p.baselines().items()))
         calls[primary[0]] = lambda s, b=primary[1]: b(s["inputs"])
-        print(f"{a.problem} {shape.name} {dist}, microseconds, medians of {a.reps} replays", flush=True)
+        print(f"{a.problem} {shape.name} {dist}, microseconds, medians of {a.reps} replays (gpu_worker.devicetime)", flush=True)
         print(f"{'side':<28}" + "".join(f"{k:>19}" for k in steps), flush=True)
         for _ in range(a.rounds):
             for name, call in calls.items():
