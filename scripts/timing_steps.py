@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--knobs {text}: {e}")
         if not isinstance(kn, dict):
             ap.error(f"--knobs {text}: not a JSON object")
+        try:
+            p.render({**p.default_knobs(), **kn})
+        except ValueError as e:
+            ap.error(f"--knobs {text}: {e}")
         variants[json.dumps(kn, sort_keys=True)] = kn
     if not torch.cuda.is_available():
         ap.error("the timing steps need a CUDA device")
