@@ -222,7 +222,6 @@ class Server:
             "empty": torch.empty,
             "urandom": os.urandom,
             "sum": torch.sum,
-            "int64": torch.int64,
             "dot": torch.dot,
             "randn": torch.randn,
             "Generator": torch.Generator,
@@ -967,7 +966,7 @@ class Server:
 
     def _flush_l2(self) -> None:
         # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel (a float sum
-        # reads the buffer once; an integer sum widened to int64 first writes a copy twice its size)
+        # reads the buffer once and writes one scalar; a widening sum would first write a widened copy)
         self.T["sum"](self.flush, 0, out=self.flush_sink)
 
     def _capture_flush(self):
