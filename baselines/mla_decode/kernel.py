@@ -1,4 +1,5 @@
-"""Starting kernel for mla_decode: split-KV with shape-adaptive row blocks and a combine kernel (Triton).
+"""Starting kernel for mla_decode: split-KV with shape-adaptive row blocks and a combine kernel (Triton), or
+(knob FUSED) the same split-KV work and its combine in one launch behind a grid-wide barrier.
 
 The Q query tokens and H heads are flattened into M = Q*H independent rows: every row attends to the whole
 cache with the same K/V, so the rows of all query tokens share every cache tile.
@@ -27,6 +28,21 @@ Kernel 2 (`_mla_decode_combine`), grid (M, DL / BLOCK_D), BLOCK_D = COMBINE_TILE
 w_s = 2^(lse_s - max lse) / sum, o = sum_s w_s * partial_s in fp32, cast to the output dtype. PDL launches
 it as a programmatic dependent of kernel 1 (kernel 1 signals after its stores; the combine waits in
 griddepcontrol.wait until kernel 1's writes are visible).
+
+FUSED (`_mla_decode_fused`, one launch, grid (splits * row blocks * SPLIT_DV,), the split's programs
+adjacent): phase 1 is kernel 1's loop; its partials are laid out [row, split, DL] (one row's splits
+contiguous) with the lse [row, split]. Then every program adds 1 to an int64 arrival counter (acq_rel, after
+a CTA barrier so that all its threads' stores are released) and, on the GPU, spins until this launch's
+arrivals are complete: the counter only grows (each launch adds exactly nprog, one counter per grid size),
+so launch k waits for (k + 1) * nprog and nothing is ever reset. The wait needs every program resident at
+once: the grid is capped at the SM count (one program per SM always fits) and a larger grid falls back to
+the path below. Phase 2: each program reduces (row, REDUCE_D columns) items, strided over the grid: the
+row's max lse in one load, then sum_s 2^(lse_s - max) * part_s over [RED_S, REDUCE_D] tiles summed
+elementwise and across the split axis once per item (RED_S = COMBINE_TILE / REDUCE_D, at most the splits).
+Off the GPU (the interpreter runs programs one after another, a spin would never end) and for a grid over
+the SM count, the last program to arrive reduces every item.
+Measured on an H200 (docs/results.md, "mla_decode: one fused launch"): no setting tried beat the two-kernel
+design (best 1.07x its time at Q1 with SPLIT_DV 2, 1.03x at Q4 with REDUCE_D 512), so it is not the default.
 """
 
 import math
@@ -35,7 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
-KNOBS = {"BLOCK_H": 64, "BLOCK_N": 64, "COMBINE_TILE": 8192, "GRID": 128, "MIN_ROW_BLOCKS": 1, "PARTIAL_BF16": True, "PDL": True, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
+KNOBS = {"BLOCK_H": 64, "BLOCK_N": 64, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1, "PARTIAL_BF16": True, "PDL": True, "REDUCE_D": 512, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see spec.py)
 LOG2E = 1.4426950408889634
@@ -128,6 +144,111 @@ def _mla_decode_combine(
     tl.store(o_ptr + row * stride_om + d, o.to(o_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _mla_decode_fused(
+    q_ptr, c_ptr, o_ptr, po_ptr, plse_ptr, cnt_ptr,
+    M, S, split_len, num_splits, stride_qm, stride_cs, stride_om, qk_scale,
+    DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr, BARRIER: tl.constexpr, RED_S: tl.constexpr, RED_D: tl.constexpr, LSE_S: tl.constexpr,
+):
+    DV: tl.constexpr = DL // SPLIT_DV
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    inner = tl.cdiv(M, BLOCK_H) * SPLIT_DV  # programs per split: (row block, dv part), fastest in the grid
+    pid_s = pid // inner
+    pid_h = (pid % inner) // SPLIT_DV
+    dv0 = (pid % SPLIT_DV) * DV
+    rows = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    rmask = rows < M
+    dl = tl.arange(0, DL)
+    dr = tl.arange(0, DR)
+    q_l = tl.load(q_ptr + rows[:, None] * stride_qm + dl[None, :], mask=rmask[:, None], other=0.0)
+    q_r = tl.load(q_ptr + rows[:, None] * stride_qm + DL + dr[None, :], mask=rmask[:, None], other=0.0)
+
+    # ---- phase 1: this program's split of the cache, online softmax (log2 domain) ----
+    start = pid_s * split_len
+    end = tl.minimum(start + split_len, S)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    dv = dv0 + tl.arange(0, DV)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + offs_n
+        if EVEN:
+            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :])
+            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :])
+        else:
+            nmask = n < end
+            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :], mask=nmask[:, None], other=0.0)
+            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :], mask=nmask[:, None], other=0.0)
+        s = tl.dot(q_l, tl.trans(kv))
+        s = tl.dot(q_r, tl.trans(kr), s)
+        s = s * qk_scale
+        if not EVEN:
+            s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every visited tile has >= 1 valid column
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if SPLIT_DV == 1:
+            v = kv
+        else:
+            if EVEN:
+                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :])
+            else:
+                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :], mask=nmask[:, None], other=0.0)
+        acc = tl.dot(p.to(kv.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # every split holds >= 1 cache row: l_i > 0 for real rows
+    part = acc / l_safe[:, None]
+    # partials laid out [row, split, DL]: one row's splits are contiguous for the reduction below
+    tl.store(po_ptr + (rows[:, None] * num_splits + pid_s) * DL + dv[None, :], part.to(po_ptr.dtype.element_ty),
+             mask=rmask[:, None])
+    if dv0 == 0:
+        tl.store(plse_ptr + rows * num_splits + pid_s, m_i + tl.log2(l_safe), mask=rmask)
+
+    # ---- arrival: every thread's stores, then one release of them (the counter only ever grows) ----
+    tl.debug_barrier()
+    ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
+    n_chunks: tl.constexpr = DL // RED_D
+    n_items = M * n_chunks
+    if BARRIER:  # every program is resident (grid <= SMs): wait for this launch's nprog arrivals
+        target = (ticket // nprog + 1) * nprog
+        seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        while seen < target:
+            seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
+        tl.debug_barrier()
+        first = pid
+        step = nprog
+    else:  # programs may run one after another (interpreter, oversized grid): the last arrival reduces all
+        first = tl.where(ticket % nprog == nprog - 1, 0, n_items)
+        step = 1
+
+    # ---- phase 2: o[row, chunk] = sum_s 2^(lse_s - max lse) * part_s / sum_s 2^(lse_s - max lse), one
+    # (row, RED_D columns) item at a time. The row's max lse in one load; then the sums run elementwise over
+    # [RED_S, RED_D] tiles and cross the split axis (and so the warps) once per item.
+    for it in range(first, n_items, step):
+        row = it // n_chunks
+        d = (it % n_chunks) * RED_D + tl.arange(0, RED_D)
+        sa = tl.arange(0, LSE_S)
+        mx = tl.max(tl.load(plse_ptr + row * num_splits + sa, mask=sa < num_splits, other=float("-inf")), 0)
+        wsum = tl.zeros([RED_S], tl.float32)
+        o2 = tl.zeros([RED_S, RED_D], tl.float32)
+        for s0 in range(0, num_splits, RED_S):
+            sp = s0 + tl.arange(0, RED_S)
+            smask = sp < num_splits
+            lse = tl.load(plse_ptr + row * num_splits + sp, mask=smask, other=float("-inf"))
+            part_c = tl.load(po_ptr + (row * num_splits + sp[:, None]) * DL + d[None, :], mask=smask[:, None],
+                             other=0.0)
+            w = tl.exp2(lse - mx)
+            wsum += w
+            o2 += part_c.to(tl.float32) * w[:, None]
+        o = tl.sum(o2, 0) / tl.sum(wsum, 0)
+        tl.store(o_ptr + row * stride_om + d, o.to(o_ptr.dtype.element_ty))
+
+
 _SCRATCH: dict = {}
 LAUNCHED: dict = {}  # the last compiled kernels (register / spill / shared-memory reports)
 
@@ -138,6 +259,16 @@ def _scratch(device, m, splits, dl, dtype):
     if buf is None:
         buf = (torch.empty(splits * m * dl, device=device, dtype=dtype),
                torch.empty(splits * m, device=device, dtype=torch.float32))
+        _SCRATCH[key] = buf
+    return buf
+
+
+def _counter(device, nprog):
+    """The fused kernel's arrival counter: one per grid size, zeroed once; every launch adds exactly nprog."""
+    key = ("counter", str(device), nprog)
+    buf = _SCRATCH.get(key)
+    if buf is None:
+        buf = torch.zeros(1, device=device, dtype=torch.int64)
         _SCRATCH[key] = buf
     return buf
 
@@ -156,15 +287,29 @@ def run(inputs, out):
     if KNOBS["MIN_ROW_BLOCKS"] > 1:  # few rows (Q = 1): smaller row blocks (powers of two >= 16, for tl.dot)
         bh = min(bh, max(16, 1 << max(0, (M // KNOBS["MIN_ROW_BLOCKS"]).bit_length() - 1)))
     row_blocks = triton.cdiv(M, bh)
+    gpu = q.is_cuda  # bf16 partials, PDL and the grid barrier on the GPU only (the interpreter runs fp32 on the CPU)
+    grid = KNOBS["GRID"]
+    if KNOBS["FUSED"] and gpu:  # the fused kernel's barrier needs every program resident: at most one per SM
+        grid = min(grid, torch.cuda.get_device_properties(q.device).multi_processor_count)
     # splits from the target grid; each split is whole BLOCK_N tiles (the last one may be cut short by S)
-    want = max(1, min(KNOBS["GRID"] // (row_blocks * sdv), triton.cdiv(S, bn)))
+    want = max(1, min(grid // (row_blocks * sdv), triton.cdiv(S, bn)))
     split_len = triton.cdiv(triton.cdiv(S, want), bn) * bn
     splits = triton.cdiv(S, split_len)
     even = S % split_len == 0
-    gpu = q.is_cuda  # bf16 partials and PDL on the GPU only (the interpreter runs fp32 on the CPU)
     pdt = torch.bfloat16 if KNOBS["PARTIAL_BF16"] and gpu and q.dtype == torch.bfloat16 else torch.float32
-    pdl = bool(KNOBS["PDL"]) and gpu
     po, plse = _scratch(q.device, M, splits, DL, pdt)
+    if KNOBS["FUSED"]:
+        nprog = row_blocks * sdv * splits
+        red_d = min(DL, KNOBS["REDUCE_D"])
+        red_s = max(2, min(triton.next_power_of_2(splits), KNOBS["COMBINE_TILE"] // red_d))
+        LAUNCHED["fused"] = _mla_decode_fused[(nprog,)](
+            q, cache, o, po, plse, _counter(q.device, nprog), M, S, split_len, splits, D, cache.stride(0), DL,
+            SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even,
+            BARRIER=gpu and nprog <= grid, RED_S=red_s, RED_D=red_d, LSE_S=triton.next_power_of_2(splits),
+            num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
+        )
+        return
+    pdl = bool(KNOBS["PDL"]) and gpu
     LAUNCHED["partial"] = _mla_decode_split[(row_blocks * sdv, splits)](
         q, cache, po, plse, M, S, split_len, D, cache.stride(0), SCALE * LOG2E,
         DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even, PDL=pdl,

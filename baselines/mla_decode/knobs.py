@@ -1,4 +1,14 @@
-"""Search space of the mla_decode split-KV template (kernel.py: split kernel + combine kernel).
+"""Search space of the mla_decode split-KV template (kernel.py: split kernel + combine kernel, or one fused
+launch with FUSED).
+
+FUSED: True runs the split-KV work and the combine in one launch (`_mla_decode_fused`): partials, an
+arrival counter, a grid-wide spin barrier, then every program reduces a share of the output. Its grid is
+capped at the SM count (the barrier needs every program resident); PDL does not apply. On the H200 no
+setting tried beat the two-kernel design (best: 1.07x its time at Q1, 1.03x at Q4; docs/results.md), hence
+False by default.
+REDUCE_D (FUSED only): output columns per reduction item (a row's REDUCE_D columns); 512 measured best at Q4
+(and at Q1 with SPLIT_DV 2), 256 at Q1 otherwise; 64 and 128 measured slower at both (so left out: every
+value multiplies the knob product the rules test renders).
 
 BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 64 to Hopper wgmma (a
 64x512 fp32 accumulator, needs num_warps 8: at 4 warps it spills kilobytes per thread). The cache is read
@@ -8,11 +18,13 @@ MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until the
 1 = BLOCK_H as given (never wider than the next power of two of Q*H).
 BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB of shared memory per pipeline stage, plus
 the BLOCK_H x 576 q tile).
-GRID: target number of split-kernel programs; splits = GRID / (row blocks * SPLIT_DV), rounded so every
-split is whole BLOCK_N tiles (so one setting gives Q1 four times the splits of Q4 at the same BLOCK_H).
+GRID: target number of split-kernel programs (FUSED: at most the SM count); splits = GRID / (row blocks *
+SPLIT_DV), rounded so every split is whole BLOCK_N tiles (so one setting gives Q1 four times the splits of
+Q4 at the same BLOCK_H).
 The partials are Q*H*splits*512 elements (bf16: 4.2 MB at Q1 with 64 splits), written by the split kernel
 and read back by the combine.
 COMBINE_TILE: partial elements one combine program reduces (splits x columns); fewer means more programs.
+With FUSED: the reduction tile, RED_S = COMBINE_TILE / REDUCE_D splits x REDUCE_D columns per step.
 PARTIAL_BF16: bf16 partials (half the traffic; +0.2-0.4e-3 rel-RMS error measured on the H200, against a 3.8-4.5e-3 tolerance); the CPU
 interpreter path always keeps fp32.
 PDL: launch the combine as a programmatic dependent launch (griddepcontrol) of the split kernel, which
@@ -32,10 +44,12 @@ SPACE = {
     "BLOCK_H": [16, 32, 64],
     "BLOCK_N": [16, 32, 64],
     "COMBINE_TILE": [2048, 4096, 8192],
+    "FUSED": [False, True],
     "GRID": [64, 128, 256, 512],
     "MIN_ROW_BLOCKS": [1, 2, 4, 8],
     "PARTIAL_BF16": [False, True],
     "PDL": [False, True],
+    "REDUCE_D": [256, 512],
     "SPLIT_DV": [1, 2],
     "num_warps": [4, 8],
     "num_stages": [1, 2, 3],

@@ -1,14 +1,19 @@
-"""mla_decode starting kernel under the Triton interpreter on shapes the cpu_shape does not reach.
+"""mla_decode starting kernel under the Triton interpreter on shapes the cpu_shape does not reach, and the
+fused one-launch design (knob FUSED) against the fp64 oracle on the cpu_shape for every distribution.
 
 The cpu_shape (S = 100) never divides into whole tiles, so the unmasked hot loop (EVEN) runs only here:
 S = 128 with several row blocks (M = 32 rows with BLOCK_H 16) and with one partly masked row block
 (M = 24 < BLOCK_H 32). The subprocess helper is test_mla's (TRITON_INTERPRET must be set before triton loads).
+Under the interpreter the fused kernel takes its no-barrier path (the last program to arrive reduces every
+item); its grid barrier runs only on the GPU (the `gpu`-marked test below).
 """
 
 from __future__ import annotations
 
 import pytest
 
+from baselines.registry import get_problem
+from tests.baselines.gpu_kernel_check import assert_passes, check
 from tests.baselines.test_mla import _interpret
 
 EVEN_SHAPE = {"Q": 2, "H": 16, "S": 128, "DL": 128, "DR": 16}  # M = 32 rows
@@ -16,9 +21,23 @@ EVEN_KNOBS = [
     {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8},  # 2 row blocks x 4 splits of one tile, unmasked
     {"BLOCK_H": 64, "BLOCK_N": 16, "GRID": 2, "SPLIT_DV": 2},  # 1 block x 2 dv halves x 1 split of 8 tiles
     {"BLOCK_H": 32, "BLOCK_N": 64, "GRID": 4, "PARTIAL_BF16": True},  # 1 block x 2 splits (GRID capped by tiles)
+    # fused: 2 row blocks x 4 splits; reduction items of 64 columns, 2 splits per step (2 steps)
+    {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "REDUCE_D": 64, "COMBINE_TILE": 128},
+    {"FUSED": True, "BLOCK_H": 64, "BLOCK_N": 16, "GRID": 4, "SPLIT_DV": 2},  # 2 dv halves x 2 splits
 ]
 ODD_ROWS_SHAPE = {"Q": 3, "H": 8, "S": 128, "DL": 128, "DR": 16}  # M = 24: a row block partly masked
-ODD_ROWS_KNOBS = [{"BLOCK_H": 32, "BLOCK_N": 32, "GRID": 4}, {"BLOCK_H": 16, "BLOCK_N": 64, "GRID": 64}]
+ODD_ROWS_KNOBS = [{"BLOCK_H": 32, "BLOCK_N": 32, "GRID": 4}, {"BLOCK_H": 16, "BLOCK_N": 64, "GRID": 64},
+                  {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "REDUCE_D": 512}]
+
+# the fused design on the cpu_shape (S = 100: the last split masked; Q*H = 8 rows), every distribution
+FUSED_KNOBS = [
+    {"FUSED": True},  # the template's other defaults: one row block, 2 splits of 64 (REDUCE_D capped at DL)
+    {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 8},  # 7 splits of one tile, the last one masked
+    {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 8, "REDUCE_D": 64, "COMBINE_TILE": 128},  # 4 steps
+    {"FUSED": True, "BLOCK_H": 32, "BLOCK_N": 64, "GRID": 1},  # one split: the reduction of a single partial
+    {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "SPLIT_DV": 2, "PARTIAL_BF16": True},
+]
+DISTS = list(get_problem("mla_decode").distributions)
 
 
 @pytest.fixture(scope="module")
@@ -32,3 +51,20 @@ def test_decode_kernel_whole_tiles_interpreter(even_results):
     for r in even_results:
         assert not r["nan"], r
         assert r["err"] < 1e-5, r  # fp32 throughout on the CPU
+
+
+def test_fused_kernel_cpu_shape_every_distribution():
+    res = _interpret("mla_decode", FUSED_KNOBS)
+    assert len(res) == len(FUSED_KNOBS) * len(DISTS)
+    assert {r["dist"] for r in res} == set(DISTS)
+    for r in res:
+        assert not r["nan"], r
+        assert r["err"] < 1e-5, r
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dist", DISTS)
+@pytest.mark.parametrize("idx", [0, 1])
+def test_fused_kernel_gpu(idx, dist):
+    """The fused design compiled, its grid barrier included, on the primary shapes with the harness's tolerance."""
+    assert_passes(check("mla_decode", idx, dist, {"FUSED": True}))

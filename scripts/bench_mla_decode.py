@@ -1,0 +1,131 @@
+"""mla_decode kernel designs on the GPU: check each knob setting against the fp64 oracle on both shapes and
+every distribution (NaN-poisoned outputs, two runs compared bit for bit), then time them and torch-bmm by
+device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, together >= 2x L2, median).
+
+    python scripts/bench_mla_decode.py [--variants JSON_LIST] [--reps 200] [--smoke] [--only-shape 0]
+        [--dists unit,small] [--no-torch]
+
+--variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the
+built-in list below. --smoke: one call of each variant on one small input (run it under `timeout` first: a
+broken grid barrier hangs, it does not fail).
+Prints a table: variant, shape, distribution, rel-RMS error (kernel / torch-bmm), device µs (median, IQR).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+VARIANTS = [  # the two-kernel split design and settings of the fused one (whatever the template's defaults are)
+    ["split", {"FUSED": False}],
+    ["fused-r256-s32", {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 8192}],
+    ["fused-r256-s8", {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 2048}],
+    ["fused-r512-s16", {"FUSED": True, "REDUCE_D": 512, "COMBINE_TILE": 8192}],
+    ["fused-dv2-r256-s8", {"FUSED": True, "SPLIT_DV": 2, "num_warps": 4, "BLOCK_N": 16, "num_stages": 3,
+                           "REDUCE_D": 256, "COMBINE_TILE": 2048}],
+    ["fused-dv2-r512-s16", {"FUSED": True, "SPLIT_DV": 2, "num_warps": 4, "BLOCK_N": 16, "num_stages": 3,
+                            "REDUCE_D": 512, "COMBINE_TILE": 8192}],
+]
+
+
+def load(prob, knobs, tmp, i, patches=()):
+    """The template rendered with `knobs`, every [old, new] of `patches` replaced (experiments only)."""
+    src = prob.render(knobs)
+    for old, new in patches:
+        assert src.count(old) >= 1, old
+        src = src.replace(old, new)
+    path = Path(tmp) / f"cand_{i}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"cand_{i}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from baselines.problem import rel_rms
+    from baselines.registry import get_problem
+    from gpu_worker.devicetime import graph_time_ms, rotated_copies
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variants", default=None)
+    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--only-shape", type=int, action="append", default=[])
+    ap.add_argument("--dists", default="unit,small,peaked")
+    ap.add_argument("--no-torch", action="store_true")
+    a = ap.parse_args(argv)
+    variants = json.loads(a.variants) if a.variants else VARIANTS
+    prob = get_problem("mla_decode")
+    props = torch.cuda.get_device_properties(0)
+    print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
+          f"torch {torch.__version__}, triton {__import__('triton').__version__}", flush=True)
+    tmp = tempfile.mkdtemp()
+    mods = [(v[0], v[1], load(prob, v[1], tmp, i, v[2] if len(v) > 2 else ())) for i, v in enumerate(variants)]
+    shapes = [prob.shapes[i] for i in (a.only_shape or range(len(prob.shapes)))]
+    if a.smoke:
+        for shape in shapes:
+            inp = prob.make_inputs(shape, "unit", 1, "cuda")
+            ref = prob.oracle(inp)["o"]
+            for name, kn, mod in mods:
+                out = torch.full((shape["Q"], shape["H"], shape["DL"]), float("nan"), device="cuda",
+                                 dtype=torch.bfloat16)
+                mod.run(inp, {"o": out})
+                torch.cuda.synchronize()
+                info = {k: (getattr(v, "n_regs", None), getattr(v, "n_spills", None),
+                            getattr(getattr(v, "metadata", None), "shared", None))
+                        for k, v in mod.LAUNCHED.items()}
+                print(f"smoke {name:<14} {shape.name:<16} err {rel_rms(ref, out):.3e} regs/spills/smem {info}",
+                      flush=True)
+        return 0
+    base = prob.baselines()["torch-bmm"]
+    rows = []
+    for shape in shapes:
+        for dist in a.dists.split(","):
+            # correctness: fresh inputs, NaN-poisoned outputs, two runs bit-identical
+            inp = prob.make_inputs(shape, dist, 7, "cuda")
+            ref = prob.oracle(inp)["o"]
+            berr = rel_rms(ref, base(inp)["o"])
+            errs = {}
+            for name, kn, mod in mods:
+                outs = []
+                for _ in range(2):
+                    out = torch.full((shape["Q"], shape["H"], shape["DL"]), float("nan"), device="cuda",
+                                     dtype=torch.bfloat16)
+                    mod.run(inp, {"o": out})
+                    outs.append(out)
+                torch.cuda.synchronize()
+                nan = bool(torch.isnan(outs[0]).any())
+                same = bool(torch.equal(outs[0], outs[1]))
+                errs[name] = (rel_rms(ref, outs[0]), nan, same)
+            sets = rotated_copies(lambda i: prob.make_inputs(shape, dist, 9000 + i, "cuda"))
+            sets = [{"inputs": s, "out": {"o": torch.empty((shape["Q"], shape["H"], shape["DL"]), device="cuda",
+                                                            dtype=torch.bfloat16)}} for s in sets]
+            if not a.no_torch:
+                t = graph_time_ms(lambda s: base(s["inputs"]), sets, reps=a.reps)
+                rows.append(("torch-bmm", shape.name, dist, berr, False, True, t))
+                print(rows[-1], flush=True)
+            for name, kn, mod in mods:
+                t = graph_time_ms(lambda s, mod=mod: mod.run(s["inputs"], s["out"]), sets, reps=a.reps)
+                rows.append((name, shape.name, dist, *errs[name], t))
+                print(rows[-1], flush=True)
+            del sets
+            torch.cuda.empty_cache()
+    print(f"\n{'variant':<16} {'shape':<17} {'dist':<7} {'err':>9} {'nan':>4} {'det':>4} {'us':>7} {'iqr us':>13} mode")
+    for name, sh, dist, err, nan, same, t in rows:
+        lo, hi = t["iqr_ms"]
+        print(f"{name:<16} {sh:<17} {dist:<7} {err:9.2e} {int(nan):>4} {int(same):>4} {1e3 * t['ms']:7.2f} "
+              f"{1e3 * lo:6.2f}-{1e3 * hi:6.2f} {t['mode']}/{t['copies']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
