@@ -29,7 +29,7 @@ import time
 from typing import Callable
 
 from workflows.artifacts import ArtifactStore
-from gpu_worker.rules import PROBLEM_OPS, check_source
+from gpu_worker.rules import check_source
 from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -59,13 +59,6 @@ def cuda_available() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
-
-
-def _aten_ops(problem: str) -> tuple[str, ...]:
-    for key, ops in PROBLEM_OPS.items():
-        if problem == key or problem.startswith(key + "_"):
-            return tuple(o for o in ops if o.startswith("_") or o in ("softmax", "log_softmax", "logsumexp"))
-    return ()
 
 
 def other_shapes(problem, verified) -> list[str]:
@@ -409,7 +402,7 @@ class Evaluator:
             if self.mem and self.mem.total is None:
                 self.mem.learn(None, 0, sb.call("mem", 60).get("total"))
         r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
-                    write_roots=[], trusted_roots=[str(triton_cache_dir())], banned_ops=_aten_ops(problem.name))
+                    write_roots=[], trusted_roots=[str(triton_cache_dir())])
         self._check_reply(r, "compile", sb)
         return r
 

@@ -80,10 +80,11 @@ def test_forbidden(code, rule):
     assert rep.rule == rule, rep
 
 
-def test_softmax_op_allowed_for_other_problems_but_matmul_never():
-    assert check_source(src("y = torch.softmax(x, -1)"), "kda").rule == "library-kernel"  # kda bans softmax too
-    assert check_source(src("y = torch.exp(x)"), "softmax").ok
+def test_torch_compute_refused_for_every_problem_triton_s_own_allowed():
+    assert check_source(src("y = torch.softmax(x, -1)"), "kda").rule == "library-kernel"
+    assert check_source(src("y = torch.exp(x)"), "kda").rule == "library-kernel"
     assert check_source(src("@triton.jit\ndef k(a):\n    c = tl.dot(a, a)"), "kda").ok
+    assert check_source(src("@triton.jit\ndef k(a):\n    c = tl.exp(a).sum(axis=0)"), "softmax").ok
 
 
 def test_contract_and_syntax():
