@@ -42,6 +42,7 @@ from temporalio.exceptions import ApplicationError
 
 from baselines.external import ExternalProblem, ProblemFileError, entry_source
 from baselines.registry import get_problem
+from gpu_worker.rules_torch import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError, candidate_id
 from workflows.contracts import (LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall, ToolResult)
 
@@ -105,6 +106,7 @@ first). Keep a top-level `KNOBS = {...}` line if you like; it is optional.
 Rules (the harness rejects a candidate that breaks one, naming the rule):
 - Triton only: no third-party kernel libraries (flash_attn, flashinfer, xformers, fla, liger, cutlass, \
 ...), no torch.ops / torch.compile / cuBLAS matmuls / the problem's own PyTorch op doing the work.
+- """ + TORCH_RULE + """
 - Allowed imports: torch, triton, triton.language, math, functools, typing, itertools, operator, \
 dataclasses, collections, enum. No os/sys/subprocess/threading/sockets, no exec/eval/getattr/open.
 - No CUDA streams, events, graphs or synchronisation games with the timer; no try/except fallbacks; \

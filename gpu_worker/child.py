@@ -511,15 +511,13 @@ class Server:
         return p
 
     # --- candidate role --------------------------------------------------------------------------
-    def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list,
-                 banned_ops: tuple = ()):
+    def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list):
         import importlib.util
 
         from gpu_worker import guard
 
         assert self.role == "candidate"
         self._setup_problem(problem, shape)
-        self.banned_ops = tuple(banned_ops)
         # hide the project's modules: a run-time import of them must go through the (refused) import system
         for name in [m for m in sys.modules if m.split(".")[0] in ("baselines", "activities", "workflows")]:
             del sys.modules[name]
@@ -565,7 +563,7 @@ class Server:
 
         try:
             if guarded:
-                with guard.dispatch_guard(self.banned_ops):
+                with guard.dispatch_guard():
                     self.module.run(inputs, outs)
             else:
                 self.module.run(inputs, outs)
@@ -935,10 +933,10 @@ class Server:
             # (its host cost is no device time)
             from gpu_worker.guard import dispatch_guard
 
-            run, ops = self.module.run, self.banned_ops
+            run = self.module.run
 
             def run_guarded(inputs, out):
-                with dispatch_guard(ops):
+                with dispatch_guard():
                     run(inputs, out)
 
             return run_guarded

@@ -13,8 +13,9 @@ built at run time):
 * `sys.modules` audits after load and after each call (anything kernel-library-like that appeared);
 * the torch function-mode and dispatch-mode stacks, compared after load and after each call with what
   they were before the candidate existed: a mode left behind completes outputs lazily  -> lazy-output
-* a TorchDispatchMode used around verification calls that refuses the aten ops that are library kernels
-  for the operator's core (matmul family, SDPA/flash attention, the problem's own op).
+* a TorchDispatchMode around the candidate's calls that lets torch only allocate, view, copy, cast and
+  fill (rules_torch.ALLOWED_ATEN_OPS): any other aten op computes, and the work must be the candidate's own
+  Triton                                                                                  -> library-kernel
 
 A call is trusted only when no frame on the stack is candidate code (a frame outside the standard
 library, site-packages and the harness's own directories); a frame merely inside torch is not enough.
@@ -34,6 +35,8 @@ import os
 import sys
 import sysconfig
 
+from gpu_worker.rules_torch import ALLOWED_ATEN_OPS
+
 VIOLATIONS: list[tuple[str, str]] = []
 
 BANNED_TOP = ("fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "deep_gemm", "flash_mla",
@@ -49,12 +52,10 @@ COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py
 #: the launcher build: a C compiler runs only from Triton's build helper called by its NVIDIA driver (the
 #: launcher's source is generated from the kernel's signature there, not passed in by the candidate)
 LAUNCHER_BUILD, LAUNCHER_CALLER = "triton/runtime/build.py", "triton/backends/nvidia/driver.py"
-#: aten ops that are library kernels; problem-specific additions come from the parent
-ATEN_BANNED = ("mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "linear", "einsum", "_scaled_mm",
-               "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-               "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
-               "scaled_dot_product_attention", "_flash_attention_forward", "_efficient_attention_forward",
-               "addmv", "mv", "dot", "vdot", "convolution", "_convolution", "cudnn_convolution")
+#: Triton's interpreter points a kernel's arguments at host copies of their storage (`set_`) and copies
+#: them back: only these functions of its file may run aten ops outside the allowlist
+INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
+INTERPRETER_ARG_FUNCTIONS = frozenset({"_to_cpu", "_init_args_hst", "_from_cpu", "_restore_args_dev"})
 CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
                  "ctypes.string_at", "ctypes.wstring_at")
 
@@ -324,22 +325,49 @@ def audit_modules(before: set[str]) -> None:
             raise GuardViolation("forbidden-import", f"module {name!r} was loaded by the candidate")
 
 
-def dispatch_guard(extra_ops: tuple[str, ...] = ()):
-    """A TorchDispatchMode that refuses library-kernel aten ops while a verification call runs."""
+def dispatch_guard(allowed: frozenset = ALLOWED_ATEN_OPS):
+    """A TorchDispatchMode, entered around each of the candidate's calls, that refuses every aten op outside
+    `allowed` (allocation, views, copies, casts, fills), every other namespace, and any copy of device data
+    to the host (where host code could compute the answer): the outputs must come from the candidate's own
+    Triton. Triton's interpreter moving a kernel's arguments is the one exception."""
+    import torch
+    import triton
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    banned = set(ATEN_BANNED) | set(extra_ops)
+    def spellings(path: str) -> tuple[str, ...]:
+        return tuple({os.path.realpath(path), os.path.abspath(path)})
 
-    class _NoLibraryKernels(TorchDispatchMode):
+    torch_dirs = tuple(d + "/" for d in spellings(os.path.dirname(torch.__file__)))
+    interpreter = spellings(os.path.join(os.path.dirname(os.path.dirname(triton.__file__)), INTERPRETER_FILE))
+    arg_functions, getframe, tensor, frozen = INTERPRETER_ARG_FUNCTIONS, sys._getframe, torch.Tensor, "<frozen"
+
+    def by_interpreter() -> bool:
+        """Whether the innermost frame outside torch is one of the interpreter's argument movers."""
+        f = getframe(2)
+        while f is not None and f.f_code.co_filename.startswith(torch_dirs + (frozen,)):
+            f = f.f_back
+        return f is not None and f.f_code.co_filename in interpreter and f.f_code.co_name in arg_functions
+
+    def refuse(detail: str):
+        VIOLATIONS.append(("library-kernel", detail))
+        raise GuardViolation("library-kernel", detail)
+
+    def to_host(args, result) -> bool:
+        outs = result if isinstance(result, (tuple, list)) else (result,)
+        return (any(isinstance(a, tensor) and a.is_cuda for a in args)
+                and any(isinstance(r, tensor) and not r.is_cuda for r in outs))
+
+    class _OwnTritonOnly(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = func.__name__.split(".")[0]
             ns = getattr(func, "namespace", "aten")
-            if ns != "aten" and ns != "prims":
-                VIOLATIONS.append(("library-kernel", f"op {ns}::{name} is a library kernel"))
-                raise GuardViolation("library-kernel", f"op {ns}::{name} is a library kernel")
-            if name in banned:
-                VIOLATIONS.append(("library-kernel", f"aten::{name} is a library kernel for the operator's core"))
-                raise GuardViolation("library-kernel", f"aten::{name} is a library kernel for the operator's core")
-            return func(*args, **(kwargs or {}))
+            if (ns != "aten" or name not in allowed) and not by_interpreter():
+                what = "reads a tensor's value on the host" if name == "_local_scalar_dense" else "computes in torch"
+                refuse(f"{ns}::{name} {what}; a candidate's torch may only allocate, view, copy, cast and fill "
+                       "(the work is its own Triton)")
+            result = func(*args, **(kwargs or {}))
+            if to_host(args, result) and not by_interpreter():
+                refuse(f"aten::{name} copies device data to the host, where host code could compute the answer")
+            return result
 
-    return _NoLibraryKernels()
+    return _OwnTritonOnly()

@@ -7,13 +7,16 @@ Where a rule is one of the cheating families (`FAMILIES` in workflows.contracts)
   syntax            the source does not parse
   contract          no top-level `def run(inputs, out)`
   forbidden-import  an import outside the allowlist (kernel libraries, the project's own modules, numpy, ...)
-  library-kernel    work handed to library kernels (torch.ops, torch.compile, SDPA, cuBLAS matmul, the
-                    problem's own PyTorch op such as torch.softmax for the softmax problem)
+  library-kernel    work handed to library kernels: torch.ops, torch.compile, SDPA, cuBLAS matmul, the
+                    problem's own PyTorch op, and any torch that computes rather than allocates, views,
+                    copies, casts or fills (torch.exp, x.sum(), F.relu; rules_torch)
   escape            introspection or dynamic code that could defeat the checks: a builtin outside the short
                     allowlist (exec, eval, getattr, vars, globals, type, ...), any attribute whose name starts
                     with an underscore (__dict__, __class__, torch._C), frame and code attributes, and any
                     attribute chain through a module that reaches the interpreter, the operating system or
-                    the harness (torch.sys.modules, torch.cuda.os, torch.utils, triton.runtime, ...)
+                    the harness (torch.sys.modules, torch.cuda.os, torch.utils, triton.runtime, ...), and a
+                    module object held in a variable, passed or returned (names bound to modules are
+                    followed: rules_names)
   network           sockets, HTTP and friends
   process           subprocesses, fork, multiprocessing
   filesystem        file access (open, pathlib, shutil, tempfile)
@@ -31,6 +34,9 @@ from __future__ import annotations
 import ast
 import builtins
 
+from gpu_worker.rules_names import ModuleNames
+from gpu_worker.rules_torch import (ALLOWED_ATEN_OPS, ALLOWED_TORCH_CALLS, COMPUTE_MODULES, COMPUTE_NAMES,  # noqa: F401
+                                    PYTHON_METHODS, TORCH_RULE)
 from workflows.contracts import RuleReport
 
 #: modules (and their submodules) a candidate may import
@@ -253,11 +259,11 @@ def _attr_rule(dotted: str) -> tuple[str, str] | None:
     return None
 
 
-def _bound_names(tree: ast.AST) -> set[str]:
+def _bound_names(nodes: list) -> set[str]:
     """Every name the module binds anywhere (assignments, arguments, definitions, imports, loop and
     comprehension targets, with-as, match captures): a loaded name outside this set is a builtin."""
     out = set()
-    for n in ast.walk(tree):
+    for n in nodes:
         if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
             out.add(n.id)
         elif isinstance(n, ast.arg):
@@ -280,16 +286,66 @@ def _dunder(name: str) -> bool:
     return name.startswith("__") and name.endswith("__") and len(name) > 4
 
 
+def _imports(nodes: list) -> tuple[dict[str, str], set[str]]:
+    """Every import's local name -> the dotted name it binds, and which of those dotted names are modules."""
+    aliases: dict[str, str] = {}
+    modules: set[str] = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                local = a.asname or a.name.split(".")[0]
+                aliases[local] = a.name if a.asname else local
+                modules.add(aliases[local])
+        elif isinstance(n, ast.ImportFrom) and not n.level:
+            for a in n.names:
+                full = f"{n.module or ''}.{a.name}"
+                aliases[a.asname or a.name] = full
+                if full in ALLOWED_MODULES or full in LIBRARY_MODULE_PATHS or a.name in STDLIB_SEGMENTS | PURE_SEGMENTS:
+                    modules.add(full)
+    return aliases, modules
+
+
+def _torch_compute_rule(full: str, called: bool) -> tuple[str, str] | None:
+    """A chain under torch that computes: a compute function or method named (torch.exp, torch.Tensor.sum),
+    or a call of any torch function outside ALLOWED_TORCH_CALLS or into a module whose functions compute."""
+    if not full.startswith("torch."):
+        return None
+    parent, _, name = full.rpartition(".")
+    why = f"{full!r} computes in torch; torch may only allocate, view, copy, cast and fill (the work is your Triton)"
+    if name in COMPUTE_NAMES:
+        return "library-kernel", why
+    if called and parent == "torch" and name[:1].islower() and name not in ALLOWED_TORCH_CALLS:
+        return "library-kernel", why
+    if called and any(parent == m and name not in ok for m, ok in COMPUTE_MODULES.items()):
+        return "library-kernel", why
+    return None
+
+
+def _is_kernel_decorator(paths: set[str]) -> bool:
+    return any(p.startswith("triton.") and p.rsplit(".", 1)[-1] in ("jit", "autotune", "heuristics") for p in paths)
+
+
 class _Checker(ast.NodeVisitor):
-    def __init__(self, problem: str, bound: set[str]):
+    def __init__(self, problem: str, nodes: list):
         self.ops = _problem_ops(problem)
-        self.bound = bound
-        self.aliases: dict[str, str] = {}  # local name -> dotted module/object it stands for
-        self.modules: set[str] = set()  # the local names that stand for modules
+        self.bound = _bound_names(nodes)
+        self.aliases, modules = _imports(nodes)  # local name -> dotted module/object it stands for
+        self.import_roots = {v.split(".")[0] for v in self.aliases.values()}
+        self.names = ModuleNames(nodes, self.aliases, modules | ALLOWED_MODULES | LIBRARY_MODULE_PATHS)
+        # module objects held in a variable, passed or returned: refused once the walk found nothing more
+        # specific (a stream API reached through the variable is named `stream`)
+        self.held: list[tuple[ast.AST, str]] = []
+        self.in_kernel = 0  # inside a @triton.jit function: its methods are Triton's (x.sum(axis=0))
 
     def fail(self, rule: str, node: ast.AST, what: str):
         line = getattr(node, "lineno", "?")
         raise _Violation(rule, f"line {line}: {what}")
+
+    def finish(self):
+        if self.held:
+            node, module = self.held[0]
+            self.fail("escape", node, f"module {module!r} held in a variable, passed or returned: it may only be "
+                                      f"used as {module}.name")
 
     # imports ---------------------------------------------------------------------------------
     def visit_Import(self, node: ast.Import):
@@ -297,8 +353,6 @@ class _Checker(ast.NodeVisitor):
             r = _import_rule(a.name)
             if r:
                 self.fail(r[0], node, r[1])
-            self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
-            self.modules.add(a.asname or a.name.split(".")[0])
 
     def visit_ImportFrom(self, node: ast.ImportFrom):
         if node.level:
@@ -312,12 +366,9 @@ class _Checker(ast.NodeVisitor):
                 self.fail("escape", node, f"'from {mod} import *' is not allowed")
             full = f"{mod}.{a.name}"
             r = _attr_rule(full) or self._name_rule(a.name, node, full) or segment_rule(a.name) \
-                or module_path_rule(full)
+                or module_path_rule(full) or _torch_compute_rule(full, called=False)
             if r:
                 self.fail(r[0], node, r[1])
-            self.aliases[a.asname or a.name] = full
-            if full in ALLOWED_MODULES or full in LIBRARY_MODULE_PATHS or a.name in STDLIB_SEGMENTS | PURE_SEGMENTS:
-                self.modules.add(a.asname or a.name)
 
     def _name_rule(self, name: str, node, full: str):
         if name in MATMUL_NAMES and full.startswith("torch"):
@@ -327,13 +378,19 @@ class _Checker(ast.NodeVisitor):
         return None
 
     # names and attributes --------------------------------------------------------------------
-    def _resolve(self, node: ast.AST) -> str | None:
-        d = _dotted(node)
-        if d is None:
-            return None
-        head, _, rest = d.partition(".")
-        base = self.aliases.get(head, head)
-        return f"{base}.{rest}" if rest else base
+    def _check_held(self, node: ast.AST):
+        if isinstance(getattr(node, "ctx", None), ast.Store):
+            return
+        parent = getattr(node, "parent", None)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return  # module.name: the chain is checked as a whole
+        held = self.names.modules(node)
+        if held:
+            self.held.append((node, sorted(held)[0]))
+
+    def _called(self, node: ast.AST) -> bool:
+        parent = getattr(node, "parent", None)
+        return isinstance(parent, ast.Call) and parent.func is node
 
     def visit_Attribute(self, node: ast.Attribute):
         # every attribute name is checked wherever it appears: a chain from any object (a module, a
@@ -341,16 +398,23 @@ class _Checker(ast.NodeVisitor):
         r = segment_rule(node.attr)
         if r:
             self.fail(r[0], node, r[1])
-        full = self._resolve(node)
-        if full:
-            r = _attr_rule(full) or (module_path_rule(full) if full.split(".")[0] in ("torch", "triton") else None)
+        paths = self.names.paths(node)
+        called = self._called(node)
+        for full in sorted(paths):
+            r = _attr_rule(full) or (module_path_rule(full) if full.split(".")[0] in ("torch", "triton") else None) \
+                or _torch_compute_rule(full, called)
             if r:
                 self.fail(r[0], node, r[1])
-        if node.attr in MATMUL_NAMES and (full is None or not full.startswith(("tl.", "triton.language."))):
-            if not (full and (full.startswith("triton.language") or full.split(".")[0] in ("tl",))):
-                self.fail("library-kernel", node, f".{node.attr}: cuBLAS-backed matmul may not do the operator's core")
-        if node.attr in self.ops and not (full and full.startswith("triton.language")):
+        lang = any(p.startswith("triton.language") or p.split(".")[0] == "tl" for p in paths)
+        if node.attr in MATMUL_NAMES and not lang:
+            self.fail("library-kernel", node, f".{node.attr}: cuBLAS-backed matmul may not do the operator's core")
+        if node.attr in self.ops and not lang:
             self.fail("library-kernel", node, f".{node.attr} is the library's implementation of this operator")
+        if called and not self.in_kernel and node.attr in COMPUTE_NAMES - PYTHON_METHODS and not any(
+                p.split(".")[0] in self.import_roots for p in self.names.paths(node.value)):
+            self.fail("library-kernel", node, f".{node.attr}() computes in torch; torch may only allocate, view, "
+                                              "copy, cast and fill (the work is your Triton)")
+        self._check_held(node)
         self.generic_visit(node)
 
     def visit_Name(self, node: ast.Name):
@@ -361,16 +425,12 @@ class _Checker(ast.NodeVisitor):
             if node.id in BUILTIN_NAMES and node.id not in ALLOWED_BUILTINS:
                 fam = BUILTIN_FAMILY.get(node.id, "escape")
                 self.fail(fam, node, f"builtin {node.id!r} is not allowed (see rules.ALLOWED_BUILTINS)")
-        if node.id in self.modules and not isinstance(node.ctx, ast.Store):
-            parent = getattr(node, "parent", None)
-            if not (isinstance(parent, ast.Attribute) and parent.value is node):
-                # a module held in a variable, passed or returned would carry chains past these checks
-                self.fail("escape", node, f"module {node.id!r} may only be used as {node.id}.name")
-        full = self.aliases.get(node.id)
-        if full:
-            r = _attr_rule(full)
-            if r:
-                self.fail(r[0], node, r[1])
+        self._check_held(node)
+        if node.id in self.aliases:
+            for full in sorted(self.names.paths(node)):
+                r = _attr_rule(full) or _torch_compute_rule(full, self._called(node))
+                if r:
+                    self.fail(r[0], node, r[1])
         self.generic_visit(node)
 
     def visit_BinOp(self, node: ast.BinOp):
@@ -383,13 +443,12 @@ class _Checker(ast.NodeVisitor):
             base = t.value
             while isinstance(base, (ast.Attribute, ast.Subscript)):
                 base = base.value
-            if isinstance(base, ast.Name):
-                full = self.aliases.get(base.id, base.id)
-                if full.split(".")[0] in ("torch", "triton", "math", "functools", "itertools", "operator",
-                                          "typing", "dataclasses", "collections", "enum"):
-                    names = {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)}
-                    fam = "timer" if names & TIMER_NAMES else "escape"
-                    self.fail(fam, t, f"assignment into {ast.unparse(t)!r}: library objects may not be modified")
+            roots = {p.split(".")[0] for p in self.names.paths(base)}
+            if roots & {"torch", "triton", "math", "functools", "itertools", "operator", "typing", "dataclasses",
+                        "collections", "enum"}:
+                names = {n.attr for n in ast.walk(t) if isinstance(n, ast.Attribute)}
+                fam = "timer" if names & TIMER_NAMES else "escape"
+                self.fail(fam, t, f"assignment into {ast.unparse(t)!r}: library objects may not be modified")
         elif isinstance(t, (ast.Tuple, ast.List, ast.Starred)):
             for e in (t.elts if not isinstance(t, ast.Starred) else [t.value]):
                 self._check_target(e)
@@ -426,7 +485,11 @@ class _Checker(ast.NodeVisitor):
 
     def visit_FunctionDef(self, node: ast.FunctionDef):
         self._check_def(node, node.name)
+        kernel = any(_is_kernel_decorator(self.names.paths(d.func if isinstance(d, ast.Call) else d))
+                     for d in node.decorator_list)
+        self.in_kernel += kernel
         self.generic_visit(node)
+        self.in_kernel -= kernel
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -466,10 +529,13 @@ def check_source(source: str, problem: str) -> RuleReport:
     if len(run[0].args.args) != 2:
         return RuleReport(ok=False, rule="contract", detail="run must take exactly (inputs, out)")
     try:
-        for parent in ast.walk(tree):
+        nodes = list(ast.walk(tree))
+        for parent in nodes:
             for child in ast.iter_child_nodes(parent):
                 child.parent = parent
-        _Checker(problem, _bound_names(tree)).visit(tree)
+        checker = _Checker(problem, nodes)
+        checker.visit(tree)
+        checker.finish()
     except _Violation as v:
         return RuleReport(ok=False, rule=v.rule, detail=v.detail[:2000])
     return RuleReport(ok=True)

@@ -113,6 +113,14 @@ def crosscheck(judged_ms: float, kernel_ms: float, launches: float = 1.0) -> tup
     return abs(kernel_ms - judged_ms) <= allowed, allowed
 
 
+def foreign_kernels(work_kernels, candidate_kernels) -> list[str]:
+    """The kernels the work launched (those the trace shows more often with the work than without it, so
+    never the harness's own flush, refill, poison or fingerprint) that are not one of the candidate's own
+    Triton kernels, by exact name: a library's or torch's kernel there did part of the work."""
+    own = set(candidate_kernels)
+    return sorted(k for k in work_kernels if k not in own)
+
+
 def cushion_ms(host_per_rep_ms: float, reps: int, device_floor_ms: float = 0.0, cap_ms: float = 400.0) -> float:
     """How long the device waits before a back-to-back block: long enough that the host, queueing one
     repetition in `host_per_rep_ms` (taken 1.5x), stays ahead of the device through the whole block, so

@@ -11,7 +11,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("workflows", "activities", "gpu_worker", "baselines")
 #: the harness and what it runs on: a plain library, usable without a Temporal worker
-PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "gpu_worker.rules", "gpu_worker.guard",
+PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "gpu_worker.rules", "gpu_worker.rules_names",
+            "gpu_worker.rules_torch", "gpu_worker.guard",
             "gpu_worker.wall", "gpu_worker.timing", "gpu_worker.profile", "gpu_worker.canaries",
             "gpu_worker.devicetime", "gpu_worker.phases")
 

@@ -308,7 +308,7 @@ def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
     r = check_source(lib, key)
     assert not r.ok and r.rule == "library-kernel" and "rsqrt" in r.detail, r
     assert check_source((FILES / "rmsnorm_kernel.py").read_text(), key).ok
-    assert check_source(lib, "softmax").ok  # the same source is no library call for another problem
+    assert check_source(lib, "softmax").rule == "library-kernel"  # torch that computes, for every problem
 
 
 def test_softmax_file_without_parameters_through_the_harness(harness):
@@ -328,6 +328,44 @@ def test_softmax_file_without_parameters_through_the_harness(harness):
     lib = "import torch\n\ndef run(inputs, out):\n    out['out0'].copy_(torch.softmax(inputs['in0'], 1))\n"
     c = ev.compile(_req(store, key, lib))
     assert not c.ok and "library-kernel" in c.error and "softmax" in c.error, c
+
+
+def test_torch_composites_are_refused_for_file_problems(harness):
+    """Other torch ops than the reference's own doing the work (rsqrt and sum for RMSNorm, exp, amax and sum
+    for softmax, amax, exp, sum and log for logsumexp) are refused by the rules and, with the rules off, by
+    the run-time guard's dispatch allowlist; the Triton candidate of the same file passes."""
+    from baselines.external import load_file
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.rules import check_source
+    from gpu_worker.scheduling import Scheduler
+
+    ev, store, _ = harness
+    rmsnorm = "import torch\n\ndef run(inputs, out):\n    x, w = inputs['in0'], inputs['weight']\n" \
+              "    out['out0'].copy_(x * torch.rsqrt((x * x).sum(-1, keepdim=True) / x.shape[-1] + 1e-6) * w)\n"
+    softmax = "import torch\n\ndef run(inputs, out):\n    x = inputs['in0']\n    e = torch.exp(x - x.amax(1, keepdim=True))\n" \
+              "    out['out0'].copy_(e / e.sum(1, keepdim=True))\n"
+    cheats = {"rmsnorm.py": rmsnorm, "softmax.py": softmax,
+              "logsumexp.py": (FILES / "logsumexp_composed.py").read_text()}
+    keys = {}
+    for name, cheat in cheats.items():
+        key, data, _ = load_file(FILES / name)
+        store.put_bytes(data)
+        keys[name] = key
+        r = check_source(cheat, key)
+        assert not r.ok and r.rule == "library-kernel", (name, r)
+        c = ev.compile(_req(store, key, cheat))
+        assert not c.ok and c.error.startswith("library-kernel"), (name, c)
+    v = ev.verify(_req(store, keys["logsumexp.py"], (FILES / "logsumexp_kernel.py").read_text()))
+    assert v.ok, v.reason
+    raw = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False,
+                    timeouts={"verify": 60, "compile": 60})
+    try:
+        for name, cheat in cheats.items():
+            v = raw.verify(_req(store, keys[name], cheat))
+            assert not v.ok and v.stage == "rules", (name, v)
+            assert v.reason.startswith("library-kernel") and "run-time guard" in v.reason, (name, v.reason)
+    finally:
+        raw.close()
 
 
 # --- the richer form: a problem folder outside the project -------------------------------------------------

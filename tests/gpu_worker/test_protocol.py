@@ -152,6 +152,8 @@ def test_compile_error_returned_verbatim(ev, store):
 
 @pytest.mark.parametrize("name,rule", [
     ("rt_library", "library-kernel"),        # torch.softmax reaches aten::_softmax under the dispatch guard
+    ("torch_only_softmax", "library-kernel"),  # exp, amax, sum: none of them on the dispatch allowlist
+    ("composed_softmax", "library-kernel"),    # torch.exp in run() beside a Triton kernel
     ("rt_importlib", "forbidden-import"),   # importlib.import_module("baselines...")
     ("rt_subprocess", "process"),
     ("rt_socket", "network"),
@@ -165,6 +167,13 @@ def test_runtime_guard(judge_raw, store, name, rule):
     assert v.reason.startswith(rule), v.reason
     assert "run-time guard" in v.reason
     assert not Path("/tmp/marathon-escape.txt").exists()
+
+
+def test_torch_compute_the_static_rules_cannot_see_is_refused_at_run_time(judge, store):
+    # operators on tensors (x ** y, a / b) name no torch op: the dispatch allowlist refuses the first one
+    v = judge.verify(req(store, kernel("hidden_torch_softmax")))
+    assert not v.ok and v.stage == "rules", v
+    assert v.reason.startswith("library-kernel") and "aten::" in v.reason and "run-time guard" in v.reason, v.reason
 
 
 @pytest.mark.parametrize("name,stage,words", [

@@ -80,10 +80,11 @@ def test_forbidden(code, rule):
     assert rep.rule == rule, rep
 
 
-def test_softmax_op_allowed_for_other_problems_but_matmul_never():
-    assert check_source(src("y = torch.softmax(x, -1)"), "kda").rule == "library-kernel"  # kda bans softmax too
-    assert check_source(src("y = torch.exp(x)"), "softmax").ok
+def test_torch_compute_refused_for_every_problem_triton_s_own_allowed():
+    assert check_source(src("y = torch.softmax(x, -1)"), "kda").rule == "library-kernel"
+    assert check_source(src("y = torch.exp(x)"), "kda").rule == "library-kernel"
     assert check_source(src("@triton.jit\ndef k(a):\n    c = tl.dot(a, a)"), "kda").ok
+    assert check_source(src("@triton.jit\ndef k(a):\n    c = tl.exp(a).sum(axis=0)"), "softmax").ok
 
 
 def test_contract_and_syntax():
@@ -272,3 +273,132 @@ def test_library_module_list_covers_the_installed_torch_and_triton():
                 unclassified.append(path)
     assert not unclassified, f"module attributes neither allowed nor refused: {unclassified}"
     assert torch and triton
+
+
+# --- names bound to modules: followed like imports, and refused ----------------------------------------
+
+@pytest.mark.parametrize("code,rule", [
+    # a stream API reached through the name is named `stream`; the binding alone is an escape
+    ("cuda = torch.cuda\ns = cuda.Stream()", "stream"),
+    ("cuda = torch.cuda\ndef f(s):\n    with cuda.stream(s):\n        pass", "stream"),
+    ("cuda = torch.cuda\nc = cuda.is_current_stream_capturing()", "escape"),
+    ("s = (torch.cuda,)\ns[0].synchronize()", "stream"),
+    ("a, c = 1, torch.cuda\nc.synchronize()", "stream"),
+    ("def f(c=torch.cuda):\n    return c.Event()", "stream"),
+    ("def f(*, c=torch.cuda):\n    return c", "escape"),
+    ("class K:\n    c = torch.cuda\nK.c.synchronize()", "stream"),
+    ("class K:\n    def __init__(self):\n        self.c = torch.cuda\n    def f(self):\n        self.c.synchronize()", "stream"),
+    ("for m in [torch.cuda]:\n    m.synchronize()", "stream"),
+    ("ms = [torch.cuda]\nfor m in ms:\n    m.synchronize()", "stream"),
+    ("x = [m.synchronize() for m in (torch.cuda,)]", "stream"),
+    ("d = {'c': torch.cuda}\nd['c'].synchronize()", "stream"),
+    ("if (c := torch.cuda):\n    c.synchronize()", "stream"),
+    ("def g():\n    return torch.cuda\ng().synchronize()", "stream"),
+    ("g = lambda: torch.cuda\ng().synchronize()", "stream"),
+    ("c = torch.cuda if True else None\nc.graph", "stream"),
+    ("c = torch.cuda\nd = c\nd.synchronize()", "stream"),
+    ("c = torch.cuda\nk = c.os", "escape"),
+    ("c = torch\nk = c.utils.data", "escape"),
+    ("rt = triton.runtime", "escape"),
+    ("t = triton\nd = t.runtime.driver", "escape"),
+    ("tl2 = tl", "escape"),
+    ("import torch.nn.functional as F\nfs = [F]", "escape"),
+    ("c = torch.cuda\nc.synchronize = None", "timer"),
+    ("n = torch.nn\nn.functional.relu(x)", "library-kernel"),
+])
+def test_names_bound_to_modules_are_followed_and_refused(code, rule):
+    rep = check_source(src(code), "softmax")
+    assert not rep.ok, code
+    assert rep.rule == rule, (code, rep)
+
+
+@pytest.mark.parametrize("name,rule", [
+    ("alias_module_stream", "stream"),    # cuda = torch.cuda at module level, then cuda.Stream()
+    ("alias_runtime_module", "escape"),   # rt = triton.runtime
+    ("torch_only_softmax", "library-kernel"),  # exp, amax, sum: torch doing the work, not torch.softmax
+    ("composed_softmax", "library-kernel"),    # Triton normalises, torch.exp in run()
+])
+def test_adversary_kernels_refused_statically(name, rule):
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "kernels" / f"{name}.py").read_text()
+    rep = check_source(source, "softmax")
+    assert not rep.ok and rep.rule == rule, (name, rep)
+
+
+def test_operators_on_tensors_pass_the_static_rules_and_are_left_to_the_run_time_guard():
+    from pathlib import Path
+
+    source = (Path(__file__).parent / "kernels" / "hidden_torch_softmax.py").read_text()
+    assert check_source(source, "softmax").ok  # test_protocol holds the guard to refusing it
+
+
+# --- torch in a candidate: allocate, view, copy, cast, fill; nothing that computes ---------------------
+
+@pytest.mark.parametrize("code", [
+    "y = torch.rsqrt(x)",
+    "y = x.sum(-1)",
+    "y = x.amax(-1, keepdim=True)",
+    "y = (x - 1).exp()",
+    "y = torch.exp(x)",
+    "f = torch.exp",
+    "from torch import exp",
+    "y = torch.Tensor.sum(x)",
+    "y = torch.cat([x, x])",
+    "y = torch.where(x > 0, x, 0)",
+    "y = x.gather(0, i)",
+    "y = x.cumsum(0)",
+    "y = x.argsort()",
+    "v = x.item()",
+    "v = x.tolist()",
+    "y = torch.nn.functional.relu(x)",
+    "import torch.nn.functional as F\ny = F.layer_norm(x, (4,))",
+    "y = torch.special.erf(x)",
+    "y = torch.fft.fft(x)",
+    "y = torch.nn.Linear(4, 4)",
+    "y = torch.some_op_torch_may_add(x)",
+])
+def test_torch_that_computes_is_refused(code):
+    rep = check_source(src(code), "softmax")
+    assert not rep.ok and rep.rule == "library-kernel", (code, rep)
+
+
+@pytest.mark.parametrize("code", [
+    "y = torch.empty((4, 4), device=x.device)\nz = torch.zeros_like(y)\nw = torch.full((2,), 1.5)",
+    "y = x.view(-1).reshape(2, -1).permute(1, 0).contiguous().to(torch.float16)",
+    "y = x.new_empty((3,))\ny.fill_(0)\ny.zero_()\ny.copy_(x[:3])\nz = y.clone().unsqueeze(0).expand(2, 3)",
+    "parts = x.split(2)\nfirst, *rest = x.unbind(0)\nz = x.narrow(0, 0, 1).squeeze(0)",
+    "n = -torch.finfo(torch.float32).max",
+    "p = torch.nn.Parameter(torch.ones(3), requires_grad=False)",
+    "s = set()\ns.add(1)\nl = [3, 1]\nl.sort()",
+    "import math\nr = math.exp(1.0) + math.log2(3.0)",
+    "import itertools\nr = list(itertools.repeat(1, 3))",
+    "b = (300).bit_length()",
+])
+def test_torch_that_allocates_views_copies_casts_and_fills_passes(code):
+    rep = check_source(src(code), "softmax")
+    assert rep.ok, (code, rep)
+
+
+def test_the_run_time_allowlist_is_told_to_proposers():
+    from activities.llm import SYSTEM_PROMPT
+    from gpu_worker.rules_torch import ALLOWED_ATEN_OPS, TORCH_RULE
+
+    assert TORCH_RULE in SYSTEM_PROMPT
+    assert {"empty", "view", "copy_", "_to_copy", "fill_", "zero_"} <= ALLOWED_ATEN_OPS
+    assert not {"exp", "sum", "amax", "add", "mul", "cat", "index", "_local_scalar_dense", "set_"} & ALLOWED_ATEN_OPS
+
+
+def test_profiler_cross_check_refuses_every_kernel_that_is_not_the_candidate_s_triton():
+    from gpu_worker.timing import foreign_kernels
+
+    own = ["_softmax_online", "_softmax_single"]
+    assert foreign_kernels(["_softmax_online"], own) == []
+    # torch's own kernels launched by the work: a copy, a reduction, a library GEMM
+    copy = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+    red = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4>)"
+    gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
+    assert foreign_kernels(["_softmax_online", copy, red, gemm], own) == sorted([copy, red, gemm])
+    # by exact name: a Triton kernel named like part of torch's does not make torch's kernel its own
+    assert foreign_kernels([copy], ["vectorized_elementwise_kernel", "FillFunctor"]) == [copy]
+    assert foreign_kernels(["_softmax_online_2"], own) == ["_softmax_online_2"]
