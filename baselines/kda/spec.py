@@ -31,6 +31,8 @@ import math
 
 from baselines.problem import OutputSpec, Problem, Shape
 
+#: g = logsigmoid(x + shift) / div per distribution, x ~ N(0, 1) (make_inputs draws it; perturbed inverts it)
+G_SHIFT = {"mild": (3.0, 1.0), "strong": (0.0, 0.1)}
 #: the chunk size the FLOP model assumes (FLA's default; the kernels may use 32 or 64)
 FLOP_CHUNK = 64
 
@@ -65,16 +67,35 @@ class KDA(Problem):
     tolerance_alpha = 1.5
     outputs = ("o", "final_state")
 
-    def refresh_count(self, shape):
-        return shape["T"]
-
-    def refreshed(self, inputs, k):
+    def perturbed(self, inputs, generator, distribution):
+        """Each input mixed with fresh values in the space it is drawn in (make_inputs): q and k before the L2
+        normalisation (normalised again), v and the fp32 state as they are, g and beta through their
+        activations' inverses, so g stays <= 0 with its distribution's decay and beta within (0, 1)."""
         import torch
+        import torch.nn.functional as F
 
-        if not k:
-            return inputs
-        # the sequence rotated: every token keeps its own q, k, v, g and beta; the recurrence sees a new order
-        return {n: (torch.roll(v, k, dims=1) if n in ("q", "k", "v", "g", "beta") else v) for n, v in inputs.items()}
+        from baselines.perturb import MIX, mixed, normal_like
+
+        if distribution not in G_SHIFT:
+            raise ValueError(f"kda has no distribution {distribution!r}")
+        out = dict(inputs)
+        D = inputs["q"].shape[-1]
+        for n in ("q", "k"):  # a unit vector plus an independent one of the same length, normalised
+            t = inputs[n].float()
+            out[n] = F.normalize(t + normal_like(t, generator) / math.sqrt(D), p=2, dim=-1).to(inputs[n].dtype)
+        out["v"] = mixed(inputs["v"], generator)
+        # g = logsigmoid(x + shift) / div with x ~ N(0, 1): x recovered as logit(exp(g * div)) - shift
+        shift, div = G_SHIFT[distribution]
+        u = (inputs["g"].float() * div).clamp(max=-1e-30)
+        x = u - torch.log(-torch.expm1(u)) - shift
+        x = MIX * x + MIX * normal_like(x, generator)
+        out["g"] = (F.logsigmoid(x + shift) / div).to(inputs["g"].dtype)
+        b = inputs["beta"].float().clamp(1e-6, 1 - 1e-6)
+        y = MIX * torch.logit(b) + MIX * normal_like(b, generator)
+        out["beta"] = torch.sigmoid(y).to(inputs["beta"].dtype)
+        if "initial_state" in inputs:
+            out["initial_state"] = mixed(inputs["initial_state"], generator)
+        return out
 
     def random_space(self, cpu):
         # lengths that leave a tail chunk at every CHUNK (an odd one among them), odd head counts, with and
