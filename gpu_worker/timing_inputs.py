@@ -65,8 +65,8 @@ def _counting_mode():
         return 0
 
     class Count(TorchDispatchMode):
-        """Device ops and the bytes their tensor arguments and results hold (what each op reads and writes,
-        counting a broadcast scalar once)."""
+        """Device ops and the bytes their tensor arguments and results hold: what each op reads and writes
+        (an op that reads a tensor twice, as x * x, counts it twice)."""
 
         def __init__(self):
             super().__init__()
@@ -77,7 +77,8 @@ def _counting_mode():
             name = str(func.overloadpacket.__name__)
             if name not in ("detach", "alias", "view", "_to_copy_meta"):
                 self.ops += 1
-                self.bytes += nbytes(list(args) + list((kwargs or {}).values())) + nbytes(out)
+                # an in-place op's result is its first argument, counted once
+                self.bytes += nbytes(list(args) + list((kwargs or {}).values())) + (0 if name.endswith("_") else nbytes(out))
                 self.names[name] = self.names.get(name, 0) + 1
             return out
 

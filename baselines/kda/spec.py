@@ -31,8 +31,8 @@ import math
 
 from baselines.problem import OutputSpec, Problem, Shape
 
-#: g = logsigmoid(x + shift) / div per distribution, x ~ N(0, 1) (make_inputs draws it; perturbed inverts it)
-G_SHIFT = {"mild": (3.0, 1.0), "strong": (0.0, 0.1)}
+#: g = logsigmoid(x + shift) / div per distribution, x ~ N(0, 1), as make_inputs draws it (perturbed too)
+G_LAW = {"mild": (3.0, 1.0), "strong": (0.0, 0.1)}
 #: the chunk size the FLOP model assumes (FLA's default; the kernels may use 32 or 64)
 FLOP_CHUNK = 64
 
@@ -68,31 +68,25 @@ class KDA(Problem):
     outputs = ("o", "final_state")
 
     def perturbed(self, inputs, generator, distribution):
-        """Each input mixed with fresh values in the space it is drawn in (make_inputs): q and k before the L2
-        normalisation (normalised again), v and the fp32 state as they are, g and beta through their
-        activations' inverses, so g stays <= 0 with its distribution's decay and beta within (0, 1)."""
+        """q and k mixed with fresh directions and normalised again, v and the fp32 state mixed with fresh
+        normal values (baselines.perturb.mixed), g and beta drawn afresh from their laws (make_inputs'): g
+        stays <= 0 with its distribution's decay, beta within (0, 1)."""
         import torch
         import torch.nn.functional as F
 
-        from baselines.perturb import MIX, mixed, normal_like
+        from baselines.perturb import mixed, normal_like
 
-        if distribution not in G_SHIFT:
+        if distribution not in G_LAW:
             raise ValueError(f"kda has no distribution {distribution!r}")
         out = dict(inputs)
         D = inputs["q"].shape[-1]
-        for n in ("q", "k"):  # a unit vector plus an independent one of the same length, normalised
+        for n in ("q", "k"):  # a unit vector plus an independent one of about the same length, normalised
             t = inputs[n].float()
             out[n] = F.normalize(t + normal_like(t, generator) / math.sqrt(D), p=2, dim=-1).to(inputs[n].dtype)
         out["v"] = mixed(inputs["v"], generator)
-        # g = logsigmoid(x + shift) / div with x ~ N(0, 1): x recovered as logit(exp(g * div)) - shift
-        shift, div = G_SHIFT[distribution]
-        u = (inputs["g"].float() * div).clamp(max=-1e-30)
-        x = u - torch.log(-torch.expm1(u)) - shift
-        x = MIX * x + MIX * normal_like(x, generator)
-        out["g"] = (F.logsigmoid(x + shift) / div).to(inputs["g"].dtype)
-        b = inputs["beta"].float().clamp(1e-6, 1 - 1e-6)
-        y = MIX * torch.logit(b) + MIX * normal_like(b, generator)
-        out["beta"] = torch.sigmoid(y).to(inputs["beta"].dtype)
+        shift, div = G_LAW[distribution]
+        out["g"] = (F.logsigmoid(normal_like(inputs["g"], generator) + shift) / div).to(inputs["g"].dtype)
+        out["beta"] = torch.sigmoid(normal_like(inputs["beta"], generator)).to(inputs["beta"].dtype)
         if "initial_state" in inputs:
             out["initial_state"] = mixed(inputs["initial_state"], generator)
         return out
@@ -120,12 +114,10 @@ class KDA(Problem):
         k = F.normalize(torch.randn(B, T, H, D, generator=gen, dtype=f32), p=2, dim=-1)
         v = torch.randn(B, T, H, D, generator=gen, dtype=f32)
         x = torch.randn(B, T, H, D, generator=gen, dtype=f32)
-        if distribution == "mild":
-            g = F.logsigmoid(x + 3.0)
-        elif distribution == "strong":
-            g = F.logsigmoid(x) / 0.1
-        else:
+        if distribution not in G_LAW:
             raise ValueError(f"kda has no distribution {distribution!r}")
+        shift, div = G_LAW[distribution]
+        g = F.logsigmoid(x + shift) / div  # x + 0.0 and / 1.0 are exact: the laws in the docstring
         beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, dtype=f32))
         lo = f32 if cpu else torch.bfloat16
         inputs = {
