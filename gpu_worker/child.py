@@ -871,10 +871,11 @@ class Server:
     # --- timing (both roles) -----------------------------------------------------------------------
     # A timing set is `rotate` static input/output buffer sets (one CUDA graph each, when captured) and a
     # pool of `pool` input value sets generated from the worker's timing seeds. Before every repetition,
-    # outside the timed interval, a static set's inputs are refilled in place from a pool entry picked at
-    # random, its outputs are NaN-poisoned and L2 is flushed; the reference child holds the same pool, so
-    # any repetition's outputs can be compared with the baseline's on the values that repetition saw. A
-    # graph that baked in a result computed during capture, or a cache keyed on buffers, fails there.
+    # outside the timed interval, a static set's inputs are refilled in place with its entry's values (a
+    # pool set perturbed by draws of that entry's own: timing_inputs), its outputs are NaN-poisoned and L2
+    # is flushed; the reference child holds the same pool, so any repetition's outputs can be compared
+    # with the baseline's on the values that repetition saw. A graph that baked in a result computed
+    # during capture, or a cache keyed on buffers or on contents, fails there.
     # The reference child keeps one timing set per distribution (benchmarks share it, each under its
     # lock); a candidate child keeps the one it is being timed on.
 
