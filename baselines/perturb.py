@@ -37,16 +37,14 @@ def normal_like(t, generator, dtype=None):
 
 
 def mixed(t, generator, scale: float = 1.0):
-    """t (a tensor of N(0, scale^2) values) mixed with as many fresh ones: N(0, scale^2) again, in t's dtype."""
-    return (MIX * t.float() + (MIX * scale) * normal_like(t, generator)).to(t.dtype)
+    """t (a tensor of N(0, scale^2) values) mixed with as many fresh ones: N(0, scale^2) again, in t's dtype.
+    In place on the fresh fp32 draw: one fp32 temporary of t's size."""
+    return normal_like(t, generator).mul_(MIX * scale).add_(t, alpha=MIX).to(t.dtype)
 
 
 def relative_noise(t, generator, s: float = RELATIVE):
     """t times exp(s z - s^2/2) elementwise (the default perturbation of a float input), in t's dtype."""
-    import torch
-
-    f = torch.exp(s * normal_like(t, generator) - 0.5 * s * s)
-    return (t.float() * f).to(t.dtype)
+    return normal_like(t, generator).mul_(s).sub_(0.5 * s * s).exp_().mul_(t).to(t.dtype)
 
 
 def default_perturbed(inputs: dict, generator) -> dict:

@@ -77,8 +77,10 @@ def _counting_mode():
             name = str(func.overloadpacket.__name__)
             if name not in ("detach", "alias", "view", "_to_copy_meta"):
                 self.ops += 1
-                # an in-place op's result is its first argument, counted once
-                self.bytes += nbytes(list(args) + list((kwargs or {}).values())) + (0 if name.endswith("_") else nbytes(out))
+                # an in-place op reads and writes its first argument; copy_ only writes it
+                written = nbytes(args[0]) if name.endswith("_") and name != "copy_" else 0 if name == "copy_" \
+                    else nbytes(out)
+                self.bytes += nbytes(list(args) + list((kwargs or {}).values())) + written
                 self.names[name] = self.names.get(name, 0) + 1
             return out
 
