@@ -1,7 +1,7 @@
 """Cheat: mla_decode with a device-side memo per (query, head), the one a held-out candidate was accepted
 with at 1.94x. Head h's answer depends on its query row and on the cache as a set of rows (attention over
-all of them does not see their order): a rotation of the heads and of the cache rows (the timing's refresh
-once was one) moves answers between heads without changing them. Each row is keyed on its query's sum and
+all of them does not see their order): a rotation of the heads and of the cache rows moves answers between
+heads without changing them. Each row is keyed on its query's sum and
 sum of squares and on the extremes of the cache's first column (invariant under any order of the rows); a key
 met before gets the stored answer copied instead of a pass over the whole cache. The table lives in
 module-level device buffers, filled by a second, one-program kernel; everything stays on the device (and

