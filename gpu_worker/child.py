@@ -1120,6 +1120,8 @@ class Server:
         if entries is not None:
             entries = check_entries(entries, avoid=range(first, first + warmup))
             reps = len(entries)
+        elif type(reps) is not int or reps < 1:
+            raise ValueError(f"reps must be a positive int, got {reps!r}")
         else:
             entries = list(range(first + warmup, first + warmup + reps))
         order = [(i % rotate, e) for i, e in enumerate(warm + entries)]
