@@ -419,9 +419,11 @@ class Server:
 
         import torch
 
+        import baselines.perturb  # noqa: F401 - a file's parameters are drawn through it
+
         h = hashlib.sha256(torch.__version__.encode())
         try:
-            for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem"):
+            for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem", "baselines.perturb"):
                 f = getattr(sys.modules.get(mod), "__file__", None)
                 if not f:
                     return None
