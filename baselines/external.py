@@ -11,18 +11,19 @@ The file (docs/problems.md, "Your own operator") defines
   FLOPS, BYTES_MOVED          optional numbers for get_inputs()'s size: the physical floor; without both the
                               floor check is skipped
   TOLERANCE_FLOOR, TOLERANCE_ALPHA   optional: the pass rule's floor and factor (default 1e-5 and 2.0)
-  REFRESH = False             optional: time only the drawn input sets, never rotated ones (for inputs that a
-                              rotation makes invalid, e.g. a matrix that must stay symmetric)
+  REFRESH = False             optional: time the drawn input sets as they are, without fresh noise per repetition
+                              (for inputs that noise makes invalid, e.g. a matrix that must stay symmetric)
 
 What the project derives from it:
 
 - inputs: `in0, in1, ...` from get_inputs()'s positions, drawn with torch's global generator seeded by the
-  case's seed; Model is built under the same seed, and its parameters and buffers are inputs too, under their
-  names in the module (`weight`, `fc.bias`, ...). Distribution `plain` is that; `scaled` multiplies the float
-  inputs from get_inputs() by SCALE (only where there is a float input).
-- timing refreshes: every float input from get_inputs() rolled by the same secret k along its first axis
-  longer than one (Model's parameters and buffers, and integer inputs, stay), so a cache keyed on the inputs'
-  contents misses; REFRESH = False turns it off.
+  case's seed; Model is built under the same seed, its float parameters and buffers then scaled and shifted
+  per case (baselines.perturb.vary_parameter: LayerNorm's weight 1 and bias 0 become other values), and they
+  are inputs too, under their names in the module (`weight`, `fc.bias`, ...). Distribution `plain` is that;
+  `scaled` multiplies the float inputs from get_inputs() by SCALE (only where there is a float input).
+- timing: each timed repetition's float tensors (parameters and buffers too; integer inputs stay) are a pool
+  set's times fresh relative noise (Problem.perturbed), so no repetition meets contents seen before;
+  REFRESH = False turns it off.
 - outputs: `out0, out1, ...`: forward's tensor, or the tensors of the tuple it returns.
 - oracle: Model's forward with inputs and parameters cast to float64; where an op has no float64 kernel,
   float32 (`oracle_dtype` says which, and the description names it).
@@ -46,6 +47,7 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+from baselines.perturb import vary_parameter
 from baselines.problem import OutputSpec, Problem, Shape, UnknownProblem
 
 FILE_PREFIX = "file:"
@@ -54,8 +56,8 @@ KEY_RE = re.compile(r"^file:[0-9a-f]{64}$")
 SCALE = 8.0
 GPU_SHAPE = "get_inputs"
 CPU_SHAPE = "get_cpu_inputs"
-#: at most this many rotations of one drawn set (the timing draws one per repetition)
-REFRESH_CAP = 4096
+#: mixed into a case's seed for the generator that varies the Model's parameters
+PARAM_SEED = 0x5EED_9A7A
 
 
 class ProblemFileError(UnknownProblem):
@@ -274,7 +276,8 @@ class ExternalProblem(Problem):
         lines = [f"No starting kernel: this problem comes from the file {self.label}. A candidate is one module",
                  "defining run(inputs, out) that writes every output in place (Triton; the harness allocates out).",
                  "The reference is baseline.py: its Model.forward(in0, in1, ...); Model's parameters and buffers",
-                 "are inputs too, under their names in the module. Model is built under each case's seed."]
+                 "are inputs too, under their names in the module. Model is built under each case's seed, its",
+                 "parameters and buffers then scaled and shifted per case (none keeps a no-op value)."]
         for shape, cpu in ((self.shapes[0], False), (self.cpu_shape, True)):
             if shape.name == CPU_SHAPE and not self.has_cpu:
                 lines.append(f"{CPU_SHAPE}: none (no CPU run)")
@@ -304,40 +307,21 @@ class ExternalProblem(Problem):
             if distribution == "scaled" and t.is_floating_point():
                 t = t * SCALE
             inputs[f"in{i}"] = t.to(device).contiguous()
+        # the Model's own initialisation, scaled and shifted per case: no parameter keeps a value that makes
+        # it a no-op (LayerNorm's weight 1, bias 0), so a kernel that ignores one fails
+        varied = torch.Generator(device="cpu").manual_seed(PARAM_SEED ^ int(seed))
         for n, t in list(model.named_parameters()) + list(model.named_buffers()):
-            t = t.detach()
+            t = vary_parameter(t.detach(), varied)
             if cpu and t.is_floating_point():
                 t = t.float()
             inputs[n] = t.to(device).contiguous()
         return inputs
 
-    # --- timing inputs that never repeat ----------------------------------------------------------
-    @staticmethod
-    def _roll_axis(dims) -> int | None:
-        return next((i for i, d in enumerate(dims) if d > 1), None)
-
-    def refresh_count(self, shape):
-        """The longest axis a refresh rolls (the probe's facts give the inputs' sizes), within REFRESH_CAP."""
-        if not self.refresh:
-            return 1
-        cpu = shape.name == CPU_SHAPE
-        if (shape.name, cpu) not in self._facts:
-            self.output_specs(shape, cpu=cpu)
-        lengths = [dims[a] for name, dims, dtype in self._facts[(shape.name, cpu)]
-                   if re.fullmatch(r"in\d+", name) and dtype.startswith(("float", "bfloat"))
-                   and (a := self._roll_axis(dims)) is not None]
-        return min(REFRESH_CAP, max(lengths, default=1))
-
-    def refreshed(self, inputs, k):
-        if not k or not self.refresh:
-            return inputs
-        import torch
-
-        out = dict(inputs)
-        for name, t in inputs.items():
-            if re.fullmatch(r"in\d+", name) and t.is_floating_point() and (a := self._roll_axis(t.shape)) is not None:
-                out[name] = torch.roll(t, k, dims=a)
-        return out
+    # --- timing inputs seen once ------------------------------------------------------------------
+    def perturbed(self, inputs, generator, distribution):
+        """Every float tensor, the Model's parameters and buffers too, times small relative noise (signs and
+        zeros kept); REFRESH = False: the drawn sets as they are."""
+        return super().perturbed(inputs, generator, distribution) if self.refresh else inputs
 
     def output_specs(self, shape, cpu=False):
         k = (shape.name, bool(cpu))

@@ -116,17 +116,18 @@ class Problem:
     def render(self, knobs: dict[str, Any]) -> str:
         return render(self.template(), knobs)
 
-    # --- timing inputs that never repeat ----------------------------------------------------------
-    def refresh_count(self, shape: Shape) -> int:
-        """How many distinct input sets `refreshed` makes of one (1: it makes none but the set itself)."""
-        return 1
+    # --- timing inputs seen once ------------------------------------------------------------------
+    def perturbed(self, inputs: dict, generator, distribution: str) -> dict:
+        """New inputs of `distribution` made from `inputs` (a timing pool set, on the device) and values
+        drawn from `generator` (a torch.Generator on the same device): every timed repetition gets its own,
+        so no memo keyed on the contents, or on anything the change leaves (a row's values, their order),
+        meets them twice, and the answer moves far beyond the tolerance. The result must stay valid inputs
+        (normalised where the problem normalises, within each input's range) of the same shapes and dtypes;
+        `inputs` is left as it is. Default: every float tensor times small relative noise (signs, zeros and
+        the mean kept: baselines.perturb.relative_noise)."""
+        from baselines.perturb import default_perturbed
 
-    def refreshed(self, inputs: dict, k: int) -> dict:
-        """Input set number k (0 <= k < refresh_count) made from `inputs` by a change that keeps them valid
-        inputs of the same distribution, such as a rotation along a sequence axis, that changes the
-        outputs. The timing refills each repetition with such a set, drawn secretly, so a cache keyed on
-        the inputs' contents misses. k = 0 is `inputs` itself."""
-        return inputs
+        return default_perturbed(inputs, generator)
 
     # --- shapes a verification draws -------------------------------------------------------------
     def random_space(self, cpu: bool) -> dict[str, tuple[int, ...]] | None:

@@ -19,6 +19,8 @@ import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from gpu_worker.timing_inputs import FreshValues, check_entries
+
 
 def _redirect(tmp: str) -> None:
     fd = os.open(os.path.join(tmp, "log.txt"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -142,35 +144,21 @@ FINGERPRINT_CHUNK = 1 << 24  # elements per step of a fingerprint: its temporari
 
 @dataclass
 class TimingSet:
-    """One distribution's timing state: static buffers (what graphs read and write) and the value pool."""
+    """One distribution's timing state: static buffers (what graphs read and write), the value pool, and
+    what derives a repetition's values from it (gpu_worker.timing_inputs: an entry's values are a pool set
+    perturbed by draws seeded from the benchmark's noise seed and the entry)."""
 
     key: tuple
     sets: list  # [(inputs, outputs)] static buffers, one graph each when captured
-    pool: list  # [inputs] value sets the static inputs are refilled from
-    # An entry e names a value set: pool[e % len(pool)] refreshed by e // len(pool) (Problem.refreshed),
-    # one of len(pool) x `refreshes` sets, so repetitions do not see the same contents again
-    content: list  # per static set: the entry it holds now
-    initial: list  # per static set: the entry it held when captured (or first filled)
+    pool: list  # [inputs] value sets the static inputs' values are made from
+    fresh: FreshValues
     graphs: list | None = None
-    baseline: dict = field(default_factory=dict)  # reference role: pool index -> the baseline's outputs
     # per static set, its output buffers as the harness allocated them: what is poisoned, kept and
     # fingerprinted, whatever the candidate does to the dicts it is handed
     outs: list = field(default_factory=list)
-    refreshes: int = 1
 
-    def other_entry(self, r: int, rnd: int, held: int | None = None) -> int:
-        """An entry of another pool set than the one static set r holds (`held`, else its present content),
-        refreshed by a number `rnd` picks too."""
-        P = len(self.pool)
-        held = (self.content[r] if held is None else held) % P
-        j = [k for k in range(P) if k != held][rnd % (P - 1)]
-        return j + P * ((rnd // (P - 1)) % self.refreshes)
-
-    def values(self, e: int, refreshed) -> dict:
-        """The inputs of entry e (`refreshed`: the problem's Problem.refreshed, captured before any candidate
-        loaded)."""
-        P = len(self.pool)
-        return self.pool[e % P] if e < P else refreshed(self.pool[e % P], e // P)
+    def values(self, e: int, noise_seed: int) -> dict:
+        return self.fresh(self.pool, e, noise_seed)
 
 
 class Server:
@@ -431,9 +419,11 @@ class Server:
 
         import torch
 
+        import baselines.perturb  # noqa: F401 - a file's parameters are drawn through it
+
         h = hashlib.sha256(torch.__version__.encode())
         try:
-            for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem"):
+            for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem", "baselines.perturb"):
                 f = getattr(sys.modules.get(mod), "__file__", None)
                 if not f:
                     return None
@@ -504,8 +494,8 @@ class Server:
         self.shape = self._shape(p, shape)
         self.make_inputs = p.make_inputs
         self.output_specs = p.output_specs
-        # both taken now, before any candidate loads: one that rebinds the problem's methods changes nothing
-        self.refreshed, self.refresh_count = p.refreshed, max(1, int(p.refresh_count(self.shape)))
+        # taken now, before any candidate loads: one that rebinds the problem's methods changes nothing
+        self.perturbed = p.perturbed
         self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
         self.bank_tag = self._generator_tag(p)
         return p
@@ -881,10 +871,11 @@ class Server:
     # --- timing (both roles) -----------------------------------------------------------------------
     # A timing set is `rotate` static input/output buffer sets (one CUDA graph each, when captured) and a
     # pool of `pool` input value sets generated from the worker's timing seeds. Before every repetition,
-    # outside the timed interval, a static set's inputs are refilled in place from a pool entry picked at
-    # random, its outputs are NaN-poisoned and L2 is flushed; the reference child holds the same pool, so
-    # any repetition's outputs can be compared with the baseline's on the values that repetition saw. A
-    # graph that baked in a result computed during capture, or a cache keyed on buffers, fails there.
+    # outside the timed interval, a static set's inputs are refilled in place with its entry's values (a
+    # pool set perturbed by draws of that entry's own: timing_inputs), its outputs are NaN-poisoned and L2
+    # is flushed; the reference child holds the same pool, so any repetition's outputs can be compared
+    # with the baseline's on the values that repetition saw. A graph that baked in a result computed
+    # during capture, or a cache keyed on buffers or on contents, fails there.
     # The reference child keeps one timing set per distribution (benchmarks share it, each under its
     # lock); a candidate child keeps the one it is being timed on.
 
@@ -905,10 +896,9 @@ class Server:
         entries = [self._inputs(dist, int(seed) + k) for k in range(pool)]
         sets = [({k: (self.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
-        content = [i % pool for i in range(rotate)]
-        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, content=content, initial=list(content),
-                                      outs=[dict(out) for _, out in sets],
-                                      refreshes=self.refresh_count)
+        fresh = FreshValues(self.perturbed, dist, self.device, self.T["Generator"])
+        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
+                                      outs=[dict(out) for _, out in sets])
         if self.cuda and self.flush is None:
             from gpu_worker.devicetime import cold_bytes
 
@@ -985,11 +975,11 @@ class Server:
             self.T["sync"]()
             return None
 
-    def _before_rep(self, ts: "TimingSet", r: int, j: int, graph: bool = False) -> None:
-        """Everything a repetition needs that is not timed, queued on the stream ahead of its events; the
-        L2 flush last, launched the way the timed work is (`graph`: as a graph replay)."""
-        self._refill(ts.sets[r][0], ts.values(j, self.refreshed))
-        ts.content[r] = j
+    def _before_rep(self, ts: "TimingSet", r: int, e: int, noise_seed: int, graph: bool = False) -> None:
+        """Everything a repetition needs that is not timed, queued on the stream ahead of its events (and
+        outside any captured graph): entry e's values into static set r, its outputs poisoned, and the L2
+        flush last, launched the way the timed work is (`graph`: as a graph replay)."""
+        self._refill(ts.sets[r][0], ts.values(e, noise_seed))
         self._poison(ts.outs[r])
         if self.cuda:
             if graph and self.flush_graph is not None:
@@ -1029,7 +1019,6 @@ class Server:
                 pass
             return {"captured": False, "why": f"{type(e).__name__}: {str(e)[:300]}"}
         ts.graphs = graphs
-        ts.initial = list(ts.content)
         return {"captured": True, "why": ""}
 
     def _cycles_per_ms(self) -> float:
@@ -1089,21 +1078,15 @@ class Server:
             res.append([acc, sq] if squares else acc)
         return res
 
-    def _baseline_at(self, ts: "TimingSet", e: int) -> dict:
-        """The baseline's outputs on entry e's inputs: kept for a pool set itself, computed afresh for a
-        refreshed one (each is met once)."""
-        e = int(e)
-        if e in ts.baseline:
-            return ts.baseline[e]
-        outs = {k: v.detach() for k, v in self.baseline(ts.values(e, self.refreshed)).items()}
+    def _baseline_at(self, ts: "TimingSet", e: int, noise_seed: int) -> dict:
+        """The baseline's outputs on entry e's values (each entry is met once: nothing is kept)."""
+        outs = {k: v.detach() for k, v in self.baseline(ts.values(int(e), noise_seed)).items()}
         self._sync()
-        if e < len(ts.pool):
-            ts.baseline[e] = outs
         return outs
 
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
                  dist: str | None = None, check_seed: int | None = None, device_floor_ms: float = 0.0,
-                 entries: list | None = None):
+                 entries: list | None = None, noise_seed: int | None = None, first: int = 0):
         """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
 
         CUDA: the device first waits (a spin kernel) long enough for the host to stay ahead of it through
@@ -1113,11 +1096,16 @@ class Server:
         Host time therefore never lies between a repetition's events. Without CUDA the same steps run
         eagerly around perf_counter (the interpreter stand-in: its times say nothing about speed).
 
+        Repetition i runs on entry first + i (the worker hands out each entry once per benchmark and side),
+        its values derived from `noise_seed` (gpu_worker.timing_inputs); given `entries`, the timed
+        repetitions run on those instead, after `warmup` from first on. Without a noise seed the child
+        draws one of its own (values no other process can derive: no comparison).
+
         With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
-        with the pool entry it ran on (the worker compares them with the baseline's on the same values).
+        with the entry it ran on (the worker compares them with the baseline's on the same values).
         With `check_seed` every repetition's outputs are also fingerprinted after its end event (outside the
         timed interval, before the next refill): projected onto random vectors drawn from the seed. The
-        reference role is given the candidate's block's pool `entries` and times the baseline on those, in
+        reference role is given the candidate's block's `entries` and times the baseline on those, in
         that order, fingerprinting on the same vectors and adding each output's norm: the worker compares
         the two call by call, and no baseline call is spent on the comparison alone."""
         T = self.T
@@ -1127,24 +1115,19 @@ class Server:
             raise ValueError("cuda-graph timing asked of a side that did not capture")
         fn = self._fn()
         rotate, warmup = len(ts.sets), max(warmup, 1)
+        noise_seed, first = self._noise(noise_seed, first, shared=entries is not None or check_seed is not None)
+        warm = list(range(first, first + warmup))
         if entries is not None:
-            n_entries = len(ts.pool) * ts.refreshes
-            entries = [int(e) for e in entries]
-            if not entries or any(not 0 <= e < n_entries for e in entries):
-                raise ValueError(f"entries must be a non-empty list of pool entries, each in 0..{n_entries - 1}")
+            entries = check_entries(entries, avoid=range(first, first + warmup))
             reps = len(entries)
-        draw = T["urandom"](4 * (reps + warmup + 1))
-        picks = [int.from_bytes(draw[4 * i:4 * i + 4], "little") for i in range(reps + warmup + 1)]
-        order, held = [], list(ts.content)
-        for i in range(reps + warmup):  # every refill changes the set's contents
-            r = i % rotate
-            given = entries is not None and i >= warmup
-            held[r] = entries[i - warmup] if given else ts.other_entry(r, picks[i], held[r])
-            order.append((r, held[r]))
-        # the kept repetition ran on other values than its buffers held when captured (or first filled):
-        # a result fixed then, or cached per buffer, cannot be right there
-        eligible = [i for i, (r, j) in enumerate(order[warmup:]) if j != ts.initial[r]]
-        pick = eligible[picks[-1] % len(eligible)] if keep_one and eligible else -1
+        elif type(reps) is not int or reps < 1:
+            raise ValueError(f"reps must be a positive int, got {reps!r}")
+        else:
+            entries = list(range(first + warmup, first + warmup + reps))
+        order = [(i % rotate, e) for i, e in enumerate(warm + entries)]
+        # every timed repetition ran on values its buffers never held (at capture they held a pool set
+        # itself): a result fixed then, or cached per buffer or per content, cannot be right there
+        pick = int.from_bytes(T["urandom"](4), "little") % reps if keep_one else -1
 
         def launch(r: int):
             if mode == "cuda-graph":
@@ -1173,7 +1156,7 @@ class Server:
             if self.cuda and n == warmup - 1:
                 T["sync"]()
                 t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
-            self._before_rep(ts, r, j, graph=mode == "cuda-graph")
+            self._before_rep(ts, r, j, noise_seed, graph=mode == "cuda-graph")
             launch(r)
             check(r, None)  # queued like a timed repetition's, so the host's queueing time counts it
             if self.cuda and n == warmup - 1:
@@ -1181,7 +1164,7 @@ class Server:
         times = []
         if not self.cuda:
             for i, (r, j) in enumerate(timed):
-                self._before_rep(ts, r, j)
+                self._before_rep(ts, r, j, noise_seed)
                 t0 = perf()
                 launch(r)
                 times.append((perf() - t0) * 1e3)
@@ -1196,7 +1179,7 @@ class Server:
         ends = [T["Event"](enable_timing=True) for _ in timed]
         T["sleep"](int(cushion_ms(host_rep_ms, len(timed), device_floor_ms) * self._cycles_per_ms()))
         for i, (r, j) in enumerate(timed):
-            self._before_rep(ts, r, j, graph=mode == "cuda-graph")
+            self._before_rep(ts, r, j, noise_seed, graph=mode == "cuda-graph")
             T["record"](starts[i])
             launch(r)
             T["record"](ends[i])
@@ -1210,7 +1193,7 @@ class Server:
 
     @staticmethod
     def _checks(timed: list, fps: list, proj: dict | None, squares: bool) -> list:
-        """[pool entry, [fingerprint per compared output]] per timed repetition, with [its norm per compared
+        """[entry, [fingerprint per compared output]] per timed repetition, with [its norm per compared
         output] in the reference role (whose fingerprints carry their sums of squares); empty without a seed."""
         if proj is None:
             return []
@@ -1222,17 +1205,31 @@ class Server:
                 out.append([j, [float(x) for x in f]])
         return out
 
-    def cmd_host_latency(self, reps: int = 10, dist: str | None = None):
+    def _noise(self, noise_seed: int | None, first: int, shared: bool) -> tuple[int, int]:
+        """(noise seed, first entry): the worker's, or, where no other process needs the values (`shared`
+        false), a seed of this child's own drawn now."""
+        if noise_seed is None:
+            if shared:
+                raise ValueError("entries and check_seed need the benchmark's noise_seed: without it no other "
+                                 "process derives the values a repetition ran on")
+            return int.from_bytes(self.T["urandom"](6), "little"), 0
+        if type(first) is not int or first < 0:
+            raise ValueError(f"first must be a non-negative int, got {first!r}")
+        return int(noise_seed), first
+
+    def cmd_host_latency(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None,
+                         first: int = 0):
         """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,
         L2 flushed before it): what a caller waits, launch overhead included. Reported beside the device
-        time, never inside a speedup."""
+        time, never inside a speedup. Call i runs on entry first + i."""
         ts = self._timing_set(dist, "host latency")
         fn = self._fn()
         perf = self.T["perf"]
+        noise_seed, first = self._noise(noise_seed, first, shared=False)
         walls = []
         for i in range(reps):
             r = i % len(ts.sets)
-            self._before_rep(ts, r, ts.other_entry(r, i))
+            self._before_rep(ts, r, first + i, noise_seed)
             self._sync()
             t0 = perf()
             fn(*ts.sets[r])
@@ -1260,17 +1257,20 @@ class Server:
         self._release()
         return {"jobs": jobs}
 
-    def cmd_profile(self, reps: int = 10, dist: str | None = None):
+    def cmd_profile(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None, first: int = 0):
         """torch.profiler (CUPTI) over the timed loop's steps, once with the work and once without it: the
         difference is the work's device kernel time per call, which the worker compares with the judged
-        device time. Also returns the kernel names the work launched."""
+        device time. Also returns the kernel names the work launched. Each refill takes the next entry from
+        `first` on (2 + 2 x reps of them)."""
         from torch.profiler import ProfilerActivity, profile
 
         ts = self._timing_set(dist, "profile")
         fn = self._fn()
         rotate = len(ts.sets)
+        noise_seed, first = self._noise(noise_seed, first, shared=False)
+        entry = iter(range(first, first + 2 + 2 * reps))
         for i in range(2):
-            self._before_rep(ts, i % rotate, ts.other_entry(i % rotate, i))
+            self._before_rep(ts, i % rotate, next(entry), noise_seed)
             fn(*ts.sets[i % rotate])
         self._sync()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
@@ -1278,7 +1278,7 @@ class Server:
         def device_events(with_work: bool) -> dict:
             with profile(activities=acts) as prof:
                 for i in range(reps):
-                    self._before_rep(ts, i % rotate, ts.other_entry(i % rotate, i))
+                    self._before_rep(ts, i % rotate, next(entry), noise_seed)
                     if with_work:
                         fn(*ts.sets[i % rotate])
                 self._sync()
@@ -1362,19 +1362,21 @@ class Server:
         raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
         return raw.view(dtype).reshape(handle["shape"]).to(self.device)
 
-    def cmd_compare_timed(self, jobs: list, dist: str | None = None):
-        """Each job: a candidate's output from a timed call that ran on pool entry `set` of the timing set
-        of `dist`, compared with the baseline's output on the same entry (computed once per entry here).
-        Returns rel-RMS and non-finite count per job."""
+    def cmd_compare_timed(self, jobs: list, noise_seed: int, dist: str | None = None):
+        """Each job: a candidate's output from a timed call that ran on entry `set` of the timing set of
+        `dist` (its values derived from `noise_seed`), compared with the baseline's output on the same
+        values. Returns rel-RMS and non-finite count per job."""
         import torch
 
         from baselines.problem import rel_rms
 
         ts = self._timing_set(dist, "compare_timed")
-        res = []
+        res, last = [], [None, None]
         for job in jobs:
             o = self._import(job["out"])  # one output on the device at a time
-            ref = self._baseline_at(ts, job["set"])[job["name"]]
+            if last[0] != job["set"]:  # a call's outputs come together: the baseline runs once per entry
+                last = [job["set"], self._baseline_at(ts, job["set"], noise_seed)]
+            ref = last[1][job["name"]]
             of = o.double()
             res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
             o = of = None  # noqa: F841 - freed before the next output is read, and before the release below

@@ -73,17 +73,17 @@ def other_shapes(problem, verified) -> list[str]:
     return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
 
 
-def _check_entries(checks: list, reps: int, n_entries: int | None) -> None:
+def _check_entries(checks: list, reps: int, expected: list) -> None:
     """A candidate child's report of its timed calls, before the baseline is run on the entries it names:
-    one [entry, fingerprints] per timed call, each entry a pool entry of the timing set."""
+    one [entry, fingerprints] per timed call, the entries the ones the worker handed it, in order."""
     if not checks:
         return
     ok = len(checks) == reps and all(
         isinstance(c, list) and len(c) == 2 and type(c[0]) is int and isinstance(c[1], list)
-        and all(type(x) is float for x in c[1]) and 0 <= c[0] < (n_entries or 0) for c in checks)
+        and all(type(x) is float for x in c[1]) for c in checks) and [c[0] for c in checks] == list(expected)
     if not ok:
         raise Rejection("benchmark", f"timed-output: the candidate's process reported {len(checks)} timed calls "
-                        f"for {reps} timings, or entries outside the timing set's {n_entries}: its report was altered")
+                        f"for {reps} timings, or other entries than it was given: its report was altered")
 
 
 def _mem_shape(shape) -> str:
@@ -859,7 +859,7 @@ class Evaluator:
                     fig["captures"] = res["captures"]
                     with _phase("timed-outputs"):
                         prints = self._check_fingerprints(problem, shape, dist, res)
-                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb)
+                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb, res["noise_seed"])
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
@@ -981,7 +981,6 @@ class Evaluator:
         exclusive side each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         plan = self._plan()
-        plan["entries"] = plan["pool"] * max(1, int(problem.refresh_count(shape)))  # pool entries a set names
         prep = self._timing_args(dist)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         for _, sb in sides:  # one shared hold each: a timing request waits for the shorter one
@@ -1007,6 +1006,15 @@ class Evaluator:
         """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
+        # Every repetition of every side runs on values of its own: an entry, handed out once per
+        # benchmark and side, perturbs a pool set with draws seeded from this secret seed (timing_inputs).
+        # The baseline's timed repetitions take the candidate's entries: the same values, compared call by call.
+        noise_seed, counter = int.from_bytes(os.urandom(6), "little"), [0]
+
+        def take(n: int) -> int:
+            counter[0] += n
+            return counter[0] - n
+
         if self.cuda:
             for who, sb in parties:
                 if sb is None:
@@ -1022,7 +1030,8 @@ class Evaluator:
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about
             # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a side) ...
-            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=3, warmup=1, mode=mode, dist=dist)
+            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=3, warmup=1, mode=mode, dist=dist,
+                                 noise_seed=noise_seed, first=take(4))
             base_ms = median(probe["times"])
             budget_ms = float(os.environ.get("MARATHON_BENCH_BLOCK_MS", "100"))
             plan = {**plan, "reps": max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))}
@@ -1035,7 +1044,8 @@ class Evaluator:
         out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
                "planned_blocks": plan["blocks"], "captures": captures,
                "mode": mode if self.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
-               "check_seed": int.from_bytes(os.urandom(6), "little")}  # secret: drawn per benchmark
+               "check_seed": int.from_bytes(os.urandom(6), "little"),  # secret: drawn per benchmark
+               "noise_seed": noise_seed}
         for b in range(plan["blocks"]):
             # at least two blocks, so that candidate, baseline and best are always interleaved
             if b >= 2 and clearly_slower(out["best"], out["cand"]):
@@ -1047,26 +1057,30 @@ class Evaluator:
                     continue
                 # the side's fastest timed work so far bounds the device's time per repetition from below
                 kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist,
-                          device_floor_ms=min(out[who]) if out[who] else 0.0)
+                          device_floor_ms=min(out[who]) if out[who] else 0.0, noise_seed=noise_seed)
                 if who == "base":
                     if cand_block:  # the baseline runs on the candidate's block's entries, fingerprinted alike
-                        kw.update(entries=[c[0] for c in cand_block], check_seed=out["check_seed"])
+                        kw.update(first=take(warm), entries=[c[0] for c in cand_block], check_seed=out["check_seed"])
+                    else:
+                        kw["first"] = take(warm + plan["reps"])
                     r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
                     out["base_checks"] += r.get("checks") or []
                     out["check_names"] = r.get("check_names") or out["check_names"]  # the trusted side's
                 else:
+                    kw["first"] = take(warm + plan["reps"])
                     if who == "cand":
                         kw["check_seed"] = out["check_seed"]
                     r = sb.call("time", self.timeouts["time"], hb, **kw)
                     self._check_reply(r, "benchmark", sb)
                     if who == "cand":
                         cand_block = r.get("checks") or []
-                        _check_entries(cand_block, len(r["times"]), plan.get("entries"))
+                        given = range(kw["first"] + warm, kw["first"] + warm + plan["reps"])
+                        _check_entries(cand_block, len(r["times"]), list(given))
                         out["checks"] += cand_block
                 out[who] += r["times"]
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
-            kw = dict(reps=plan["host_reps"], dist=dist)
+            kw = dict(reps=plan["host_reps"], dist=dist, noise_seed=noise_seed, first=take(plan["host_reps"]))
             if who == "base":
                 r = self._ref_do(sb, hb, "host_latency", self.timeouts["time"], **kw)
             else:
@@ -1076,10 +1090,10 @@ class Evaluator:
         _add_phase("timed-blocks", out["blocks"])
         return out
 
-    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb) -> tuple[str, list]:
+    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, noise_seed: int) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
-        timed call NaN-poisoned, its inputs refilled from the pool) against the baseline's outputs on the
-        pool entry that call ran on: a candidate that skips or cheapens its work while being timed, or
+        timed call NaN-poisoned, its inputs values of its own) against the baseline's outputs on the
+        values that call ran on: a candidate that skips or cheapens its work while being timed, or
         replays a result fixed at capture or cached from an earlier call, is rejected here, within
         `_timed_output_bound`."""
         from gpu_worker.child import compared_outputs
@@ -1090,12 +1104,13 @@ class Evaluator:
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
         bound = self._timed_output_bound(problem, shape)
-        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs, dist=dist)
+        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs, dist=dist,
+                            noise_seed=noise_seed)
         worst = 0.0
         for job, c in zip(jobs, cr["results"]):
             err = c["rel_err"]
             if c["nonfinite"] or not math.isfinite(err) or err > bound:
-                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call ({dist}, pool "
+                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call ({dist}, "
                                 f"entry {job['set']}) is {'non-finite' if c['nonfinite'] or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
                                 f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped, "
                                 "cheapened, cached or fixed at capture while being timed")
@@ -1139,7 +1154,7 @@ class Evaluator:
             for name, fc, fb, norm in zip(names, fps, fbs, norms):
                 gap = abs(fc - fb) / max(bound * norm, 1e-30) if math.isfinite(fc) else math.inf
                 if gap > FINGERPRINT_SIGMAS:
-                    raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} ({dist}, pool "
+                    raise Rejection("benchmark", f"timed-output: timed call {n + 1} of {len(checks)} ({dist}, "
                                     f"entry {entry}): the output {name!r} does not match the baseline's on the same "
                                     f"inputs ({'non-finite' if not math.isfinite(fc) else f'projection off by {gap:.3g} bounds'}): "
                                     "work skipped, cheapened, cached or fixed at capture while being timed")
@@ -1160,6 +1175,7 @@ class Evaluator:
         with self._with_ref(ref_lock, "exclusive"):
             g0 = time.monotonic()
             try:
+                # values of their own for both (a profile takes 2 + 2 x reps entries): drawn by each child
                 p = fresh.call("profile", self.timeouts["profile"], hb, reps=10, dist=dist)
                 self._check_reply(p, "benchmark", fresh)
                 pb = self._ref_do(ref, hb, "profile", self.timeouts["profile"], reps=10, dist=dist)

@@ -8,7 +8,8 @@ Steps, each the work's CUDA graph replayed between two events with the host far 
   rotated            a graph per rotated input copy (gpu_worker.devicetime, the independent check)
   rotated+flush      the same, the harness's L2 flush on the stream before each replay
   static+flush       two static sets (the harness's), the flush on the stream
-  static+refill      two static sets refilled from a pool and NaN-poisoned, then the flush on the stream
+  static+refill      two static sets refilled (a pool set perturbed, as timed repetitions are) and
+                     NaN-poisoned, then the flush on the stream
   static+memset      two static sets, a one-element memset before each replay (stream work, no flush)
   static+graphflush  two static sets, the flush replayed as a graph
   harness            refill and poison, then the flush as a graph: what the harness does now
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from baselines.registry import check_problem_name, get_problem
     from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
+    from gpu_worker.timing_inputs import FreshValues
 
     try:
         check_problem_name(a.problem)
@@ -90,11 +92,13 @@ def main(argv: list[str] | None = None) -> int:
                for inp in rotated_copies(lambda i: p.make_inputs(shape, dist, 9000 + i, "cuda"))]
     static = [{"inputs": p.make_inputs(shape, dist, 100 + i, "cuda"), "out": outputs()} for i in range(2)]
     pool = [p.make_inputs(shape, dist, 200 + i, "cuda") for i in range(3)]
+    fresh = FreshValues(p.perturbed, dist, "cuda", torch.Generator)
 
-    def refill(s, i):
+    def refill(s, i):  # as the harness does: a pool set perturbed by draws of this repetition's own
+        vals = fresh(pool, i, 1)
         for k, v in s["inputs"].items():
             if isinstance(v, torch.Tensor):
-                v.copy_(pool[i % len(pool)][k])
+                v.copy_(vals[k])
         for v in s["out"].values():
             if v.is_floating_point():
                 v.fill_(float("nan"))

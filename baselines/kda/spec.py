@@ -31,6 +31,8 @@ import math
 
 from baselines.problem import OutputSpec, Problem, Shape
 
+#: g = logsigmoid(x + shift) / div per distribution, x ~ N(0, 1), as make_inputs draws it (perturbed too)
+G_LAW = {"mild": (3.0, 1.0), "strong": (0.0, 0.1)}
 #: the chunk size the FLOP model assumes (FLA's default; the kernels may use 32 or 64)
 FLOP_CHUNK = 64
 
@@ -65,16 +67,29 @@ class KDA(Problem):
     tolerance_alpha = 1.5
     outputs = ("o", "final_state")
 
-    def refresh_count(self, shape):
-        return shape["T"]
-
-    def refreshed(self, inputs, k):
+    def perturbed(self, inputs, generator, distribution):
+        """q and k mixed with fresh directions and normalised again, v and the fp32 state mixed with fresh
+        normal values (baselines.perturb.mixed), g and beta drawn afresh from their laws (make_inputs'): g
+        stays <= 0 with its distribution's decay, beta within (0, 1)."""
         import torch
+        import torch.nn.functional as F
 
-        if not k:
-            return inputs
-        # the sequence rotated: every token keeps its own q, k, v, g and beta; the recurrence sees a new order
-        return {n: (torch.roll(v, k, dims=1) if n in ("q", "k", "v", "g", "beta") else v) for n, v in inputs.items()}
+        from baselines.perturb import mixed, normal_like
+
+        if distribution not in G_LAW:
+            raise ValueError(f"kda has no distribution {distribution!r}")
+        out = dict(inputs)
+        D = inputs["q"].shape[-1]
+        for n in ("q", "k"):  # a unit vector plus an independent one of about the same length, normalised
+            t = inputs[n].float()
+            out[n] = F.normalize(t + normal_like(t, generator) / math.sqrt(D), p=2, dim=-1).to(inputs[n].dtype)
+        out["v"] = mixed(inputs["v"], generator)
+        shift, div = G_LAW[distribution]
+        out["g"] = (F.logsigmoid(normal_like(inputs["g"], generator) + shift) / div).to(inputs["g"].dtype)
+        out["beta"] = torch.sigmoid(normal_like(inputs["beta"], generator)).to(inputs["beta"].dtype)
+        if "initial_state" in inputs:
+            out["initial_state"] = mixed(inputs["initial_state"], generator)
+        return out
 
     def random_space(self, cpu):
         # lengths that leave a tail chunk at every CHUNK (an odd one among them), odd head counts, with and
@@ -99,12 +114,10 @@ class KDA(Problem):
         k = F.normalize(torch.randn(B, T, H, D, generator=gen, dtype=f32), p=2, dim=-1)
         v = torch.randn(B, T, H, D, generator=gen, dtype=f32)
         x = torch.randn(B, T, H, D, generator=gen, dtype=f32)
-        if distribution == "mild":
-            g = F.logsigmoid(x + 3.0)
-        elif distribution == "strong":
-            g = F.logsigmoid(x) / 0.1
-        else:
+        if distribution not in G_LAW:
             raise ValueError(f"kda has no distribution {distribution!r}")
+        shift, div = G_LAW[distribution]
+        g = F.logsigmoid(x + shift) / div  # x + 0.0 and / 1.0 are exact: the laws in the docstring
         beta = torch.sigmoid(torch.randn(B, T, H, generator=gen, dtype=f32))
         lo = f32 if cpu else torch.bfloat16
         inputs = {

@@ -25,6 +25,10 @@ from baselines.mla_decode.dims import SCALE, latent_dim
 from baselines.problem import OutputSpec, Problem, Shape
 
 
+#: q's scale per distribution, as mla_inputs draws it (the cache is N(0, 1) in all of them)
+Q_SCALE = {"unit": 1.0, "small": 0.1, "peaked": 4.0}
+
+
 def mla_inputs(problem: str, rows: int, H: int, S: int, DL: int, DR: int, distribution: str, seed: int,
                device: str, cpu: bool) -> dict:
     """q [rows, H, DL+DR] and one latent cache [S, DL+DR] shared by all heads (decode and prefill alike).
@@ -45,6 +49,17 @@ def mla_inputs(problem: str, rows: int, H: int, S: int, DL: int, DR: int, distri
     return {"q": q.to(dtype).to(device), "kv_cache": cache.to(dtype).to(device)}
 
 
+def mla_perturbed(inputs: dict, generator, distribution: str) -> dict:
+    """A timed repetition's q and cache (decode and prefill alike): each mixed with fresh normal values at
+    its distribution's scale, so the scales stay those `mla_inputs` draws."""
+    from baselines.perturb import mixed
+
+    if distribution not in Q_SCALE:
+        raise ValueError(f"MLA has no distribution {distribution!r}")
+    return {**inputs, "q": mixed(inputs["q"], generator, Q_SCALE[distribution]),
+            "kv_cache": mixed(inputs["kv_cache"], generator)}
+
+
 def _shape(name: str, Q: int, H: int, S: int, DL: int, DR: int) -> Shape:
     assert DL == 8 * DR
     return Shape(name, {"Q": Q, "H": H, "S": S, "DL": DL, "DR": DR})
@@ -63,18 +78,8 @@ class MLADecode(Problem):
     # S = 100 is not a multiple of any block; Q = 2 exercises the several-query path; H*Q = 8 < 16 rows
     cpu_shape = _shape("Q2 H4 S100 DL128 DR16", 2, 4, 100, 128, 16)
 
-    def refresh_count(self, shape):
-        return shape["S"] * shape["H"]
-
-    def refreshed(self, inputs, k):
-        import torch
-
-        if not k:
-            return inputs
-        # the cache's rows rotated (the answer does not change) and the heads' queries (it moves with them)
-        H = inputs["q"].shape[1]
-        return {**inputs, "q": torch.roll(inputs["q"], k % H, dims=1),
-                "kv_cache": torch.roll(inputs["kv_cache"], k // H, dims=0)}
+    def perturbed(self, inputs, generator, distribution):
+        return mla_perturbed(inputs, generator, distribution)
 
     def random_space(self, cpu):
         # cache lengths that fill no tile or split evenly, every query count the spec serves

@@ -16,7 +16,7 @@ As in mla_decode, DL = 8 * DR, so DL = D - D // 9.
 
 from __future__ import annotations
 
-from baselines.mla_decode.spec import SCALE, latent_dim, mla_inputs
+from baselines.mla_decode.spec import SCALE, latent_dim, mla_inputs, mla_perturbed
 from baselines.problem import OutputSpec, Problem, Shape
 
 
@@ -35,17 +35,8 @@ class MLAPrefill(Problem):
     # N = 48 is not a multiple of 32 or 64; the diagonal blocks and the tail are both exercised
     cpu_shape = _shape("N48 H2 DL128 DR16", 48, 2, 128, 16)
 
-    def refresh_count(self, shape):
-        return shape["N"]
-
-    def refreshed(self, inputs, k):
-        import torch
-
-        if not k:
-            return inputs
-        # the sequence rotated: queries and cache rows together, so each query still sees its own prefix of
-        # a sequence, a different one
-        return {**inputs, "q": torch.roll(inputs["q"], k, dims=0), "kv_cache": torch.roll(inputs["kv_cache"], k, dims=0)}
+    def perturbed(self, inputs, generator, distribution):
+        return mla_perturbed(inputs, generator, distribution)
 
     def random_space(self, cpu):
         # sequence lengths that fill no tile: a tail block on the causal diagonal

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from baselines.problem import OutputSpec, Problem, Shape
 
+WIDE = 30.0  # the `wide` distribution's scale
+
 
 class Softmax(Problem):
     name = "softmax"
@@ -16,13 +18,12 @@ class Softmax(Problem):
     tolerance_alpha = 4.0
     outputs = ("y",)
 
-    def refresh_count(self, shape):
-        return shape["M"]
+    def perturbed(self, inputs, generator, distribution):
+        from baselines.perturb import mixed
 
-    def refreshed(self, inputs, k):
-        import torch
-
-        return {"x": torch.roll(inputs["x"], k, dims=0)} if k else inputs  # the rows rotated
+        if distribution not in self.distributions:
+            raise ValueError(f"softmax has no distribution {distribution!r}")
+        return {"x": mixed(inputs["x"], generator, WIDE if distribution == "wide" else 1.0)}
 
     def random_space(self, cpu):
         # rows and columns of every kind: one row, one warp's worth, not a power of two, the widest listed
@@ -36,7 +37,7 @@ class Softmax(Problem):
         g = torch.Generator(device="cpu").manual_seed(seed)
         x = torch.randn(shape["M"], shape["N"], generator=g, dtype=torch.float32)
         if distribution == "wide":
-            x = x * 30.0
+            x = x * WIDE
         elif distribution != "normal":
             raise ValueError(f"softmax has no distribution {distribution!r}")
         return {"x": x.to(device)}

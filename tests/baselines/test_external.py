@@ -12,6 +12,7 @@ import pytest
 
 FILES = Path(__file__).parent / "files"
 RMSNORM = FILES / "rmsnorm.py"
+LAYERNORM = FILES / "layernorm.py"
 
 
 def problem(path=RMSNORM):
@@ -144,35 +145,45 @@ def test_integer_inputs_have_no_scaled_distribution(tmp_path):
     assert p.make_inputs(p.shapes[0], "plain", 0, "cpu")["in0"].dtype == torch.int64
 
 
-def test_timing_refreshes_roll_the_float_inputs_and_leave_the_models_state(tmp_path):
-    """A refreshed set is a valid one of the same distribution with other answers: each float input from
-    get_inputs() rolled by k along its first axis longer than one; parameters, buffers and integer inputs as
-    drawn; k = 0 the set itself; as many refreshes as the longest rolled axis."""
+def test_timing_perturbs_every_float_tensor_and_refresh_false_turns_it_off(tmp_path):
+    """A perturbed set: every float input and the Model's parameters times relative noise (shapes, dtypes,
+    signs kept), integer inputs as drawn, other answers; REFRESH = False: the drawn set itself."""
     import torch
 
     p = problem()
     x = p.make_inputs(p.cpu_shape, "plain", 3, "cpu", cpu=True)
-    assert p.refresh_count(p.cpu_shape) == 16 and p.refresh_count(p.shapes[0]) == 256  # the rows
-    assert p.refreshed(x, 0) is x
-    y = p.refreshed(x, 5)
-    assert torch.equal(y["in0"], torch.roll(x["in0"], 5, dims=0)) and y["weight"] is x["weight"]
-    assert not torch.allclose(p.oracle(y)["out0"], p.oracle(x)["out0"])
+    y = p.perturbed(x, torch.Generator().manual_seed(1), "plain")
+    for n in ("in0", "weight"):
+        assert y[n].shape == x[n].shape and y[n].dtype == x[n].dtype
+        assert (y[n] != x[n]).all() and torch.equal(y[n] > 0, x[n] > 0), n
+    assert not torch.allclose(p.oracle(y)["out0"], p.oracle(x)["out0"], rtol=1e-2)
 
     mixed = MODEL.replace("def forward(self, x):\n        return x * 2",
                           "def forward(self, x, i):\n        return x * 2 + i")
     q = problem(write(tmp_path, "mixed.py", mixed + "\ndef get_inputs():\n    return [torch.randn(1, 7), "
                                                     "torch.randint(0, 9, (1, 7))]\n"))
-    assert q.refresh_count(q.shapes[0]) == 7  # batch 1: the first axis longer than one
     a = q.make_inputs(q.shapes[0], "plain", 0, "cpu")
-    b = q.refreshed(a, 2)
-    assert torch.equal(b["in0"], torch.roll(a["in0"], 2, dims=1)) and b["in1"] is a["in1"]
+    b = q.perturbed(a, torch.Generator().manual_seed(2), "plain")
+    assert (b["in0"] != a["in0"]).all() and b["in1"] is a["in1"]
 
-    ints = problem(write(tmp_path, "ints.py", MODEL + "\ndef get_inputs():\n    return [torch.randint(0, 9, (4, 4))]\n"))
-    assert ints.refresh_count(ints.shapes[0]) == 1  # nothing to roll
     off = problem(write(tmp_path, "off.py", MODEL + GOOD_TAIL + "REFRESH = False\n"))
-    assert off.refresh_count(off.shapes[0]) == 1
     z = off.make_inputs(off.shapes[0], "plain", 0, "cpu")
-    assert off.refreshed(z, 3) is z
+    assert off.perturbed(z, torch.Generator().manual_seed(3), "plain") is z
+
+
+def test_a_models_parameters_vary_per_case_from_its_own_initialisation():
+    """nn.LayerNorm starts at weight 1 and bias 0: per case they are scaled and shifted (the same for the
+    same seed, whatever the distribution), so a kernel that ignores them fails."""
+    import torch
+
+    p = problem(LAYERNORM)
+    assert p.input_names() == ["in0", "ln.weight", "ln.bias"]
+    a, b = (p.make_inputs(p.cpu_shape, "plain", s, "cpu", cpu=True) for s in (1, 2))
+    for n in ("ln.weight", "ln.bias"):
+        assert not torch.equal(a[n], b[n]), n
+        assert torch.equal(a[n], p.make_inputs(p.cpu_shape, "scaled", 1, "cpu", cpu=True)[n]), n
+    assert (a["ln.weight"] > 0).all() and float((a["ln.weight"] - 1).abs().mean()) > 0.1
+    assert float(a["ln.bias"].abs().mean()) > 0.03
 
 
 def test_cpu_run_checks(tmp_path):
@@ -282,6 +293,19 @@ def test_harness_passes_a_correct_triton_candidate_and_rejects_a_wrong_one(harne
     wrong = good.replace("x * r * w", "x * r")
     w = ev.verify(_req(store, key, wrong))
     assert not w.ok and w.stage == "verify", w.reason
+
+
+def test_a_kernel_ignoring_the_models_affine_parameters_is_rejected(harness):
+    """LayerNorm's weight and bias vary per case: the honest kernel passes, one that leaves them out (right
+    for weight 1 and bias 0, as nn.LayerNorm starts) is wrong."""
+    ev, store, _ = harness
+    key = "file:" + store.put_bytes(LAYERNORM.read_bytes())
+    good = (FILES / "layernorm_kernel.py").read_text()
+    v = ev.verify(_req(store, key, good))
+    assert v.ok, v.reason
+    for plain in ("d * r * w", "d * r + b", "d * r"):
+        w = ev.verify(_req(store, key, good.replace("d * r * w + b", plain)))
+        assert not w.ok and w.stage == "verify" and w.reason.startswith("wrong"), (plain, w.reason)
 
 
 def test_harness_benchmarks_a_file_problem_against_the_eager_reference(harness):

@@ -2,7 +2,7 @@
 of the whole output onto the same vector, the vectors are the same for the same seed in another process,
 and a different output, or one of another size, does not pass for the right one. The reference child times
 the baseline on the entries the candidate's block ran on, and a candidate's report of them is checked
-before it is used."""
+against the entries it was given before it is used."""
 
 from __future__ import annotations
 
@@ -62,53 +62,44 @@ def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monke
     assert not torch.equal(here, s._projections(seed=778)["y"].float())
 
 
-def test_an_entry_names_a_pool_set_and_a_refresh_of_it():
-    from baselines.registry import get_problem
-
-    p = get_problem("softmax")
-    pool = [p.make_inputs(p.cpu_shape, "normal", seed=s, device="cpu", cpu=True) for s in (1, 2, 3)]
-    ts = child.TimingSet(key=(), sets=[], pool=pool, content=[0], initial=[0], refreshes=p.refresh_count(p.cpu_shape))
-    entries = [ts.other_entry(0, rnd) for rnd in range(400)]
-    assert all(e % 3 != 0 for e in entries)  # never the pool set static set 0 holds
-    assert len({e // 3 for e in entries}) > 50  # refreshes spread over the 64 the problem makes
-    assert ts.values(1, p.refreshed) is pool[1]
-    e = 2 + 3 * 5
-    assert torch.equal(ts.values(e, p.refreshed)["x"], torch.roll(pool[2]["x"], 5, dims=0))
-
-
 def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerprints_them(tmp_path, monkeypatch):
     s = server(tmp_path, monkeypatch, chunk=child.FINGERPRINT_CHUNK)
     s.cmd_prepare(rotate=2, pool=3, dist="normal", seed=11)
-    entries = [4, 1, 7, 7, 2]
-    r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries)
+    entries = [4, 1, 7, 9, 2]
+    r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries, noise_seed=5, first=100)
     assert len(r["times"]) == 5 and [c[0] for c in r["checks"]] == entries and r["check_names"] == ["y"]
     ts = s.timing["normal"]
     proj = s._projections(99)
-    for (e, fps, norms) in r["checks"]:  # each the baseline's own output on that entry, with its norm
-        y = s.baseline(ts.values(e, s.refreshed))["y"]
+    for (e, fps, norms) in r["checks"]:  # each the baseline's own output on that entry's values, with its norm
+        y = s.baseline(ts.values(e, 5))["y"]
         assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
         assert math.isclose(norms[0], float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
-    n = len(ts.pool) * ts.refreshes
-    for bad in ([n], [-1], []):
+    for bad, why in (([-1], "non-negative"), ([], "non-empty"), ([3, 3], "distinct"), ([100], "distinct"),
+                     ([2.0], "non-negative ints")):
         try:
-            s.cmd_time(reps=5, dist="normal", check_seed=99, entries=bad)
+            s.cmd_time(reps=5, dist="normal", check_seed=99, entries=bad, noise_seed=5, first=100)
             raise AssertionError(f"entries {bad} were timed")
         except ValueError as e:
-            assert "pool entries" in str(e)
+            assert why in str(e), (bad, e)
+    try:  # values another process is to derive need the benchmark's seed
+        s.cmd_time(reps=5, dist="normal", check_seed=99)
+        raise AssertionError("fingerprinted without a noise seed")
+    except ValueError as e:
+        assert "noise_seed" in str(e)
 
 
 def test_a_candidates_report_of_its_timed_calls_is_checked_before_the_baseline_runs_on_it():
     from gpu_worker.harness import _check_entries
     from gpu_worker.sandbox import Rejection
 
-    good = [[3, [0.5]], [0, [1.5]]]
-    _check_entries(good, 2, n_entries=8)
-    _check_entries([], 2, n_entries=8)  # no seed, no report: nothing to pair (the fingerprint check says so)
-    for bad, reps in ([good, 3], ([[8, [0.5]], [0, [1.5]]], 2), ([[-1, [0.5]], [0, [1.5]]], 2),
-                      ([["3", [0.5]], [0, [1.5]]], 2), ([[3.0, [0.5]], [0, [1.5]]], 2), ([[3], [0, [1.5]]], 2),
-                      ([[3, ["0.5"]], [0, [1.5]]], 2)):
+    good = [[3, [0.5]], [4, [1.5]]]
+    _check_entries(good, 2, [3, 4])
+    _check_entries([], 2, [3, 4])  # no seed, no report: nothing to pair (the fingerprint check says so)
+    for bad, reps in ([good, 3], ([[4, [0.5]], [3, [1.5]]], 2), ([[3, [0.5]], [3, [1.5]]], 2),
+                      ([["3", [0.5]], [4, [1.5]]], 2), ([[3.0, [0.5]], [4, [1.5]]], 2), ([[3], [4, [1.5]]], 2),
+                      ([[3, ["0.5"]], [4, [1.5]]], 2)):
         try:
-            _check_entries(bad, reps, n_entries=8)
+            _check_entries(bad, reps, [3, 4])
             raise AssertionError(f"{bad} accepted")
         except Rejection as e:
             assert "timed-output" in str(e) and "altered" in str(e)

@@ -1,0 +1,72 @@
+"""Fresh values for timing and for parameters, drawn from a generator on the tensors' own device.
+
+Timing (Problem.perturbed): every timed repetition's inputs are a pool set mixed with values drawn for that
+repetition alone, so no repetition sees contents, or a permutation of contents, seen before; the change
+moves the answer by far more than any tolerance, so a memo that matched on some invariant anyway would
+hand back a wrong answer.
+
+Parameters (vary_parameters): a module's parameters and buffers as its own initialisation drew them,
+scaled and shifted per case, so that none keeps a value that makes it a no-op (LayerNorm's weight 1 and
+bias 0).
+
+No torch at import time: problems import this from their spec.
+"""
+
+from __future__ import annotations
+
+import math
+
+#: a timed repetition's latent values are MIX x the pool's + MIX x fresh ones: for standard normal latents
+#: the mixture is standard normal again (MIX^2 + MIX^2 = 1), so the distribution is exactly kept
+MIX = math.sqrt(0.5)
+#: the default relative noise: each float element times exp(s z - s^2 / 2), z standard normal (mean kept,
+#: sign and zeros kept, so positive inputs stay positive); a 25% change moves any answer that depends on
+#: its inputs far beyond a tolerance
+RELATIVE = 0.25
+#: parameters: each element times exp(PARAM_SCALE z), plus PARAM_SHIFT x (its tensor's RMS, 1 for an all-zero
+#: tensor) x z' where the tensor has elements of both signs or is all zero
+PARAM_SCALE = 0.3
+PARAM_SHIFT = 0.1
+
+
+def normal_like(t, generator, dtype=None):
+    """Standard normal values of t's shape on t's device, in fp32 (or `dtype`)."""
+    import torch
+
+    return torch.randn(t.shape, generator=generator, device=t.device, dtype=dtype or torch.float32)
+
+
+def mixed(t, generator, scale: float = 1.0):
+    """t (a tensor of N(0, scale^2) values) mixed with as many fresh ones: N(0, scale^2) again, in t's dtype.
+    In place on the fresh fp32 draw: one fp32 temporary of t's size."""
+    return normal_like(t, generator).mul_(MIX * scale).add_(t, alpha=MIX).to(t.dtype)
+
+
+def relative_noise(t, generator, s: float = RELATIVE):
+    """t times exp(s z - s^2/2) elementwise (the default perturbation of a float input), in t's dtype."""
+    return normal_like(t, generator).mul_(s).sub_(0.5 * s * s).exp_().mul_(t).to(t.dtype)
+
+
+def default_perturbed(inputs: dict, generator) -> dict:
+    """Every float tensor with relative noise; other values as they are."""
+    import torch
+
+    return {k: (relative_noise(v, generator) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in inputs.items()}
+
+
+def vary_parameter(t, generator):
+    """One parameter or buffer scaled and shifted (see the module's docstring); non-float tensors as they are.
+    Non-negative tensors (a weight of ones, a running variance, a 0/1 mask) are only scaled: they stay
+    non-negative and their zeros stay zeros."""
+    import torch
+
+    if not t.is_floating_point() or t.numel() == 0:
+        return t
+    f = t.float()
+    out = f * torch.exp(PARAM_SCALE * normal_like(f, generator))
+    nonneg = bool((f >= 0).all())
+    if not nonneg or not bool(f.any()):
+        rms = float(f.pow(2).mean().sqrt())
+        out = out + PARAM_SHIFT * (rms if rms > 0 else 1.0) * normal_like(f, generator)
+    return out.to(t.dtype)
