@@ -340,6 +340,8 @@ class CompileReport(Strict):
     log_key: str | None = None
     seconds: float = 0.0
     family: str | None = None  # the cheating family a refusal names (FAMILIES), from its error
+    # the compiling GPU worker's own task queue: the candidate's later stages go there, to the child it loaded
+    worker_queue: str | None = None
 
     @model_validator(mode="after")
     def _family(self):

@@ -16,7 +16,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions
@@ -29,6 +30,12 @@ EVALUATE_TYPE = "EvaluateCandidate"
 RESULT_SIGNAL = "evaluated"
 # a would-be best is also verified at a random shape, where the harness lists no other shape too
 RANDOM_SHAPE_PATCH = "random-shape-for-bests"
+# a candidate's stages after compile go to the compiling GPU worker's own queue (CompileReport.worker_queue)
+STICKY_PATCH = "one-worker-per-candidate"
+#: a stage waits this many heartbeat periods for the candidate's worker to take it from its own queue ...
+STICKY_WAIT_HEARTBEATS = 5
+#: ... and a candidate is evaluated again from compile at most this often after its worker went away
+REDOS = 3
 
 # Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
@@ -44,6 +51,11 @@ class Paused(Exception):
         self.reason = reason
 
 
+class WorkerGone(Exception):
+    """A stage sent to a GPU worker's own queue was not taken within its schedule-to-start timeout: the
+    worker that loaded the candidate has gone (its queue dies with it; a restarted worker has a new one)."""
+
+
 class Rejected(Exception):
     """A candidate fell out of the pipeline; carries its record fields."""
 
@@ -53,13 +65,19 @@ class Rejected(Exception):
 
 
 async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
-                        summary: str):
-    """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused."""
+                        summary: str, start_within: timedelta | None = None):
+    """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
+    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone."""
     try:
         return await workflow.execute_activity(
             name, arg, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
-            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary)
+            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary,
+            schedule_to_start_timeout=start_within)
     except ActivityError as e:
+        if start_within is not None and isinstance(e.cause, ActivityTimeout) \
+                and e.cause.type == TimeoutType.SCHEDULE_TO_START:
+            raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
+                from e
         msg = str(e.cause) if e.cause is not None else str(e)
         raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
@@ -86,6 +104,7 @@ class EvaluateCandidate:
     async def run(self, req: EvaluateRequest) -> EvaluationResult:
         me = workflow.info().workflow_id
         self.random_shapes = workflow.patched(RANDOM_SHAPE_PATCH)  # decided in the first activation
+        self.sticky = workflow.patched(STICKY_PATCH)
         try:
             record, facts = await self.evaluate(req)
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
@@ -107,25 +126,52 @@ class EvaluateCandidate:
         ev = EvalRequest(problem=req.problem, candidate_id=cand.candidate_id, source_key=cand.source_key,
                          shape=req.shape, iteration=req.iteration)
         facts = None
+        shared = req.gpu_queue
+        # a worker's own queue that nobody polls for this long belongs to a worker that went away
+        start_within = timedelta(seconds=STICKY_WAIT_HEARTBEATS * req.heartbeat_seconds)
 
-        async def gpu(name, arg, result_type, minutes):
-            return await call_activity(name, arg, result_type, req.gpu_queue, minutes, req.heartbeat_seconds,
-                                       f"{name} #{req.iteration}")
+        async def gpu(name, arg, result_type, minutes, queue=shared):
+            return await call_activity(name, arg, result_type, queue, minutes, req.heartbeat_seconds,
+                                       f"{name} #{req.iteration}", start_within if queue != shared else None)
 
         try:
             rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),
                                      RuleReport, f"check_rules #{req.iteration}")
             if not rules.ok:
                 raise Rejected("rules", f"{rules.rule}: {rules.detail}")
-            comp = await gpu("compile_candidate", ev, CompileReport, 15)
-            if not comp.ok:
-                raise Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
-            ver = await gpu("verify_candidate", ev, VerifyReport, 20)
-            if not ver.ok:
-                raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
-                               interpreter=ver.interpreter)
-            best = req.best
-            bench = await gpu("benchmark_candidate", ev.bench(best=best), BenchReport, 20)
+            redo = 0
+            while True:
+                try:
+                    comp = await gpu("compile_candidate", ev, CompileReport, 15)
+                    if not comp.ok:
+                        raise Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
+                    # the later stages go to the worker that compiled the candidate, where its child waits loaded
+                    queue = comp.worker_queue if self.sticky and comp.worker_queue else shared
+                    ver = await gpu("verify_candidate", ev, VerifyReport, 20, queue)
+                    if not ver.ok:
+                        raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
+                                       interpreter=ver.interpreter)
+                    best = req.best
+                    bench = await gpu("benchmark_candidate", ev.bench(best=best), BenchReport, 20, queue)
+                    break
+                except WorkerGone as gone:
+                    # the worker holding the candidate went away: evaluated again from compile on the shared
+                    # queue, wherever it lands; nothing of it was recorded
+                    redo += 1
+                    if redo > REDOS:
+                        raise Paused(f"{gone}; {REDOS} evaluations again from compile met the same") from gone
+                    workflow.logger.info("#%s evaluated again from compile: %s", req.iteration, gone)
+
+            async def on_worker(name, arg, result_type, minutes):
+                """A would-be best's checks on the candidate's worker; once it has gone, on the shared queue
+                (each of these loads the candidate afresh anyway)."""
+                nonlocal queue
+                try:
+                    return await gpu(name, arg, result_type, minutes, queue)
+                except WorkerGone:
+                    queue = shared
+                    return await gpu(name, arg, result_type, minutes, queue)
+
             gpu_s, facts = bench.gpu_seconds, bench.device_facts
             if not bench.ok:
                 raise Rejected(bench.stage, bench.reason, log_key=bench.log_key, interpreter=bench.interpreter,
@@ -133,8 +179,8 @@ class EvaluateCandidate:
             outcome = "passed"
             if decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
                 # A new best is re-measured in a fresh process before it is believed.
-                again = await gpu("benchmark_candidate", ev.bench(best=best, fresh_process=True),
-                                  BenchReport, 20)
+                again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
+                                        BenchReport, 20)
                 gpu_s += again.gpu_seconds
                 if again.ok and decisions.improves_on(again, best):
                     bench, outcome = again, "improved"
@@ -146,7 +192,7 @@ class EvaluateCandidate:
                 # was verified fails.
                 other = ver.other_shapes[0] if ver.other_shapes else req.shape
                 again = {"shape": other, "random_shape": True} if self.random_shapes else {"shape": other}
-                at = await gpu("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
+                at = await on_worker("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
                 if not at.ok:
                     reason = at.reason if other == req.shape or at.reason.startswith("shape-specific:") else \
                         f"shape-specific: correct at {req.shape or 'the primary shape'}, not at {other}: {at.reason}"
