@@ -35,7 +35,8 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
-from gpu_worker.timing import choose_mode, clearly_slower, crosscheck, decide, distribution_figures, median
+from gpu_worker.timing import (another_block, choose_mode, crosscheck, decide, distribution_figures, median,
+                               shown_slower)
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
                                  EvalRequest, ProfileReport, Receipt, VerifyReport)
 
@@ -869,6 +870,8 @@ class Evaluator:
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
+                    if shown_slower(fig):  # a clear loser: the other distributions are not timed
+                        break
                 verdict = decide(per_dist)
                 if fresh is not None:
                     with _phase("crosscheck"):
@@ -909,6 +912,9 @@ class Evaluator:
                              + f"; {host}; timed blocks {d['blocks']} of {d['planned_blocks']}"
                              + (" (stopped early: slower than the current best)" if d["blocks"] < d["planned_blocks"] else "")
                              + f"; captures {d['captures']}; timed outputs {d['timed_outputs']}")
+            skipped = [d for d in problem.distributions if d not in {f["dist"] for f in per_dist}]
+            if skipped:
+                lines.append(f"not timed: {', '.join(skipped)} (already shown slower than the current best)")
             lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
                       f"receipt: {rec.model_dump()}"]
             if self.cuda:
@@ -1042,8 +1048,7 @@ class Evaluator:
                "mode": mode if self.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
                "check_seed": int.from_bytes(os.urandom(6), "little")}  # secret: drawn per benchmark
         for b in range(plan["blocks"]):
-            # at least two blocks, so that candidate, baseline and best are always interleaved
-            if b >= 2 and clearly_slower(out["best"], out["cand"]):
+            if not another_block(b, out["best"], out["cand"]):  # a clear loser stops after its first block
                 break
             warm = plan["warmup"] if b == 0 else 1
             cand_block: list = []

@@ -1185,8 +1185,8 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
 
 
 def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):
-    """The interleaved blocks end after two when the candidate is already shown slower than the current best
-    (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
+    """The interleaved blocks end after the first when the candidate is already shown slower than the current
+    best (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
@@ -1208,8 +1208,8 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
         return e._interleave(None, "normal", cand, base, best, plan, None), cand
 
     res, cand = run(1.2)
-    assert res["blocks"] == 2 and res["planned_blocks"] == 5 and cand.calls == 2
-    assert len(res["cand"]) == len(res["base"]) == len(res["best"]) == 40
+    assert res["blocks"] == 1 and res["planned_blocks"] == 5 and cand.calls == 1
+    assert len(res["cand"]) == len(res["base"]) == len(res["best"]) == 20
     res, cand = run(1.0)  # level with the best: no decision, every block
     assert res["blocks"] == 5 and cand.calls == 5
     res, cand = run(0.8)  # faster: every block, for the acceptance's interval
