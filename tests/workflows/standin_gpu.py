@@ -45,6 +45,7 @@ class StandInGpu:
         self.device = threading.Lock()
         self.loaded: set[str] = set()
         self.on_compile = None  # called with the request after each compile (a test may stop the worker)
+        self.on_verify = None  # ... and as each verification starts
 
     @contextlib.contextmanager
     def _on_device(self):
@@ -72,6 +73,8 @@ class StandInGpu:
         @activity.defn(name="verify_candidate")
         def verify_candidate(req: EvalRequest) -> VerifyReport:
             STAGES.append(("verify", req.candidate_id, self.name, req.random_shape))
+            if self.on_verify:
+                self.on_verify(req)
             if req.candidate_id not in self.loaded:
                 self._compile(req.candidate_id)
             with self._on_device():

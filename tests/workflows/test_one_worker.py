@@ -107,3 +107,28 @@ async def test_a_worker_gone_after_compiling_costs_a_new_evaluation_not_a_record
         assert {s for s, c, w, _ in STAGES if c == cid and w == "b"} >= {"compile", "verify", "benchmark"}
     recs = read_ledger(store, res.ledger_key)
     assert all(r.outcome in ("passed", "improved", "rejected") for r in recs)
+
+
+async def test_a_worker_gone_in_the_middle_of_a_stage_costs_a_new_evaluation(env, store):
+    """Worker a stops while a verification of one of its candidates runs: the stage's retry waits on a's
+    queue, times out there, and the candidate is evaluated again from compile on worker b."""
+    standin_gpu.reset()
+    a, b = StandInGpu("a", verify_s=30.0), StandInGpu("b")
+    loop = asyncio.get_running_loop()
+    verifying_on_a = asyncio.Event()
+    a.on_verify = lambda req: loop.call_soon_threadsafe(verifying_on_a.set)
+    spec = RunSpec(problem="softmax", budget={"iterations": 1}, population=1, heartbeat_seconds=2)
+    async with build_agent_worker(env.client):
+        stack = contextlib.AsyncExitStack()
+        for w in await a.workers(env.client):
+            await stack.enter_async_context(w)
+        h = await start(env.client, spec, "worker-gone-mid-stage")
+        await asyncio.wait_for(verifying_on_a.wait(), 30)
+        await stack.aclose()
+        async with contextlib.AsyncExitStack() as stack_b:
+            for w in await b.workers(env.client):
+                await stack_b.enter_async_context(w)
+            res = await asyncio.wait_for(h.result(), 120)
+    assert_contiguous(store, res, 1)
+    assert [(s, w) for s, _, w, _ in STAGES][:5] == [("compile", "a"), ("verify", "a"), ("compile", "b"),
+                                                      ("verify", "b"), ("benchmark", "b")], STAGES
