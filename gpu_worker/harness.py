@@ -22,8 +22,6 @@ import math
 import os
 import random
 import secrets
-import shutil
-import subprocess
 import threading
 import time
 from typing import Callable
@@ -35,6 +33,7 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
+from gpu_worker.sass import scan_sass
 from gpu_worker.timing import (another_block, choose_mode, crosscheck, decide, distribution_figures, median,
                                shown_slower)
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
@@ -277,14 +276,19 @@ class Evaluator:
                 self._refs[key] = entry
         sb, lock, info = entry
         if not info:
-            with lock:
-                if not info:
-                    try:
-                        r = self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name, shape=shape.name)
-                    except RuntimeError:
-                        sb.close()
-                        raise
-                    info.update(r)
+            try:
+                # a new child's CUDA context is untimed device work (the gate's shared side); Triton's keys and
+                # the problem's setup (imports, the baseline's construction) are host work, outside the gate
+                with self._with_ref(lock):
+                    self._ref_do(sb, hb, "cuda_init", self.timeouts["load"])
+                with lock:
+                    if not info:
+                        self._ref_do(sb, hb, "warm_triton", self.timeouts["load"])
+                        info.update(self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name,
+                                                 shape=shape.name))
+            except RuntimeError:
+                sb.close()
+                raise
         return entry
 
     def _ref_call(self, problem, shape, hb, cmd, timeout, gate: str = "shared", **kw) -> dict:
@@ -322,6 +326,9 @@ class Evaluator:
         missing = absent(cases)
         if missing:
             sb, lock, _ = self._ref(problem, shape, hb)
+            with lock:  # the cases' inputs generated (and banked) or read: host work, before the gate
+                if absent(missing):
+                    self._ref_do(sb, hb, "stage", self.timeouts["reference"], cases=absent(missing))
             with self._with_ref(lock, gate):
                 # read again with the child's lock held: another caller (the warm-up, an early verification)
                 # may have computed these cases while this one waited for it, and each case is computed once
@@ -494,7 +501,7 @@ class Evaluator:
                 if over:
                     raise Rejection("compile", over, sb.log_tail())
                 with _phase("sass"):
-                    sass = self._sass(kernels)
+                    sass = scan_sass(kernels)
                 log = sb.log_tail()
                 self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
                 kept = True
@@ -527,34 +534,10 @@ class Evaluator:
             kernels=sorted({k["name"] for k in kernels if k.get("name")}), interpreter=self.interpreter,
             log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
-    def _sass(self, kernels: list[dict]) -> dict:
-        """SASS via cuobjdump where available: HGMMA (wgmma) and UTMA* (TMA) instructions."""
-        exe = shutil.which("cuobjdump")
-        out = {"hgmma": False, "tma": False, "text": ""}
-        if not exe:
-            return out
-        from concurrent.futures import ThreadPoolExecutor
-
-        def disassemble(path):  # one cuobjdump per kernel, side by side: each takes about a second
-            try:
-                return subprocess.run([exe, "-sass", path], capture_output=True, text=True, timeout=60).stdout
-            except Exception:  # noqa: BLE001
-                return None
-
-        found = [k for k in kernels if k.get("cubin_path") and os.path.exists(k["cubin_path"])]
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(found)))) as pool:
-            listings = list(pool.map(disassemble, [k["cubin_path"] for k in found]))
-        texts = []
-        for k, s in zip(found, listings):
-            if s is None:
-                continue
-            h = "HGMMA" in s
-            t = "UTMALDG" in s or "UTMASTG" in s or "UBLKCP" in s
-            out["hgmma"] |= h
-            out["tma"] |= t
-            texts.append(f"SASS {k.get('name')}: HGMMA={h} TMA={t} instructions={s.count(chr(10))}")
-        out["text"] = "\n".join(texts)
-        return out
+    def _stage(self, sb: Sandbox, cases: list, stage: str, hb) -> None:
+        """The cases' inputs into the child's host memory (bank reads, or generation): before the gate."""
+        with _phase("stage"):
+            self._check_reply(sb.call("stage", self.timeouts["load"], hb, cases=cases), stage, sb)
 
     # --- verify ----------------------------------------------------------------------------------
     def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
@@ -601,8 +584,7 @@ class Evaluator:
             self._random_users[(problem.name, shape.name)] += 1
         with _phase("random-shape"):
             try:
-                with self._shared():  # a new reference child's context: untimed device work, never beside a timing
-                    self._ref(problem, shape, hb)
+                self._ref(problem, shape, hb)  # a new reference child: its context under the gate (_ref)
                 r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
                                  base_err=base_err, hand_on=False)
             except Rejection as rej:
@@ -639,6 +621,7 @@ class Evaluator:
         (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
         drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
         dist = problem.distributions[0]
+        self._stage(sb, [[dist, 0]], stage, hb)
         with _phase("prepare"), self._shared():
             pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[dist, 0]], kernels=False)
         self._check_reply(pre, stage, sb)
@@ -669,6 +652,7 @@ class Evaluator:
             mem.enter_context(self._hold(problem, shape, "verify"))
             if loaded_now:  # a child loaded for this shape compiles first, outside the verification's holds
                 self._compile_in(sb, problem, hb, "verify")
+            self._stage(sb, [list(c) for c in cases], "verify", hb)
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
