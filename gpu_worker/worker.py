@@ -4,8 +4,8 @@ names the latter, and the candidate's verify and benchmark come back there, to t
 
 Concurrency: compile activities run on CPU cores ahead of the GPU; everything that touches the GPU
 (verification, timing, profiling) takes the evaluator's GPU lock, so at most one timed job runs on
-the device at a time. On CUDA the worker accepts 8 concurrent activities on each of its queues (compiles overlap a timed
-job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
+the device at a time. On CUDA the worker accepts 8 concurrent activities on each of its two queues
+(compiles overlap a timed job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
 the worker is built; if they fail, this raises and no worker is built, and activities refuse work.

@@ -22,9 +22,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
         AGENT_QUEUE, WORKFLOW_TYPE, BestRef, BestSummary, BudgetChange, Budget, Candidate, CarriedState,
-        CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult, Hint,
-        IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status, StopRequest,
-        VerifyReport, explain,
+        CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
+        Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
+        StopRequest, VerifyReport, explain,
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
     from workflows.llm_loop import llm_step

@@ -114,7 +114,8 @@ def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
         out = {}
         side = threading.Thread(target=lambda: out.update(c=e.compile(slow)))
         side.start()
-        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=fast.candidate_id, source_key=fast.source_key))
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=fast.candidate_id,
+                                     source_key=fast.source_key))
         side.join(600)
         assert b.ok and out["c"].ok, (b.reason, out)
     finally:
@@ -122,7 +123,8 @@ def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
 
     spawned = [x for x in gate.events if x[0] == "spawn"]
     assert any(w == "reference" for _, w, _, _ in spawned) and any(w == "candidate" for _, w, _, _ in spawned)
-    inside = [(k, w) for k, w, _, depth in gate.events if depth and (k in ("spawn", "store") or w in HOST_COMMANDS)]
+    inside = [(k, w) for k, w, _, depth in gate.events
+              if depth and (k in ("spawn", "store") or w in HOST_COMMANDS)]
     assert not inside, f"host work inside a device hold: {inside}"
     # device work did go through the gate: uploads, verification steps, timing
     held = {w for k, w, _, depth in gate.events if depth and k == "command"}
