@@ -378,9 +378,8 @@ class Server:
         """Cases' inputs into host memory now, from the bank or generated (and banked, by the reference):
         host work, which the worker asks for outside its GPU gate; the upload that follows takes them."""
         t0 = self.T["perf"]()
-        for d, s in cases:
-            if (d, s) not in self._staged:
-                self._staged[(d, s)] = self._host_inputs(d, s)
+        staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
+        self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return {"seconds": round(self.T["perf"]() - t0, 4)}
 
     def _host_inputs(self, dist: str, seed: int) -> dict:
