@@ -394,7 +394,7 @@ async def cmd_worker(args) -> int:
 
         workers.append(build_agent_worker(client))
     if args.role in ("gpu", "all"):
-        from gpu_worker.worker import build_gpu_worker
+        from gpu_worker.worker import build_gpu_workers
 
         from gpu_worker.activities import evaluator
         from workflows.client import connect_config
@@ -403,7 +403,7 @@ async def cmd_worker(args) -> int:
         gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
                                                    "identity": gpu_worker_identity(evaluator().interpreter)},
                                                 data_converter=client.data_converter)
-        workers.append(build_gpu_worker(gpu_client, task_queue=queue))
+        workers += build_gpu_workers(gpu_client, task_queue=queue)
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
           f"{client.service_client.config.target_host}", flush=True)
     print(metrics.describe(), flush=True)

@@ -27,6 +27,7 @@ from workflows.metrics import observe_report
 
 _EV = None
 _EV_LOCK = threading.Lock()
+_OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_workers), named in compile reports
 
 
 def gpu_concurrency(cuda: bool) -> int:
@@ -54,6 +55,13 @@ def set_evaluator(ev) -> None:
     global _EV
     with _EV_LOCK:
         _EV = ev
+
+
+def set_worker_queue(queue: str | None) -> None:
+    """The task queue only this worker polls: a compile report names it, so that the candidate's later
+    stages come back here, to the child that holds it loaded."""
+    global _OWN_QUEUE
+    _OWN_QUEUE = queue
 
 
 def _heartbeat():
@@ -120,7 +128,8 @@ def _beating(stage: str, fn, req):
 
 @activity.defn(name="compile_candidate")
 def compile_candidate(req: EvalRequest) -> CompileReport:
-    return _beating("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
+    rep = _beating("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
+    return rep.model_copy(update={"worker_queue": _OWN_QUEUE}) if rep.ok and _OWN_QUEUE else rep
 
 
 @activity.defn(name="verify_candidate")

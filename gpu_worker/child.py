@@ -172,9 +172,6 @@ class Server:
         self.device = "cuda" if self.cuda else "cpu"
         self.cuda_ready = False
         self.triton_warm = False  # Triton's per-process keys computed (cmd_warm_triton)
-        if self.cuda and role == "reference":
-            self.cmd_cuda_init()  # a reference child is made rarely, at worker start or under the GPU lock
-            self.cmd_warm_triton()
         self.module = None
         self.ran = False  # the candidate has run for real here: its kernels are loaded (see cmd_prepare)
         self.problem = None
@@ -182,6 +179,7 @@ class Server:
         self.cpu_mode = not self.cuda
         self.bank_tag = None
         self._prefetched: dict = {}
+        self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
         self._verifying: dict | None = None  # a verification's state between its steps (cmd_verify_case ...)
         self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
@@ -364,6 +362,14 @@ class Server:
 
         return {k: (self.T["to"](v, self.device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
 
+    def cmd_stage(self, cases: list):
+        """Cases' inputs into host memory now, from the bank or generated (and banked, by the reference):
+        host work, which the worker asks for outside its GPU gate; the upload that follows takes them."""
+        t0 = self.T["perf"]()
+        staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
+        self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
+        return {"seconds": round(self.T["perf"]() - t0, 4)}
+
     def _host_inputs(self, dist: str, seed: int) -> dict:
         """One case's inputs in host memory. The reference child (trusted) generates them and leaves a
         read-only copy in the input bank; candidate children read that copy (memory-mapped, copy-on-write)
@@ -372,6 +378,9 @@ class Server:
         is checked against, so an altered bank file is a rejection, not a silent agreement."""
         import torch
 
+        staged = self._staged.pop((dist, seed), None)
+        if staged is not None:
+            return staged
         path = self._bank_path(dist, seed)
         t0 = self.T["perf"]()
         if path and self.role == "candidate" and os.path.exists(path):

@@ -22,8 +22,6 @@ import math
 import os
 import random
 import secrets
-import shutil
-import subprocess
 import threading
 import time
 from typing import Callable
@@ -35,8 +33,9 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
-from gpu_worker.timing import (choose_mode, clearly_slower, crosscheck, decide, distribution_figures, foreign_kernels,
-                               median)
+from gpu_worker.sass import scan_sass
+from gpu_worker.timing import (another_block, choose_mode, crosscheck, decide, distribution_figures, foreign_kernels,
+                               median, shown_slower)
 from workflows.contracts import (BenchReport, BenchRequest, CompileReport, DeviceFacts, DistributionTiming,
                                  EvalRequest, ProfileReport, Receipt, VerifyReport)
 
@@ -270,14 +269,19 @@ class Evaluator:
                 self._refs[key] = entry
         sb, lock, info = entry
         if not info:
-            with lock:
-                if not info:
-                    try:
-                        r = self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name, shape=shape.name)
-                    except RuntimeError:
-                        sb.close()
-                        raise
-                    info.update(r)
+            try:
+                # a new child's CUDA context is untimed device work (the gate's shared side); Triton's keys and
+                # the problem's setup (imports, the baseline's construction) are host work, outside the gate
+                with self._with_ref(lock):
+                    self._ref_do(sb, hb, "cuda_init", self.timeouts["load"])
+                with lock:
+                    if not info:
+                        self._ref_do(sb, hb, "warm_triton", self.timeouts["load"])
+                        info.update(self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name,
+                                                 shape=shape.name))
+            except RuntimeError:
+                sb.close()
+                raise
         return entry
 
     def _ref_call(self, problem, shape, hb, cmd, timeout, gate: str = "shared", **kw) -> dict:
@@ -315,6 +319,9 @@ class Evaluator:
         missing = absent(cases)
         if missing:
             sb, lock, _ = self._ref(problem, shape, hb)
+            with lock:  # the cases' inputs generated (and banked) or read: host work, before the gate
+                if absent(missing):
+                    self._ref_do(sb, hb, "stage", self.timeouts["reference"], cases=absent(missing))
             with self._with_ref(lock, gate):
                 # read again with the child's lock held: another caller (the warm-up, an early verification)
                 # may have computed these cases while this one waited for it, and each case is computed once
@@ -487,7 +494,7 @@ class Evaluator:
                 if over:
                     raise Rejection("compile", over, sb.log_tail())
                 with _phase("sass"):
-                    sass = self._sass(kernels)
+                    sass = scan_sass(kernels)
                 log = sb.log_tail()
                 self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
                 kept = True
@@ -520,34 +527,10 @@ class Evaluator:
             kernels=sorted({k["name"] for k in kernels if k.get("name")}), interpreter=self.interpreter,
             log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
-    def _sass(self, kernels: list[dict]) -> dict:
-        """SASS via cuobjdump where available: HGMMA (wgmma) and UTMA* (TMA) instructions."""
-        exe = shutil.which("cuobjdump")
-        out = {"hgmma": False, "tma": False, "text": ""}
-        if not exe:
-            return out
-        from concurrent.futures import ThreadPoolExecutor
-
-        def disassemble(path):  # one cuobjdump per kernel, side by side: each takes about a second
-            try:
-                return subprocess.run([exe, "-sass", path], capture_output=True, text=True, timeout=60).stdout
-            except Exception:  # noqa: BLE001
-                return None
-
-        found = [k for k in kernels if k.get("cubin_path") and os.path.exists(k["cubin_path"])]
-        with ThreadPoolExecutor(max_workers=max(1, min(4, len(found)))) as pool:
-            listings = list(pool.map(disassemble, [k["cubin_path"] for k in found]))
-        texts = []
-        for k, s in zip(found, listings):
-            if s is None:
-                continue
-            h = "HGMMA" in s
-            t = "UTMALDG" in s or "UTMASTG" in s or "UBLKCP" in s
-            out["hgmma"] |= h
-            out["tma"] |= t
-            texts.append(f"SASS {k.get('name')}: HGMMA={h} TMA={t} instructions={s.count(chr(10))}")
-        out["text"] = "\n".join(texts)
-        return out
+    def _stage(self, sb: Sandbox, cases: list, stage: str, hb) -> None:
+        """The cases' inputs into the child's host memory (bank reads, or generation): before the gate."""
+        with _phase("stage"):
+            self._check_reply(sb.call("stage", self.timeouts["load"], hb, cases=cases), stage, sb)
 
     # --- verify ----------------------------------------------------------------------------------
     def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
@@ -594,8 +577,7 @@ class Evaluator:
             self._random_users[(problem.name, shape.name)] += 1
         with _phase("random-shape"):
             try:
-                with self._shared():  # a new reference child's context: untimed device work, never beside a timing
-                    self._ref(problem, shape, hb)
+                self._ref(problem, shape, hb)  # a new reference child: its context under the gate (_ref)
                 r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
                                  base_err=base_err, hand_on=False)
             except Rejection as rej:
@@ -632,6 +614,7 @@ class Evaluator:
         (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
         drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
         dist = problem.distributions[0]
+        self._stage(sb, [[dist, 0]], stage, hb)
         with _phase("prepare"), self._shared():
             pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[dist, 0]], kernels=False)
         self._check_reply(pre, stage, sb)
@@ -662,6 +645,7 @@ class Evaluator:
             mem.enter_context(self._hold(problem, shape, "verify"))
             if loaded_now:  # a child loaded for this shape compiles first, outside the verification's holds
                 self._compile_in(sb, problem, hb, "verify")
+            self._stage(sb, [list(c) for c in cases], "verify", hb)
             with _phase("prepare"), self._shared():
                 pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
             self._check_reply(pre, "verify", sb)
@@ -863,6 +847,8 @@ class Evaluator:
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
+                    if shown_slower(fig):  # a clear loser: the other distributions are not timed
+                        break
                 verdict = decide(per_dist)
                 if fresh is not None:
                     with _phase("crosscheck"):
@@ -903,6 +889,9 @@ class Evaluator:
                              + f"; {host}; timed blocks {d['blocks']} of {d['planned_blocks']}"
                              + (" (stopped early: slower than the current best)" if d["blocks"] < d["planned_blocks"] else "")
                              + f"; captures {d['captures']}; timed outputs {d['timed_outputs']}")
+            skipped = [d for d in problem.distributions if d not in {f["dist"] for f in per_dist}]
+            if skipped:
+                lines.append(f"not timed: {', '.join(skipped)} (already shown slower than the current best)")
             lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
                       f"receipt: {rec.model_dump()}"]
             if self.cuda:
@@ -1047,8 +1036,7 @@ class Evaluator:
                "check_seed": int.from_bytes(os.urandom(6), "little"),  # secret: drawn per benchmark
                "noise_seed": noise_seed}
         for b in range(plan["blocks"]):
-            # at least two blocks, so that candidate, baseline and best are always interleaved
-            if b >= 2 and clearly_slower(out["best"], out["cand"]):
+            if not another_block(b, out["best"], out["cand"]):  # a clear loser stops after its first block
                 break
             warm = plan["warmup"] if b == 0 else 1
             cand_block: list = []

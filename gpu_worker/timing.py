@@ -60,7 +60,11 @@ def bootstrap_ratio_ci(base: list[float], cand: list[float], n: int = 2000, seed
     return float(lo), float(hi)
 
 
-def clearly_slower(best: list[float], cand: list[float], min_samples: int = 30) -> bool:
+#: samples a side before the interval may end a candidate's timing: one block of 20 repetitions on CUDA
+EARLY_STOP_SAMPLES = 15
+
+
+def clearly_slower(best: list[float], cand: list[float], min_samples: int = EARLY_STOP_SAMPLES) -> bool:
     """Whether the timing so far already shows the candidate slower than the current best: the 95% interval
     of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a side.
     Such a candidate cannot be accepted (acceptance needs the interval wholly above 1 on every
@@ -68,6 +72,20 @@ def clearly_slower(best: list[float], cand: list[float], min_samples: int = 30) 
     if not best or min(len(best), len(cand)) < min_samples:
         return False
     return bootstrap_ratio_ci(best, cand)[1] < 1.0
+
+
+def another_block(blocks_done: int, best: list[float], cand: list[float]) -> bool:
+    """Whether a distribution's timing goes on to another block: the first always; then only while the
+    samples do not show the candidate clearly slower than the current best."""
+    return blocks_done == 0 or not clearly_slower(best, cand)
+
+
+def shown_slower(figures: dict) -> bool:
+    """Whether a timed distribution's figures show the candidate clearly slower than the current best (its
+    interval against the best wholly below 1): the distributions after it are not timed, since acceptance
+    needs every distribution's interval above 1."""
+    ci = figures.get("vs_best_ci")
+    return ci is not None and ci[1] < 1.0
 
 
 def distribution_figures(dist: str, cand: list[float], base: list[float], best: list[float] | None,

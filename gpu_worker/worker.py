@@ -1,9 +1,11 @@
-"""Build the GPU worker: `build_gpu_worker(client)` returns a temporalio Worker on GPU_QUEUE.
+"""Build the GPU worker: `build_gpu_workers(client)` returns its two temporalio Workers, one on the shared
+queue (GPU_QUEUE or the pool's) and one on a queue only this process polls (`own_queue`): a compile report
+names the latter, and the candidate's verify and benchmark come back there, to the child that holds it.
 
 Concurrency: compile activities run on CPU cores ahead of the GPU; everything that touches the GPU
 (verification, timing, profiling) takes the evaluator's GPU lock, so at most one timed job runs on
-the device at a time. On CUDA the worker accepts 8 concurrent activities (compiles overlap a timed
-job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
+the device at a time. On CUDA the worker accepts 8 concurrent activities on each of its two queues
+(compiles overlap a timed job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
 the worker is built; if they fail, this raises and no worker is built, and activities refuse work.
@@ -12,8 +14,10 @@ the worker is built; if they fail, this raises and no worker is built, and activ
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.worker import Worker
@@ -67,8 +71,14 @@ class SelfTestFailed(RuntimeError):
     pass
 
 
-def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
-                     max_concurrent: int | None = None) -> Worker:
+def own_queue(task_queue: str) -> str:
+    """A queue name no other process polls, new at every start: a restarted worker has lost its loaded
+    children, so the stages sent to its predecessor's queue must time out there and start again."""
+    return f"{task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
+                      max_concurrent: int | None = None) -> list[Worker]:
     ev = evaluator()
     print(host_summary(), flush=True)
     if selftest is None:
@@ -83,6 +93,10 @@ def build_gpu_worker(client, task_queue: str = GPU_QUEUE, selftest: bool | None 
     warm_in_background(ev, warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
                                      os.environ.get("MARATHON_WARM_SHAPE") or None))
     n = max_concurrent or gpu_concurrency(ev.cuda)
-    return Worker(client, task_queue=task_queue, activities=gpu_activities(),
-                  activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
-                  max_concurrent_activities=n)
+    own = own_queue(task_queue)
+    a.set_worker_queue(own)
+    # `n` slots on each: new candidates enter by the shared queue, those already loaded here go on by their
+    # own, so a worker busy with its candidates' later stages never starves them by taking new compiles
+    return [Worker(client, task_queue=q, activities=gpu_activities(),
+                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
+                   max_concurrent_activities=n) for q in (task_queue, own)]

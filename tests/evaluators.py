@@ -14,6 +14,7 @@ from workflows.contracts import (BenchReport, BenchRequest, CompileReport, EvalR
 DELAY_S = 0.0  # raised by tests that need an activity to be in flight when something is killed
 REQUESTS: list[tuple[str, str, str]] = []  # (activity, workflow run id, request JSON) of every GPU call
 SLOW_EVERY, SLOW_S = 0, 0.0  # iterations 1, 1 + SLOW_EVERY, ... take SLOW_S longer to compile
+WORKER_QUEUE: str | None = None  # the GPU worker's own queue, named in compile reports (tests.workflows.helpers)
 
 
 def synthetic_ms(source: str) -> float:
@@ -56,7 +57,7 @@ def compile_candidate(req: EvalRequest) -> CompileReport:
         _sleep_heartbeating(DELAY_S)
     if SLOW_EVERY and req.iteration is not None and req.iteration % SLOW_EVERY == 1:
         _sleep_heartbeating(SLOW_S)
-    return CompileReport(ok=True, interpreter=True)
+    return CompileReport(ok=True, interpreter=True, worker_queue=WORKER_QUEUE)
 
 
 @activity.defn(name="verify_candidate")

@@ -14,7 +14,7 @@ PACKAGES = ("workflows", "activities", "gpu_worker", "baselines")
 PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "gpu_worker.rules", "gpu_worker.rules_names",
             "gpu_worker.rules_torch", "gpu_worker.guard",
             "gpu_worker.wall", "gpu_worker.timing", "gpu_worker.profile", "gpu_worker.canaries",
-            "gpu_worker.devicetime", "gpu_worker.phases")
+            "gpu_worker.devicetime", "gpu_worker.phases", "gpu_worker.sass")
 
 
 def _modules() -> dict[str, Path]:

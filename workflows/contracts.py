@@ -184,6 +184,9 @@ class Evaluation(Strict):
     workflow_id: str  # the child workflow's id: a result from another attempt at this iteration is ignored
     record: IterationRecord | None = None
     failure: str | None = None  # an infrastructure failure that outlived the retries: the run pauses
+    # a would-be best's record before its best-only checks, and whether the run has answered it (`crown`)
+    candidacy: IterationRecord | None = None
+    asked: bool = False
 
 
 class CarriedState(Strict):
@@ -340,6 +343,8 @@ class CompileReport(Strict):
     log_key: str | None = None
     seconds: float = 0.0
     family: str | None = None  # the cheating family a refusal names (FAMILIES), from its error
+    # the compiling GPU worker's own task queue: the candidate's later stages go there, to the child it loaded
+    worker_queue: str | None = None
 
     @model_validator(mode="after")
     def _family(self):
@@ -513,6 +518,16 @@ class EvaluationResult(Strict):
     record: IterationRecord | None = None
     failure: str | None = None
     device_facts: DeviceFacts | None = None
+    # the record is a candidacy: the candidate would be a new best; the run answers with a CrownDecision
+    candidacy: bool = False
+
+
+class CrownDecision(Strict):
+    """The run's answer to a candidacy, taken when it records that iteration: whether it would crown the
+    candidate now, and the best as it stands, which the candidate's re-measure meets head to head."""
+
+    crown: bool
+    best: BestRef | None = None
 
 
 # ---- what clients see ---------------------------------------------------------------------------

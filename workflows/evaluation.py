@@ -16,19 +16,30 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
-        BenchReport, CompileReport, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
+        BenchReport, CompileReport, CrownDecision, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
         RuleReport, RuleRequest, VerifyReport,
     )
 
 EVALUATE_TYPE = "EvaluateCandidate"
 RESULT_SIGNAL = "evaluated"
+CROWN_SIGNAL = "crown"  # the run's answer to a would-be best's candidacy
 # a would-be best is also verified at a random shape, where the harness lists no other shape too
 RANDOM_SHAPE_PATCH = "random-shape-for-bests"
+# a candidate's stages after compile go to the compiling GPU worker's own queue (CompileReport.worker_queue)
+STICKY_PATCH = "one-worker-per-candidate"
+#: a stage waits this many heartbeat periods for the candidate's worker to take it from its own queue ...
+STICKY_WAIT_HEARTBEATS = 5
+#: ... and a candidate is evaluated again from compile at most this often after its worker went away
+REDOS = 3
+# a would-be best's checks (fresh re-measure, other shapes) run only once the run finds it would crown it
+CROWN_PATCH = "best-checks-when-crowned"
+CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
 
 # Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
@@ -44,6 +55,11 @@ class Paused(Exception):
         self.reason = reason
 
 
+class WorkerGone(Exception):
+    """A stage sent to a GPU worker's own queue was not taken within its schedule-to-start timeout: the
+    worker that loaded the candidate has gone (its queue dies with it; a restarted worker has a new one)."""
+
+
 class Rejected(Exception):
     """A candidate fell out of the pipeline; carries its record fields."""
 
@@ -53,13 +69,19 @@ class Rejected(Exception):
 
 
 async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
-                        summary: str):
-    """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused."""
+                        summary: str, start_within: timedelta | None = None):
+    """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
+    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone."""
     try:
         return await workflow.execute_activity(
             name, arg, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
-            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary)
+            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary,
+            schedule_to_start_timeout=start_within)
     except ActivityError as e:
+        if start_within is not None and isinstance(e.cause, ActivityTimeout) \
+                and e.cause.type == TimeoutType.SCHEDULE_TO_START:
+            raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
+                from e
         msg = str(e.cause) if e.cause is not None else str(e)
         raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
@@ -82,10 +104,14 @@ async def call_local(name: str, arg, result_type, summary: str):
 
 @workflow.defn(name=EVALUATE_TYPE)
 class EvaluateCandidate:
+    verdict: CrownDecision | None = None  # the run's answer to this evaluation's candidacy (`crown`)
+
     @workflow.run
     async def run(self, req: EvaluateRequest) -> EvaluationResult:
         me = workflow.info().workflow_id
         self.random_shapes = workflow.patched(RANDOM_SHAPE_PATCH)  # decided in the first activation
+        self.sticky = workflow.patched(STICKY_PATCH)
+        self.crown_once = workflow.patched(CROWN_PATCH)
         try:
             record, facts = await self.evaluate(req)
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
@@ -99,6 +125,27 @@ class EvaluateCandidate:
                 workflow.logger.info("result of #%s not delivered: %s", req.iteration, e)
         return result
 
+    async def candidacy(self, req: EvaluateRequest, record: IterationRecord) -> CrownDecision | None:
+        """Tell the run this candidate would be a new best, and wait for its decision (`crown`), taken when
+        the run records this iteration. None: no run answers (it ended, or took longer than a day)."""
+        parent = workflow.info().parent
+        if parent is None:  # evaluated on its own: nobody else decides
+            return CrownDecision(crown=True, best=req.best)
+        me = workflow.info().workflow_id
+        try:
+            await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                RESULT_SIGNAL, EvaluationResult(iteration=req.iteration, workflow_id=me, record=record,
+                                                candidacy=True))
+            await workflow.wait_condition(lambda: self.verdict is not None, timeout=CANDIDACY_WAIT)
+        except Exception as e:  # noqa: BLE001 - the run has ended or went silent: recorded as passed, unchecked
+            workflow.logger.info("candidacy of #%s not decided: %s", req.iteration, e)
+            return None
+        return self.verdict
+
+    @workflow.signal(name=CROWN_SIGNAL)
+    def crown(self, decision: CrownDecision) -> None:
+        self.verdict = decision
+
     async def evaluate(self, req: EvaluateRequest):
         cand = req.candidate
         base = dict(iteration=req.iteration, slot=req.slot, candidate_id=cand.candidate_id,
@@ -107,34 +154,84 @@ class EvaluateCandidate:
         ev = EvalRequest(problem=req.problem, candidate_id=cand.candidate_id, source_key=cand.source_key,
                          shape=req.shape, iteration=req.iteration)
         facts = None
+        shared = req.gpu_queue
+        # a worker's own queue that nobody polls for this long belongs to a worker that went away
+        start_within = timedelta(seconds=STICKY_WAIT_HEARTBEATS * req.heartbeat_seconds)
 
-        async def gpu(name, arg, result_type, minutes):
-            return await call_activity(name, arg, result_type, req.gpu_queue, minutes, req.heartbeat_seconds,
-                                       f"{name} #{req.iteration}")
+        async def gpu(name, arg, result_type, minutes, queue=shared):
+            return await call_activity(name, arg, result_type, queue, minutes, req.heartbeat_seconds,
+                                       f"{name} #{req.iteration}", start_within if queue != shared else None)
 
         try:
             rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),
                                      RuleReport, f"check_rules #{req.iteration}")
             if not rules.ok:
                 raise Rejected("rules", f"{rules.rule}: {rules.detail}")
-            comp = await gpu("compile_candidate", ev, CompileReport, 15)
-            if not comp.ok:
-                raise Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
-            ver = await gpu("verify_candidate", ev, VerifyReport, 20)
-            if not ver.ok:
-                raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
-                               interpreter=ver.interpreter)
-            best = req.best
-            bench = await gpu("benchmark_candidate", ev.bench(best=best), BenchReport, 20)
+            redo = 0
+            while True:
+                try:
+                    comp = await gpu("compile_candidate", ev, CompileReport, 15)
+                    if not comp.ok:
+                        raise Rejected("compile", comp.error, log_key=comp.log_key, interpreter=comp.interpreter)
+                    # the later stages go to the worker that compiled the candidate, where its child waits loaded
+                    queue = comp.worker_queue if self.sticky and comp.worker_queue else shared
+                    ver = await gpu("verify_candidate", ev, VerifyReport, 20, queue)
+                    if not ver.ok:
+                        raise Rejected(ver.stage, ver.reason, rel_err=ver.rel_err, log_key=ver.log_key,
+                                       interpreter=ver.interpreter)
+                    best = req.best
+                    bench = await gpu("benchmark_candidate", ev.bench(best=best), BenchReport, 20, queue)
+                    break
+                except WorkerGone as gone:
+                    # the worker holding the candidate went away: evaluated again from compile on the shared
+                    # queue, wherever it lands; nothing of it was recorded
+                    redo += 1
+                    if redo > REDOS:
+                        raise Paused(f"{gone}; {REDOS} evaluations again from compile met the same") from gone
+                    workflow.logger.info("#%s evaluated again from compile: %s", req.iteration, gone)
+
+            async def on_worker(name, arg, result_type, minutes):
+                """A would-be best's checks on the candidate's worker; once it has gone, on the shared queue
+                (each of these loads the candidate afresh anyway)."""
+                nonlocal queue
+                try:
+                    return await gpu(name, arg, result_type, minutes, queue)
+                except WorkerGone:
+                    queue = shared
+                    return await gpu(name, arg, result_type, minutes, queue)
+
             gpu_s, facts = bench.gpu_seconds, bench.device_facts
             if not bench.ok:
                 raise Rejected(bench.stage, bench.reason, log_key=bench.log_key, interpreter=bench.interpreter,
                                gpu_seconds=gpu_s)
+            def record(outcome, bench=bench):
+                return IterationRecord(
+                    **base, outcome=outcome, time_ms=bench.time_ms, baseline_ms=bench.baseline_ms,
+                    speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
+                    vs_best=bench.vs_best, rel_err=ver.rel_err, interpreter=bench.interpreter, gpu_seconds=gpu_s,
+                    log_key=bench.log_key, deciding_dist=bench.deciding_dist, host_ms=bench.host_ms,
+                    baseline_host_ms=bench.baseline_host_ms, finished_at=workflow.now().timestamp())
+
             outcome = "passed"
-            if decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
+            if self.crown_once:
+                if decisions.improves_on(bench, best):
+                    # A would-be best pays for the best-only checks only once the run, recording in iteration
+                    # order, finds it would crown it now: a sibling that would be demoted is not checked.
+                    verdict = await self.candidacy(req, record("improved"))
+                    if verdict is not None and verdict.crown:
+                        best = verdict.best  # the best as it stands now: the re-measure meets it head to head
+                        if best is not None and not bench.interpreter:
+                            again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
+                                                    BenchReport, 20)
+                            gpu_s += again.gpu_seconds
+                            if again.ok and decisions.improves_on(again, best):
+                                bench, outcome = again, "improved"
+                        else:
+                            outcome = "improved"
+            elif decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
                 # A new best is re-measured in a fresh process before it is believed.
-                again = await gpu("benchmark_candidate", ev.bench(best=best, fresh_process=True),
-                                  BenchReport, 20)
+                again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
+                                        BenchReport, 20)
                 gpu_s += again.gpu_seconds
                 if again.ok and decisions.improves_on(again, best):
                     bench, outcome = again, "improved"
@@ -146,18 +243,13 @@ class EvaluateCandidate:
                 # was verified fails.
                 other = ver.other_shapes[0] if ver.other_shapes else req.shape
                 again = {"shape": other, "random_shape": True} if self.random_shapes else {"shape": other}
-                at = await gpu("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
+                at = await on_worker("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
                 if not at.ok:
                     reason = at.reason if other == req.shape or at.reason.startswith("shape-specific:") else \
                         f"shape-specific: correct at {req.shape or 'the primary shape'}, not at {other}: {at.reason}"
                     raise Rejected(at.stage, reason, rel_err=at.rel_err, log_key=at.log_key,
                                    interpreter=at.interpreter, gpu_seconds=gpu_s)
-            return IterationRecord(**base, outcome=outcome, time_ms=bench.time_ms, baseline_ms=bench.baseline_ms,
-                                   speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
-                                   vs_best=bench.vs_best, rel_err=ver.rel_err, interpreter=bench.interpreter,
-                                   gpu_seconds=gpu_s, log_key=bench.log_key, deciding_dist=bench.deciding_dist,
-                                   host_ms=bench.host_ms, baseline_host_ms=bench.baseline_host_ms,
-                                   finished_at=workflow.now().timestamp()), facts
+            return record(outcome, bench), facts
         except Rejected as r:
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
                                    finished_at=workflow.now().timestamp(), **r.extra), facts

@@ -22,11 +22,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
         AGENT_QUEUE, WORKFLOW_TYPE, BestRef, BestSummary, BudgetChange, Budget, Candidate, CarriedState,
-        CompactRequest, CompactResult, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult, Hint,
-        IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status, StopRequest,
-        VerifyReport, explain,
+        CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
+        Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
+        StopRequest, VerifyReport, explain,
     )
-    from workflows.evaluation import EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
+    from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
     from workflows.llm_loop import llm_step
     from workflows.text import INTERPRETER_NOTE, best_text, budget_text, run_summary, used_text
 
@@ -141,7 +141,7 @@ class KernelOptimization:
         if self._time_to_compact():
             return False  # run() compacts and continues as new now; the evaluations under way go on
         n = decisions.slots_to_fill(self.spec.budget, self.st.used, self.spec.population, len(self.evaluations),
-                                    sum(not _arrived(e) for e in self.evaluations.values()))
+                                    sum(not _settled(e) for e in self.evaluations.values()))
         exhausted = False
         for _ in range(n):
             it = self.st.iteration + len(self.evaluations) + 1
@@ -159,11 +159,11 @@ class KernelOptimization:
             self._launch(it, (it - 1) % self.spec.population, prop.candidate)
         if not self.evaluations:
             return exhausted
-        # Wait for a change: one of the evaluations running now delivers its result. (Waiting for "any
-        # arrived" would return at once while an arrived one waits behind a slower, older one.)
-        running = [e for e in self.evaluations.values() if not _arrived(e)]
+        # Wait for a change: one of the evaluations running now delivers its result or its candidacy. (Waiting
+        # for "any arrived" would return at once while an arrived one waits behind a slower, older one.)
+        running = [e for e in self.evaluations.values() if not _settled(e)]
         if running:
-            await workflow.wait_condition(lambda: any(_arrived(e) for e in running))
+            await workflow.wait_condition(lambda: any(_settled(e) for e in running))
         return False
 
     def _launch(self, iteration: int, slot: int, cand: Candidate) -> None:
@@ -194,10 +194,14 @@ class KernelOptimization:
 
     @workflow.signal(name=RESULT_SIGNAL)
     def evaluated(self, res: EvaluationResult) -> None:
-        """An evaluation's child workflow delivers its result (to whichever run of this workflow is current)."""
+        """An evaluation's child workflow delivers its result, or its candidacy as a new best (to whichever
+        run of this workflow is current)."""
         e = self.evaluations.get(res.iteration)
         if e is None or e.workflow_id != res.workflow_id or _arrived(e):
             return  # another attempt at this iteration, or delivered twice
+        if res.candidacy:
+            e.candidacy = e.candidacy or res.record
+            return
         e.record, e.failure = res.record, res.failure
         self.st.device_facts = res.device_facts or self.st.device_facts
 
@@ -206,25 +210,43 @@ class KernelOptimization:
                                          workflow.info().is_continue_as_new_suggested())
 
     async def _record_finished(self) -> None:
-        """Record the arrived results at the front of the queue, in iteration order."""
-        while (e := self.evaluations.get(self.st.iteration + 1)) is not None and e.record is not None:
+        """Record the arrived results at the front of the queue, in iteration order; a candidacy at the front
+        is answered, against the best as it stands now, and its result recorded when it comes."""
+        while (e := self.evaluations.get(self.st.iteration + 1)) is not None:
+            if e.record is None:
+                if e.candidacy is not None and not e.asked and e.failure is None:
+                    await self._answer(e, decisions.improves_on(e.candidacy, self.st.best))
+                return
             del self.evaluations[e.iteration]
             self.set_phase("recording")
             await self._record(e.record)
+
+    async def _answer(self, e: Evaluation, crown: bool) -> None:
+        """A candidacy's answer (CrownDecision) to its child workflow; the child gone is the evaluation's
+        failure."""
+        e.asked = True
+        try:
+            await workflow.get_external_workflow_handle(e.workflow_id).signal(
+                CROWN_SIGNAL, CrownDecision(crown=crown, best=self.st.best))
+        except Exception as ex:  # noqa: BLE001 - e.g. the child was terminated: the run pauses with the reason
+            e.failure = f"evaluation #{e.iteration} took no answer: {decisions.trim(str(ex), 300)}"
 
     async def _drain(self) -> str | None:
         """Wait for every evaluation under way; record them in order up to the first that failed for
         infrastructure reasons, discard that one and everything after it (their iteration numbers are
         tried again later, so nothing is recorded twice and no number is skipped). Returns the failure."""
-        if not self.evaluations:
-            return None
-        await workflow.wait_condition(lambda: all(_arrived(e) for e in self.evaluations.values()))
-        await self._record_finished()
-        failure = None
-        if self.evaluations:
+        while self.evaluations:
+            await workflow.wait_condition(lambda: all(_settled(e) for e in self.evaluations.values()))
+            await self._record_finished()
+            if not self.evaluations or not all(_settled(e) for e in self.evaluations.values()):
+                continue  # a candidacy at the front was answered: its result comes next
             failure = self.evaluations[min(self.evaluations)].failure or "an evaluation failed"
+            for e in self.evaluations.values():  # discarded: candidacies waiting behind it are let go unchecked
+                if e.candidacy is not None and not e.asked and e.failure is None:
+                    await self._answer(e, False)
             self.evaluations = {}
-        return failure
+            return failure
+        return None
 
     async def _propose(self, first: int, n: int, hints: list[str], taken: list[str] | None = None
                        ) -> list[Proposal]:
@@ -503,3 +525,9 @@ class KernelOptimization:
 
 def _arrived(e: Evaluation) -> bool:
     return e.record is not None or e.failure is not None
+
+
+def _settled(e: Evaluation) -> bool:
+    """Nothing more comes from it until the run acts: its result has arrived, or its candidacy waits for an
+    answer."""
+    return _arrived(e) or (e.candidacy is not None and not e.asked)

@@ -105,8 +105,25 @@ def test_clearly_slower_needs_samples_and_a_whole_interval_below_one():
     fast = [0.9 + rng.gauss(0, 0.01) for _ in range(40)]
     assert timing.clearly_slower(best, slow)
     assert not timing.clearly_slower(best, same) and not timing.clearly_slower(best, fast)
-    assert not timing.clearly_slower(best[:20], slow[:20])  # too few samples to decide
+    assert timing.clearly_slower(best[:20], slow[:20])  # one CUDA block (20 repetitions) decides
+    assert not timing.clearly_slower(best[:10], slow[:10])  # too few samples to decide
     assert not timing.clearly_slower([], slow)  # no best: nothing to compare with
+
+
+def test_a_clear_loser_is_timed_for_one_block_and_one_distribution():
+    rng = random.Random(1)
+    best = [1.0 + rng.gauss(0, 0.01) for _ in range(20)]
+    slow = [1.1 + rng.gauss(0, 0.01) for _ in range(20)]
+    close = [1.002 + rng.gauss(0, 0.01) for _ in range(20)]
+    assert timing.another_block(0, [], [])  # the first block always
+    assert timing.another_block(0, best, slow)
+    assert not timing.another_block(1, best, slow)  # after one block of 20 the loser stops
+    assert timing.another_block(1, best, close)  # not decided: timed on
+    assert timing.another_block(1, [], slow)  # no best: every block
+    fig = timing.distribution_figures("normal", slow, best, best, [], [])
+    assert timing.shown_slower(fig)  # the other distributions are not timed
+    assert not timing.shown_slower(timing.distribution_figures("normal", close, best, best, [], []))
+    assert not timing.shown_slower(timing.distribution_figures("normal", slow, best, None, [], []))
 
 
 # --- the protocol on the CPU stand-in ---------------------------------------------------------------

@@ -17,12 +17,23 @@ from workflows.optimization import KernelOptimization
 
 @contextlib.asynccontextmanager
 async def workers(client, gpu_activities=None, gpu_queue: str = GPU_QUEUE):
-    """The real agent worker plus a GPU worker (synthetic unless real activities are given)."""
+    """The real agent worker plus a GPU worker (synthetic unless real activities are given). The synthetic
+    one also polls a queue of its own, which its compile reports name, as a real GPU worker does."""
+    from tests import evaluators
+
     agent = build_agent_worker(client)
-    gpu = Worker(client, task_queue=gpu_queue, activities=gpu_activities or SYNTHETIC_GPU_ACTIVITIES,
-                 activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)
-    async with agent, gpu:
-        yield
+    acts = gpu_activities or SYNTHETIC_GPU_ACTIVITIES
+    gpu = Worker(client, task_queue=gpu_queue, activities=acts, activity_executor=ThreadPoolExecutor(4),
+                 max_concurrent_activities=4)
+    own = f"{gpu_queue}-test-{uuid.uuid4().hex[:8]}"
+    mine = Worker(client, task_queue=own, activities=acts, activity_executor=ThreadPoolExecutor(4),
+                  max_concurrent_activities=4)
+    evaluators.WORKER_QUEUE = own
+    try:
+        async with agent, gpu, mine:
+            yield
+    finally:
+        evaluators.WORKER_QUEUE = None
 
 
 def run_id(prefix: str) -> str:

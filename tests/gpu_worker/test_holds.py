@@ -1,0 +1,138 @@
+"""No host work inside a device hold: the GPU gate's holds wrap device work only, so a timing request waits for
+uploads and kernel runs, never for process spawns, imports, compiles, input generation, bank reads or files.
+And no job overlaps a timing block.
+
+The real harness under the interpreter, whose own gate is a no-op (no device), with a recording stand-in
+gate in its place: the real TimedLock underneath, plus a record of every hold and of every sandbox command,
+child spawn and artifact-store access with the holds its thread had at that moment."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+import time
+
+from workflows.contracts import BenchRequest, EvalRequest
+
+#: sandbox commands that are host work only: a child's import of the candidate, Triton's keys, the compiler,
+#: writing files, the reference's setup (imports, the baseline's construction), reading or generating inputs
+HOST_COMMANDS = {"load", "warm_triton", "compile", "write_exports", "setup", "stage", "receipt", "park"}
+
+
+class RecordingGate:
+    def __init__(self):
+        from gpu_worker.scheduling import TimedLock
+
+        self.lock = TimedLock(patience_s=0.5)
+        self._local = threading.local()
+        self._mu = threading.Lock()
+        self.holds: list[tuple[str, float, float, int]] = []  # (side, start, end, thread)
+        self.events: list[tuple[str, str, float, int]] = []  # (kind, what, when, holds of its thread then)
+
+    def depth(self) -> int:
+        return getattr(self._local, "depth", 0)
+
+    @contextlib.contextmanager
+    def _held(self, side: str):
+        self._local.depth = self.depth() + 1
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._mu:
+                self.holds.append((side, t0, time.monotonic(), threading.get_ident()))
+            self._local.depth -= 1
+
+    @contextlib.contextmanager
+    def shared(self, also=None):
+        with self.lock.shared(also=also), self._held("shared"):
+            yield
+
+    @contextlib.contextmanager
+    def exclusive(self):
+        self.lock.acquire()
+        try:
+            with self._held("exclusive"):
+                yield
+        finally:
+            self.lock.release()
+
+    @contextlib.contextmanager
+    def with_ref(self, lock, gate: str = "shared"):
+        """Evaluator._with_ref's order: exclusive takes the gate, then the child's lock."""
+        if gate == "exclusive":
+            with self.exclusive(), lock:
+                yield
+        else:
+            with self.shared(also=lock):
+                yield
+
+    def note(self, kind: str, what: str) -> None:
+        with self._mu:
+            self.events.append((kind, what, time.monotonic(), self.depth()))
+
+
+def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkeypatch):
+    from gpu_worker import harness
+    from gpu_worker.canaries import canary_source
+    from gpu_worker.sandbox import Sandbox
+    from gpu_worker.scheduling import Scheduler
+    from workflows.artifacts import ArtifactStore
+
+    gate = RecordingGate()
+    call, init = Sandbox.call, Sandbox.__init__
+
+    def recorded_call(self, cmd, *a, **kw):
+        gate.note("command", cmd)
+        return call(self, cmd, *a, **kw)
+
+    def recorded_init(self, role, *a, **kw):
+        gate.note("spawn", role)
+        init(self, role, *a, **kw)
+
+    monkeypatch.setattr(Sandbox, "call", recorded_call)
+    monkeypatch.setattr(Sandbox, "__init__", recorded_init)
+    store = ArtifactStore(tmp_path / "art")
+    e = harness.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    e._shared, e._exclusive, e._with_ref = gate.shared, gate.exclusive, gate.with_ref
+    get, put = store.get_text, store.put_text
+    store.get_text = lambda key: (gate.note("store", "read"), get(key))[1]
+    store.put_text = lambda text: (gate.note("store", "write"), put(text))[1]
+
+    def req(name):
+        src = canary_source(name)
+        return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                           source_key=put(src))
+
+    try:
+        fast, slow = req("fast"), req("slow")
+        assert e.compile(fast).ok
+        v = e.verify(fast.model_copy(update={"random_shape": True}))  # and a new reference child there
+        assert v.ok and v.random_shape, v.reason
+        # one candidate's timing while another compiles beside it
+        out = {}
+        side = threading.Thread(target=lambda: out.update(c=e.compile(slow)))
+        side.start()
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=fast.candidate_id,
+                                     source_key=fast.source_key))
+        side.join(600)
+        assert b.ok and out["c"].ok, (b.reason, out)
+    finally:
+        e.close()
+
+    spawned = [x for x in gate.events if x[0] == "spawn"]
+    assert any(w == "reference" for _, w, _, _ in spawned) and any(w == "candidate" for _, w, _, _ in spawned)
+    inside = [(k, w) for k, w, _, depth in gate.events
+              if depth and (k in ("spawn", "store") or w in HOST_COMMANDS)]
+    assert not inside, f"host work inside a device hold: {inside}"
+    # device work did go through the gate: uploads, verification steps, timing
+    held = {w for k, w, _, depth in gate.events if depth and k == "command"}
+    assert {"prepare", "verify_case", "time", "compare", "cuda_init"} <= held, held
+    timed = [(t0, t1) for side_, t0, t1, _ in gate.holds if side_ == "exclusive"]
+    assert timed and all(
+        not (s0 < t1 and t0 < s1) for side_, s0, s1, _ in gate.holds if side_ == "shared" for t0, t1 in timed), \
+        "a shared hold overlapped a timing block"
+    for k, w, when, depth in gate.events:  # every timed call ran inside an exclusive hold
+        if w == "time":
+            assert any(t0 <= when <= t1 for t0, t1 in timed)

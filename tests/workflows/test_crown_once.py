@@ -1,0 +1,94 @@
+"""Losers cheap, winners thorough: a would-be best's own checks (the fresh-process re-measure, the second
+listed shape, the random shape) run only for the candidates the run crowns, each against the best it
+displaces. Siblings of one population that each beat the best they were started with, and are then demoted
+by an earlier sibling's crowning, are recorded as passed, unchecked. Real workflow and dev server, synthetic
+GPU activities (the second test's report device figures: a head-to-head interval, no interpreter)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from activities.ledger import read_ledger
+from tests import evaluators
+from tests.workflows.helpers import assert_contiguous, start, workers
+from workflows import decisions
+from workflows.contracts import BenchReport, BenchRequest, EvalRequest, RunSpec, VerifyReport
+
+CHECKED: list[int] = []  # iterations verified at a random shape
+
+
+def verify(req: EvalRequest) -> VerifyReport:
+    if req.random_shape:
+        CHECKED.append(req.iteration)
+    return evaluators.verify_candidate(req)
+
+
+async def test_only_crowned_candidates_pay_for_the_best_only_checks(env, store):
+    from temporalio import activity
+
+    CHECKED.clear()
+    evaluators.REQUESTS.clear()
+    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(verify),
+           evaluators.benchmark_candidate, evaluators.profile_candidate]
+    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=4)
+    async with workers(env.client, gpu_activities=gpu):
+        res = await asyncio.wait_for((await start(env.client, spec, "crown-once")).result(), 120)
+    assert_contiguous(store, res, 12)
+    recs = read_ledger(store, res.ledger_key)
+    crowned = sorted(r.iteration for r in recs if r.outcome == "improved")
+    # which benchmarks beat the best they were measured against (each of those paid the checks before)
+    would_be = set()
+    for name, _, body in evaluators.REQUESTS:
+        if name == "benchmark_candidate":
+            req = BenchRequest.model_validate(json.loads(body))
+            rep = evaluators.benchmark_candidate(req)
+            if rep.ok and decisions.improves_on(BenchReport.model_validate(rep), req.best):
+                would_be.add(req.iteration)
+    passed = {r.iteration for r in recs if r.outcome != "rejected"}
+    assert crowned and sorted(CHECKED) == crowned, (CHECKED, crowned)
+    assert len(would_be & passed) > len(crowned), (would_be, crowned)  # some were demoted, unchecked
+    assert res.best.iteration == crowned[-1]
+
+
+FRESH: list[tuple[int, str]] = []  # (iteration, the best it was re-measured against) of fresh re-measures
+SHAPES: list[tuple[int, str | None, bool]] = []  # (iteration, shape, random_shape) of every verification
+
+
+def device_verify(req: EvalRequest) -> VerifyReport:
+    SHAPES.append((req.iteration, req.shape, req.random_shape))
+    rep = evaluators.verify_candidate(req)
+    return rep.model_copy(update={"interpreter": False, "other_shapes": [] if req.shape else ["B8"]})
+
+
+def device_bench(req: BenchRequest) -> BenchReport:
+    """The synthetic figures as a device would report them: a head-to-head interval against the best."""
+    if req.fresh_process:
+        FRESH.append((req.iteration, req.best.candidate_id))
+    rep = evaluators.benchmark_candidate(req)
+    upd = {"interpreter": False}
+    if req.best is not None:
+        r = req.best.time_ms / rep.time_ms
+        upd.update(vs_best=req.best.candidate_id, vs_best_ci=(r * 0.99, r * 1.01), best_time_ms=req.best.time_ms)
+    return rep.model_copy(update=upd)
+
+
+async def test_a_crowned_candidate_gets_every_check_against_the_best_it_displaces(env, store):
+    from temporalio import activity
+
+    FRESH.clear()
+    SHAPES.clear()
+    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(device_verify),
+           activity.defn(name="benchmark_candidate")(device_bench), evaluators.profile_candidate]
+    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=4)
+    async with workers(env.client, gpu_activities=gpu):
+        res = await asyncio.wait_for((await start(env.client, spec, "crown-checks")).result(), 120)
+    recs = read_ledger(store, res.ledger_key)
+    crowned = [r for r in recs if r.outcome == "improved"]
+    assert len(crowned) >= 2, [(r.iteration, r.outcome) for r in recs]
+    # the first best has nothing to be re-measured against; every later one against the best it displaced
+    assert FRESH == [(r.iteration, prev.candidate_id) for prev, r in zip(crowned, crowned[1:])], FRESH
+    assert all(r.vs_best == prev.candidate_id for prev, r in zip(crowned, crowned[1:]))
+    # every crowned candidate verified at the second listed shape (with a random one), and no other
+    again = sorted(i for i, shape, rnd in SHAPES if shape == "B8" and rnd)
+    assert again == [r.iteration for r in crowned], (again, SHAPES)
