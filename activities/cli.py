@@ -599,7 +599,7 @@ async def _set_context_tokens(args) -> None:
 async def cmd_llm_check(args) -> int:
     """One tiny request to the model endpoint configured in this environment (the agent worker's):
     what works, what adapts, what to change. Exit 0 if a run can use it."""
-    from activities.llm import llm_check
+    from activities.llm.check import llm_check
 
     ok, lines = llm_check(args.model, args.profile)
     for line in lines:

@@ -13,7 +13,6 @@ crashes and retries happen in between.
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -143,7 +142,3 @@ class KnobSearch:
         source = render(self.template, knobs)
         return Choice(knobs=dict(sorted({**self.default, **knobs}.items())), source=source,
                       candidate_id=candidate_id(source), parent=parent, rationale=why)
-
-
-def space_size(space: dict[str, list]) -> int:
-    return math.prod(len(v) for v in space.values())

@@ -443,7 +443,8 @@ def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
 def test_an_llm_submission_in_modelnew_form_is_stored_in_the_entry_form(harness):
     import json
 
-    from activities.llm import Reply, parse_calls
+    from activities.llm.calls import parse_calls
+    from activities.llm.replies import Reply
 
     _, store, key = harness
     args = json.dumps({"source": MODEL_NEW, "rationale": "one program per row"})

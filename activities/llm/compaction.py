@@ -86,7 +86,8 @@ def _header_and_facts(deterministic_text: str) -> tuple[str, str, str]:
 
 def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
     """(notebook text, tokens in, tokens out). Never raises for an endpoint failure."""
-    from activities.llm import chat, endpoint
+    from activities.llm.chat import chat
+    from activities.llm.endpoint import endpoint
 
     previous = ""
     if req.notebook_key:
