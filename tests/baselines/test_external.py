@@ -211,7 +211,7 @@ def spec_args(**kw):
 
 
 def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     f = tmp_path / "rms.py"
     shutil.copy(RMSNORM, f)
@@ -340,7 +340,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
     from activities.search import KnobSearch
     from baselines.registry import get_problem
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)

@@ -66,7 +66,7 @@ def test_bad_input_is_one_clear_line(args, message):
 def test_compaction_default_grows_with_the_population():
     import argparse
 
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     def spec(**kw):
         base = dict(spec=None, problem="softmax", iterations=None, hours=None, tokens=None, gpu_seconds=None,
@@ -371,7 +371,8 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     from temporalio.worker import Worker
 
     import baselines.external
-    from activities.cli import _queue_pollers, gpu_worker_identity, main
+    from activities.cli import main
+    from activities.cli.workers import gpu_worker_identity, queue_pollers
 
     @activity.defn(name="compile_candidate")
     def idle() -> None:
@@ -388,7 +389,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
         wid = run_id("nocpu")
         async with Worker(client, task_queue=queue, activities=[idle], activity_executor=ThreadPoolExecutor(1)):
             async def polled():  # the worker's first poll reached the server
-                while not await _queue_pollers(env.client, queue):
+                while not await queue_pollers(env.client, queue):
                     await asyncio.sleep(0.1)
             await asyncio.wait_for(polled(), 30)
             capsys.readouterr()
