@@ -95,8 +95,8 @@ def _receipt(store: ArtifactStore, records: list[IterationRecord], best) -> str 
 
 def progress_series(records: list[IterationRecord]) -> dict[str, list[float]]:
     """What progress.png draws. By iteration: each measured candidate's figure and the crowned best after
-    it. By wall time: the best as records finished, in the order they finished (evaluations run in
-    parallel, so iteration order is not time order). The figure is the speedup on a GPU; under the
+    it. By wall time: the best among the records finished so far, in the order they finished (evaluations
+    run in parallel, so iteration order is not time order). The figure is the speedup on a GPU; under the
     interpreter, the time in ms, as interpreter ratios to the baseline mean nothing."""
     interp = any(r.interpreter for r in records)
 
@@ -104,11 +104,13 @@ def progress_series(records: list[IterationRecord]) -> dict[str, list[float]]:
         return r.time_ms if interp else r.speedup
 
     def running_best(order):
-        best, out = float("nan"), []
+        # Each improvement beat the best recorded before it, and records are crowned in iteration order: the
+        # best among the records seen so far is the improved one of the highest iteration, whatever their order.
+        crowned, out = None, []
         for r in order:
-            if r.outcome == "improved" and r.speedup:
-                best = figure(r)
-            out.append(best)
+            if r.outcome == "improved" and r.speedup and (crowned is None or r.iteration > crowned.iteration):
+                crowned = r
+            out.append(float("nan") if crowned is None else figure(crowned))
         return out
 
     t0 = min((r.started_at for r in records if r.started_at), default=0.0)

@@ -21,6 +21,16 @@ def test_the_wall_time_curve_follows_the_order_records_finished_in():
     assert s["cand_iter"] == [1, 2, 3] and s["cand"] == [1.0, 1.2, 0.8]
 
 
+def test_the_wall_time_curve_keeps_the_best_when_an_older_improvement_finishes_later():
+    # population 2: iteration 3 beat iteration 2 and finished first; iteration 2's record, finishing last, is an
+    # improvement on iteration 1 only, never the best after iteration 3
+    records = [_rec(1, "improved", 1.0, 160.0), _rec(2, "improved", 1.2, 400.0), _rec(3, "improved", 1.5, 220.0)]
+    s = progress_series(records)
+    assert s["minutes"] == [1.0, 2.0, 5.0]
+    assert s["best_by_time"] == [1.0, 1.5, 1.5]
+    assert s["best"] == [1.0, 1.2, 1.5]
+
+
 def test_under_the_interpreter_it_draws_times_not_ratios(tmp_path):
     records = [_rec(1, "improved", 0.02, 130.0, interpreter=True), _rec(2, "passed", 0.01, 190.0, interpreter=True)]
     s = progress_series(records)
