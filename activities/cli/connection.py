@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from workflows.contracts import RunResult, RunSpec, Status
 from activities.cli.errors import UsageError
+from activities.cli.workers import agent_worker_missing
+
 
 async def connect_client(args):
     from workflows.client import Unreachable, connect
@@ -14,24 +16,30 @@ async def connect_client(args):
         raise UsageError(str(e))
 
 
-
 def run_handle(client, wid: str):
     return client.get_workflow_handle(wid, result_type=RunResult)
 
 
 async def query_status(client, wid: str, timeout: float | None = None) -> Status:
+    """The run's `status` query. Only a worker answers it: where none polls the agent task queue, one line
+    says so at once instead of the query's time-out."""
     from datetime import timedelta
 
-    from temporalio.service import RPCError
+    from temporalio.service import RPCError, RPCStatusCode
 
     from workflows.optimization import KernelOptimization
 
+    missing = await agent_worker_missing(client)
+    if missing:
+        raise UsageError(f"run {wid!r}: {missing}")
     try:
         return await run_handle(client, wid).query(
             KernelOptimization.status, rpc_timeout=timedelta(seconds=timeout) if timeout else None)
     except RPCError as e:
+        if e.status == RPCStatusCode.DEADLINE_EXCEEDED or "timeout expired" in e.message.lower():
+            raise UsageError(f"run {wid!r}: no worker answered its status query in time; is a worker running "
+                             f"against this server (`marathon worker --role agent`)?")
         raise UsageError(f"cannot query run {wid!r}: {e.message}")
-
 
 
 async def run_spec_of(client, wid: str) -> RunSpec | None:
@@ -57,7 +65,7 @@ async def run_spec_of(client, wid: str) -> RunSpec | None:
 async def status_or_result(client, wid: str, prefer_query: bool = False):
     """The live status if the run is open, else its result (both carry the keys). With prefer_query a
     finished run answers the status query too, when a worker is up to answer it within a few seconds."""
-    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
     from temporalio.service import RPCError
 
     h = run_handle(client, wid)
@@ -72,8 +80,6 @@ async def status_or_result(client, wid: str, prefer_query: bool = False):
             return await query_status(client, wid, timeout=5)
         except UsageError:
             pass
-    from temporalio.client import WorkflowFailureError
-
     try:
         return await h.result()
     except WorkflowFailureError as e:

@@ -12,6 +12,7 @@ from activities.cli.query import fmt_end, run_report, watch
 from activities.cli.run import cmd_start
 from activities.cli.server import register_search_attributes, start_dev_server
 from activities.cli.spec import parse_spec
+from activities.cli.workers import wait_for_worker
 
 async def cmd_demo(args) -> int:
     """What `make run` does: dev server (reused if up), a worker, a run, progress, report."""
@@ -38,6 +39,7 @@ async def cmd_demo(args) -> int:
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         await cmd_start(args)
         print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
+        await wait_for_worker(client, worker, HOME / "worker.log")
         res = await watch(client, args.id)
         print(fmt_end(res))
         print(f"report: {await run_report(client, args.id, None)}")

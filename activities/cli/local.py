@@ -20,15 +20,24 @@ async def cmd_llm_check(args) -> int:
 
 
 
+def knob_values(space: dict) -> str:
+    """A knob space in one line: `NAME = v1, v2; ...` (an empty string shown as '')."""
+    return "; ".join(f"{k} = " + ", ".join(repr(v) if v == "" else str(v) for v in vs) for k, vs in space.items())
+
+
 async def cmd_problems(args) -> int:
+    """The built-in problems (or the one named); with a path, that problem file or folder, checked the way a
+    run loads it."""
     from baselines.registry import get_problem, problem_names
 
+    if args.path and args.path not in problem_names():
+        return describe_problem_path(args.path, args.json)
     rows = []
-    for name in problem_names():
+    for name in [args.path] if args.path else problem_names():
         p = get_problem(name)
         rows.append({"name": name, "description": p.description, "shapes": [s.name for s in p.shapes],
                      "cpu_shape": p.cpu_shape.name, "distributions": list(p.distributions),
-                     "knobs": list(p.knob_space())})
+                     "knobs": p.knob_space()})
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -37,9 +46,54 @@ async def cmd_problems(args) -> int:
         print(f"  shapes: {r['shapes'][0]} (primary)" + "".join(f", {s}" for s in r["shapes"][1:])
               + f"; without a GPU: {r['cpu_shape']}")
         print(f"  input distributions: {', '.join(r['distributions'])}")
-        print(f"  knobs: {', '.join(r['knobs'])}")
+        print(f"  knobs: {knob_values(r['knobs'])}")
     return 0
 
+
+def describe_problem_path(path: str, as_json: bool = False) -> int:
+    """`marathon problems PATH`: load a problem file or folder as `marathon start PATH` would, run the checks
+    a run here would, and print what it is; anything wrong is one line (UsageError). Nothing is stored."""
+    from baselines.external import cuda_here, is_folder_key
+
+    from activities.cli.spec import check_problem_file, load_problem_path
+
+    p = load_problem_path(path)
+    folder = is_folder_key(p.name)
+    policies = []
+    for policy in ("search", "llm"):
+        try:
+            check_problem_file(p, policy, None)
+            policies.append(policy)
+        except UsageError as e:
+            refusal = str(e)
+    if not policies:
+        raise UsageError(refusal)
+    shapes = [{"name": s.name, **s.params} for s in p.shapes]
+    row = {"path": path, "key": p.name, "kind": "folder" if folder else "file", "description": p.description,
+           "shapes": shapes, "distributions": list(p.distributions), "outputs": list(p.outputs),
+           "knobs": p.knob_space() if "search" in policies else {}, "policies": policies}
+    if as_json:
+        print(json.dumps(row, indent=2, default=str))
+        return 0
+    print(f"{path}: a problem {'folder' if folder else 'file'}, key {p.name}")
+    print(f"  {p.description}")
+    if folder:
+        for s in p.shapes:
+            print(f"  shape {s.name}: " + ", ".join(f"{k}={v}" for k, v in s.params.items()))
+        print(f"  without a GPU: {p.cpu_shape.name}")
+        print(f"  outputs: {', '.join(p.outputs)}")
+    else:  # the inputs' and outputs' names, shapes and dtypes, as the model is told them
+        for line in p.contract_text().splitlines()[4:]:
+            print(f"  {line}")
+    print(f"  input distributions: {', '.join(p.distributions)}")
+    if row["knobs"]:
+        print(f"  knobs: {knob_values(row['knobs'])}")
+    if folder:
+        print(f"OK: `marathon start {path}` starts a run of it (policies: {', '.join(policies)})")
+    else:
+        where = "for GPU workers" if cuda_here() else "here, under the Triton interpreter on its CPU inputs"
+        print(f"OK: `marathon start {path} --policy llm` starts a run of it {where}")
+    return 0
 
 
 async def cmd_verify(args) -> int:

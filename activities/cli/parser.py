@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--shape", help="the shape to verify at (default: the primary shape on a GPU, else the CPU one)")
     c.set_defaults(fn=cmd_verify)
 
-    c = sub.add_parser("problems", help="list the problems with their shapes, input distributions and knobs")
+    c = sub.add_parser("problems", help="list the problems with their shapes, input distributions and knobs; with "
+                                        "a path, check that problem file or folder without starting a run")
+    c.add_argument("path", nargs="?", help="a problem file (KernelBench format) or problem folder to check")
     c.add_argument("--json", action="store_true")
     c.set_defaults(fn=cmd_problems)
 

@@ -57,7 +57,8 @@ async def cmd_status(args) -> int:
 
 
 async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
-    """Print a table row whenever the iteration or phase changes; return the result at the end."""
+    """Print a table row whenever the iteration or phase changes; return the result at the end. While no
+    worker answers, one line on stderr says so and what starts one."""
     from temporalio.client import WorkflowExecutionStatus
 
     from temporalio.service import RPCError
@@ -68,16 +69,20 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
     except RPCError as e:
         raise UsageError(f"no run {wid!r}: {e.message}")
     print(f"{'iter':>5} {'phase':<13} {'best':<58} last result", file=out)
-    seen, noted = None, False
+    seen, noted, waiting = None, False, None
     while True:
         desc = await h.describe()
         if desc.status != WorkflowExecutionStatus.RUNNING:
             break
         try:
             st = await query_status(client, wid)
-        except UsageError:
-            await asyncio.sleep(interval)  # no worker right now: queries need one
+        except UsageError as e:  # no worker right now: the run waits for one, and so does watch
+            if str(e) != waiting:
+                waiting = str(e)
+                print(f"waiting: {waiting}", file=sys.stderr, flush=True)
+            await asyncio.sleep(interval)
             continue
+        waiting = None
         row = (st.iteration, st.phase, st.paused)
         if row != seen:
             seen = row

@@ -78,13 +78,37 @@ def port_open(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
-                     log: Path | None = None) -> subprocess.Popen:
-    """Start the dev server in the background and wait until it accepts connections."""
+def lock_database(db: Path) -> int:
+    """An open descriptor holding the exclusive lock on DB.lock, next to the database: two servers on one
+    SQLite file corrupt it. The server process inherits the lock (start_dev_server), so it is held exactly
+    as long as that server runs, whatever ends it."""
+    import fcntl
+
     db.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(db.with_name(db.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "pid unknown"
+        os.close(fd)
+        raise UsageError(f"{db} is in use by another Temporal dev server ({holder}): stop that one, or give "
+                         f"--db another file") from None
+    return fd
+
+
+def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
+                     log: Path | None = None, lock: int | None = None) -> subprocess.Popen:
+    """Start the dev server in the background, holding the database's lock (lock_database; taken here
+    unless given), and wait until it accepts connections."""
+    fd = lock_database(db) if lock is None else lock
     out = open(log, "ab") if log else subprocess.DEVNULL
-    proc = subprocess.Popen(dev_server_args(port, ui_port, db, ip, headless), stdout=out, stderr=out,
-                            start_new_session=True)
+    try:
+        proc = subprocess.Popen(dev_server_args(port, ui_port, db, ip, headless), stdout=out, stderr=out,
+                                start_new_session=True, pass_fds=(fd,))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {proc.pid}, port {port}".encode(), 0)
+    finally:
+        os.close(fd)  # the server's inherited copy keeps the lock
     deadline = time.time() + 60
     while not port_open("127.0.0.1" if ip == "0.0.0.0" else ip, port):
         if proc.poll() is not None:
@@ -99,9 +123,11 @@ def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", h
 
 async def cmd_dev(args) -> int:
     db = Path(args.db).expanduser() if args.db else HOME / "temporal.db"
+    lock = lock_database(db)
     if port_open("127.0.0.1", args.port):
+        os.close(lock)
         raise UsageError(f"port {args.port} is already in use (a dev server may be running already)")
-    proc = start_dev_server(args.port, args.ui_port, db, args.ip, args.headless)
+    proc = start_dev_server(args.port, args.ui_port, db, args.ip, args.headless, lock=lock)
     print(f"Temporal dev server on {args.ip}:{args.port}, database {db}")
     if not args.headless:
         print(f"Web UI: http://localhost:{args.ui_port}")

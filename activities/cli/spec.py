@@ -31,9 +31,14 @@ def parse_spec(args) -> RunSpec:
             raise UsageError("--spec must be a JSON object")
     if args.problem:
         raw["problem"] = args.problem
+    if "problem" not in raw:
+        from baselines.registry import problem_names
+
+        raise UsageError(f"which problem? name one of {', '.join(problem_names())} (`marathon problems` describes "
+                         f"them), a problem file or a problem folder")
     problem_file = None
     if isinstance(raw.get("problem"), str) and is_problem_path(raw["problem"]):
-        problem_file = _problem_file(raw["problem"])
+        problem_file = load_problem_path(raw["problem"])
         raw["problem"] = problem_file.name
     budget = dict(raw.get("budget") or {})
     for flag, field in (("iterations", "iterations"), ("hours", "hours"), ("tokens", "tokens"),
@@ -62,7 +67,7 @@ def parse_spec(args) -> RunSpec:
     if spec.carried is not None:
         raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
     if problem_file is not None:
-        _store_problem_file(spec, problem_file)
+        store_problem_file(spec, problem_file)
     try:
         check_problem_name(spec.problem)
     except UnknownProblem as e:
@@ -85,7 +90,7 @@ def is_problem_path(name: str) -> bool:
     return name.endswith(".py") or os.sep in name or Path(name).exists()
 
 
-def _problem_file(path: str):
+def load_problem_path(path: str):
     """The problem a KernelBench-format file or a problem folder makes (baselines/external.py), or one line
     saying why not."""
     from baselines.external import ProblemFileError, folder_manifest, load_file, load_folder, read_folder
@@ -106,45 +111,50 @@ def _problem_file(path: str):
     return problem
 
 
-def _store_problem_file(spec: RunSpec, problem) -> None:
-    """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
-    keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
-    later changes nothing."""
-    from workflows.artifacts import ArtifactStore, ArtifactStoreError
-    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here
+def check_problem_file(problem, policy: str, shape: str | None) -> None:
+    """What a run of `policy` at `shape` needs of its problem file or folder, or one line saying what is
+    missing: a folder's knobs for the search policy; a file's CPU inputs for a run here without CUDA."""
+    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here, is_folder_key
 
-    if spec.problem.startswith("folder:"):
-        files, manifest = problem.stored
-        if spec.policy == "search":
+    if is_folder_key(problem.name):
+        if policy == "search":
             try:
                 problem.default_knobs()
                 if not problem.knob_space():
                     raise ValueError("knobs.py's SPACE is empty")
             except (OSError, ValueError, KeyError, SyntaxError) as e:
-                raise UsageError(f"{getattr(problem, 'own_name', spec.problem)}: the search policy needs kernel.py "
+                raise UsageError(f"{getattr(problem, 'own_name', problem.name)}: the search policy needs kernel.py "
                                  f"with a KNOBS line and knobs.py with SPACE ({e}); or use --policy llm")
-        try:
-            store = ArtifactStore()
-            for data in files.values():
-                store.put_bytes(data)
-            store.put_json(manifest)  # last: the folder's key names only objects already stored
-        except ArtifactStoreError as e:
-            raise UsageError(str(e))
         return
-    if spec.policy == "search":
+    if policy == "search":
         raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
                          f"the search policy to tune; use --policy llm")
-    if spec.shape != GPU_SHAPE and not cuda_here():
+    if shape != GPU_SHAPE and not cuda_here():
         # no CUDA here: the run is taken to be a CPU (interpreter) run, unless --shape names the GPU inputs
         try:
             check_cpu_run(problem)
         except ProblemFileError as e:
             raise UsageError(f"{e} (--shape {GPU_SHAPE} starts a run for GPU workers from here)")
+
+
+def store_problem_file(spec: RunSpec, problem) -> None:
+    """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
+    keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
+    later changes nothing."""
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
+
+    check_problem_file(problem, spec.policy, spec.shape)
     try:
-        ArtifactStore().put_bytes(problem.data)
+        store = ArtifactStore()
+        if hasattr(problem, "stored"):  # a folder
+            files, manifest = problem.stored
+            for data in files.values():
+                store.put_bytes(data)
+            store.put_json(manifest)  # last: the folder's key names only objects already stored
+        else:
+            store.put_bytes(problem.data)
     except ArtifactStoreError as e:
         raise UsageError(str(e))
-
 
 
 def check_hint(problem: str, text: str) -> None:

@@ -8,7 +8,7 @@ import signal
 
 from pydantic import ValidationError
 
-from workflows.contracts import RunSpec, explain
+from workflows.contracts import AGENT_QUEUE, RunSpec, explain
 from activities.cli.errors import UsageError
 
 async def cmd_worker(args) -> int:
@@ -78,20 +78,51 @@ def gpu_worker_identity(interpreter: bool) -> str:
     return f"{os.getpid()}@{socket.gethostname()} " + (CPU_WORKER_TAG if interpreter else "marathon-gpu-worker cuda")
 
 
-async def queue_pollers(client, queue: str) -> list[str]:
-    """The identities of the workers that polled the activity task queue recently ([] where unknown)."""
+#: a live worker's long polls reach the server at least once a minute, and the server goes on listing a
+#: poller for minutes after its worker stops: a poller not heard from for this long is taken for gone
+POLLER_FRESH_S = 120
+
+
+async def queue_pollers(client, queue: str, workflow: bool = False) -> list[str] | None:
+    """The identities of the workers polling the task queue (its workflow tasks, else its activity tasks)
+    within POLLER_FRESH_S; None where the server does not say."""
+    import time
+
     from temporalio.api.enums.v1 import TaskQueueType
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
     from temporalio.service import RPCError
 
+    kind = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW if workflow else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
     try:
         resp = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
-            namespace=client.namespace, task_queue=TaskQueue(name=queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY))
+            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind))
     except RPCError:
-        return []
-    return [p.identity for p in resp.pollers]
+        return None
+    now = time.time()
+    return [p.identity for p in resp.pollers
+            if not p.last_access_time.seconds or now - p.last_access_time.seconds < POLLER_FRESH_S]
+
+
+async def agent_worker_missing(client) -> str | None:
+    """One line saying that no worker polls the agent task queue, so nothing answers a run's queries or
+    moves it on; None where one does, or where the server does not say."""
+    if await queue_pollers(client, AGENT_QUEUE, workflow=True) == []:
+        return (f"no worker is polling task queue {AGENT_QUEUE}: start one with `marathon worker --role agent` "
+                f"(`--role all` for the GPU side too) against this server")
+    return None
+
+
+async def wait_for_worker(client, proc, log, timeout: float = 120) -> None:
+    """Until the worker process `proc` (its output in `log`) polls the agent task queue, or one line saying
+    why it does not."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while await agent_worker_missing(client):
+        if proc.poll() is not None:
+            raise UsageError(f"the worker exited with status {proc.returncode}; see {log}")
+        if asyncio.get_running_loop().time() > deadline:
+            raise UsageError(f"the worker did not poll task queue {AGENT_QUEUE} within {timeout:g} s; see {log}")
+        await asyncio.sleep(0.5)
 
 
 async def check_workers_can_run(client, spec: RunSpec, label: str | None = None) -> None:
