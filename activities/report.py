@@ -8,7 +8,7 @@ from pathlib import Path
 from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from workflows.contracts import IterationRecord
-from workflows.text import INTERPRETER_NOTE, best_text
+from workflows.text import INTERPRETER_NOTE, best_text, clip
 
 
 def write_report(st, wid: str, out: Path, unledgered: list[IterationRecord] = ()) -> Path:
@@ -55,7 +55,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines.append("")
     for p in plots:
         lines.append(f"![{p}]({p})")
-    rej = Counter((r.stage, (r.reason.splitlines() or [""])[0][:80]) for r in records if r.outcome == "rejected")
+    rej = Counter((r.stage, clip(r.reason, 80)) for r in records if r.outcome == "rejected")
     lines += ["", "## Rejections by stage and reason", "", "| stage | reason | count |", "|---|---|---|"]
     lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)] or ["| - | none | 0 |"]
     fam = Counter(r.family for r in records if r.outcome == "rejected" and r.family)
@@ -65,7 +65,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup (worst distribution) | ms | host ms | note |",
               "|---|---|---|---|---|---|---|"]
     for r in records:
-        note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
+        note = f"{r.stage}: {clip(r.reason, 60)}" if r.outcome == "rejected" else clip(r.rationale, 60)
         sp = f"{r.speedup:.3g}" if r.speedup is not None and not r.interpreter else "-"
         if sp != "-" and r.deciding_dist:
             sp += f" ({r.deciding_dist})"

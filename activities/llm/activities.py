@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolResult
+from workflows.text import clip
 from activities.llm.calls import parse_calls
 from activities.llm.chat import chat
 from activities.llm.endpoint import Profile, cost, endpoint
@@ -48,7 +49,7 @@ def ledger_index(store: ArtifactStore, ledger_key: str | None) -> dict[str, str]
     out: dict[str, str] = {}
     for r in read_ledger(store, ledger_key):
         what = (f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.speedup is not None and r.time_ms is not None
-                else f"rejected at {r.stage}: {(r.reason.splitlines() or [''])[0][:200]}")
+                else f"rejected at {r.stage}: {clip(r.reason, 200)}")
         out.setdefault(r.candidate_id, f"iteration {r.iteration}: {r.outcome}, {what}")
     with _LEDGER_LOCK:
         if len(_LEDGER_INDEX) > 64:

@@ -9,6 +9,7 @@ import difflib
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmTurnRequest
+from workflows.text import clip
 from activities.llm.endpoint import Profile
 from activities.llm.errors import ContextTooSmall
 from activities.llm.history import history_units, load_turns, result_text
@@ -126,8 +127,8 @@ def _records_block(req: LlmTurnRequest) -> str:
     lines = ["# Latest submissions"]
     for r in req.recent[-8:]:
         what = (f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.speedup is not None
-                else f"rejected at {r.stage}: {(r.reason.splitlines() or [''])[0][:160]}")
-        lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {r.rationale[:100]}")
+                else f"rejected at {r.stage}: {clip(r.reason, 160)}")
+        lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {clip(r.rationale, 100)}")
     return "\n".join(lines)
 
 
