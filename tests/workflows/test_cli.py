@@ -120,6 +120,22 @@ def test_problems_checks_a_problem_file_or_folder_without_starting_a_run(store, 
     assert not any(f.is_file() for f in store.root.rglob("*")), "checking a problem stores nothing"
 
 
+def test_marathon_home_holds_the_state_the_artifact_store_included(tmp_path):
+    """MARATHON_HOME moves ~/.marathon as a whole; MARATHON_ARTIFACTS moves the artifact store alone."""
+    import os
+
+    code = ("from activities.cli.home import HOME; from workflows.artifacts import default_root; "
+            "print(HOME); print(default_root())")
+    env = {k: v for k, v in os.environ.items() if k not in ("MARATHON_HOME", "MARATHON_ARTIFACTS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={**env, "MARATHON_HOME": str(tmp_path / "home")}).stdout.split()
+    assert out == [str(tmp_path / "home"), str(tmp_path / "home" / "artifacts")]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={**env, "MARATHON_HOME": str(tmp_path / "home"),
+                              "MARATHON_ARTIFACTS": str(tmp_path / "store")}).stdout.split()
+    assert out == [str(tmp_path / "home"), str(tmp_path / "store")]
+
+
 def closed_pipe_run(*args, env_address=None) -> subprocess.CompletedProcess:
     """Run marathon with its stdout a pipe whose reader has already gone (`marathon ... | head`)."""
     import os
