@@ -14,6 +14,7 @@ from activities.cli.server import register_search_attributes, start_dev_server
 from activities.cli.spec import parse_spec
 from activities.cli.workers import wait_for_worker
 
+
 async def cmd_demo(args) -> int:
     """What `make run` does: dev server (reused if up), a worker, a run, progress, report."""
     from workflows.client import Unreachable, connect

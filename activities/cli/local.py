@@ -8,6 +8,7 @@ from pathlib import Path
 
 from activities.cli.errors import UsageError
 
+
 async def cmd_llm_check(args) -> int:
     """One tiny request to the model endpoint configured in this environment (the agent worker's):
     what works, what adapts, what to change. Exit 0 if a run can use it."""
@@ -17,7 +18,6 @@ async def cmd_llm_check(args) -> int:
     for line in lines:
         print(line)
     return 0 if ok else 1
-
 
 
 def knob_values(space: dict) -> str:

@@ -9,6 +9,7 @@ import sys
 from activities.cli.errors import UsageError
 from activities.cli.parser import build_parser
 
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:

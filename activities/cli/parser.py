@@ -13,6 +13,7 @@ from activities.cli.run import cmd_budget, cmd_hint, cmd_pause, cmd_resume, cmd_
 from activities.cli.server import cmd_dev
 from activities.cli.workers import cmd_worker
 
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse's own errors (an unknown flag, a missing argument, `--iterations abc`) as one line and exit
     status 2, like every other bad input; `--help` still prints the usage."""
@@ -21,7 +22,6 @@ class OneLineParser(argparse.ArgumentParser):
         print(f"marathon: error: {self.prog.removeprefix('marathon ')}: {message}" if self.prog != "marathon"
               else f"marathon: error: {message}", file=sys.stderr)
         sys.exit(2)
-
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,6 +14,7 @@ from activities.cli.connection import connect_client, query_status, run_handle, 
 from activities.cli.errors import UsageError
 from activities.cli.home import HOME
 
+
 def fmt_best(best) -> str:
     return "-" if best is None else best_text(best)
 
@@ -25,7 +26,6 @@ def fmt_last(last) -> str:
 def fmt_end(res: RunResult) -> str:
     why = res.stopped_by + (f" ({res.stop_reason})" if res.stop_reason else "")
     return f"done: {res.iterations} iterations, stopped by {why}, best {fmt_best(res.best)}"
-
 
 
 async def cmd_status(args) -> int:
@@ -53,7 +53,6 @@ async def cmd_status(args) -> int:
     if (st.best and st.best.interpreter) or (st.last and st.last.interpreter):
         print(f"note: {INTERPRETER_NOTE}")
     return 0
-
 
 
 async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
@@ -170,7 +169,6 @@ async def _unledgered(client, wid: str) -> list:
         return await h.query(KernelOptimization.unledgered)
     except RPCError as e:
         raise UsageError(f"cannot query run {wid!r}: {e.message}")
-
 
 
 async def cmd_export(args) -> int:

@@ -16,6 +16,7 @@ from activities.cli.server import register_search_attributes
 from activities.cli.spec import check_hint, is_problem_path, parse_spec
 from activities.cli.workers import check_workers_can_run
 
+
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
     """The plain temporal CLI's commands for this run: queries, budget, hint, pause, resume, stop."""
     import shlex
@@ -72,7 +73,6 @@ async def cmd_start(args) -> int:
     return 0
 
 
-
 async def cmd_budget(args) -> int:
     fields = {k: getattr(args, k) for k in ("iterations", "hours", "tokens", "gpu_seconds")
               if getattr(args, k) is not None}
@@ -116,7 +116,6 @@ async def _set_context_tokens(args) -> None:
     except RPCError as e:
         raise UsageError(f"cannot update run {args.id!r}: {e.message}")
     print(f"context_tokens now {n}")
-
 
 
 async def _signal(args, name: str, arg=None) -> int:

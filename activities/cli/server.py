@@ -14,6 +14,7 @@ from pathlib import Path
 from activities.cli.errors import UsageError
 from activities.cli.home import HOME
 
+
 async def register_search_attributes(client) -> None:
     """Idempotent: adds the Marathon* attributes the namespace lacks."""
     from temporalio.api.enums.v1 import IndexedValueType
@@ -32,7 +33,6 @@ async def register_search_attributes(client) -> None:
     if missing:
         await client.operator_service.add_search_attributes(
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
-
 
 
 # The dev server's history queue processors poll at most 20 times a second by default: that puts 50-100 ms

@@ -13,6 +13,7 @@ from workflows import decisions
 from workflows.contracts import RunSpec, explain
 from activities.cli.errors import UsageError
 
+
 def parse_spec(args) -> RunSpec:
     """A RunSpec from --spec JSON (or @file) overlaid with the flags; validated before any connection."""
     from baselines.registry import UnknownProblem, check_problem_name

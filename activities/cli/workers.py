@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from workflows.contracts import AGENT_QUEUE, RunSpec, explain
 from activities.cli.errors import UsageError
 
+
 async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect

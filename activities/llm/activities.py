@@ -58,7 +58,6 @@ def ledger_index(store: ArtifactStore, ledger_key: str | None) -> dict[str, str]
     return out
 
 
-
 @activity.defn(name="llm_turn")
 def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
     """One model turn: prompt -> reply -> tool calls. The prompt, the raw reply and the answers to the

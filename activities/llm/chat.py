@@ -15,6 +15,7 @@ from activities.llm.errors import (ContextTooSmall, adaptation, classify, contex
                                    diagnose)
 from activities.llm.replies import Reply, normalise
 
+
 def _in_activity() -> bool:
     try:
         activity.info()
@@ -141,7 +142,6 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
         reply.adapted, reply.learned, reply.mode = adapted, learned, ("native" if "tools" in kwargs else "text")
         return reply
     raise config_error(f"{ep.where()}: refused every variant of the request; run `marathon llm-check`")
-
 
 
 def _raw_json(raw, ep: Endpoint) -> dict:

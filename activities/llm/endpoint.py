@@ -148,18 +148,14 @@ def client_for(ep: Endpoint):
         return _CLIENTS[k]
 
 
-
-
 def redact(text: str, ep: Endpoint | None) -> str:
     if ep and ep.api_key:
         text = text.replace(ep.api_key, "[redacted]")
     return re.sub(r"\b(sk-[A-Za-z0-9_\-]{4})[A-Za-z0-9_\-*]+", r"\1...[redacted]", text)
 
 
-
 def cost(ep: Endpoint, tin: int, tout: int) -> float:
     return (tin * ep.price_in + tout * ep.price_out) / 1e6
-
 
 
 def env_text(v) -> str:

@@ -21,6 +21,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.llm.endpoint import PROFILE_ENV, Endpoint, Profile, config_error, redact
 
+
 def _retry_after(response) -> float | None:
     if response is None:
         return None
@@ -148,7 +149,6 @@ def diagnose(e: Exception) -> tuple[str, dict]:
 
 class ContextTooSmall(Exception):
     """The endpoint refused the prompt as too long even at the smallest size it can be shrunk to."""
-
 
 
 def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) -> dict | None:

@@ -12,6 +12,7 @@ from workflows.contracts import ToolResult
 from activities.llm.sources import FENCE, clean_source
 from activities.llm.tools import RANGE_TOOLS, text_tool_calls
 
+
 def load_turns(store: ArtifactStore, head: str | None, n: int) -> list[dict]:
     out = []
     key = head

@@ -173,7 +173,6 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, 
     return "\n".join(lines)
 
 
-
 def system_prompt(mode: str) -> str:
     if mode != "text":
         return SYSTEM_PROMPT
@@ -261,7 +260,6 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         if estimate_tokens(msgs) <= budget:
             return msgs
     return msgs  # the smallest plan: the objective and the last step, whatever they cost
-
 
 
 PROMPT_FLOOR_TOKENS = 1500  # below this a prompt cannot hold the objective and the last step

@@ -11,6 +11,7 @@ from temporalio.exceptions import ApplicationError
 from activities.llm.endpoint import Endpoint
 from activities.llm.tools import text_tool_calls
 
+
 @dataclass
 class Reply:
     content: str
@@ -30,7 +31,6 @@ class Reply:
 def estimate_tokens(obj) -> int:
     text = obj if isinstance(obj, str) else json.dumps(obj)
     return len(text) // 4 + 1
-
 
 
 def _text_of(content) -> str:

@@ -10,6 +10,7 @@ from workflows.contracts.harness import Candidate
 from workflows.contracts.llm import ToolResult
 from workflows.contracts.records import BestRef, IterationRecord, LeaderEntry
 
+
 class ProposeRequest(Strict):
     problem: str
     policy: str

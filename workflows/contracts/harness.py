@@ -9,6 +9,7 @@ from pydantic import Field
 from workflows.contracts.base import GPU_QUEUE, Stage, Strict, Verdict
 from workflows.contracts.records import BestRef, IterationRecord
 
+
 class Candidate(Strict):
     candidate_id: str  # sha256(source)[:16]
     source_key: str

@@ -9,6 +9,7 @@ from workflows.contracts.budget import Budget, Used
 from workflows.contracts.harness import DeviceFacts
 from workflows.contracts.records import BestRef, IterationRecord, LeaderEntry
 
+
 class ToolResult(Strict):
     """llm policy: what one tool call gave back, fed to the model in the next turn. Long content lives
     in the artifact store (`content_key`); `content` is short."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from workflows.contracts.base import Outcome, Stage, Strict, Verdict
 
+
 class BestRef(Strict):
     candidate_id: str
     source_key: str

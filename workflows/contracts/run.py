@@ -13,6 +13,7 @@ from workflows.contracts.harness import DeviceFacts
 from workflows.contracts.llm import ToolResult
 from workflows.contracts.records import BestRef, BestSummary, IterationRecord, LeaderEntry
 
+
 class StopRequest(Strict):
     reason: str = "operator"
 
