@@ -19,9 +19,7 @@ from activities.llm.chat import chat
 from activities.llm.endpoint import Profile, cost, endpoint
 from activities.llm.prompt import build_messages, prompt_budget
 from activities.llm.sources import FENCE
-from activities.llm.tools import TOOLS, text_tool_calls
-
-READ_LINES_DEFAULT = 480  # lines a read tool returns when no range is asked for
+from activities.llm.tools import READ_LINES_DEFAULT, TOOLS, text_tool_calls
 
 
 def _store() -> ArtifactStore:

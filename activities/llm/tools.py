@@ -10,6 +10,7 @@ import shlex
 
 from activities.llm.sources import FENCE
 
+READ_LINES_DEFAULT = 480  # lines a read tool returns when no range is asked for
 SOURCE_TOOLS = {"submit_kernel", "compile", "check", "benchmark", "profile", "diff_against_best"}
 
 
@@ -21,7 +22,7 @@ def tool_schema(name: str, description: str, props: dict | None = None, required
 
 
 _RANGE = {"start_line": {"type": "integer", "description": "first line to read (1-based; default 1)"},
-          "end_line": {"type": "integer", "description": "last line to read (default: 480 lines on)"}}
+          "end_line": {"type": "integer", "description": f"last line to read (default: {READ_LINES_DEFAULT} lines on)"}}
 RANGE_TOOLS = {"read_baseline", "read_oracle", "read_starting_kernel", "read_notebook"}
 
 _SRC = {"source": {"type": "string", "description": "the complete candidate module (Python + Triton)"},
