@@ -94,7 +94,7 @@ def compact_notebook(req: CompactRequest) -> CompactResult:
         text = summarize(req.problem, version, req.notebook_key, req.records, all_records, req.best)
         tokens_in = tokens_out = 0
         if req.policy == "llm":
-            from activities.llm_compaction import rewrite_notebook
+            from activities.llm.compaction import rewrite_notebook
 
             text, tokens_in, tokens_out = rewrite_notebook(req, text, store)
         notebook_key = store.put_text(text)

@@ -23,7 +23,7 @@ import shlex
 import tempfile
 from pathlib import Path
 
-from workflows.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.artifacts import ArtifactStore, ArtifactStoreError, default_root
 from activities.ledger import read_ledger
 
 
@@ -250,6 +250,7 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
     cuda = cuda_here()
     tmp = tempfile.TemporaryDirectory(prefix="marathon-verify-")
     old = os.environ.get("MARATHON_ARTIFACTS")
+    users = ArtifactStore(default_root())  # where a stored problem is copied from
     os.environ["MARATHON_ARTIFACTS"] = tmp.name  # the children load the problem from this store
     try:
         store = ArtifactStore(tmp.name)
@@ -269,8 +270,7 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
             else:
                 name = problem_arg
                 if is_file_key(name) or is_folder_key(name):  # a stored problem: copied from the user's store
-                    src = problem_source(name, ArtifactStore(old) if old else ArtifactStore(
-                        Path.home() / ".marathon" / "artifacts"))
+                    src = problem_source(name, users)
                     for data in src["files"].values():
                         store.put_bytes(data)
                     if src["kind"] == "folder":

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 from workflows.contracts import BestRef, IterationRecord
+from workflows.text import clip
 
 
 def summarize(problem: str, version: int, previous_key: str | None, records: list[IterationRecord],
@@ -29,7 +30,7 @@ def summarize(problem: str, version: int, previous_key: str | None, records: lis
     outcomes = Counter(r.outcome for r in all_records)
     lines += ["", f"## Totals over {len(all_records)} iterations",
               ", ".join(f"{k}: {v}" for k, v in sorted(outcomes.items())) or "none"]
-    stages = Counter(f"{r.stage}: {r.reason.splitlines()[0][:100] if r.reason else ''}"
+    stages = Counter(f"{r.stage}: {clip(r.reason, 100)}"
                      for r in all_records if r.outcome == "rejected")
     if stages:
         lines += ["", "## What failed and why (most frequent first)"]
@@ -44,8 +45,8 @@ def summarize(problem: str, version: int, previous_key: str | None, records: lis
         for r in records[-25:]:
             what = (f"{r.time_ms:.4g} ms (interpreter)" if r.speedup is not None and r.interpreter else
                     f"{r.speedup:.3g}x {r.time_ms:.4g} ms" if r.speedup is not None else
-                    f"rejected at {r.stage}: {r.reason.splitlines()[0][:90] if r.reason else ''}")
-            lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {r.rationale[:90]}")
+                    f"rejected at {r.stage}: {clip(r.reason, 90)}")
+            lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {clip(r.rationale, 90)}")
     return "\n".join(lines) + "\n"
 
 

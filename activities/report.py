@@ -8,7 +8,7 @@ from pathlib import Path
 from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from workflows.contracts import IterationRecord
-from workflows.text import INTERPRETER_NOTE, best_text
+from workflows.text import INTERPRETER_NOTE, best_text, clip
 
 
 def write_report(st, wid: str, out: Path, unledgered: list[IterationRecord] = ()) -> Path:
@@ -55,7 +55,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines.append("")
     for p in plots:
         lines.append(f"![{p}]({p})")
-    rej = Counter((r.stage, (r.reason.splitlines() or [""])[0][:80]) for r in records if r.outcome == "rejected")
+    rej = Counter((r.stage, clip(r.reason, 80)) for r in records if r.outcome == "rejected")
     lines += ["", "## Rejections by stage and reason", "", "| stage | reason | count |", "|---|---|---|"]
     lines += [f"| {s} | {reason.replace('|', '/')} | {n} |" for (s, reason), n in rej.most_common(20)] or ["| - | none | 0 |"]
     fam = Counter(r.family for r in records if r.outcome == "rejected" and r.family)
@@ -65,7 +65,7 @@ def render_markdown(wid: str, st, records: list[IterationRecord], plots: list[st
     lines += ["", "## Iterations", "", "| # | candidate | outcome | speedup (worst distribution) | ms | host ms | note |",
               "|---|---|---|---|---|---|---|"]
     for r in records:
-        note = (f"{r.stage}: {(r.reason.splitlines() or [''])[0][:60]}" if r.outcome == "rejected" else r.rationale[:60])
+        note = f"{r.stage}: {clip(r.reason, 60)}" if r.outcome == "rejected" else clip(r.rationale, 60)
         sp = f"{r.speedup:.3g}" if r.speedup is not None and not r.interpreter else "-"
         if sp != "-" and r.deciding_dist:
             sp += f" ({r.deciding_dist})"
@@ -95,8 +95,8 @@ def _receipt(store: ArtifactStore, records: list[IterationRecord], best) -> str 
 
 def progress_series(records: list[IterationRecord]) -> dict[str, list[float]]:
     """What progress.png draws. By iteration: each measured candidate's figure and the crowned best after
-    it. By wall time: the best as records finished, in the order they finished (evaluations run in
-    parallel, so iteration order is not time order). The figure is the speedup on a GPU; under the
+    it. By wall time: the best among the records finished so far, in the order they finished (evaluations
+    run in parallel, so iteration order is not time order). The figure is the speedup on a GPU; under the
     interpreter, the time in ms, as interpreter ratios to the baseline mean nothing."""
     interp = any(r.interpreter for r in records)
 
@@ -104,11 +104,13 @@ def progress_series(records: list[IterationRecord]) -> dict[str, list[float]]:
         return r.time_ms if interp else r.speedup
 
     def running_best(order):
-        best, out = float("nan"), []
+        # Each improvement beat the best recorded before it, and records are crowned in iteration order: the
+        # best among the records seen so far is the improved one of the highest iteration, whatever their order.
+        crowned, out = None, []
         for r in order:
-            if r.outcome == "improved" and r.speedup:
-                best = figure(r)
-            out.append(best)
+            if r.outcome == "improved" and r.speedup and (crowned is None or r.iteration > crowned.iteration):
+                crowned = r
+            out.append(float("nan") if crowned is None else figure(crowned))
         return out
 
     t0 = min((r.started_at for r in records if r.started_at), default=0.0)

@@ -13,7 +13,6 @@ crashes and retries happen in between.
 from __future__ import annotations
 
 import itertools
-import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -93,17 +92,20 @@ class KnobSearch:
         return out
 
     def _mutate(self, knobs: dict, rng: random.Random, stats) -> tuple[dict, str]:
+        """`knobs` with one knob (sometimes two) set to another of its values, and what changed."""
         child = {**self.default, **{k: v for k, v in knobs.items() if k in self.space}}
-        names = sorted(self.space)
+        names = sorted(k for k, values in self.space.items() if len(values) > 1)  # a knob with one value is fixed
+        if not names:
+            return child, "no knob has a second value"
         changed = []
-        for name in rng.sample(names, 1 if rng.random() < 0.7 else min(2, len(names))):
+        for name in rng.sample(names, 1 if rng.random() < 0.7 or len(names) < 2 else 2):
             values = self.space[name]
-            i = values.index(child[name]) if child[name] in values else 0
-            if rng.random() < 0.7 and len(values) > 1:  # a neighbouring value: small steps in ordered knobs
-                j = min(len(values) - 1, max(0, i + rng.choice((-1, 1))))
-                new = values[j]
+            if rng.random() < 0.7 and child[name] in values:  # a neighbouring value: small steps in ordered knobs
+                i = values.index(child[name])
+                j = i + rng.choice((-1, 1))
+                new = values[j if 0 <= j < len(values) else 2 * i - j]  # at an end, the one neighbour
             else:
-                new = self._draw(name, rng, stats)
+                new = self._draw(name, rng, stats, other_than=child[name])
             changed.append(f"{name} {child[name]}->{new}")
             child[name] = new
         return child, ", ".join(changed)
@@ -119,8 +121,9 @@ class KnobSearch:
                 out.setdefault((k, repr(v)), []).append(score)
         return out
 
-    def _draw(self, name: str, rng: random.Random, stats) -> Any:
-        values = self.space[name]
+    def _draw(self, name: str, rng: random.Random, stats, other_than: Any = None) -> Any:
+        """A value of the knob, weighted by its record; with `other_than`, never that value."""
+        values = [v for v in self.space[name] if other_than is None or v != other_than] or self.space[name]
         best = max((max(s) for s in stats.values() if s), default=1.0) or 1.0
         weights = []
         for v in values:
@@ -143,7 +146,3 @@ class KnobSearch:
         source = render(self.template, knobs)
         return Choice(knobs=dict(sorted({**self.default, **knobs}.items())), source=source,
                       candidate_id=candidate_id(source), parent=parent, rationale=why)
-
-
-def space_size(space: dict[str, list]) -> int:
-    return math.prod(len(v) for v in space.values())

@@ -19,7 +19,7 @@ WORKFLOWS = [KernelOptimization, EvaluateCandidate]
 def agent_activities() -> list:
     acts = list(AGENT_ACTIVITIES)
     try:
-        from activities.llm import LLM_ACTIVITIES
+        from activities.llm.activities import LLM_ACTIVITIES
     except ImportError:  # the llm policy is optional at import time
         LLM_ACTIVITIES = []
     return acts + list(LLM_ACTIVITIES)

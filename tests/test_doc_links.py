@@ -39,3 +39,27 @@ def test_relative_links_resolve_inside_the_repository(doc):
         if not path.is_relative_to(ROOT) or not path.exists():
             broken.append(target)
     assert not broken, f"{doc.relative_to(ROOT)} links to what is not in the repository: {broken}"
+
+
+#: code and configuration that name documentation pages by path, from the repository's root
+CODE = sorted(p for p in ROOT.rglob("*")
+              if p.is_file() and (p.suffix in (".py", ".toml", ".yml", ".yaml") or p.name == "Makefile")
+              and not {".git", ".venv", "node_modules", "__pycache__"} & set(p.relative_to(ROOT).parts)
+              and p != Path(__file__).resolve())
+DOC_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]+?\.md\b")
+
+
+def doc_paths(text: str) -> list[str]:
+    """The docs/*.md paths a code or configuration file names (from the repository's root)."""
+    return DOC_PATH.findall(text)
+
+
+def test_doc_path_finder():
+    text = 'see docs/llm.md, "docs/results.md" (docs/sub/x.md#a); not mydocs/y.md or ../docs/z.md or docs/.'
+    assert doc_paths(text) == ["docs/llm.md", "docs/results.md", "docs/sub/x.md"]
+
+
+@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
+def test_code_names_only_docs_that_exist(path):
+    missing = [d for d in doc_paths(path.read_text(errors="replace")) if not (ROOT / d).is_file()]
+    assert not missing, f"{path.relative_to(ROOT)} names documentation that is not in the repository: {missing}"

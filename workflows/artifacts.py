@@ -3,7 +3,7 @@
 Workflow history carries only the sha256 keys this store hands out. Objects are written to a temp
 file and renamed into place, so a crash or a full disk never leaves a half-written object under a key;
 identical content is stored once. The root is a directory (a shared file system when workers sit on
-several hosts): `MARATHON_ARTIFACTS`, default `~/.marathon/artifacts`.
+several hosts): `MARATHON_ARTIFACTS`, default `artifacts` in MARATHON_HOME (`~/.marathon`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ class ArtifactStoreError(RuntimeError):
 
 
 def default_root() -> Path:
-    return Path(os.environ.get("MARATHON_ARTIFACTS") or Path.home() / ".marathon" / "artifacts")
+    if os.environ.get("MARATHON_ARTIFACTS"):
+        return Path(os.environ["MARATHON_ARTIFACTS"])
+    return Path(os.environ.get("MARATHON_HOME") or Path.home() / ".marathon") / "artifacts"
 
 
 class ArtifactStore:

@@ -4,6 +4,7 @@ TEMPORAL_ADDRESS / TEMPORAL_NAMESPACE / TEMPORAL_API_KEY overriding it, the pyda
 from __future__ import annotations
 
 import asyncio
+import re
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -29,5 +30,18 @@ async def connect(address: str | None = None, namespace: str | None = None, time
     try:
         return await asyncio.wait_for(Client.connect(**cfg, data_converter=pydantic_data_converter), timeout)
     except (asyncio.TimeoutError, RuntimeError, OSError) as e:
-        detail = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise Unreachable(f"cannot reach Temporal at {cfg['target_host']}: {detail}") from e
+        raise Unreachable(f"cannot reach Temporal at {cfg['target_host']} ({transport_detail(e, timeout)}): start a "
+                          f"local server with `marathon dev`, or point TEMPORAL_ADDRESS (or --address) at yours") from e
+
+
+def transport_detail(e: BaseException, timeout: float) -> str:
+    """A connection failure in a few words: the OS's own message where the transport error carries one."""
+    if isinstance(e, asyncio.TimeoutError):
+        return f"no answer within {timeout:g} s"
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    said = re.search(r'message: "([^"]+)"', text)  # the OS error inside the transport's debug text
+    if said:
+        return said.group(1).lower()
+    if "dns error" in text or "failed to lookup" in text:
+        return "unknown host"
+    return text[:160]

@@ -27,7 +27,7 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
   waiting for the shared holds to drain, or timing under way. Untimed work that arrives then waits
   (``gpu-shared-wait`` in the phase log), so this is the gate's own cost in the pipeline.
 
-Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts.py, and all of
+Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts/base.py, and all of
 them exist from the start at 0, so ``rate()`` works before the first event.
 
 MARATHON_METRICS_HOST (default ``0.0.0.0``) picks the listening address of both endpoints.

@@ -49,10 +49,21 @@ def best_text(best) -> str:
     return f"{best.speedup:.3g}x, {best.time_ms:.4g} ms vs baseline {best.baseline_ms:.4g} ms ({where})"
 
 
+def clip(text: str | None, n: int) -> str:
+    """The first line of `text` in at most n characters, cut between words ("..." marks a cut)."""
+    lines = (text or "").strip().splitlines()
+    line = lines[0].strip() if lines else ""
+    if len(line) <= n:
+        return line
+    cut = line[:n - 3]
+    head = cut.rsplit(" ", 1)[0].rstrip(" ,;:")
+    return (head if len(head) >= n // 2 else cut) + "..."  # one long word is cut where it must be
+
+
 def record_text(rec) -> str:
     """One IterationRecord as a short line."""
     if rec.outcome == "rejected":
-        reason = rec.reason.splitlines()[0][:70] if rec.reason else ""
+        reason = clip(rec.reason, 70)
         return f"#{rec.iteration} rejected at {rec.stage}: {reason}"
     if rec.time_ms is None:
         return f"#{rec.iteration} {rec.outcome}"

@@ -47,3 +47,23 @@ def test_once_something_passed_its_parents_are_the_measured_candidates():
     wave = _wave(s, [rec], n=12)
     assert not any(c.rationale.startswith("mutate the starting kernel") for c in wave)
     assert sum(c.rationale.startswith(f"mutate {start.candidate_id} (1.05x)") for c in wave) >= 8
+
+
+def test_every_mutation_changes_what_its_rationale_names():
+    # at the ends of a knob's values and in weighted draws alike: no "ROWS 1->1"
+    import re
+
+    s = KnobSearch(get_problem("softmax"), seed=0)
+    start = s.propose(1, 0, [], set())
+    rec = IterationRecord(iteration=1, candidate_id=start.candidate_id, source_key="k", knobs=start.knobs,
+                          outcome="improved", speedup=1.0, time_ms=1.0)
+    changes = []
+    for seed in range(8):
+        s.seed = seed
+        for c in _wave(s, [rec], n=24):
+            if c.rationale.startswith("mutate"):
+                pairs = re.findall(r"(\w+) (\S*)->(\S*?)(?:,|$)", c.rationale.split(": ", 1)[1])
+                assert pairs and all(a != b for _, a, b in pairs), c.rationale
+                assert all(str(c.knobs[k]) == b for k, _, b in pairs), (c.rationale, c.knobs)
+                changes += pairs
+    assert any(a == "1" for k, a, _ in changes if k == "ROWS"), "an end of a knob's values was mutated from"

@@ -222,7 +222,7 @@ def spec_args(**kw):
 
 
 def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     f = tmp_path / "rms.py"
     shutil.copy(RMSNORM, f)
@@ -402,7 +402,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
     from activities.search import KnobSearch
     from baselines.registry import get_problem
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -505,7 +505,8 @@ def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
 def test_an_llm_submission_in_modelnew_form_is_stored_in_the_entry_form(harness):
     import json
 
-    from activities.llm import Reply, parse_calls
+    from activities.llm.calls import parse_calls
+    from activities.llm.replies import Reply
 
     _, store, key = harness
     args = json.dumps({"source": MODEL_NEW, "rationale": "one program per row"})

@@ -68,7 +68,7 @@ def error(status: int, message: str, retry_after: float | None = None, code: str
 
 
 def is_compaction(body: dict) -> bool:
-    """A notebook rewrite (activities/llm_compaction.py), not a model turn: told by its system prompt."""
+    """A notebook rewrite (activities/llm/compaction.py), not a model turn: told by its system prompt."""
     return any(isinstance(m.get("content"), str) and "You keep the engineering notebook" in m["content"]
                for m in body.get("messages", [])[:2])
 

@@ -3,7 +3,7 @@ whatever the summarising model writes."""
 
 from __future__ import annotations
 
-from activities.llm_compaction import rewrite_notebook
+from activities.llm.compaction import rewrite_notebook
 from activities.notebook import summarize
 from tests.llm.server import ChatServer, completion
 from workflows.contracts import CompactRequest, IterationRecord

@@ -10,7 +10,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.ledger import append_chunk
-from activities.llm import TEXT_PROTOCOL, llm_check, llm_turn
+from activities.llm.activities import llm_turn
+from activities.llm.check import llm_check
+from activities.llm.tools import TEXT_PROTOCOL
 from activities.search import candidate_id
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import prompt_tokens

@@ -121,7 +121,8 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
 
 
 def test_the_turn_budget_flag_reaches_the_spec():
-    from activities.cli import build_parser, parse_spec
+    from activities.cli.parser import build_parser
+    from activities.cli.spec import parse_spec
 
     args = build_parser().parse_args(["start", "softmax", "--policy", "llm", "--turns-per-iteration", "7"])
     assert parse_spec(args).turns_per_iteration == 7

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
-from activities.llm import TOOLS, build_messages, estimate_tokens, extract_code, parse_calls, Reply
+from activities.llm.calls import parse_calls
+from activities.llm.prompt import build_messages
+from activities.llm.replies import Reply, estimate_tokens
+from activities.llm.sources import extract_code
+from activities.llm.tools import TOOLS
 from tests.llm.kernels import LADDER, softmax_kernel
 from workflows.contracts import Budget, LlmTurnRequest, Used
 
@@ -147,7 +151,7 @@ def test_a_replayed_kernel_reference_sent_back_names_that_kernel(store):
 
 
 def test_an_older_kernel_replays_as_a_short_diff_that_names_it_when_sent_back(store):
-    from activities.llm import DIFF_LINES, _compact_source, short_diff
+    from activities.llm.history import DIFF_LINES, _compact_source, short_diff
 
     base = softmax_kernel(**LADDER[0])
     changed = base.replace("BLOCK_N", "BLOCK_ROWS")

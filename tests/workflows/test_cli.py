@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,9 @@ def marathon(*args, env_address=None, check=False):
     (["bench", "nosuch"], "unknown problem 'nosuch'; known problems:"),
     (["verify", "softmax", "/nonexistent/kernel.py"], "/nonexistent/kernel.py: cannot read the kernel file"),
     (["verify", "nosuch", "README.md"], "unknown problem 'nosuch'; known problems:"),
+    (["start"], "which problem? name one of kda, mla_decode, mla_prefill, softmax (`marathon problems` describes"),
+    (["problems", "/nonexistent/problem.py"], "/nonexistent/problem.py: no such file or folder"),
+    (["problems", "README.md"], "README.md: syntax error at line"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
     # unreachable address: validation must fail first, before any connection is tried
@@ -66,7 +70,7 @@ def test_bad_input_is_one_clear_line(args, message):
 def test_compaction_default_grows_with_the_population():
     import argparse
 
-    from activities.cli import parse_spec
+    from activities.cli.spec import parse_spec
 
     def spec(**kw):
         base = dict(spec=None, problem="softmax", iterations=None, hours=None, tokens=None, gpu_seconds=None,
@@ -87,6 +91,49 @@ def test_problems_lists_shapes_distributions_and_knobs():
     rows = json.loads(marathon("problems", "--json", check=True).stdout)
     assert {r["name"] for r in rows} == {"kda", "mla_decode", "mla_prefill", "softmax"}
     assert next(r for r in rows if r["name"] == "kda")["distributions"] == ["mild", "strong"]
+    # the knobs with their values, as a search hint names them
+    assert "  knobs: VARIANT = single, online; BLOCK_N = 64, 128, 256, 512, 1024, 2048; ROWS = 1, 2, 4, 8;" in p.stdout
+    assert "EVICT = '', evict_first, evict_last" in p.stdout
+    assert next(r for r in rows if r["name"] == "softmax")["knobs"]["ROWS"] == [1, 2, 4, 8]
+    one = marathon("problems", "softmax", check=True).stdout
+    assert one.startswith("softmax: row-wise softmax") and "kda" not in one
+
+
+def test_problems_checks_a_problem_file_or_folder_without_starting_a_run(store, tmp_path):
+    files = Path(__file__).resolve().parents[1] / "baselines" / "files"
+    p = marathon("problems", str(files / "rmsnorm.py"), check=True)
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith(f"{files / 'rmsnorm.py'}: a problem file, key file:")
+    assert "  get_inputs: inputs in0 float32 [256, 8192]; weight float32 [8192]; outputs out0 float32 [256, 8192]" in lines
+    assert lines[-1].startswith(f"OK: `marathon start {files / 'rmsnorm.py'} --policy llm` starts a run of it")
+    folder = marathon("problems", str(files / "axpy_folder"), check=True).stdout
+    assert "  knobs: BLOCK = 64, 128, 256, 512, 1024; num_warps = 1, 2, 4, 8" in folder
+    assert "(policies: search, llm)" in folder
+    # a file that a run would refuse is refused the same way, in one line
+    bad = tmp_path / "raises.py"
+    bad.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                   "        raise ValueError('no')\n\ndef get_inputs():\n    return [torch.randn(4, 4)]\n\n"
+                   "def get_cpu_inputs():\n    return [torch.randn(2, 2)]\n")
+    p = marathon("problems", str(bad))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and "the reference raised ValueError: no" in lines[0], p.stderr
+    assert not any(f.is_file() for f in store.root.rglob("*")), "checking a problem stores nothing"
+
+
+def test_marathon_home_holds_the_state_the_artifact_store_included(tmp_path):
+    """MARATHON_HOME moves ~/.marathon as a whole; MARATHON_ARTIFACTS moves the artifact store alone."""
+    import os
+
+    code = ("from activities.cli.home import HOME; from workflows.artifacts import default_root; "
+            "print(HOME); print(default_root())")
+    env = {k: v for k, v in os.environ.items() if k not in ("MARATHON_HOME", "MARATHON_ARTIFACTS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={**env, "MARATHON_HOME": str(tmp_path / "home")}).stdout.split()
+    assert out == [str(tmp_path / "home"), str(tmp_path / "home" / "artifacts")]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={**env, "MARATHON_HOME": str(tmp_path / "home"),
+                              "MARATHON_ARTIFACTS": str(tmp_path / "store")}).stdout.split()
+    assert out == [str(tmp_path / "home"), str(tmp_path / "store")]
 
 
 def closed_pipe_run(*args, env_address=None) -> subprocess.CompletedProcess:
@@ -113,7 +160,8 @@ def test_unreachable_server_is_one_clear_line():
     p = marathon("start", "softmax", env_address="127.0.0.1:1")
     assert p.returncode == 2
     assert p.stderr.strip().splitlines() == [p.stderr.strip()]
-    assert "cannot reach Temporal at 127.0.0.1:1" in p.stderr
+    assert "cannot reach Temporal at 127.0.0.1:1 (connection refused): " in p.stderr
+    assert "`marathon dev`" in p.stderr and "TEMPORAL_ADDRESS" in p.stderr
 
 
 async def test_client_commands_against_the_dev_server(env, store):
@@ -371,7 +419,8 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     from temporalio.worker import Worker
 
     import baselines.external
-    from activities.cli import _queue_pollers, gpu_worker_identity, main
+    from activities.cli import main
+    from activities.cli.workers import gpu_worker_identity, queue_pollers
 
     @activity.defn(name="compile_candidate")
     def idle() -> None:
@@ -388,7 +437,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
         wid = run_id("nocpu")
         async with Worker(client, task_queue=queue, activities=[idle], activity_executor=ThreadPoolExecutor(1)):
             async def polled():  # the worker's first poll reached the server
-                while not await _queue_pollers(env.client, queue):
+                while not await queue_pollers(env.client, queue):
                     await asyncio.sleep(0.1)
             await asyncio.wait_for(polled(), 30)
             capsys.readouterr()
@@ -420,3 +469,53 @@ def test_export_refuses_a_run_without_a_kernel_and_an_output_that_is_a_file(tmp_
     with pytest.raises(ExportError, match="exists and is not a directory"):
         export_run("r1", res.model_copy(update={"best": best, "best_source_key": key}), tmp_path / "taken")
     assert (tmp_path / "taken").read_text() == "mine" and not (tmp_path / "out").exists()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_dev_server_per_database_and_no_worker_said_at_once(tmp_path):
+    """`marathon dev` holds its SQLite file: a second one on it is refused in one line. On a server no worker
+    polls, `status` says so in one line at once (not a query time-out) and `watch` says what it waits for."""
+    import os
+    import signal
+    import time
+
+    db, port = tmp_path / "temporal.db", free_port()
+    first = subprocess.Popen(MARATHON + ["dev", "--db", str(db), "--port", str(port), "--headless"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().startswith(f"Temporal dev server on 127.0.0.1:{port}, database {db}")
+        second = marathon("dev", "--db", str(db), "--port", str(free_port()), "--headless")
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert lines[0].startswith(f"marathon: error: {db} is in use by another Temporal dev server (pid ")
+        assert f"port {port}" in lines[0] and "give --db another file" in lines[0]
+
+        address = f"127.0.0.1:{port}"
+        wid = run_id("noworker")
+        marathon("start", "softmax", "--id", wid, env_address=address, check=True)
+        t0 = time.monotonic()
+        p = marathon("status", wid, env_address=address)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert "no worker is polling task queue marathon-agent: start one with `marathon worker --role agent`" \
+            in lines[0]
+        assert time.monotonic() - t0 < 20, "said at once, not after the query's time-out"
+        with pytest.raises(subprocess.TimeoutExpired) as waited:
+            subprocess.run(MARATHON + ["watch", wid], capture_output=True, text=True, timeout=15,
+                           env={**os.environ, "TEMPORAL_ADDRESS": address})
+        err = waited.value.stderr.decode() if isinstance(waited.value.stderr, bytes) else waited.value.stderr
+        assert f"waiting: run '{wid}': no worker is polling task queue marathon-agent" in (err or ""), err
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    # the lock went with the server: the database is free again
+    from activities.cli.server import lock_database
+
+    os.close(lock_database(db))

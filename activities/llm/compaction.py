@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import CompactRequest
+from workflows.text import clip
 
 NOTEBOOK_SYSTEM = """You keep the engineering notebook of a long GPU-kernel optimization run. The \
 notebook is the run's only long-term memory: the next turns see it instead of the full history. \
@@ -26,8 +27,8 @@ def _record_lines(req: CompactRequest) -> list[str]:
     out = []
     for r in req.records[-60:]:
         what = (f"{r.speedup:.3f}x {r.time_ms:.4g} ms" if r.speedup is not None else
-                f"rejected at {r.stage}: {(r.reason.splitlines() or [''])[0][:200]}")
-        out.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; rationale: {r.rationale[:160]}")
+                f"rejected at {r.stage}: {clip(r.reason, 200)}")
+        out.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; rationale: {clip(r.rationale, 160)}")
     return out
 
 
@@ -86,7 +87,8 @@ def _header_and_facts(deterministic_text: str) -> tuple[str, str, str]:
 
 def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
     """(notebook text, tokens in, tokens out). Never raises for an endpoint failure."""
-    from activities.llm import chat, endpoint
+    from activities.llm.chat import chat
+    from activities.llm.endpoint import endpoint
 
     previous = ""
     if req.notebook_key:

@@ -1,0 +1,195 @@
+"""The commands that read a run: status, watch, report, notebook, export."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from workflows.contracts import RunResult
+from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, used_text
+from activities.cli.connection import connect_client, query_status, run_handle, status_or_result
+from activities.cli.errors import UsageError
+from activities.cli.home import HOME
+
+
+def fmt_best(best) -> str:
+    return "-" if best is None else best_text(best)
+
+
+def fmt_last(last) -> str:
+    return "-" if last is None else record_text(last)
+
+
+def fmt_end(res: RunResult) -> str:
+    why = res.stopped_by + (f" ({res.stop_reason})" if res.stop_reason else "")
+    return f"done: {res.iterations} iterations, stopped by {why}, best {fmt_best(res.best)}"
+
+
+async def cmd_status(args) -> int:
+    client = await connect_client(args)
+    # the query first, finished runs too (scripts read its fields); without a worker a finished run's result
+    st = await status_or_result(client, args.id, prefer_query=True)
+    if args.json:
+        print(st.model_dump_json(indent=2))
+        return 0
+    if isinstance(st, RunResult):
+        print(f"{st.workflow_id}: {st.problem} finished after {st.iterations} iterations, run {st.runs}")
+        print(f"stopped by {st.stopped_by}" + (f" ({st.stop_reason})" if st.stop_reason else ""))
+        print(f"best: {fmt_best(st.best)}")
+        print(f"used: {used_text(st.used, st.used.turns > 0)}")
+        if st.best and st.best.interpreter:
+            print(f"note: {INTERPRETER_NOTE}")
+        return 0
+    print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
+          f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
+    if st.stop_reason is not None:
+        print(f"{'stopped' if st.phase == 'done' else 'stopping'}: {st.stop_reason}")
+    print(f"best: {fmt_best(st.best)}")
+    print(f"budget: {budget_text(st.budget)}; used: {used_text(st.used, st.policy == 'llm')}")
+    print(f"last: {fmt_last(st.last)}")
+    if (st.best and st.best.interpreter) or (st.last and st.last.interpreter):
+        print(f"note: {INTERPRETER_NOTE}")
+    return 0
+
+
+async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
+    """Print a table row whenever the iteration or phase changes; return the result at the end. While no
+    worker answers, one line on stderr says so and what starts one."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    from temporalio.service import RPCError
+
+    h = run_handle(client, wid)
+    try:
+        await h.describe()
+    except RPCError as e:
+        raise UsageError(f"no run {wid!r}: {e.message}")
+    print(f"{'iter':>5} {'phase':<13} {'best':<58} last result", file=out)
+    seen, noted, waiting = None, False, None
+    while True:
+        desc = await h.describe()
+        if desc.status != WorkflowExecutionStatus.RUNNING:
+            break
+        try:
+            st = await query_status(client, wid)
+        except UsageError as e:  # no worker right now: the run waits for one, and so does watch
+            if str(e) != waiting:
+                waiting = str(e)
+                print(f"waiting: {waiting}", file=sys.stderr, flush=True)
+            await asyncio.sleep(interval)
+            continue
+        waiting = None
+        row = (st.iteration, st.phase, st.paused)
+        if row != seen:
+            seen = row
+            if not noted and st.last is not None and st.last.interpreter:
+                noted = True
+                print(f"note: {INTERPRETER_NOTE}", file=out)
+            phase = "paused" if st.paused else st.phase
+            print(f"{st.iteration:>5} {phase:<13} {fmt_best(st.best):<58} {fmt_last(st.last)}", file=out,
+                  flush=True)
+        await asyncio.sleep(interval)
+    return await h.result()
+
+
+async def cmd_watch(args) -> int:
+    client = await connect_client(args)
+    from temporalio.client import WorkflowFailureError
+
+    try:
+        res = await watch(client, args.id)
+    except WorkflowFailureError as e:
+        raise UsageError(f"run {args.id} failed: {e.cause}")
+    print(fmt_end(res))
+    return 0
+
+
+async def cmd_report(args) -> int:
+    client = await connect_client(args)
+    path = await run_report(client, args.id, Path(args.out) if args.out else None)
+    print(path)
+    return 0
+
+
+async def cmd_notebook(args) -> int:
+    client = await connect_client(args)
+    from workflows.artifacts import ArtifactStore
+
+    st = await status_or_result(client, args.id)
+    if not st.notebook_key:
+        raise UsageError(f"run {args.id} has no notebook yet (written at the first compaction)")
+    text = ArtifactStore().get_text(st.notebook_key)
+    if args.version is not None:
+        while args.version != _notebook_version(text):
+            prev = _previous_key(text)
+            if not prev:
+                raise UsageError(f"run {args.id} has no notebook version {args.version}")
+            text = ArtifactStore().get_text(prev)
+    print(text)
+    return 0
+
+
+def _notebook_version(text: str) -> int | None:
+    first = text.splitlines()[0] if text else ""
+    return int(first.rsplit("version", 1)[1]) if "version" in first else None
+
+
+def _previous_key(text: str) -> str | None:
+    for line in text.splitlines()[:5]:
+        if line.startswith("previous version:"):
+            v = line.split(":", 1)[1].strip()
+            return None if v == "none" else v
+    return None
+
+
+async def run_report(client, wid: str, out: Path | None) -> Path:
+    """`marathon report`: Markdown and plots of the run, into `out` (default MARATHON_HOME/reports/ID)."""
+    from activities.report import write_report
+
+    # a live run's newest records are not in the ledger yet; asked first, so that a compaction between the two
+    # queries moves records into the ledger the status names (they are merged by iteration) and none is lost
+    unledgered = await _unledgered(client, wid)
+    return write_report(await status_or_result(client, wid), wid, out or HOME / "reports" / wid, unledgered)
+
+
+async def _unledgered(client, wid: str) -> list:
+    """The open run's records not yet in its ledger; none for a closed run (its result's ledger has them all)."""
+    from temporalio.client import WorkflowExecutionStatus
+    from temporalio.service import RPCError
+
+    from workflows.optimization import KernelOptimization
+
+    h = run_handle(client, wid)
+    try:
+        if (await h.describe()).status != WorkflowExecutionStatus.RUNNING:
+            return []
+        return await h.query(KernelOptimization.unledgered)
+    except RPCError as e:
+        raise UsageError(f"cannot query run {wid!r}: {e.message}")
+
+
+async def cmd_export(args) -> int:
+    """The crowned best kernel as a standalone file with its receipt (activities/export.py)."""
+    from workflows.artifacts import ArtifactStore
+    from activities.export import ExportError, export_run
+
+    client = await connect_client(args)
+    st = await status_or_result(client, args.id)
+    out = Path(args.out) if args.out else Path(f"export-{args.id}")
+    try:
+        if args.out == "-":  # the kernel file alone, on stdout
+            with tempfile.TemporaryDirectory() as tmp:
+                export_run(args.id, st, Path(tmp))
+                sys.stdout.write((Path(tmp) / "kernel.py").read_text())
+            return 0
+        written = export_run(args.id, st, out, force=args.force)
+    except ExportError as e:
+        raise UsageError(str(e))
+    receipt = json.loads((out / "receipt.json").read_text())
+    print(f"{out / 'kernel.py'}: {st.problem} best, {best_text(st.best)}")
+    print(f"receipt: {out / 'receipt.json'}, {out / 'receipt.md'} ({len(written)} files written)")
+    print(f"re-verify: {receipt['verify_command']}")
+    return 0

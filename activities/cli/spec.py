@@ -1,0 +1,178 @@
+"""A run's input from the command line: the RunSpec, a problem file or folder stored by content key,
+and the hints a search run takes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from workflows import decisions
+from workflows.contracts import RunSpec, explain
+from activities.cli.errors import UsageError
+
+
+def parse_spec(args) -> RunSpec:
+    """A RunSpec from --spec JSON (or @file) overlaid with the flags; validated before any connection."""
+    from baselines.registry import UnknownProblem, check_problem_name
+
+    raw: dict = {}
+    if args.spec:
+        try:
+            text = Path(args.spec[1:]).read_text() if args.spec.startswith("@") else args.spec
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"--spec {args.spec}: cannot read the file: {getattr(e, 'strerror', None) or e}")
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--spec is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}")
+        if not isinstance(raw, dict):
+            raise UsageError("--spec must be a JSON object")
+    if args.problem:
+        raw["problem"] = args.problem
+    if "problem" not in raw:
+        from baselines.registry import problem_names
+
+        raise UsageError(f"which problem? name one of {', '.join(problem_names())} (`marathon problems` describes "
+                         f"them), a problem file or a problem folder")
+    problem_file = None
+    if isinstance(raw.get("problem"), str) and is_problem_path(raw["problem"]):
+        problem_file = load_problem_path(raw["problem"])
+        raw["problem"] = problem_file.name
+    budget = dict(raw.get("budget") or {})
+    for flag, field in (("iterations", "iterations"), ("hours", "hours"), ("tokens", "tokens"),
+                        ("gpu_seconds", "gpu_seconds")):
+        v = getattr(args, flag, None)
+        if v is not None:
+            budget[field] = v
+    if budget:
+        raw["budget"] = budget
+    for flag in ("policy", "population", "compact_every", "seed", "shape", "model", "gpu_queue",
+                 "turns_per_iteration"):
+        v = getattr(args, flag, None)
+        if v is not None:
+            raw[flag] = v
+    # The default and the check below live at this entry point, not in RunSpec: RunSpec is every stored
+    # run's input, and a new default or a new rule there would change how old histories replay.
+    if ("compact_every" not in raw and raw.get("policy", "search") == "search" and isinstance(raw.get("population"), int)
+            and raw["population"] > 0):
+        raw["compact_every"] = decisions.default_compact_every(raw["population"])
+    try:
+        spec = RunSpec.model_validate(raw)
+    except ValidationError as e:
+        raise UsageError(f"invalid run spec: {explain(e)}")
+    if problem := decisions.compaction_problem(spec.policy, spec.population, spec.compact_every):
+        raise UsageError(f"invalid run spec: {problem}")
+    if spec.carried is not None:
+        raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
+    if problem_file is not None:
+        store_problem_file(spec, problem_file)
+    try:
+        check_problem_name(spec.problem)
+    except UnknownProblem as e:
+        raise UsageError(str(e))
+    if spec.shape is not None:
+        from baselines.registry import get_problem
+
+        names = [s.name for s in get_problem(spec.problem).shapes] + [get_problem(spec.problem).cpu_shape.name]
+        if spec.shape not in names:
+            raise UsageError(f"problem {spec.problem} has no shape {spec.shape!r}; shapes: {', '.join(names)}")
+    return spec
+
+
+def is_problem_path(name: str) -> bool:
+    """A problem given as a path (a KernelBench-format file) rather than a built-in problem's name."""
+    from baselines.registry import problem_names
+
+    if name.startswith(("file:", "folder:")) or name in problem_names():
+        return False
+    return name.endswith(".py") or os.sep in name or Path(name).exists()
+
+
+def load_problem_path(path: str):
+    """The problem a KernelBench-format file or a problem folder makes (baselines/external.py), or one line
+    saying why not."""
+    from baselines.external import ProblemFileError, folder_manifest, load_file, load_folder, read_folder
+
+    p = Path(path)
+    try:
+        if p.is_dir():  # the richer form: spec, oracle, baseline, kernel, knobs
+            files = read_folder(p)
+            key, manifest = folder_manifest(files)
+            problem = load_folder(p.resolve(), key, str(path))
+            problem.stored = (files, manifest)
+            return problem
+        if not p.is_file():
+            raise UsageError(f"{path}: no such file or folder")
+        _key, _data, problem = load_file(p)
+    except ProblemFileError as e:
+        raise UsageError(str(e))
+    return problem
+
+
+def check_problem_file(problem, policy: str, shape: str | None) -> None:
+    """What a run of `policy` at `shape` needs of its problem file or folder, or one line saying what is
+    missing: a folder's knobs for the search policy; a file's CPU inputs for a run here without CUDA."""
+    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here, is_folder_key
+
+    if is_folder_key(problem.name):
+        if policy == "search":
+            try:
+                problem.default_knobs()
+                if not problem.knob_space():
+                    raise ValueError("knobs.py's SPACE is empty")
+            except (OSError, ValueError, KeyError, SyntaxError) as e:
+                raise UsageError(f"{getattr(problem, 'own_name', problem.name)}: the search policy needs kernel.py "
+                                 f"with a KNOBS line and knobs.py with SPACE ({e}); or use --policy llm")
+        return
+    if policy == "search":
+        raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
+                         f"the search policy to tune; use --policy llm")
+    if shape != GPU_SHAPE and not cuda_here():
+        # no CUDA here: the run is taken to be a CPU (interpreter) run, unless --shape names the GPU inputs
+        try:
+            check_cpu_run(problem)
+        except ProblemFileError as e:
+            raise UsageError(f"{e} (--shape {GPU_SHAPE} starts a run for GPU workers from here)")
+
+
+def store_problem_file(spec: RunSpec, problem) -> None:
+    """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
+    keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
+    later changes nothing."""
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
+
+    check_problem_file(problem, spec.policy, spec.shape)
+    try:
+        store = ArtifactStore()
+        if hasattr(problem, "stored"):  # a folder
+            files, manifest = problem.stored
+            for data in files.values():
+                store.put_bytes(data)
+            store.put_json(manifest)  # last: the folder's key names only objects already stored
+        else:
+            store.put_bytes(problem.data)
+    except ArtifactStoreError as e:
+        raise UsageError(str(e))
+
+
+def check_hint(problem: str, text: str) -> None:
+    """A search run's hint must be `KNOB=value` pairs from the problem's knob space: anything else would be
+    ignored by the search proposer without a word."""
+    from baselines.registry import get_problem
+
+    space = get_problem(problem).knob_space()
+    knobs = ", ".join(space)
+    for tok in text.replace(",", " ").split():
+        name, sep, val = tok.partition("=")
+        if not sep:
+            raise UsageError(f"a search run takes KNOB=value hints (free text is for --policy llm); {tok!r} is "
+                             f"not one; {problem}'s knobs: {knobs}")
+        if name not in space:
+            raise UsageError(f"{problem} has no knob {name!r}; its knobs: {knobs}")
+        values = [str(v) for v in space[name]]
+        if val.strip("'\"") not in values:
+            raise UsageError(f"knob {name} has no value {val!r}; its values: "
+                             + ", ".join(repr(v) if v == "" else v for v in values))

@@ -1,0 +1,146 @@
+"""`marathon worker`, and what the CLI learns from the workers polling a task queue."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+from pydantic import ValidationError
+
+from workflows.contracts import AGENT_QUEUE, RunSpec, explain
+from activities.cli.errors import UsageError
+
+
+async def cmd_worker(args) -> int:
+    from workflows.metrics import MetricsConfigError, setup_metrics
+    from workflows.client import Unreachable, connect
+    from workflows.contracts import GPU_QUEUE
+
+    queue = args.gpu_queue or os.environ.get("MARATHON_GPU_QUEUE") or GPU_QUEUE
+    try:
+        RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
+    except ValidationError as e:
+        raise UsageError(f"invalid --gpu-queue: {explain(e)}")
+
+    try:
+        # before connecting: it makes the metrics-enabled runtime Temporal's default
+        metrics = setup_metrics(args.metrics_port, role=args.role)
+    except MetricsConfigError as e:
+        raise UsageError(str(e))
+    try:
+        client = await connect(args.address, args.namespace)
+    except Unreachable as e:
+        raise UsageError(str(e))
+    from workflows.logs import configure_logging
+
+    configure_logging()
+    workers = []
+    if args.role in ("agent", "all"):
+        from activities.worker import build_agent_worker
+
+        workers.append(build_agent_worker(client))
+    if args.role in ("gpu", "all"):
+        from gpu_worker.worker import build_gpu_workers
+
+        from gpu_worker.activities import evaluator
+        from workflows.client import connect_config
+
+        # the identity says how this worker runs kernels: `marathon start` reads it from the queue's pollers
+        gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
+                                                   "identity": gpu_worker_identity(evaluator().interpreter)},
+                                                data_converter=client.data_converter)
+        workers += build_gpu_workers(gpu_client, task_queue=queue)
+    print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
+          f"{client.service_client.config.target_host}", flush=True)
+    print(metrics.describe(), flush=True)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, stop.set)
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    waiter = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait(tasks + [waiter], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    metrics.close()
+    for t in done:
+        if t is not waiter and t.exception():
+            raise t.exception()
+    return 0
+
+
+#: in a GPU worker's identity when it has no CUDA and runs kernels under the Triton interpreter
+CPU_WORKER_TAG = "marathon-gpu-worker cpu-interpreter"
+
+
+def gpu_worker_identity(interpreter: bool) -> str:
+    import socket
+
+    return f"{os.getpid()}@{socket.gethostname()} " + (CPU_WORKER_TAG if interpreter else "marathon-gpu-worker cuda")
+
+
+#: a live worker's long polls reach the server at least once a minute, and the server goes on listing a
+#: poller for minutes after its worker stops: a poller not heard from for this long is taken for gone
+POLLER_FRESH_S = 120
+
+
+async def queue_pollers(client, queue: str, workflow: bool = False) -> list[str] | None:
+    """The identities of the workers polling the task queue (its workflow tasks, else its activity tasks)
+    within POLLER_FRESH_S; None where the server does not say."""
+    import time
+
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+    from temporalio.service import RPCError
+
+    kind = TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW if workflow else TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY
+    try:
+        resp = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+            namespace=client.namespace, task_queue=TaskQueue(name=queue), task_queue_type=kind))
+    except RPCError:
+        return None
+    now = time.time()
+    return [p.identity for p in resp.pollers
+            if not p.last_access_time.seconds or now - p.last_access_time.seconds < POLLER_FRESH_S]
+
+
+async def agent_worker_missing(client) -> str | None:
+    """One line saying that no worker polls the agent task queue, so nothing answers a run's queries or
+    moves it on; None where one does, or where the server does not say."""
+    if await queue_pollers(client, AGENT_QUEUE, workflow=True) == []:
+        return (f"no worker is polling task queue {AGENT_QUEUE}: start one with `marathon worker --role agent` "
+                f"(`--role all` for the GPU side too) against this server")
+    return None
+
+
+async def wait_for_worker(client, proc, log, timeout: float = 120) -> None:
+    """Until the worker process `proc` (its output in `log`) polls the agent task queue, or one line saying
+    why it does not."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while await agent_worker_missing(client):
+        if proc.poll() is not None:
+            raise UsageError(f"the worker exited with status {proc.returncode}; see {log}")
+        if asyncio.get_running_loop().time() > deadline:
+            raise UsageError(f"the worker did not poll task queue {AGENT_QUEUE} within {timeout:g} s; see {log}")
+        await asyncio.sleep(0.5)
+
+
+async def check_workers_can_run(client, spec: RunSpec, label: str | None = None) -> None:
+    """A problem file without get_cpu_inputs() cannot run where the run's GPU queue is served only by workers
+    without CUDA (they run the interpreter on the CPU inputs): refused before the run starts."""
+    from baselines.external import CPU_SHAPE, is_file_key
+
+    if not is_file_key(spec.problem) or spec.shape not in (None, CPU_SHAPE):
+        return
+    from baselines.registry import get_problem
+
+    problem = get_problem(spec.problem)
+    if problem.has_cpu:
+        return
+    pollers = await queue_pollers(client, spec.gpu_queue)
+    if pollers and all(CPU_WORKER_TAG in p for p in pollers):
+        raise UsageError(f"{label or problem.label} defines no get_cpu_inputs(), and the workers on task queue "
+                         f"{spec.gpu_queue} have no CUDA (they run the Triton interpreter on a problem's CPU "
+                         f"inputs): add get_cpu_inputs() to the file (small inputs; get_cpu_init_inputs() too if "
+                         f"Model's constructor arguments differ for them), or start GPU workers on {spec.gpu_queue}")

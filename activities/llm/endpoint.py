@@ -1,0 +1,164 @@
+"""The model endpoint: its kind (a Profile), the worker's configuration of it, and one openai client per
+endpoint.
+
+Configuration comes from the worker's environment, never from workflow input: OPENAI_BASE_URL,
+OPENAI_API_KEY, MARATHON_MODEL (RunSpec.model overrides the model name), MARATHON_LLM_TIMEOUT (seconds
+per request, default 300), MARATHON_LLM_PROFILE (the endpoint's kind: PROFILES) and the MARATHON_LLM_*
+variables that override its settings (PROFILE_ENV), MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per
+million tokens, for the cost estimate). docs/llm.md has one section per endpoint kind.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass, replace
+
+from temporalio.exceptions import ApplicationError
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How to talk to one kind of endpoint. Every field can be overridden from the worker's environment
+    (PROFILE_ENV names the variable); a field left to the profile adapts when the endpoint refuses it."""
+
+    name: str
+    token_param: str = "max_tokens"  # or "max_completion_tokens" (OpenAI's reasoning models)
+    reply_tokens: int | None = None  # cap on one reply; None: not sent (the server's default)
+    temperature: float | None = None
+    seed: int | None = None
+    reasoning_effort: str | None = None  # low | medium | high, for reasoning models
+    tool_mode: str = "auto"  # native | text | auto (native; text once the endpoint refuses tools)
+    merge_roles: bool = False  # one message per role in a row: strict chat templates (Gemma, Mistral)
+    system_role: bool = True  # False: the system prompt goes at the top of the first user message
+    context_tokens: int | None = None  # the endpoint's context window (prompt + reply); None: unknown
+
+
+PROFILES = {
+    "auto": Profile("auto"),
+    "openai-chat": Profile("openai-chat", reply_tokens=16384, tool_mode="native"),
+    "openai-reasoning": Profile("openai-reasoning", token_param="max_completion_tokens", reply_tokens=32768,
+                                reasoning_effort="medium", tool_mode="native"),
+    "vllm": Profile("vllm", reply_tokens=8192, merge_roles=True),
+    "sglang": Profile("sglang", reply_tokens=8192, merge_roles=True),
+    "ollama": Profile("ollama", reply_tokens=4096, merge_roles=True, context_tokens=16384),
+    "llamacpp": Profile("llamacpp", reply_tokens=4096, merge_roles=True, context_tokens=16384),
+}
+
+PROFILE_ENV = {"token_param": "MARATHON_LLM_TOKEN_PARAM", "reply_tokens": "MARATHON_LLM_MAX_TOKENS",
+               "temperature": "MARATHON_LLM_TEMPERATURE", "seed": "MARATHON_LLM_SEED",
+               "reasoning_effort": "MARATHON_LLM_REASONING_EFFORT", "tool_mode": "MARATHON_LLM_TOOL_MODE",
+               "merge_roles": "MARATHON_LLM_MERGE_ROLES", "system_role": "MARATHON_LLM_SYSTEM_ROLE",
+               "context_tokens": "MARATHON_LLM_CONTEXT_TOKENS"}
+_NONE = ("", "none", "off", "unset")
+
+
+def config_error(text: str) -> ApplicationError:
+    return ApplicationError(text, type="LLMConfigError", non_retryable=True)
+
+
+def _env_value(field_name: str, raw: str):
+    var = PROFILE_ENV[field_name]
+    v = raw.strip().lower()
+    try:
+        if field_name == "token_param":
+            if v not in ("max_tokens", "max_completion_tokens"):
+                raise ValueError("max_tokens or max_completion_tokens")
+            return v
+        if field_name == "tool_mode":
+            if v not in ("native", "text", "auto"):
+                raise ValueError("native, text or auto")
+            return v
+        if field_name in ("merge_roles", "system_role"):
+            if v not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError("1 or 0")
+            return v in ("1", "true", "yes")
+        if v in _NONE:
+            return None
+        if field_name == "temperature":
+            return float(v)
+        if field_name == "reasoning_effort":
+            if v not in ("minimal", "low", "medium", "high"):
+                raise ValueError("minimal, low, medium, high or none")
+            return v
+        n = int(v)
+        if n < 1 and field_name != "seed":
+            raise ValueError("a positive number or none")
+        return n
+    except ValueError as e:
+        hint = str(e) if not str(e).startswith(("invalid literal", "could not convert")) else \
+            "a number or none"
+        raise config_error(f"{var}={raw!r} on the agent worker is not valid: expected {hint}") from None
+
+
+@dataclass
+class Endpoint:
+    base_url: str | None
+    api_key: str
+    model: str
+    timeout: float
+    profile: Profile
+    explicit: frozenset = frozenset()  # profile fields set by the worker's environment: never adapted
+    price_in: float = 0.0
+    price_out: float = 0.0
+
+    def settings(self, adapted: dict | None) -> Profile:
+        """The profile with what this run has learned from the endpoint applied."""
+        known = {k: v for k, v in (adapted or {}).items() if k in Profile.__dataclass_fields__ and k != "name"}
+        return replace(self.profile, **known) if known else self.profile
+
+    def where(self) -> str:
+        return f"model endpoint {self.base_url or 'api.openai.com'} (model {self.model})"
+
+
+def endpoint(model: str | None = None, profile: str | None = None) -> Endpoint:
+    key = os.environ.get("OPENAI_API_KEY", "")
+    name = model or os.environ.get("MARATHON_MODEL", "")
+    if not key:
+        raise config_error("OPENAI_API_KEY is not set on the agent worker; set it and `marathon resume`")
+    if not name:
+        raise config_error("no model: set MARATHON_MODEL on the agent worker or RunSpec.model")
+    pname = (profile or os.environ.get("MARATHON_LLM_PROFILE", "")).strip() or "auto"
+    if pname not in PROFILES:
+        raise config_error(f"MARATHON_LLM_PROFILE={pname!r} on the agent worker is not a profile; profiles: "
+                            f"{', '.join(PROFILES)}")
+    overrides = {f: _env_value(f, os.environ[var]) for f, var in PROFILE_ENV.items() if var in os.environ}
+    try:
+        timeout = float(os.environ.get("MARATHON_LLM_TIMEOUT", "300"))
+        prices = (float(os.environ.get("MARATHON_PRICE_IN", "0")), float(os.environ.get("MARATHON_PRICE_OUT", "0")))
+    except ValueError:
+        raise config_error("MARATHON_LLM_TIMEOUT, MARATHON_PRICE_IN and MARATHON_PRICE_OUT must be numbers") from None
+    return Endpoint(base_url=os.environ.get("OPENAI_BASE_URL") or None, api_key=key, model=name, timeout=timeout,
+                    profile=replace(PROFILES[pname], **overrides), explicit=frozenset(overrides),
+                    price_in=prices[0], price_out=prices[1])
+
+
+_CLIENTS: dict[tuple, object] = {}
+_CLIENTS_LOCK = threading.Lock()
+
+
+def client_for(ep: Endpoint):
+    from openai import OpenAI
+
+    k = (ep.base_url, ep.api_key, ep.timeout)
+    with _CLIENTS_LOCK:
+        if k not in _CLIENTS:
+            _CLIENTS[k] = OpenAI(base_url=ep.base_url, api_key=ep.api_key, timeout=ep.timeout, max_retries=0)
+        return _CLIENTS[k]
+
+
+def redact(text: str, ep: Endpoint | None) -> str:
+    if ep and ep.api_key:
+        text = text.replace(ep.api_key, "[redacted]")
+    return re.sub(r"\b(sk-[A-Za-z0-9_\-]{4})[A-Za-z0-9_\-*]+", r"\1...[redacted]", text)
+
+
+def cost(ep: Endpoint, tin: int, tout: int) -> float:
+    return (tin * ep.price_in + tout * ep.price_out) / 1e6
+
+
+def env_text(v) -> str:
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    return "none" if v is None else str(v)

@@ -1,0 +1,232 @@
+"""Endpoint failures: what kind each is, so that Temporal retries what waiting fixes and pauses the run
+on what only the operator can fix, and which refusals name a change the request can make by itself.
+
+The client never retries (max_retries=0): Temporal does, by the error's kind. 429: retryable with the
+server's Retry-After as the next delay. 5xx, 408, timeouts, connection errors: retryable with backoff.
+A refusal that names its fix (a parameter, no tool support, strict roles, a context too small) is
+answered by the change the profile allows and sent again at once (chat.chat). Authentication, quota,
+permission, unknown model and other 4xx: non-retryable, so the run pauses with a message naming the
+remedy until an operator fixes the configuration and resumes.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import re
+import time
+from datetime import timedelta
+
+from temporalio.exceptions import ApplicationError
+
+from activities.llm.endpoint import PROFILE_ENV, Endpoint, Profile, config_error, redact
+
+
+def _retry_after(response) -> float | None:
+    if response is None:
+        return None
+    h = response.headers
+    try:
+        if h.get("retry-after-ms"):
+            return float(h["retry-after-ms"]) / 1000
+        ra = h.get("retry-after")
+        if ra is None:
+            return None
+        try:
+            return float(ra)
+        except ValueError:
+            when = email.utils.parsedate_to_datetime(ra)
+            return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError):
+        return None
+
+
+_FIX_CONFIG = "Fix the agent worker's configuration (OPENAI_API_KEY, OPENAI_BASE_URL, MARATHON_MODEL), then " \
+              "`marathon resume`."
+
+
+def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
+    """An endpoint failure as the ApplicationError whose retryability Temporal acts on, its message
+    naming what fixes it."""
+    import openai
+
+    msg = redact(str(e), ep)[:600]
+    where = ep.where() if ep else "model endpoint"
+    if isinstance(e, openai.APITimeoutError):
+        return ApplicationError(f"{where}: request timed out after {ep.timeout if ep else '?'} s",
+                                type="LLMTimeout")
+    if isinstance(e, openai.APIConnectionError):
+        return ApplicationError(f"{where}: connection failed: {msg}", type="LLMConnectionError")
+    if isinstance(e, openai.APIStatusError):
+        code = e.status_code
+        body = getattr(e, "body", None)
+        err_code = body.get("code") if isinstance(body, dict) else None
+        if code == 429:
+            if err_code == "insufficient_quota":  # not transient: waiting does not refill a quota
+                return ApplicationError(f"{where}: 429 quota exhausted: {msg}. Add credit or use another "
+                                        f"OPENAI_API_KEY on the agent worker, then `marathon resume`.",
+                                        type="LLMQuotaError", non_retryable=True)
+            delay = _retry_after(e.response)
+            return ApplicationError(f"{where}: 429 rate limited (retry after {delay if delay is not None else '?'} s)",
+                                    type="RateLimited",
+                                    next_retry_delay=timedelta(seconds=delay) if delay is not None else None)
+        if code >= 500 or code in (408, 409):
+            return ApplicationError(f"{where}: {code} server error: {msg}", type="LLMServerError")
+        if code in (401, 403):
+            kind = "authentication failed" if code == 401 else "permission denied"
+            return ApplicationError(f"{where}: {code} {kind}: {msg}. Set a valid OPENAI_API_KEY for "
+                                    f"{ep.base_url if ep and ep.base_url else 'api.openai.com'} on the agent "
+                                    f"worker (and check OPENAI_BASE_URL), then `marathon resume`.",
+                                    type="LLMAuthError", non_retryable=True)
+        kind = {400: "bad request", 404: "not found (unknown model or wrong OPENAI_BASE_URL?)",
+                413: "request too large", 422: "unprocessable request"}.get(code, "client error")
+        return ApplicationError(f"{where}: {code} {kind}: {msg}. {_FIX_CONFIG}", type="LLMClientError",
+                                non_retryable=True)
+    if isinstance(e, ApplicationError):
+        return e
+    return ApplicationError(f"{where}: {type(e).__name__}: {msg}", type="LLMError")
+
+
+# What a refusal says, and what fixes it. Matched on the error's text (and `param` where the server
+# names one): servers word these differently, and some send them as 500s.
+_PARAM_NAMES = ("max_completion_tokens", "max_tokens", "temperature", "seed", "reasoning_effort")
+_NO_TOOLS = re.compile(r"does not support tools|tool choice requires|enable-auto-tool-choice|tools? (param|"
+                       r"parameter)s? (requires|is not supported)|--jinja|tools are not supported|"
+                       r"unsupported parameter:? '?tools|tool(s| calling| use)? (is |are )?not (supported|enabled)",
+                       re.I)
+_ROLES = re.compile(r"roles must alternate|must alternate (between )?user|conversation roles|"
+                    r"after the optional system message", re.I)
+_NO_SYSTEM = re.compile(r"system role (is )?not supported|system messages? (is |are )?not supported", re.I)
+_CONTEXT = re.compile(r"context[_ ]length[_ ]exceeded|maximum context length|exceeds? the (available )?context|"
+                      r"context (window|size|length) (of \d+ tokens )?(is )?exceeded|too many tokens|"
+                      r"prompt is too long|input (is )?too long|longer than the model'?s? context", re.I)
+
+
+def _error_text(e) -> tuple[str, str | None, str | None]:
+    """(message, param, code) of an endpoint's error body, whatever its shape."""
+    body = getattr(e, "body", None)
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        body = body["error"]
+    if isinstance(body, dict):
+        m = body.get("message") or body.get("detail") or body.get("error") or json.dumps(body)
+        return str(m), (body.get("param") if isinstance(body.get("param"), str) else None), \
+            (body.get("code") if isinstance(body.get("code"), str) else None)
+    return str(body if body is not None else getattr(e, "message", e)), None, None
+
+
+def diagnose(e: Exception) -> tuple[str, dict]:
+    """What an endpoint's refusal asks for: ("param", {name, replacement}), ("tools", {}), ("roles", {}),
+    ("system", {}), ("context", {limit}) or ("other", {})."""
+    import openai
+
+    if not isinstance(e, openai.APIStatusError) or e.status_code in (401, 403, 404, 408, 409, 429):
+        return "other", {}
+    text, param, code = _error_text(e)
+    low = text.lower()
+    if _CONTEXT.search(text) or code == "context_length_exceeded":
+        m = re.search(r"(?:maximum context length|context (?:window|size|length))(?: of| is)?\s*(\d{3,})", text, re.I)
+        body = getattr(e, "body", None)
+        body = body.get("error", body) if isinstance(body, dict) else {}
+        n_ctx = body.get("n_ctx") if isinstance(body, dict) else None  # llama.cpp says it apart from the text
+        limit = int(m.group(1)) if m else (int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None)
+        return "context", {"limit": limit}
+    if _NO_TOOLS.search(text) or param in ("tools", "tool_choice"):
+        return "tools", {}
+    if _NO_SYSTEM.search(text):
+        return "system", {}
+    if _ROLES.search(text):
+        return "roles", {}
+    if code in ("unsupported_parameter", "unsupported_value") or "unsupported" in low or "not supported" in low \
+            or "unrecognized" in low or "unknown parameter" in low or "extra inputs" in low:
+        name = param if param in _PARAM_NAMES else next((p for p in _PARAM_NAMES if re.search(
+            rf"['\"`]?\b{p}\b['\"`]?", text)), None)
+        if name:
+            repl = next((p for p in _PARAM_NAMES if p != name and re.search(
+                rf"(use|instead|replacement|try)\W+(\w+\W+){{0,3}}['\"`]?{p}\b", text, re.I)), None)
+            return "param", {"name": name, "replacement": repl}
+    return "other", {}
+
+
+class ContextTooSmall(Exception):
+    """The endpoint refused the prompt as too long even at the smallest size it can be shrunk to."""
+
+
+def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) -> dict | None:
+    """The settings change that answers a refusal, or None (classified as it is). A setting the worker's
+    environment fixed is never changed: the refusal pauses the run naming that variable."""
+    def fixed(field_name: str) -> bool:
+        if field_name in ep.explicit:
+            raise config_error(f"{ep.where()} refused the request: {redact(_error_text(e)[0], ep)[:300].rstrip('.')}. "
+                                f"Change {PROFILE_ENV[field_name]} on the agent worker (it is set to "
+                                f"{getattr(s, field_name)!r}), then `marathon resume`.") from None
+        return False
+
+    if kind == "param":
+        name, repl = info["name"], info["replacement"]
+        if name in ("max_tokens", "max_completion_tokens"):
+            if name != s.token_param:
+                return None
+            fixed("token_param")
+            if repl in ("max_tokens", "max_completion_tokens"):
+                return {"token_param": repl}
+            fixed("reply_tokens")
+            return {"reply_tokens": None}
+        if name in ("temperature", "seed", "reasoning_effort") and getattr(s, name) is not None:
+            fixed(name)
+            return {name: None}
+        return None
+    if kind == "tools":
+        if s.tool_mode == "text":
+            return None
+        if s.tool_mode == "native":
+            raise config_error(f"{ep.where()} does not take tools: {redact(_error_text(e)[0], ep)[:300].rstrip('.')}. "
+                                f"Set MARATHON_LLM_TOOL_MODE=text (or auto) on the agent worker, or start the "
+                                f"server with tool calling on (vLLM: --enable-auto-tool-choice "
+                                f"--tool-call-parser NAME; SGLang: --tool-call-parser NAME; llama.cpp: --jinja), "
+                                f"then `marathon resume`.")
+        return {"tool_mode": "text"}
+    if kind == "system":
+        if not s.system_role:
+            return None
+        fixed("system_role")
+        return {"system_role": False}
+    if kind == "roles":
+        if not s.merge_roles:
+            fixed("merge_roles")
+            return {"merge_roles": True}
+        if s.system_role:
+            fixed("system_role")
+            return {"system_role": False}
+        return None
+    if kind == "context":
+        limit = info.get("limit")
+        return {"context_tokens": limit} if limit else {}
+    return None
+
+
+def describe_change(kind: str, info: dict, change: dict, s: Profile) -> str:
+    if kind == "param":
+        if "token_param" in change:
+            return f"the endpoint refuses {info['name']}: sending {change['token_param']} instead"
+        return f"the endpoint refuses {info['name']}: not sent"
+    if kind == "tools":
+        return "the endpoint does not take tools: text tool mode (fenced code and TOOL: lines)"
+    if kind == "system":
+        return "the endpoint refuses a system message: the system prompt leads the first user message"
+    if kind == "roles":
+        return ("the endpoint's chat template needs alternating roles: consecutive messages merged"
+                if "merge_roles" in change else "the endpoint's chat template needs alternating roles: "
+                "no system message either")
+    limit = change.get("context_tokens")
+    return (f"the prompt exceeded the endpoint's context ({limit} tokens): shrinking it" if limit
+            else "the prompt exceeded the endpoint's context: shrinking it")
+
+
+def context_error(ep: Endpoint, s: Profile, adapted: dict) -> ApplicationError:
+    limit = adapted.get("context_tokens") or s.context_tokens
+    return ApplicationError(
+        f"{ep.where()}: the prompt does not fit the endpoint's context"
+        f"{f' ({limit} tokens)' if limit else ''} even shrunk to its smallest. Lower the run's context_tokens "
+        f"(`marathon budget ID --context-tokens N`), or a smaller MARATHON_LLM_MAX_TOKENS, or give the server a "
+        f"larger context (MARATHON_LLM_CONTEXT_TOKENS tells the worker its size), then `marathon resume`.",
+        type="LLMContextError", non_retryable=True)

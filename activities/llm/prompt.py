@@ -1,0 +1,281 @@
+"""The turn's prompt: the system prompt, the objective, the starting kernel and the notebook (the same
+from turn to turn, so a provider's prompt cache covers them), the last turns, then the run's state, top-k
+kernels and the operator's hints, within a token budget."""
+
+from __future__ import annotations
+
+import difflib
+
+from baselines.registry import get_problem
+from gpu_worker.rules_torch import TORCH_RULE
+from workflows.artifacts import ArtifactStore, ArtifactStoreError
+from workflows.contracts import LlmTurnRequest
+from workflows.text import clip
+from activities.llm.endpoint import Profile
+from activities.llm.errors import ContextTooSmall
+from activities.llm.history import history_units, load_turns, result_text
+from activities.llm.replies import estimate_tokens
+from activities.llm.tools import TEXT_PROTOCOL, TOOLS
+
+HISTORY_TURNS = 4  # past turns replayed verbatim in a prompt (older ones live in the notebook)
+TOOL_CONTENT_CHARS = 6000  # one tool answer of an older turn in a prompt, at most
+LAST_TOOL_CONTENT_CHARS = 24000  # one answer to the latest turn: a whole template fits (KDA's is 22.9 k)
+
+SYSTEM_PROMPT = """You are an expert GPU kernel engineer in a long optimization run. You write Triton \
+kernels and iterate like an expert: write, compile, check, profile, think, try again. You act only \
+through the tools; every kernel you want measured for real goes through submit_kernel.
+
+A candidate is one Python module that defines `run(inputs, out)`: `inputs` maps names to tensors, `out` \
+maps output names to preallocated tensors that `run` must fill in place (they are poisoned with NaN \
+first). Keep a top-level `KNOBS = {...}` line if you like; it is optional.
+
+Rules (the harness rejects a candidate that breaks one, naming the rule):
+- Triton only: no third-party kernel libraries (flash_attn, flashinfer, xformers, fla, liger, cutlass, \
+...), no torch.ops / torch.compile / cuBLAS matmuls / the problem's own PyTorch op doing the work.
+- """ + TORCH_RULE + """
+- Allowed imports: torch, triton, triton.language, math, functools, typing, itertools, operator, \
+dataclasses, collections, enum. No os/sys/subprocess/threading/sockets, no exec/eval/getattr/open.
+- No CUDA streams, events, graphs or synchronisation games with the timer; no try/except fallbacks; \
+no caching keyed by data_ptr/id/storage; no Tensor subclasses or __torch_function__ tricks.
+- Results must match the oracle within the problem's tolerance on every seed and input distribution.
+
+Reply with tool calls. Put complete sources in the `source` argument, never a fragment or a diff."""
+
+
+def _problem_facts(req: LlmTurnRequest) -> list[str]:
+    p = get_problem(req.problem)
+    shapes = ", ".join(s.name for s in p.shapes)
+    target = req.shape or "the primary GPU shape (or the CPU shape under the interpreter)"
+    facts = [f"Problem: {p.name}: {p.description}",
+             f"Shapes: {shapes}; CPU/interpreter shape {p.cpu_shape.name}. Timed on: {target}."]
+    timed = [x for x in [*p.shapes, p.cpu_shape] if x.name == req.shape] or p.shapes[:1]
+    for shape in timed:
+        try:
+            fl, by = p.flops(shape), p.bytes_moved(shape)
+        except (NotImplementedError, KeyError, TypeError, ValueError):
+            continue
+        dims = ", ".join(f"{k}={v}" for k, v in shape.params.items())
+        facts.append(f"Work at {shape.name} ({dims}): {fl / 1e9:.4g} GFLOP and at least {by / 1e6:.4g} MB moved "
+                     f"({fl / by:.3g} FLOP/byte); the floor is the slower of moving those bytes at the device's "
+                     f"bandwidth and doing those FLOPs at its peak.")
+    d = req.device_facts
+    if d is not None:  # known once the run's first benchmark on a GPU has come back
+        facts.append(f"GPU: {d.device}; measured ceilings {d.bandwidth_tbps:.2f} TB/s device copy and "
+                     f"{d.matmul_tflops:.0f} TFLOP/s bf16 matmul; the timed shape's floor at those rates is "
+                     f"{d.floor_ms:.4g} ms. Timing is device time (CUDA-graph replay or back to back with the "
+                     f"host ahead) on every input distribution; the worst speedup decides; host launch cost "
+                     f"is reported apart and counts for nothing.")
+    return facts + [
+        f"Inputs: see read_starting_kernel / read_baseline. Outputs compared with the oracle: "
+        f"{', '.join(p.outputs)}; pass iff rel-RMS error <= max({p.tolerance_floor:g}, "
+        f"{p.tolerance_alpha:g} x the baseline's own error)."]
+
+
+def objective(req: LlmTurnRequest) -> str:
+    """The goal, restated in full every turn: iteration 700 aims at the same target as iteration 1. It
+    is the same text every turn (what changes is in run_state), so the prompt's start can be cached."""
+    return "\n".join(["# Objective", "Make the fastest correct Triton kernel for this problem. Faster than the "
+                      "baseline is the minimum; beat the current best.", *_problem_facts(req),
+                      "Rules: Triton only; no third-party kernel libraries or library kernels doing the work; "
+                      "the harness rejects forbidden imports, exec/eval/getattr, streams/events/graphs, "
+                      "try/except fallbacks, pointer-keyed caches, Tensor subclasses, wrong results."])
+
+
+def run_state(req: LlmTurnRequest) -> str:
+    """Where the run stands this turn: the baseline's time, the best, what is left of the budget."""
+    b, u, bud = req.best, req.used, req.budget
+    lines = ["# Where the run stands"]
+    lines.append(f"Baseline time: {req.baseline_ms:.4g} ms" if req.baseline_ms else
+                 "Baseline time: not measured yet (the first submission measures it).")
+    if b:
+        interp = " (interpreter timing on CPU, not GPU speed)" if b.interpreter else ""
+        lines.append(f"Current best: {b.candidate_id} from iteration {b.iteration}: {b.speedup:.3f}x the "
+                     f"baseline, {b.time_ms:.4g} ms{interp}. A new best needs its whole 95% interval above "
+                     f"{b.speedup:.3f}x.")
+    else:
+        lines.append("Current best: none yet: submit a correct kernel first.")
+    left = []
+    if bud.iterations is not None:
+        left.append(f"{bud.iterations - u.iterations} of {bud.iterations} submissions")
+    if bud.tokens is not None:
+        left.append(f"{bud.tokens - u.tokens} of {bud.tokens} tokens")
+    if bud.hours is not None:
+        left.append(f"{max(0.0, bud.hours - u.seconds / 3600):.2f} of {bud.hours} hours")
+    if bud.gpu_seconds is not None:
+        left.append(f"{bud.gpu_seconds - u.gpu_seconds:.0f} of {bud.gpu_seconds:.0f} GPU-seconds")
+    lines.append(f"Remaining budget: {'; '.join(left) or 'unlimited'}. Used so far: {u.iterations} "
+                 f"submissions, {u.turns} turns, {u.tool_calls} tool calls.")
+    return "\n".join(lines)
+
+
+def _starting_source(problem: str) -> str | None:
+    try:
+        return get_problem(problem).template()
+    except (OSError, LookupError, ValueError):
+        return None
+
+
+def _template_block(problem: str) -> str:
+    try:
+        src = (get_problem(problem).folder / "kernel.py").read_text()
+    except OSError:
+        return ""
+    return "# The starting kernel (the problem's template, kernel.py)\n```python\n" + src.rstrip() + "\n```"
+
+
+def _records_block(req: LlmTurnRequest) -> str:
+    if not req.recent:
+        return ""
+    lines = ["# Latest submissions"]
+    for r in req.recent[-8:]:
+        what = (f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.speedup is not None
+                else f"rejected at {r.stage}: {clip(r.reason, 160)}")
+        lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {clip(r.rationale, 100)}")
+    return "\n".join(lines)
+
+
+def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, base: str | None = None) -> str:
+    """The best kernel in full (with `base`, the starting kernel, as a diff against it where that is
+    shorter: for prompts too small for the whole source), then with_diffs the leaderboard against the best."""
+    best_src = None
+    lines = []
+    if req.best is not None:
+        try:
+            best_src = store.get_text(req.best.source_key)
+        except ArtifactStoreError:
+            best_src = None
+    if best_src:
+        head = f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)"
+        same = base is not None and best_src.rstrip() == base.rstrip()
+        diff = "".join(difflib.unified_diff(base.splitlines(True), best_src.splitlines(True), "start",
+                                            req.best.candidate_id, n=1)) if base and not same else None
+        if same:
+            lines += ["# Top kernels", head + ": identical to the starting kernel (read_starting_kernel shows it)"]
+        elif diff is not None and len(diff) < len(best_src):
+            lines += ["# Top kernels", head + ", as a diff against the starting kernel (read_starting_kernel "
+                      "shows it)", "```diff", diff.rstrip(), "```"]
+        else:
+            lines += ["# Top kernels", head, "```python", best_src.rstrip(), "```"]
+    if not with_diffs:
+        return "\n".join(lines)
+    for i, e in enumerate((e for e in req.leaderboard if not req.best or e.candidate_id != req.best.candidate_id),
+                          2):
+        try:
+            src = store.get_text(e.source_key)
+        except ArtifactStoreError:
+            continue
+        if best_src:
+            diff = "".join(difflib.unified_diff(best_src.splitlines(True), src.splitlines(True),
+                                                "best", e.candidate_id, n=1))
+            if len(diff) < len(src):
+                lines += [f"## {i}. {e.candidate_id} ({e.speedup:.3f}x), as a diff against the best",
+                          "```diff", diff.rstrip(), "```"]
+                continue
+        lines += [f"## {i}. {e.candidate_id} ({e.speedup:.3f}x)", "```python", src.rstrip(), "```"]
+    return "\n".join(lines)
+
+
+def system_prompt(mode: str) -> str:
+    if mode != "text":
+        return SYSTEM_PROMPT
+    return (SYSTEM_PROMPT.rsplit("\n\n", 1)[0] + "\n\n" + TEXT_PROTOCOL
+            + "; ".join(f"{t['function']['name']} ({t['function']['description']})" for t in TOOLS) + ".")
+
+
+def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "native",
+                   budget: int | None = None) -> list[dict]:
+    """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
+    schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
+    turn to turn), the last turns, then the run's state. To fit, it sheds the template (keeping the two
+    latest turns), old turns, the non-best kernels, the notebook's middle, long tool answers, then the
+    best kernel's lines that the starting kernel has too."""
+    notebook = ""
+    if req.notebook_key:
+        try:
+            notebook = store.get_text(req.notebook_key)
+        except ArtifactStoreError:
+            notebook = "(the notebook could not be read)"
+    turns = load_turns(store, req.conversation_key, HISTORY_TURNS)
+    hints = req.hints
+    past_hints = [h for h in req.standing_hints if h not in hints]
+    template = _template_block(req.problem)
+    base = _starting_source(req.problem)  # older turns' kernels replay as a diff against it
+    call = "call tools" if mode != "text" else "call tools with TOOL: lines"
+    tail = []
+    if hints:
+        tail.append("New hints from the operator (act on them):\n" + "\n".join(f"- {h}" for h in hints))
+    if req.turns_per_iteration:
+        left = req.turns_per_iteration - req.turns_since_submission
+        if left <= max(3, req.turns_per_iteration // 5):
+            tail.append(f"Only {left} turn{'s' if left != 1 else ''} left to record a new submission: after "
+                        f"{req.turns_per_iteration} turns without one the run stops. Submit a kernel now.")
+    if req.best:
+        tail.append(f"Goal: beat {req.best.speedup:.3f}x (current best {req.best.candidate_id}) on "
+                    f"{req.problem}. Decide your next step and {call}.")
+    else:
+        tail.append(f"Goal: a correct kernel for {req.problem} faster than the baseline. Decide your next "
+                    f"step and {call}.")
+
+    def assemble(n_turns: int, diffs: bool, nb_chars: int | None, tool_limit: int, last_limit: int,
+                 with_template: bool, best_as_diff: bool = False) -> list[dict]:
+        # What stays the same from turn to turn comes first (system, objective, template, notebook), so a
+        # provider's prompt cache covers it; what changes (state, kernels, submissions, hints) comes last.
+        stable = [objective(req)]
+        if with_template and template:
+            stable.append(template)
+        if notebook:
+            nb = notebook if nb_chars is None or len(notebook) <= nb_chars else (
+                notebook[: nb_chars // 2] + "\n...[notebook shortened to fit the prompt]...\n"
+                + notebook[-nb_chars // 2:])
+            stable.append("# Notebook (compacted memory of this run)\n" + nb)
+        state = [f"Turn {req.turn}.", run_state(req)]
+        kb = _kernels_block(req, store, diffs, base if best_as_diff else None)
+        if kb:
+            state.append(kb)
+        rb = _records_block(req)
+        if rb:
+            state.append(rb)
+        if past_hints:
+            state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
+        msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
+        units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base)
+        for u in units[len(units) - n_turns:] if n_turns else []:
+            msgs += u
+        if (not turns or not n_turns) and req.tool_results:  # answers whose turn is not shown: as text
+            msgs.append({"role": "user", "content": "\n\n".join(
+                f"{r.name}: {result_text(r, store, tool_limit)}" for r in req.tool_results)})
+        msgs.append({"role": "user", "content": "\n\n".join(state + tail)})
+        return msgs
+
+    if budget is None:
+        budget = req.context_tokens - (estimate_tokens(TOOLS) if mode != "text" else 0)
+    big, small = LAST_TOOL_CONTENT_CHARS, TOOL_CONTENT_CHARS
+    # the template goes before the history's oldest turns do, but not before the latest two
+    plans = [(n, True, None, small, big, True) for n in range(len(turns), min(2, len(turns)) - 1, -1)]
+    plans += [(n, True, None, small, big, False) for n in range(len(turns), 0, -1)]
+    plans += [(1, False, None, small, big, False), (1, False, None, small, small, False)]
+    plans += [(1, False, c, small, small, False) for c in (8000, 4000, 2000, 800)]
+    plans += [(1, False, 800, 1500, 1500, False), (0, False, 400, 500, 500, False)]
+    plans += [(1, False, 800, 1500, 1500, False, True), (0, False, 400, 500, 500, False, True)]
+    for plan in plans:
+        msgs = assemble(*plan)
+        if estimate_tokens(msgs) <= budget:
+            return msgs
+    return msgs  # the smallest plan: the objective and the last step, whatever they cost
+
+
+PROMPT_FLOOR_TOKENS = 1500  # below this a prompt cannot hold the objective and the last step
+
+
+def prompt_budget(req: LlmTurnRequest, s: Profile, shrink: int, mode: str) -> int:
+    """Estimated tokens the turn's prompt may take: the run's context_tokens, within the endpoint's
+    context less the reply cap when that is known, smaller at each shrink after a refusal."""
+    budget = req.context_tokens
+    if s.context_tokens:
+        budget = min(budget, s.context_tokens - (s.reply_tokens or s.context_tokens // 4) - 256)
+    if mode != "text":
+        budget -= estimate_tokens(TOOLS)
+    budget = int(budget * 0.6 ** shrink)
+    if budget < PROMPT_FLOOR_TOKENS:
+        raise ContextTooSmall()
+    return budget
