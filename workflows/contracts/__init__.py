@@ -13,7 +13,8 @@ from workflows.contracts.base import (AGENT_QUEUE, FAMILIES, GPU_QUEUE, STATE_VE
 from workflows.contracts.budget import Budget, BudgetChange, Used
 from workflows.contracts.harness import (BenchReport, BenchRequest, Candidate, CompileReport, CrownDecision,
                                          DeviceFacts, DistributionTiming, EvalRequest, EvaluateRequest,
-                                         EvaluationResult, ProfileReport, Receipt, RuleReport, RuleRequest, VerifyReport)
+                                         EvaluationResult, ProfileReport, Receipt, RuleReport, RuleRequest,
+                                         VerifyReport)
 from workflows.contracts.llm import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall, ToolResult
 from workflows.contracts.records import BestRef, BestSummary, IterationRecord, LeaderEntry
 from workflows.contracts.run import CarriedState, Evaluation, Hint, RunResult, RunSpec, Status, StopRequest
