@@ -30,7 +30,7 @@ def test_a_clear_loser_is_timed_on_one_distribution_a_close_one_on_all(tmp_path)
         rng = random.Random(dist)
         return {"cand": samples(cand_ms[0], rng), "base": samples(2.0, rng), "best": samples(1.0, rng),
                 "cand_host": [1.0], "base_host": [2.0], "mode": "interpreter", "blocks": 1, "planned_blocks": 2,
-                "captures": {}}
+                "captures": {}, "noise_seed": 1}
 
     e._time_distribution = time_distribution
     e._check_fingerprints = lambda *a: "stand-in"
