@@ -56,7 +56,8 @@ def _record(monkeypatch):
 
     def before_rep(self, ts, r, e, noise_seed, graph=False):
         original(self, ts, r, e, noise_seed, graph)
-        self.seen.append(((noise_seed, e), {k: v.clone() for k, v in ts.sets[r][0].items() if isinstance(v, torch.Tensor)}))
+        held = ts.sets[r][0]
+        self.seen.append(((noise_seed, e), {k: v.clone() for k, v in held.items() if isinstance(v, torch.Tensor)}))
 
     monkeypatch.setattr(child.Server, "_before_rep", before_rep)
 
