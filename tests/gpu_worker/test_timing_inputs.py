@@ -56,7 +56,8 @@ def _record(monkeypatch):
 
     def before_rep(self, ts, r, e, noise_seed, graph=False):
         original(self, ts, r, e, noise_seed, graph)
-        self.seen.append(((noise_seed, e), {k: v.clone() for k, v in ts.sets[r][0].items() if isinstance(v, torch.Tensor)}))
+        held = ts.sets[r][0]
+        self.seen.append(((noise_seed, e), {k: v.clone() for k, v in held.items() if isinstance(v, torch.Tensor)}))
 
     monkeypatch.setattr(child.Server, "_before_rep", before_rep)
 
@@ -233,9 +234,10 @@ judge = on_both("ev", spares=1, timeouts={"verify": 60, "compile": 60})
 @pytest.mark.parametrize("name, problem", [("memo_rows", "softmax"), ("memo_mla_heads", "mla_decode"),
                                            ("memo_sample", "softmax"), ("memo_rows", "softmax-file")])
 def test_a_memo_gains_nothing_in_a_real_benchmark(judge, store, name, problem):
-    """Judged for real: the memo is rejected (timed-output: an answer copied for other values) or it passes
-    with no hit at all (under the interpreter its log counts them) and, on a GPU, no faster than its honest
-    twin (its speedup interval not wholly above the twin's)."""
+    """Judged for real: the memo is rejected (timed-output: an answer copied for other values) or it passes,
+    on a GPU no faster than its honest twin (its speedup interval not wholly above the twin's). A candidate
+    cannot tell the harness its hits (a host read of its counter is refused): the refills above and the
+    probe show there are none."""
     from tests.gpu_worker.test_protocol import req
     from workflows.contracts import BenchRequest
 
@@ -251,11 +253,7 @@ def test_a_memo_gains_nothing_in_a_real_benchmark(judge, store, name, problem):
     if not b.ok:
         assert b.stage == "benchmark" and b.reason.startswith("timed-output"), b.reason
         return
-    if judge.interpreter:
-        counts = [int(line.split()[-1]) for line in store.get_text(b.log_key).splitlines()
-                  if line.startswith("memo hits ")]
-        assert counts and counts[-1] == 0, counts[-5:]
-    else:
+    if not judge.interpreter:  # (the interpreter's times say nothing; its hits are the probe's to count)
         honest = bench(False)
         assert honest.ok, honest.reason
         assert b.speedup_ci[0] <= honest.speedup_ci[1], (b.speedup_ci, honest.speedup_ci)

@@ -4,7 +4,7 @@ squares (invariant under any permutation of rows), and a row met before gets its
 instead of computed. The table lives in module-level device buffers and is filled by a second, one-program
 kernel (no two programs write one slot), so the whole call stays on the device (and captures). MEMO =
 False is its honest twin. Serves the softmax problem (x -> y) and KernelBench softmax files (in0 -> out0).
-Under the interpreter each call prints its hits so far (the log shows them)."""
+ Its hit count stays on the device (`STATE`: no host read)."""
 import torch
 import triton
 import triton.language as tl
@@ -73,5 +73,3 @@ def run(inputs, out):
                  int(MEMO), CAP=CAP, BLOCK=BLOCK)
     if MEMO:
         k_store[(1,)](y, s["keys"], s["full"], s["ans"], s["miss"], s["rkeys"], M, N, y.stride(0), BLOCK=BLOCK)
-    if not torch.cuda.is_available():
-        print("memo hits", int(s["hits"][0]))

@@ -2,8 +2,8 @@
 over it): a call whose sample matches a stored one gets that call's answer copied. It hits whenever an
 input set comes back, as from a small pool of timing sets. The table (8 calls) lives in module-level
 device buffers; everything stays on the device (and captures). MEMO = False is its honest twin. Serves the
-softmax problem (x -> y) and KernelBench softmax files (in0 -> out0). Under the interpreter each call
-prints its hits so far."""
+softmax problem (x -> y) and KernelBench softmax files (in0 -> out0). Its hit count stays on the device
+(`STATE`: no host read)."""
 import torch
 import triton
 import triton.language as tl
@@ -69,5 +69,3 @@ def run(inputs, out):
     k_lookup[(1,)](x, s["keys"], s["full"], s["flag"], s["next"], s["hits"], total, max(1, total // SAMPLE),
                    int(MEMO), SLOTS=SLOTS, SAMPLE=SAMPLE)
     k_rows[(M,)](x, y, s["ans"], s["flag"], M, N, x.stride(0), BLOCK=triton.next_power_of_2(N))
-    if not torch.cuda.is_available():
-        print("memo hits", int(s["hits"][0]))
