@@ -381,7 +381,7 @@ def test_torch_that_allocates_views_copies_casts_and_fills_passes(code):
 
 
 def test_the_run_time_allowlist_is_told_to_proposers():
-    from activities.llm import SYSTEM_PROMPT
+    from activities.llm.prompt import SYSTEM_PROMPT
     from gpu_worker.rules_torch import ALLOWED_ATEN_OPS, TORCH_RULE
 
     assert TORCH_RULE in SYSTEM_PROMPT
