@@ -343,17 +343,17 @@ async def test_hints_are_checked_by_the_run_s_policy_without_a_worker(env):
             await env.client.get_workflow_handle(wid).terminate("test over")
 
 
-def readme_temporal_lines() -> list[str]:
-    """The plain temporal CLI commands of the README's CLI section, continuation lines joined."""
+def docs_temporal_lines() -> list[str]:
+    """The plain temporal CLI commands of docs/cli.md's section on it, continuation lines joined."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = text.split("The plain temporal CLI drives the same workflow:", 1)[1].split("```bash\n", 1)[1]
+    text = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    block = text.split("## The plain temporal CLI\n", 1)[1].split("```bash\n", 1)[1]
     return [ln for ln in block.split("```", 1)[0].replace("\\\n", " ").splitlines() if ln.strip()]
 
 
-async def test_the_temporal_cli_hints_printed_and_in_the_readme_work(env, store, capsys):
-    """Every command `marathon start` prints for the plain temporal CLI, and every one the README shows, run
+async def test_the_temporal_cli_hints_printed_and_in_the_cli_docs_work(env, store, capsys):
+    """Every command `marathon start` prints for the plain temporal CLI, and every one docs/cli.md shows, run
     with the temporal binary against the dev server, does what it says."""
     import shlex
 
@@ -361,7 +361,7 @@ async def test_the_temporal_cli_hints_printed_and_in_the_readme_work(env, store,
     from workflows.optimization import KernelOptimization
 
     address = env.client.service_client.config.target_host
-    wid, wid2 = run_id("thint"), run_id("readme")
+    wid, wid2 = run_id("thint"), run_id("docs")
 
     def temporal(line: str, extra=()) -> subprocess.CompletedProcess:
         argv = shlex.split(line)
@@ -397,9 +397,9 @@ async def test_the_temporal_cli_hints_printed_and_in_the_readme_work(env, store,
         res = await asyncio.wait_for(h.result(), 60)
         assert res.stopped_by == "stop-signal" and res.stop_reason == "done for today"
 
-        readme = [ln.replace("run1", wid2) for ln in readme_temporal_lines()]
-        assert [shlex.split(ln)[2] for ln in readme] == ["start", "query", "update", "signal", "signal", "list"]
-        for line in readme:
+        shown = [ln.replace("run1", wid2) for ln in docs_temporal_lines()]
+        assert [shlex.split(ln)[2] for ln in shown] == ["start", "query", "update", "signal", "signal", "list"]
+        for line in shown:
             r = await asyncio.to_thread(temporal, line, ["--address", address])
             assert r.returncode == 0, (line, r.stdout, r.stderr)
         res2 = await asyncio.wait_for(env.client.get_workflow_handle(wid2, result_type=RunResult).result(), 60)
