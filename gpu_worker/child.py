@@ -3,7 +3,8 @@
 ROLE is `candidate` (untrusted code is loaded into it, one candidate per process, then it exits) or
 `reference` (trusted: oracle, baseline, ceilings, receipts; never loads candidate code).
 
-The parent talks to the child through two pipes (pickled dicts via multiprocessing.connection); the
+The parent talks to the child through two pipes (the typed messages of gpu_worker.protocol, as plain
+pickled values); the
 child's own stdout/stderr go to TMPDIR/log.txt, so whatever the candidate prints cannot forge a reply.
 Everything the harness needs to time or hash (events, synchronize, perf_counter, sha256, Tensor methods)
 is captured here *before* the candidate loads and re-checked for identity after every call.
@@ -18,7 +19,9 @@ import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
+from gpu_worker import protocol
 from gpu_worker.timing_inputs import FreshValues, check_entries
 
 
@@ -80,34 +83,60 @@ def main(argv: list[str]) -> int:
 
     server = Server(tmp, role)
     server.guard_fd = int(guard_fd) if guard_fd else None
-    cout.send({"ready": True, "cuda": server.cuda, "pid": os.getpid(), "import_s": time.perf_counter() - t0})
+    cout.send(protocol.Ready(ready=True, cuda=server.cuda, pid=os.getpid(),
+                             import_s=time.perf_counter() - t0).model_dump())
     while True:
         try:
             msg = cin.recv()
         except EOFError:
             return 0
-        cmd = msg.pop("cmd")
-        seq = msg.pop("seq", None)  # echoed in the reply: the worker never takes one reply for another
-        if cmd == "exit":
-            cout.send({"ok": True, "seq": seq})
+        except Exception as e:  # noqa: BLE001 - bytes that are no pickle: refused like any malformed request
+            cout.send(protocol.reply_to_wire(None, failure=protocol.Failure(
+                kind="protocol", error=f"unreadable request: {type(e).__name__}: {e}")))
+            continue
+        seq = msg.get("seq") if isinstance(msg, dict) else None  # echoed: no reply is taken for another
+        seq = seq if type(seq) is int else None
+        try:
+            request = protocol.parse_request(msg)
+        except protocol.ProtocolError as e:
+            cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(kind="protocol", error=str(e))))
+            continue
+        if isinstance(request, protocol.Exit):
+            cout.send(protocol.reply_to_wire(seq, protocol.Empty()))
             return 0
+        result, failure = None, None
         try:
-            reply = getattr(server, "cmd_" + cmd)(**msg)
-            reply.setdefault("ok", True)
+            result = serve(server, request)
+        except Refused as e:
+            failure = protocol.Failure(kind=e.kind, error=e.error)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
-            reply = server.describe_failure(e)
-        reply["violations"] = server.violations()
-        reply["reserved"] = server.reserved()  # the worker's device-memory budget counts it (scheduling.DeviceMemory)
-        if server.role == "reference":  # trusted: its reading of the whole device calibrates that budget
-            reply["device_free"] = server.device_free()
-        reply["seq"] = seq
+            failure = server.describe_failure(e)
+        # the device memory it holds goes with every reply (scheduling.DeviceMemory counts it); a trusted
+        # reference child also reads the whole device, which calibrates that budget
+        wire = protocol.reply_to_wire(seq, result, failure, server.violations(), server.reserved(),
+                                      server.device_free() if server.role == "reference" else None)
         try:
-            cout.send(reply)
-        except Exception as e:  # unpicklable reply
-            cout.send({"ok": False, "kind": "exception", "error": f"reply could not be sent: {e}",
-                       "violations": server.violations(), "seq": seq})
-        if reply.get("fatal"):
+            cout.send(wire)
+        except Exception as e:  # noqa: BLE001 - a reply that does not pickle
+            cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(
+                kind="exception", error=f"reply could not be sent: {e}"), violations=server.violations()))
+        if failure is not None and failure.fatal:
             return 3
+
+
+class Refused(Exception):
+    """A command the child will not carry out as asked (a contract the candidate breaks, a step out of
+    order): its failure reply says `kind` and `error`, and the child goes on serving."""
+
+    def __init__(self, kind: str, error: str):
+        super().__init__(error)
+        self.kind, self.error = kind, error
+
+
+def serve(server: "Server", request: protocol.Request) -> protocol.Result:
+    """One request, by the dispatch table: its handler gets the request's fields as arguments."""
+    handler = COMMANDS[type(request)]
+    return handler(server, **{name: getattr(request, name) for name in type(request).model_fields})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -240,7 +269,7 @@ class Server:
             torch.empty(1, device="cuda")
             torch.cuda.synchronize()
             self.cuda_ready = True
-        return {"cuda": self.cuda}
+        return protocol.CudaReady(cuda=self.cuda)
 
     def cmd_warm_triton(self):
         """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
@@ -249,19 +278,19 @@ class Server:
         if self.cuda and not self.triton_warm:
             _warm_triton()
             self.triton_warm = True
-        return {}
+        return protocol.Empty()
 
     def cmd_mem(self):
         """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's
         budget learns per stage; the peak restarts here) and the device's size. (What it holds now goes
         with every reply: `reserved`.)"""
         if not (self.cuda and self.cuda_ready):
-            return {"peak": 0, "total": 0}
+            return protocol.MemoryPeak(peak=0, total=0)
         import torch
 
         peak = torch.cuda.max_memory_reserved()
         torch.cuda.reset_peak_memory_stats()
-        return {"peak": int(peak), "total": int(torch.cuda.mem_get_info()[1])}
+        return protocol.MemoryPeak(peak=int(peak), total=int(torch.cuda.mem_get_info()[1]))
 
     def reserved(self) -> int:
         if not (self.cuda and self.cuda_ready):
@@ -300,7 +329,7 @@ class Server:
                             f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
         return out
 
-    def describe_failure(self, e: BaseException) -> dict:
+    def describe_failure(self, e: BaseException) -> protocol.Failure:
         from gpu_worker import guard
 
         tb = traceback.format_exc()
@@ -317,7 +346,7 @@ class Server:
             kind, fatal = "cuda-error", True
         elif type(e).__name__ in ("CompilationError", "CompileTimeAssertionFailure") or "triton" in type(e).__module__:
             kind = "compile-error"
-        return {"ok": False, "kind": kind, "error": text[-4000:], "traceback": tb[-6000:], "fatal": fatal}
+        return protocol.Failure(kind=kind, error=text[-4000:], traceback=tb[-6000:], fatal=fatal)
 
     def _release(self):
         """Give cached device blocks back while this child waits between stages (see LoadedChildren)."""
@@ -368,7 +397,7 @@ class Server:
         t0 = self.T["perf"]()
         staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
-        return {"seconds": round(self.T["perf"]() - t0, 4)}
+        return protocol.Staged(seconds=round(self.T["perf"]() - t0, 4))
 
     def _host_inputs(self, dist: str, seed: int) -> dict:
         """One case's inputs in host memory. The reference child (trusted) generates them and leaves a
@@ -541,10 +570,10 @@ class Server:
         guard.audit_modules(before)
         self.before_modules = before
         if not callable(getattr(mod, "run", None)):
-            return {"ok": False, "kind": "contract", "error": "candidate defines no callable run(inputs, out)"}
+            raise Refused("contract", "candidate defines no callable run(inputs, out)")
         self.module = mod
         self.kernels = self._kernel_objects()
-        return {"kernels": sorted(self.kernels), "wall": self.wall}
+        return protocol.Loaded(kernels=sorted(self.kernels), wall=self.wall)
 
     def _kernel_objects(self) -> dict:
         """name -> JITFunction-like object for every Triton kernel the module defines."""
@@ -605,7 +634,8 @@ class Server:
         del inputs, outs
         self._prefetched = {}
         self._release()  # this child may wait, kernels loaded, for the candidate's verification
-        return {"seconds": secs, "kernels": self._compiled_info(), "max_shared": self._max_shared(), "timing": timing}
+        return protocol.Compiled(seconds=secs, kernels=self._compiled_info(), max_shared=self._max_shared(),
+                                 timing=timing)
 
     def _max_shared(self) -> int | None:
         """The device's shared-memory limit per block (opt-in), as Triton sees it; None without CUDA.
@@ -718,15 +748,15 @@ class Server:
                 t0 = self.T["perf"]()
                 self._load_kernels(*self._timing_set(dist, "prepare").sets[0])
                 self._count("kernels", t0)
-        return {"timing": {k: round(v, 4) for k, v in self.prep_timing.items()}}
+        return protocol.Prepared(timing={k: round(v, 4) for k, v in self.prep_timing.items()})
 
     # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
     # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
     # drain, and one hold for all eight calls lasted 1.9 s on average on the H200.
 
     @staticmethod
-    def _out_of_order(step: str) -> dict:
-        return {"ok": False, "kind": "exception", "error": f"verification step out of order: {step}"}
+    def _out_of_order(step: str) -> Refused:
+        return Refused("exception", f"verification step out of order: {step}")
 
     def _tick(self, name: str, t0: float) -> float:
         """Seconds per verification step, reported to the worker's phase log."""
@@ -745,7 +775,7 @@ class Server:
             self._verifying = {"cases": [], "timing": {}, "first": None, "extra": {}}
         v = self._verifying
         if v is None or len(v["cases"]) != i or v["extra"]:
-            return self._out_of_order(f"case {i}")
+            raise self._out_of_order(f"case {i}")
         dist, seed = cases[i]
         t = self.T["perf"]()
         inputs = self._inputs(dist, seed)
@@ -760,33 +790,33 @@ class Server:
         mutated = self._mutated(inputs, pristine)
         del pristine
         t = self._tick("hash-copy", t)
-        v["cases"].append({"dist": dist, "seed": seed, "hash_before": h0, "mutated": mutated,
-                           "outputs": self._export(outs, f"case{i}"),
-                           "out_type_ok": outs.keys() == given.keys() and all(outs[k] is given[k] for k in given)})
+        v["cases"].append(protocol.VerifiedCase(
+            dist=dist, seed=seed, hash_before=h0, mutated=mutated, outputs=self._export(outs, f"case{i}"),
+            out_type_ok=outs.keys() == given.keys() and all(outs[k] is given[k] for k in given)))
         self._tick("export", t)
         if v["first"] is None:
             v["first"] = (inputs, outs)
-        return {}
+        return protocol.Empty()
 
     def cmd_verify_rerun(self, cases: list):
         """The determinism rerun: case 0 again, on fresh buffers (copies of its prefetched inputs)."""
         v = self._verifying
         if v is None or not v["first"]:
-            return self._out_of_order("rerun before case 0")
+            raise self._out_of_order("rerun before case 0")
         t = self.T["perf"]()
         inputs = self._inputs(*cases[0])
         outs = self._outputs()
         self._call(inputs, outs, guarded=True)
         v["extra"]["rerun"] = self._export(outs, "rerun")
         self._tick("rerun", t)
-        return {}
+        return protocol.Empty()
 
     def cmd_verify_stale(self, cases: list):
         """The stale-output probe: case 0's input buffers (same pointers) now hold case 1's contents, on
         fresh outputs; a candidate that caches its outputs by pointer returns case 0's again."""
         v = self._verifying
         if v is None or not v["first"] or len(cases) < 2:
-            return self._out_of_order("stale probe")
+            raise self._out_of_order("stale probe")
         t = self.T["perf"]()
         inputs0, _ = v["first"]
         fresh = self._inputs(*cases[1])
@@ -798,17 +828,18 @@ class Server:
                     inputs0[k] = x
             outs = self._outputs()
             self._call(inputs0, outs, guarded=True)
-            v["extra"]["stale"] = {"case": 1, "outputs": self._export(outs, "stale")}
+            v["extra"]["stale"] = protocol.StaleProbe(case=1, outputs=self._export(outs, "stale"))
         self._tick("stale", t)
-        return {}
+        return protocol.Empty()
 
     def cmd_verify_reply(self):
         """Host work only: what the steps gathered (cases, and "rerun" / "stale" where they ran), with their
         timings. The verification's inputs are dropped here."""
         v = self._verifying
         if v is None:
-            return self._out_of_order("no verification")
-        reply = {"cases": v["cases"], **v["extra"], "timing": {k: round(x, 4) for k, x in v["timing"].items()}}
+            raise self._out_of_order("no verification")
+        reply = protocol.Verified(cases=v["cases"], **v["extra"],
+                                  timing={k: round(x, 4) for k, x in v["timing"].items()})
         self._verifying = None
         self._prefetched = {}
         self.ran = True
@@ -827,9 +858,9 @@ class Server:
         self._pending.append((tag, outs, snap, handles))
         return handles
 
-    def _handles(self, outs: dict, tag: str) -> dict:
-        return {name: {"path": os.path.join(self.tmp, f"out-{tag}-{name}.bin"),
-                       "dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+    def _handles(self, outs: dict, tag: str) -> dict[str, protocol.OutputHandle]:
+        return {name: protocol.OutputHandle(path=os.path.join(self.tmp, f"out-{tag}-{name}.bin"),
+                                            dtype=str(v.dtype).replace("torch.", ""), shape=tuple(v.shape))
                 for name, v in outs.items()}
 
     def _download(self, snap: dict, handles: dict) -> None:
@@ -839,7 +870,7 @@ class Server:
 
         for name, v in snap.items():
             flat = self.T["contiguous"](self.T["to"](v, "cpu")).reshape(-1)
-            self._to_write.append((self.T["view"](flat, torch.uint8), handles[name]["path"]))
+            self._to_write.append((self.T["view"](flat, torch.uint8), handles[name].path))
 
     def cmd_write_exports(self):
         """Host work, outside the GPU gate: the late-write check of the outputs `export` downloaded, then
@@ -853,7 +884,8 @@ class Server:
         for raw, path in self._to_write:
             raw.numpy().tofile(path)
         self._to_write = []
-        return {"changed": changed, "timing": {"check": round(t1 - t0, 4), "write": round(self.T["perf"]() - t1, 4)}}
+        return protocol.Exported(changed=changed,
+                                 timing={"check": round(t1 - t0, 4), "write": round(self.T["perf"]() - t1, 4)})
 
     def cmd_export(self):
         """Download the outputs `verify` kept, for `write_exports`. They are the copies taken
@@ -875,7 +907,7 @@ class Server:
         self._pending = []
         self._sync()
         self._release()
-        return {"changed": changed, "timing": {"download": round(self.T["perf"]() - t0, 4)}}
+        return protocol.Exported(changed=changed, timing={"download": round(self.T["perf"]() - t0, 4)})
 
     # --- timing (both roles) -----------------------------------------------------------------------
     # A timing set is `rotate` static input/output buffer sets (one CUDA graph each, when captured) and a
@@ -1002,7 +1034,7 @@ class Server:
         ts = self._timing_set(dist, "capture")
         ts.graphs = None
         if not self.cuda:
-            return {"captured": False, "why": "no CUDA device"}
+            return protocol.Captured(captured=False, why="no CUDA device")
         import torch
 
         fn = self._fn()
@@ -1026,9 +1058,9 @@ class Server:
                 self.T["sync"]()
             except Exception:  # noqa: BLE001 - a broken context shows at the next call
                 pass
-            return {"captured": False, "why": f"{type(e).__name__}: {str(e)[:300]}"}
+            return protocol.Captured(captured=False, why=f"{type(e).__name__}: {str(e)[:300]}")
         ts.graphs = graphs
-        return {"captured": True, "why": ""}
+        return protocol.Captured(captured=True, why="")
 
     def _cycles_per_ms(self) -> float:
         """The device's spin rate for torch.cuda._sleep, measured once per process."""
@@ -1179,8 +1211,8 @@ class Server:
                 times.append((perf() - t0) * 1e3)
                 keep(i, r, j)
                 check(r, fps)
-            return {"times": times, "mode": "interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
-                    "checks": self._checks(timed, fps, proj, reference), "check_names": list(proj or {})}
+            return protocol.Timed(times=times, mode="interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
+                                  checks=self._checks(timed, fps, proj, reference), check_names=list(proj or {}))
         T["sync"]()
         from gpu_worker.timing import cushion_ms
 
@@ -1197,8 +1229,8 @@ class Server:
         T["sync"]()
         times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
         self.ran = True
-        return {"times": times, "mode": mode, "checks": self._checks(timed, fps, proj, reference),
-                "check_names": list(proj or {})}
+        return protocol.Timed(times=times, mode=mode, checks=self._checks(timed, fps, proj, reference),
+                              check_names=list(proj or {}))
 
     @staticmethod
     def _checks(timed: list, fps: list, proj: dict | None, squares: bool) -> list:
@@ -1244,7 +1276,7 @@ class Server:
             fn(*ts.sets[r])
             self._sync()
             walls.append((perf() - t0) * 1e3)
-        return {"walls": walls}
+        return protocol.HostLatency(walls=walls)
 
     def cmd_park(self):
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
@@ -1252,19 +1284,19 @@ class Server:
         self._drop_timing()
         self.flush = self.flush_graph = None
         self._release()
-        return {}
+        return protocol.Empty()
 
     def cmd_export_timed(self):
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
-        [{set, name, out}] whose files that writes (`set`: the pool entry the call ran on)."""
+        whose files that writes (each names the pool entry its call ran on)."""
         jobs = []
         for n, (idx, kept) in enumerate(self.timed_outputs):  # already copies (cmd_time's keep)
             handles = self._handles(kept, f"timed{n}")
             self._download(kept, handles)
-            jobs += [{"set": idx, "name": name, "out": h} for name, h in handles.items()]
+            jobs += [protocol.TimedJob(entry=idx, name=name, out=h) for name, h in handles.items()]
         self.timed_outputs = []
         self._release()
-        return {"jobs": jobs}
+        return protocol.TimedExported(jobs=jobs)
 
     def cmd_profile(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None, first: int = 0):
         """torch.profiler (CUPTI) over the timed loop's steps, once with the work and once without it: the
@@ -1304,7 +1336,7 @@ class Server:
         launches = (sum(v[1] for v in with_work.values()) - sum(v[1] for v in without.values())) / reps
         work = {k: (v[0] - without.get(k, [0.0, 0])[0]) / reps for k, v in with_work.items()
                 if v[1] > without.get(k, [0.0, 0])[1]}
-        return {"kernels": work, "kernel_ms_per_call": total, "launches_per_call": launches}
+        return protocol.Profiled(kernels=work, kernel_ms_per_call=total, launches_per_call=launches)
 
     # --- reference role --------------------------------------------------------------------------
     def cmd_setup(self, problem: str, shape: str | None):
@@ -1312,7 +1344,7 @@ class Server:
         p = self._setup_problem(problem, shape)
         bases = p.baselines()
         self.baseline_name, self.baseline = next(iter(bases.items()))
-        return {"baseline": self.baseline_name, "shape": self.shape.name, "cuda": self.cuda}
+        return protocol.SetUp(baseline=self.baseline_name, shape=self.shape.name, cuda=self.cuda)
 
     def _oracle(self, dist: str, seed: int, inputs: dict | None = None) -> dict:
         """The oracle's outputs for one case, kept on this child's device (LRU within
@@ -1355,21 +1387,21 @@ class Server:
             self._sync()
             t3 = time.perf_counter()
             errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
-            out.append({"dist": dist, "seed": seed, "hash": h, "baseline_err": max(errs),
-                        "timing": {"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}})
-        return {"cases": out}
+            out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
+                                              timing={"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}))
+        return protocol.References(cases=out)
 
-    def _import(self, handle: dict):
+    def _import(self, handle: protocol.OutputHandle):
         """A tensor written by a candidate child's `_export`, on this child's device."""
         import torch
 
-        dtype = getattr(torch, handle["dtype"])
-        nbytes = math.prod(handle["shape"]) * torch.empty((), dtype=dtype).element_size()
-        if os.path.getsize(handle["path"]) != nbytes:
-            raise ValueError(f"output file {handle['path']} holds {os.path.getsize(handle['path'])} bytes, "
+        dtype = getattr(torch, handle.dtype)
+        nbytes = math.prod(handle.shape) * torch.empty((), dtype=dtype).element_size()
+        if os.path.getsize(handle.path) != nbytes:
+            raise ValueError(f"output file {handle.path} holds {os.path.getsize(handle.path)} bytes, "
                              f"expected {nbytes}")
-        raw = torch.from_file(handle["path"], shared=False, size=nbytes, dtype=torch.uint8)
-        return raw.view(dtype).reshape(handle["shape"]).to(self.device)
+        raw = torch.from_file(handle.path, shared=False, size=nbytes, dtype=torch.uint8)
+        return raw.view(dtype).reshape(handle.shape).to(self.device)
 
     def cmd_compare_timed(self, jobs: list, noise_seed: int, dist: str | None = None):
         """Each job: a candidate's output from a timed call that ran on entry `set` of the timing set of
@@ -1382,15 +1414,15 @@ class Server:
         ts = self._timing_set(dist, "compare_timed")
         res, last = [], [None, None]
         for job in jobs:
-            o = self._import(job["out"])  # one output on the device at a time
-            if last[0] != job["set"]:  # a call's outputs come together: the baseline runs once per entry
-                last = [job["set"], self._baseline_at(ts, job["set"], noise_seed)]
-            ref = last[1][job["name"]]
+            o = self._import(job.out)  # one output on the device at a time
+            if last[0] != job.entry:  # a call's outputs come together: the baseline runs once per entry
+                last = [job.entry, self._baseline_at(ts, job.entry, noise_seed)]
+            ref = last[1][job.name]
             of = o.double()
-            res.append({"rel_err": rel_rms(ref, of), "nonfinite": int((~torch.isfinite(of)).sum())})
+            res.append(protocol.TimedComparison(rel_err=rel_rms(ref, of), nonfinite=int((~torch.isfinite(of)).sum())))
             o = of = None  # noqa: F841 - freed before the next output is read, and before the release below
         self._release()
-        return {"results": res}
+        return protocol.TimedCompared(results=res)
 
     def cmd_compare(self, jobs: list):
         """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with
@@ -1406,22 +1438,22 @@ class Server:
         perf = self.T["perf"]
         for job in jobs:
             t0 = perf()
-            o = self._import(job["out"])  # one output on the device at a time
+            o = self._import(job.out)  # one output on the device at a time
             t_import += perf() - t0
             t0 = perf()
-            if job.get("case") is not None:
-                t = self._oracle(*job["case"])[job["name"]]
+            if job.case is not None:
+                t = self._oracle(*job.case)[job.name]
             else:
-                t = self._import(job["other"])
+                t = self._import(job.other)
             of = o.double()
             nonfinite = int((~torch.isfinite(of)).sum())
             constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)
-            res.append({"rel_err": rel_rms(t, of), "nonfinite": nonfinite, "numel": o.numel(),
-                        "constant": constant})
+            res.append(protocol.Comparison(rel_err=rel_rms(t, of), nonfinite=nonfinite, numel=o.numel(),
+                                           constant=constant))
             del o, of
             t_math += perf() - t0
         self._release()  # the imported outputs are gone: their blocks go back, the worker's budget sees it
-        return {"results": res, "timing": {"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)}}
+        return protocol.Compared(results=res, timing={"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)})
 
     def cmd_ceilings(self):
         """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)
@@ -1429,7 +1461,7 @@ class Server:
         import torch
 
         if not self.cuda:
-            return {"bandwidth": None, "flops": None}
+            return protocol.Ceilings(bandwidth=None, flops=None)
         n = 1 << 28  # 1 GiB of fp32
         a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
         b = torch.empty_like(a)
@@ -1456,7 +1488,7 @@ class Server:
             ts.append(s.elapsed_time(e))
         ts.sort()
         fl = 2 * m ** 3 / (ts[0] / 1e3)
-        return {"bandwidth": bw, "flops": fl}
+        return protocol.Ceilings(bandwidth=bw, flops=fl)
 
     def cmd_receipt(self):
         import subprocess
@@ -1476,7 +1508,38 @@ class Server:
                 d["clocks"] = f"sm {f[1]} (max {f[3]}), mem {f[2]}, {f[4]} C, {f[5]}"
             except Exception as e:  # noqa: BLE001
                 d["clocks"] = f"nvidia-smi unavailable: {e}"
-        return d
+        return protocol.ReceiptFacts(**d)
+
+
+#: the dispatch table: every request type the child serves (all of gpu_worker.protocol's but Exit, which
+#: the serving loop answers itself) and its handler
+COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
+    protocol.CudaInit: Server.cmd_cuda_init,
+    protocol.WarmTriton: Server.cmd_warm_triton,
+    protocol.Mem: Server.cmd_mem,
+    protocol.Stage: Server.cmd_stage,
+    protocol.Load: Server.cmd_load,
+    protocol.Compile: Server.cmd_compile,
+    protocol.Prepare: Server.cmd_prepare,
+    protocol.VerifyCase: Server.cmd_verify_case,
+    protocol.VerifyRerun: Server.cmd_verify_rerun,
+    protocol.VerifyStale: Server.cmd_verify_stale,
+    protocol.VerifyReply: Server.cmd_verify_reply,
+    protocol.Export: Server.cmd_export,
+    protocol.WriteExports: Server.cmd_write_exports,
+    protocol.ExportTimed: Server.cmd_export_timed,
+    protocol.Capture: Server.cmd_capture,
+    protocol.Time: Server.cmd_time,
+    protocol.HostLatencyRequest: Server.cmd_host_latency,
+    protocol.Park: Server.cmd_park,
+    protocol.Profile: Server.cmd_profile,
+    protocol.Setup: Server.cmd_setup,
+    protocol.Reference: Server.cmd_reference,
+    protocol.Compare: Server.cmd_compare,
+    protocol.CompareTimed: Server.cmd_compare_timed,
+    protocol.MeasureCeilings: Server.cmd_ceilings,
+    protocol.Receipt: Server.cmd_receipt,
+}
 
 
 def _unreaped_child() -> str | None:

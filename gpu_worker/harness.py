@@ -28,6 +28,7 @@ from typing import Callable
 
 from workflows.artifacts import ArtifactStore
 from gpu_worker.rules import check_source
+from gpu_worker import protocol as msg
 from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -92,16 +93,16 @@ def _mem_shape(shape) -> str:
     return "random" if shape.name.startswith(RANDOM_SHAPE) else shape.name
 
 
-def shared_over_limit(kernels: list[dict], limit: int | None) -> str | None:
+def shared_over_limit(kernels: list[msg.CompiledKernel], limit: int | None) -> str | None:
     """The compile rejection for kernels that need more shared memory than the device gives a block
     (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
     if not limit:
         return None
-    over = [k for k in kernels if (k.get("shared") or 0) > limit]
+    over = [k for k in kernels if (k.shared or 0) > limit]
     if not over:
         return None
-    k = max(over, key=lambda k: k["shared"])
-    return (f"compile-error: OutOfResources: {k.get('name')} needs {k['shared']} bytes of shared memory, the "
+    k = max(over, key=lambda k: k.shared)
+    return (f"compile-error: OutOfResources: {k.name} needs {k.shared} bytes of shared memory, the "
             f"device allows {limit} per block (lower BLOCK sizes or num_stages)")
 
 
@@ -196,7 +197,7 @@ class Evaluator:
         # deterministic, so never evicted; the oracle itself lives in the reference child (child._oracle).
         self._ref_meta: dict[tuple, dict] = {}
         self._ref_meta_lock = threading.Lock()
-        self.ceilings: dict | None = None
+        self.ceilings: msg.Ceilings | None = None
         scale = 1.0 if self.cuda else 3.0
         self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
@@ -273,40 +274,42 @@ class Evaluator:
                 # a new child's CUDA context is untimed device work (the gate's shared side); Triton's keys and
                 # the problem's setup (imports, the baseline's construction) are host work, outside the gate
                 with self._with_ref(lock):
-                    self._ref_do(sb, hb, "cuda_init", self.timeouts["load"])
+                    self._ref_do(sb, hb, msg.CudaInit(), self.timeouts["load"])
                 with lock:
                     if not info:
-                        self._ref_do(sb, hb, "warm_triton", self.timeouts["load"])
-                        info.update(self._ref_do(sb, hb, "setup", self.timeouts["load"], problem=problem.name,
-                                                 shape=shape.name))
+                        self._ref_do(sb, hb, msg.WarmTriton(), self.timeouts["load"])
+                        info["setup"] = self._ref_do(sb, hb, msg.Setup(problem=problem.name, shape=shape.name),
+                                                     self.timeouts["load"])
             except RuntimeError:
                 sb.close()
                 raise
         return entry
 
-    def _ref_call(self, problem, shape, hb, cmd, timeout, gate: str = "shared", **kw) -> dict:
+    def _ref_call(self, problem, shape, hb, request: msg.Request, timeout, gate: str = "shared") -> msg.Result:
         """One call to the reference child with its lock and the GPU gate's `gate` side ("shared" or
         "exclusive"; see _with_ref)."""
         sb, lock, _ = self._ref(problem, shape, hb)
         with self._with_ref(lock, gate):
-            return self._ref_do(sb, hb, cmd, timeout, **kw)
+            return self._ref_do(sb, hb, request, timeout)
 
     @staticmethod
-    def _ref_do(sb: Sandbox, hb, cmd: str, timeout, **kw) -> dict:
-        """The call itself, its lock and gate side already held."""
+    def _ref_do(sb: Sandbox, hb, request: msg.Request, timeout) -> msg.Result:
+        """The call itself, its lock and gate side already held; its result."""
         t = time.monotonic()
         try:
-            r = sb.call(cmd, timeout, hb, **kw)
+            r = sb.call(request, timeout, hb)
         except SandboxFailure as f:
             # the trusted child failed (or was killed by an interrupted call, Sandbox.call): a harness error,
             # which the activity's retry meets with a new reference child, never the candidate's rejection
-            raise RuntimeError(f"reference process {cmd} failed: {f}") from f
-        _add_phase(f"ref.{cmd}", time.monotonic() - t)
-        if not r.get("ok"):
-            raise RuntimeError(f"reference process {cmd} failed: {r.get('error')}\n{r.get('traceback', '')}")
-        return r
+            raise RuntimeError(f"reference process {request.cmd} failed: {f}") from f
+        _add_phase(f"ref.{request.cmd}", time.monotonic() - t)
+        if not r.ok:
+            raise RuntimeError(f"reference process {request.cmd} failed: {r.failure.kind}: {r.failure.error}\n"
+                               f"{r.failure.traceback}")
+        return r.result
 
-    def reference(self, problem, shape, cases, hb, gate: str = "shared", baseline: bool = True) -> list[dict]:
+    def reference(self, problem, shape, cases, hb, gate: str = "shared",
+                  baseline: bool = True) -> list[msg.ReferenceCase]:
         """Per case: the inputs' fingerprint and the baseline's own error (NaN without `baseline`), the oracle
         left on the reference child's device for the comparisons; each case computed once."""
         def key(c):
@@ -321,16 +324,16 @@ class Evaluator:
             sb, lock, _ = self._ref(problem, shape, hb)
             with lock:  # the cases' inputs generated (and banked) or read: host work, before the gate
                 if absent(missing):
-                    self._ref_do(sb, hb, "stage", self.timeouts["reference"], cases=absent(missing))
+                    self._ref_do(sb, hb, msg.Stage(cases=absent(missing)), self.timeouts["reference"])
             with self._with_ref(lock, gate):
                 # read again with the child's lock held: another caller (the warm-up, an early verification)
                 # may have computed these cases while this one waited for it, and each case is computed once
                 missing = absent(missing)
                 if missing:
-                    r = self._ref_do(sb, hb, "reference", self.timeouts["reference"], cases=missing,
-                                     baseline=baseline)
+                    r = self._ref_do(sb, hb, msg.Reference(cases=missing, baseline=baseline),
+                                     self.timeouts["reference"])
                     with self._ref_meta_lock:
-                        for c, res in zip(missing, r["cases"]):
+                        for c, res in zip(missing, r.cases):
                             self._ref_meta[key(c)] = res
         with self._ref_meta_lock:
             return [self._ref_meta[key(c)] for c in cases]
@@ -352,10 +355,21 @@ class Evaluator:
         its fp64 copy; the comparisons read their outputs one at a time)."""
         if not self.mem:
             return
-        peak = sum(int(sb.call("mem", 60).get("peak") or 0) for sb in children if sb is not None and sb.alive())
-        sizes = [_nbytes(h) for j in jobs for h in (j.get("out"), j.get("other")) if h]
+        peak = sum(self._memory_peak(sb) for sb in children if sb is not None and sb.alive())
+        sizes = [_nbytes(h) for j in jobs for h in (j.out, getattr(j, "other", None)) if h]
         staged = max((b + 8 * n for b, n in sizes), default=0)
         self.mem.learn((problem.name, _mem_shape(shape), stage), peak + staged)
+
+    @staticmethod
+    def _memory_peak(sb: Sandbox) -> int:
+        r = sb.call(msg.Mem(), 60)
+        return r.result.peak if r.ok else 0
+
+    def _ask(self, sb: Sandbox, request: msg.Request, timeout: float, stage: str, hb) -> msg.Result:
+        """One command of a candidate child; its result, or the Rejection its failure is (_check_reply)."""
+        r = sb.call(request, timeout, hb)
+        self._check_reply(r, stage, sb)
+        return r.result
 
     def _shared(self):
         """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
@@ -383,44 +397,41 @@ class Evaluator:
         """The GPU gate's exclusive side (timed work); nothing to exclude on the CPU."""
         return self.gpu_lock if self.cuda else contextlib.nullcontext()
 
-    def _download(self, sb: Sandbox, cmd: str, stage: str, hb) -> dict:
-        """A candidate child's kept outputs (`export` after verification, `export_timed` after timing):
-        downloaded under the gate's shared side, then written to its files without it."""
+    def _download(self, sb: Sandbox, request: msg.Export | msg.ExportTimed, stage: str, hb):
+        """A candidate child's kept outputs (`Export` after verification, `ExportTimed` after timing):
+        downloaded under the gate's shared side, then written to its files without it. Returns the
+        download's result and the outputs the late-write check found changed (verification's only)."""
         with _phase("export"), self._shared():
-            ex = sb.call(cmd, self.timeouts["verify"], hb)
-        self._check_reply(ex, stage, sb)
+            ex = self._ask(sb, request, self.timeouts["verify"], stage, hb)
         with _phase("export-write"):  # the late-write check and the files: host work, no gate
-            wr = sb.call("write_exports", self.timeouts["verify"], hb)
-        self._check_reply(wr, stage, sb)
-        return {**ex, "changed": ex.get("changed", []) + wr.get("changed", [])}
+            wr = self._ask(sb, msg.WriteExports(), self.timeouts["verify"], stage, hb)
+        return ex, getattr(ex, "changed", []) + wr.changed
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made under the gate's shared side (once per child); then
         Triton's per-process keys, host work, outside the gate."""
         with self._shared():
-            r = sb.call("cuda_init", self.timeouts["load"], hb)
-        self._check_reply(r, "sandbox", sb)
-        self._check_reply(sb.call("warm_triton", self.timeouts["load"], hb), "sandbox", sb)
+            self._ask(sb, msg.CudaInit(), self.timeouts["load"], "sandbox", hb)
+        self._ask(sb, msg.WarmTriton(), self.timeouts["load"], "sandbox", hb)
 
-    def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> dict:
+    def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> msg.Loaded:
         from gpu_worker.sandbox import triton_cache_dir
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
             if self.mem and self.mem.total is None:
-                self.mem.learn(None, 0, sb.call("mem", 60).get("total"))
-        r = sb.call("load", self.timeouts["load"], hb, source=source, problem=problem.name, shape=shape.name,
-                    write_roots=[], trusted_roots=[str(triton_cache_dir())])
-        self._check_reply(r, "compile", sb)
-        return r
+                m = sb.call(msg.Mem(), 60)
+                self.mem.learn(None, 0, m.result.total if m.ok else None)
+        return self._ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
+                                      trusted_roots=[str(triton_cache_dir())]), self.timeouts["load"], "compile", hb)
 
-    def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, dict]:
+    def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, msg.Loaded | None]:
         """The child the previous stage left with this candidate loaded, else a fresh one loaded now.
-        Returns it with the load reply ({} when handed on: loading happened in the earlier stage)."""
+        Returns it with the load's result (None when handed on: loading happened in the earlier stage)."""
         sb = self.loaded.take(key)
         if sb is not None:
             _add_phase("handed-on", 1)
-            return sb, {}
+            return sb, None
         sb = self.pool.acquire()
         try:
             with _phase("load"):
@@ -451,14 +462,15 @@ class Evaluator:
         return rep.model_copy(update=extra)
 
     @staticmethod
-    def _check_reply(r: dict, stage: str, sb: Sandbox):
-        if r.get("violations"):
-            rule, detail = r["violations"][0]
+    def _check_reply(r: msg.Reply, stage: str, sb: Sandbox):
+        """A candidate child's reply as a verdict: a guard's violation, then a failed command, is a Rejection."""
+        if r.violations:
+            rule, detail = r.violations[0]
             raise Rejection("rules", f"{rule}: {detail} (run-time guard)", sb.log_tail())
-        if not r.get("ok"):
-            kind = r.get("kind", "exception")
+        if not r.ok:
+            kind = r.failure.kind
             st = {"cuda-error": "sandbox", "oom": "sandbox", "contract": "rules"}.get(kind, stage)
-            raise Rejection(st, f"{kind}: {r.get('error', '')}", (r.get("traceback") or "") + "\n" + sb.log_tail())
+            raise Rejection(st, f"{kind}: {r.failure.error}", r.failure.traceback + "\n" + sb.log_tail())
 
     def _rules(self, source: str, problem: str):
         if not self.static_rules:
@@ -487,14 +499,14 @@ class Evaluator:
                 with self._hold(problem, shape, "compile"):
                     r = self._compile_in(sb, problem, hb, "compile")
                     self._learn(problem, shape, "compile", [sb])
-                for k, v in (r.get("timing") or {}).items():
+                for k, v in r.timing.items():
                     _add_phase(f"compile.{k}", v)
-                kernels = r["kernels"]
-                over = shared_over_limit(kernels, r.get("max_shared"))
+                kernels = r.kernels
+                over = shared_over_limit(kernels, r.max_shared)
                 if over:
                     raise Rejection("compile", over, sb.log_tail())
                 with _phase("sass"):
-                    sass = scan_sass(kernels)
+                    sass = scan_sass([k.model_dump() for k in kernels])
                 log = sb.log_tail()
                 self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
                 kept = True
@@ -509,28 +521,28 @@ class Evaluator:
                                  log_key=self._log(f.log), seconds=time.monotonic() - t0)
 
         def mx(key):
-            vals = [k[key] for k in kernels if k.get(key) is not None]
+            vals = [getattr(k, key) for k in kernels if getattr(k, key) is not None]
             return max(vals) if vals else None
 
         tc = tma = None
         if self.cuda and kernels:
-            tc = any(k.get("ptx_mma") for k in kernels) or sass.get("hgmma", False)
-            tma = any(k.get("ptx_tma") for k in kernels) or sass.get("tma", False)
-        lines = [f"{k.get('name')}: regs={k.get('registers')} spills={k.get('spills')} shared={k.get('shared')} "
-                 f"warps={k.get('num_warps')} stages={k.get('num_stages')} wgmma={k.get('ptx_wgmma')} "
-                 f"tma={k.get('ptx_tma')}" for k in kernels]
+            tc = any(k.ptx_mma for k in kernels) or sass.get("hgmma", False)
+            tma = any(k.ptx_tma for k in kernels) or sass.get("tma", False)
+        lines = [f"{k.name}: regs={k.registers} spills={k.spills} shared={k.shared} "
+                 f"warps={k.num_warps} stages={k.num_stages} wgmma={k.ptx_wgmma} "
+                 f"tma={k.ptx_tma}" for k in kernels]
         if sass.get("text"):
             lines.append(sass["text"])
         return CompileReport(
             ok=True, registers=mx("registers"), spills=mx("spills"), shared_bytes=mx("shared"),
             num_warps=mx("num_warps"), num_stages=mx("num_stages"), tensor_cores=tc, tma=tma,
-            kernels=sorted({k["name"] for k in kernels if k.get("name")}), interpreter=self.interpreter,
+            kernels=sorted({k.name for k in kernels if k.name}), interpreter=self.interpreter,
             log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
     def _stage(self, sb: Sandbox, cases: list, stage: str, hb) -> None:
         """The cases' inputs into the child's host memory (bank reads, or generation): before the gate."""
         with _phase("stage"):
-            self._check_reply(sb.call("stage", self.timeouts["load"], hb, cases=cases), stage, sb)
+            self._ask(sb, msg.Stage(cases=cases), self.timeouts["load"], stage, hb)
 
     # --- verify ----------------------------------------------------------------------------------
     def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
@@ -609,21 +621,18 @@ class Evaluator:
             for d, seed in cases:
                 self._ref_meta.pop((problem.name, shape.name, d, seed), None)
 
-    def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> dict:
+    def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
         """Compile the loaded candidate at the child's shape: one case uploaded under the gate's shared side
         (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
         drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
         dist = problem.distributions[0]
-        self._stage(sb, [[dist, 0]], stage, hb)
+        self._stage(sb, [(dist, 0)], stage, hb)
         with _phase("prepare"), self._shared():
-            pre = sb.call("prepare", self.timeouts["load"], hb, cases=[[dist, 0]], kernels=False)
-        self._check_reply(pre, stage, sb)
-        for k, v in (pre.get("timing") or {}).items():
+            pre = self._ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.timeouts["load"], stage, hb)
+        for k, v in pre.timing.items():
             _add_phase(f"prepare.{k}", v)
         with _phase("compile"):
-            r = sb.call("compile", self.timeouts["compile"], hb, dist=dist)
-        self._check_reply(r, stage, sb)
-        return r
+            return self._ask(sb, msg.Compile(dist=dist), self.timeouts["compile"], stage, hb)
 
     def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
                 base_err: dict | None = None, hand_on: bool = True) -> dict:
@@ -645,64 +654,61 @@ class Evaluator:
             mem.enter_context(self._hold(problem, shape, "verify"))
             if loaded_now:  # a child loaded for this shape compiles first, outside the verification's holds
                 self._compile_in(sb, problem, hb, "verify")
-            self._stage(sb, [list(c) for c in cases], "verify", hb)
+            listed = [(d, s) for d, s in cases]
+            self._stage(sb, listed, "verify", hb)
             with _phase("prepare"), self._shared():
-                pre = sb.call("prepare", self.timeouts["load"], hb, cases=[list(c) for c in cases])
-            self._check_reply(pre, "verify", sb)
-            for k, v in (pre.get("timing") or {}).items():
+                pre = self._ask(sb, msg.Prepare(cases=listed), self.timeouts["load"], "verify", hb)
+            for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.reference(problem, shape, cases, hb, baseline=base_err is None)
             # verification is untimed device work: the shared side (it never overlaps a timing), one hold per
             # step, so that a timing request's drain waits for one case, not for all of them (child.py)
-            listed = [list(c) for c in cases]
-            steps = [("verify_case", {"i": i}) for i in range(len(cases))] + [("verify_rerun", {})]
+            steps: list[msg.Request] = [msg.VerifyCase(cases=listed, i=i) for i in range(len(cases))]
+            steps.append(msg.VerifyRerun(cases=listed))
             if len(cases) > 1:
-                steps.append(("verify_stale", {}))
-            for cmd, kw in steps:
+                steps.append(msg.VerifyStale(cases=listed))
+            for step in steps:
                 with self._shared(), _phase("run-cases"):
-                    step = sb.call(cmd, self.timeouts["verify"], hb, cases=listed, **kw)
-                self._check_reply(step, "verify", sb)
-            r = sb.call("verify_reply", self.timeouts["verify"], hb)
-            self._check_reply(r, "verify", sb)
-            for k, v in (r.get("timing") or {}).items():
+                    self._ask(sb, step, self.timeouts["verify"], "verify", hb)
+            r = self._ask(sb, msg.VerifyReply(), self.timeouts["verify"], "verify", hb)
+            for k, v in r.timing.items():
                 _add_phase(f"run-cases.{k}", v)
-            for (dist, seed), ref, got in zip(cases, refs, r["cases"]):
-                if got["hash_before"] != ref["hash"]:
+            for (dist, seed), ref, got in zip(cases, refs, r.cases):
+                if got.hash_before != ref.hash:
                     raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
-                if got["mutated"]:
-                    raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got['mutated']} "
+                if got.mutated:
+                    raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got.mutated} "
                                     f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
-                if not got["out_type_ok"]:
+                if not got.out_type_ok:
                     raise Rejection("verify", "output-type: run must write into the tensors it is given in out, in "
                                     "place; an entry of out was replaced or removed")
             # The outputs' copies go to files and then onto the reference child's device, where they are
             # compared with the oracle.
-            ex = self._download(sb, "export", "verify", hb)
-            if ex["changed"]:
-                raise Rejection("verify", f"late-write: outputs {ex['changed']} changed after the call returned "
+            _, changed = self._download(sb, msg.Export(), "verify", hb)
+            if changed:
+                raise Rejection("verify", f"late-write: outputs {changed} changed after the call returned "
                                 "(work still running outside the call is not timed)")
             # Every comparison runs in the reference child, where the oracle already lives on the device;
             # the candidate's outputs reach it as files in the candidate's temp dir (see child._export).
-            jobs = [{"case": [dist, seed], "name": n, "out": got["outputs"][n]}
-                    for (dist, seed), got in zip(cases, r["cases"]) for n in names]
-            if "rerun" in r:
-                jobs += [{"case": None, "name": n, "out": r["rerun"][n], "other": r["cases"][0]["outputs"][n]}
-                         for n in names]
-            if "stale" in r:
-                jobs += [{"case": list(cases[r["stale"]["case"]]), "name": n, "out": r["stale"]["outputs"][n]}
+            jobs = [msg.CompareJob(case=(dist, seed), name=n, out=got.outputs[n])
+                    for (dist, seed), got in zip(cases, r.cases) for n in names]
+            if r.rerun is not None:
+                jobs += [msg.CompareJob(name=n, out=r.rerun[n], other=r.cases[0].outputs[n]) for n in names]
+            if r.stale is not None:
+                jobs += [msg.CompareJob(case=tuple(cases[r.stale.case]), name=n, out=r.stale.outputs[n])
                          for n in names]
             with _phase("compare"):  # one call: the reference child reads each output file as it compares it
-                cr = self._ref_call(problem, shape, hb, "compare", self.timeouts["reference"], jobs=jobs)
+                cr = self._ref_call(problem, shape, hb, msg.Compare(jobs=jobs), self.timeouts["reference"])
             self._learn(problem, shape, "verify", [sb], jobs)
             mem.close()
-            cmp = iter(cr["results"])  # in the order the jobs were listed
-            for k, v in (cr.get("timing") or {}).items():
+            cmp = iter(cr.results)  # in the order the jobs were listed
+            for k, v in cr.timing.items():
                 _add_phase(f"compare.{k}", v)
             log_tail = sb.log_tail()
             worst, base_worst, lines, thresholds, by_dist = 0.0, 0.0, [], [], {}
             for (dist, seed), ref in zip(cases, refs):
-                base_err = ref["baseline_err"] if base_err_given is None else base_err_given[dist]
+                base_err = ref.baseline_err if base_err_given is None else base_err_given[dist]
                 thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
                     else problem.tolerance_floor
                 thresholds.append(thr)
@@ -710,13 +716,13 @@ class Evaluator:
                 base_worst = max(base_worst, base_err)
                 for name in names:
                     c = next(cmp)
-                    err = c["rel_err"]
+                    err = c.rel_err
                     lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
-                    if c["nonfinite"] or math.isnan(err):
-                        raise Rejection("verify", f"non-finite: {c['nonfinite']} of {c['numel']} elements of {name!r} are "
+                    if c.nonfinite or math.isnan(err):
+                        raise Rejection("verify", f"non-finite: {c.nonfinite} of {c.numel} elements of {name!r} are "
                                         f"NaN/Inf ({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements "
                                         "show as NaN", "\n".join(lines))
-                    if c["constant"]:
+                    if c.constant:
                         raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
                     if err > thr:
                         rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
@@ -725,18 +731,18 @@ class Evaluator:
                         raise rej
                     worst = max(worst, err)
             thr_min = min(thresholds)
-            if "rerun" in r:
+            if r.rerun is not None:
                 for name in names:
-                    d = next(cmp)["rel_err"]
+                    d = next(cmp).rel_err
                     lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
                     if not (d <= 0.1 * thr_min):
                         raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
                                         "\n".join(lines))
-            if "stale" in r:
+            if r.stale is not None:
                 for name in names:
-                    e = next(cmp)["rel_err"]
+                    e = next(cmp).rel_err
                     lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
-                    if not (e <= thresholds[r['stale']['case']]):
+                    if not (e <= thresholds[r.stale.case]):
                         raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
                                         f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
             lines.append(log_tail)
@@ -774,26 +780,27 @@ class Evaluator:
         per_case = {}
         with self._ref_meta_lock:
             for d, s_ in cases:
-                for k, v in (self._ref_meta.get((problem.name, shape.name, d, s_), {}).get("timing") or {}).items():
+                meta = self._ref_meta.get((problem.name, shape.name, d, s_))
+                for k, v in (meta.timing if meta is not None else {}).items():
                     per_case[k] = per_case.get(k, 0.0) + v
         parts.update({f"oracles.{k}": v for k, v in per_case.items()})
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
         for dist in problem.distributions:
             with self._with_ref(ref_lock):
-                self._ref_do(ref_sb, hb, "prepare", self.timeouts["load"], **self._timing_args(dist))
+                self._ref_do(ref_sb, hb, self._timing_set_request(dist), self.timeouts["load"])
         parts["timing-sets"] = time.monotonic() - t
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
                 "parts": {k: round(v, 1) for k, v in parts.items()}}
 
     # --- benchmark -------------------------------------------------------------------------------
-    def ensure_ceilings(self, problem, shape, hb) -> dict | None:
+    def ensure_ceilings(self, problem, shape, hb) -> msg.Ceilings | None:
         if not self.cuda:
             return None
         if self.ceilings is None:
             with self._ceilings_lock:
                 if self.ceilings is None:
-                    self.ceilings = self._ref_call(problem, shape, hb, "ceilings", 300, gate="exclusive")
+                    self.ceilings = self._ref_call(problem, shape, hb, msg.MeasureCeilings(), 300, gate="exclusive")
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
@@ -829,7 +836,7 @@ class Evaluator:
                 mem.enter_context(self._hold(problem, shape, "benchmark"))
                 # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
-                    receipt = self._ref_do(ref_sb, hb, "receipt", 60)
+                    receipt = self._ref_do(ref_sb, hb, msg.Receipt(), 60)
                 fresh = None
                 if req.fresh_process and self.cuda:
                     fresh = self.pool.acquire()
@@ -853,7 +860,7 @@ class Evaluator:
                 if fresh is not None:
                     with _phase("crosscheck"):
                         prof = self._crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
-                                                ld.get("kernels", []), hb, gpu_s)
+                                                ld.kernels, hb, gpu_s)
                 self._learn(problem, shape, "benchmark", [cand, best, fresh], timed_jobs)
                 mem.close()
                 cand_log = cand.log_tail()
@@ -872,9 +879,8 @@ class Evaluator:
             t_ms, b_ms = w["time_ms"], w["baseline_ms"]
             modes = sorted({d["mode"] for d in per_dist})
             mode = "interpreter" if self.interpreter else ", ".join(modes)
-            rec = Receipt(device=receipt.get("device", "?"), driver=receipt.get("driver", ""),
-                          clocks=receipt.get("clocks", ""), torch=receipt.get("torch", ""),
-                          triton=receipt.get("triton", ""), repetitions=sum(d["samples"] for d in per_dist),
+            rec = Receipt(device=receipt.device, driver=receipt.driver, clocks=receipt.clocks, torch=receipt.torch,
+                          triton=receipt.triton, repetitions=sum(d["samples"] for d in per_dist),
                           spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
                                            f"{d['baseline_iqr_ms'][0]:.4g}-{d['baseline_iqr_ms'][1]:.4g} ms)"
                                            for d in per_dist),
@@ -895,13 +901,13 @@ class Evaluator:
             lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
                       f"receipt: {rec.model_dump()}"]
             if self.cuda:
-                floor = problem.floor_ms(shape, 1.1 * ceil["bandwidth"], 1.1 * ceil["flops"])
-                facts = DeviceFacts(device=receipt.get("device", "?"), bandwidth_tbps=ceil["bandwidth"] / 1e12,
-                                    matmul_tflops=ceil["flops"] / 1e12,
-                                    floor_ms=problem.floor_ms(shape, ceil["bandwidth"], ceil["flops"]))
+                floor = problem.floor_ms(shape, 1.1 * ceil.bandwidth, 1.1 * ceil.flops)
+                facts = DeviceFacts(device=receipt.device, bandwidth_tbps=ceil.bandwidth / 1e12,
+                                    matmul_tflops=ceil.flops / 1e12,
+                                    floor_ms=problem.floor_ms(shape, ceil.bandwidth, ceil.flops))
                 if floor > 0:
-                    lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil['bandwidth'] / 1e12:.2f} TB/s, "
-                                 f"{ceil['flops'] / 1e12:.0f} TFLOP/s, +10% headroom)")
+                    lines.append(f"physical floor {floor:.4g} ms (ceilings: {ceil.bandwidth / 1e12:.2f} TB/s, "
+                                 f"{ceil.flops / 1e12:.0f} TFLOP/s, +10% headroom)")
                 else:
                     lines.append("physical floor: skipped (the problem names no FLOP or byte counts)")
                 fastest = min(d["time_ms"] for d in per_dist)
@@ -925,7 +931,7 @@ class Evaluator:
                                         baseline_host_ms=d["baseline_host_ms"], mode=d["mode"], samples=d["samples"])
                      for d in per_dist]
             vs_best = verdict["vs_best_ci"]
-            return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info.get("baseline", ""),
+            return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info["setup"].baseline,
                                speedup=verdict["speedup"], speedup_ci=verdict["speedup_ci"],
                                best_time_ms=w["best_time_ms"], vs_best_ci=vs_best,
                                vs_best=req.best.candidate_id if vs_best else None,
@@ -946,7 +952,7 @@ class Evaluator:
         """A child about to wait for a later benchmark drops its timing sets (child.cmd_park); False if it
         cannot (then it is closed, not kept)."""
         try:
-            return sb.alive() and bool(sb.call("park", 60).get("ok"))
+            return sb.alive() and sb.call(msg.Park(), 60).ok
         except SandboxFailure:
             return False
 
@@ -959,27 +965,26 @@ class Evaluator:
         # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
         return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
 
-    def _timing_args(self, dist: str) -> dict:
-        """What every side's `prepare` gets for one distribution's timing set: the same seeds, so that the
+    def _timing_set_request(self, dist: str) -> msg.Prepare:
+        """What every side gets to prepare one distribution's timing set: the same seeds, so that the
         reference child holds the values each timed repetition of a candidate ran on."""
         plan = self._plan()
-        return {"rotate": plan["rotate"], "pool": plan["pool"], "dist": dist, "seed": self.timing_seed}
+        return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed)
 
     def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
         """One distribution: every side prepares its timing set (the gate's shared side), then under the
         exclusive side each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         plan = self._plan()
-        prep = self._timing_args(dist)
+        prep = self._timing_set_request(dist)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         for _, sb in sides:  # one shared hold each: a timing request waits for the shorter one
             with _phase("prepare"), self._shared():
-                pre = sb.call("prepare", self.timeouts["load"], hb, **prep)
-            self._check_reply(pre, "benchmark", sb)
-            for k, v in (pre.get("timing") or {}).items():
+                pre = self._ask(sb, prep, self.timeouts["load"], "benchmark", hb)
+            for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
         with self._with_ref(ref_lock):
-            self._ref_do(ref, hb, "prepare", self.timeouts["load"], **prep)
+            self._ref_do(ref, hb, prep, self.timeouts["load"])
         timed_children = [cand, ref, best]
         with self._with_ref(ref_lock, "exclusive"):
             g0 = time.monotonic()
@@ -1009,19 +1014,18 @@ class Evaluator:
                 if sb is None:
                     continue
                 if who == "base":  # the trusted child: its failure is the harness's (_ref_do)
-                    r = self._ref_do(sb, hb, "capture", self.timeouts["time"], dist=dist)
+                    r = self._ref_do(sb, hb, msg.Capture(dist=dist), self.timeouts["time"])
                 else:
-                    r = sb.call("capture", self.timeouts["time"], hb, dist=dist)
-                    self._check_reply(r, "benchmark", sb)
-                captures[who] = r["captured"]
-                if not r["captured"]:
+                    r = self._ask(sb, msg.Capture(dist=dist), self.timeouts["time"], "benchmark", hb)
+                captures[who] = r.captured
+                if not r.captured:
                     _add_phase(f"no-capture.{who}", 1)
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about
             # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a side) ...
-            probe = self._ref_do(ref, hb, "time", self.timeouts["time"], reps=3, warmup=1, mode=mode, dist=dist,
-                                 noise_seed=noise_seed, first=take(4))
-            base_ms = median(probe["times"])
+            probe = self._ref_do(ref, hb, msg.Time(reps=3, warmup=1, mode=mode, dist=dist, noise_seed=noise_seed,
+                                                   first=take(4)), self.timeouts["time"])
+            base_ms = median(probe.times)
             budget_ms = float(os.environ.get("MARATHON_BENCH_BLOCK_MS", "100"))
             plan = {**plan, "reps": max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))}
             # ... and fewer blocks, never fewer than 3: about MARATHON_BENCH_TOTAL_MS of baseline time a
@@ -1051,30 +1055,29 @@ class Evaluator:
                         kw.update(first=take(warm), entries=[c[0] for c in cand_block], check_seed=out["check_seed"])
                     else:
                         kw["first"] = take(warm + plan["reps"])
-                    r = self._ref_do(sb, hb, "time", self.timeouts["time"], **kw)
-                    out["base_checks"] += r.get("checks") or []
-                    out["check_names"] = r.get("check_names") or out["check_names"]  # the trusted side's
+                    r = self._ref_do(sb, hb, msg.Time(**kw), self.timeouts["time"])
+                    out["base_checks"] += r.checks
+                    out["check_names"] = r.check_names or out["check_names"]  # the trusted side's
                 else:
                     kw["first"] = take(warm + plan["reps"])
                     if who == "cand":
                         kw["check_seed"] = out["check_seed"]
-                    r = sb.call("time", self.timeouts["time"], hb, **kw)
-                    self._check_reply(r, "benchmark", sb)
+                    r = self._ask(sb, msg.Time(**kw), self.timeouts["time"], "benchmark", hb)
                     if who == "cand":
-                        cand_block = r.get("checks") or []
+                        cand_block = r.checks
                         given = range(kw["first"] + warm, kw["first"] + warm + plan["reps"])
-                        _check_entries(cand_block, len(r["times"]), list(given))
+                        _check_entries(cand_block, len(r.times), list(given))
                         out["checks"] += cand_block
-                out[who] += r["times"]
+                out[who] += r.times
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
-            kw = dict(reps=plan["host_reps"], dist=dist, noise_seed=noise_seed, first=take(plan["host_reps"]))
+            req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, noise_seed=noise_seed,
+                                         first=take(plan["host_reps"]))
             if who == "base":
-                r = self._ref_do(sb, hb, "host_latency", self.timeouts["time"], **kw)
+                r = self._ref_do(sb, hb, req, self.timeouts["time"])
             else:
-                r = sb.call("host_latency", self.timeouts["time"], hb, **kw)
-                self._check_reply(r, "benchmark", sb)
-            out[who + "_host"] = r["walls"]
+                r = self._ask(sb, req, self.timeouts["time"], "benchmark", hb)
+            out[who + "_host"] = r.walls
         _add_phase("timed-blocks", out["blocks"])
         return out
 
@@ -1087,19 +1090,19 @@ class Evaluator:
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
-        ex = self._download(cand, "export_timed", "benchmark", hb)
-        jobs = [j for j in ex["jobs"] if j["name"] in names]
+        ex, _ = self._download(cand, msg.ExportTimed(), "benchmark", hb)
+        jobs = [j for j in ex.jobs if j.name in names]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
         bound = self._timed_output_bound(problem, shape)
-        cr = self._ref_call(problem, shape, hb, "compare_timed", self.timeouts["reference"], jobs=jobs, dist=dist,
-                            noise_seed=noise_seed)
+        cr = self._ref_call(problem, shape, hb, msg.CompareTimed(jobs=jobs, dist=dist, noise_seed=noise_seed),
+                            self.timeouts["reference"])
         worst = 0.0
-        for job, c in zip(jobs, cr["results"]):
-            err = c["rel_err"]
-            if c["nonfinite"] or not math.isfinite(err) or err > bound:
-                raise Rejection("benchmark", f"timed-output: the output {job['name']!r} of a timed call ({dist}, "
-                                f"entry {job['set']}) is {'non-finite' if c['nonfinite'] or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
+        for job, c in zip(jobs, cr.results):
+            err = c.rel_err
+            if c.nonfinite or not math.isfinite(err) or err > bound:
+                raise Rejection("benchmark", f"timed-output: the output {job.name!r} of a timed call ({dist}, "
+                                f"entry {job.entry}) is {'non-finite' if c.nonfinite or not math.isfinite(err) else f'off by rel-RMS {err:.3e}'}"
                                 f" against the baseline's on the same inputs (bound {bound:.3e}): work skipped, "
                                 "cheapened, cached or fixed at capture while being timed")
             worst = max(worst, err)
@@ -1110,8 +1113,8 @@ class Evaluator:
         threshold plus the baseline's own error, doubled (candidate and baseline each sit within their error
         of the oracle; the timing values are other inputs than the verification cases)."""
         with self._ref_meta_lock:
-            errs = [m["baseline_err"] for k, m in self._ref_meta.items()
-                    if k[:2] == (problem.name, shape.name) and math.isfinite(m["baseline_err"])]
+            errs = [m.baseline_err for k, m in self._ref_meta.items()
+                    if k[:2] == (problem.name, shape.name) and math.isfinite(m.baseline_err)]
         base_err = max(errs) if errs else problem.tolerance_floor
         return 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
 
@@ -1154,33 +1157,31 @@ class Evaluator:
         the judged device time, for both sides (the candidate in a fresh process, the baseline in the
         reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
         dist = worst["dist"]
-        prep = self._timing_args(dist)
+        prep = self._timing_set_request(dist)
         with self._shared():
-            pre = fresh.call("prepare", self.timeouts["load"], hb, **prep)
-        self._check_reply(pre, "benchmark", fresh)
+            self._ask(fresh, prep, self.timeouts["load"], "benchmark", hb)
         with self._with_ref(ref_lock):
-            self._ref_do(ref, hb, "prepare", self.timeouts["load"], **prep)
+            self._ref_do(ref, hb, prep, self.timeouts["load"])
         with self._with_ref(ref_lock, "exclusive"):
             g0 = time.monotonic()
             try:
                 # values of their own for both (a profile takes 2 + 2 x reps entries): drawn by each child
-                p = fresh.call("profile", self.timeouts["profile"], hb, reps=10, dist=dist)
-                self._check_reply(p, "benchmark", fresh)
-                pb = self._ref_do(ref, hb, "profile", self.timeouts["profile"], reps=10, dist=dist)
+                p = self._ask(fresh, msg.Profile(reps=10, dist=dist), self.timeouts["profile"], "benchmark", hb)
+                pb = self._ref_do(ref, hb, msg.Profile(reps=10, dist=dist), self.timeouts["profile"])
             finally:
                 gpu_s[0] += time.monotonic() - g0
-        seen = [k for k in p["kernels"] if k in names]
-        foreign = foreign_kernels(p["kernels"], names)
-        ok_c, allowed_c = crosscheck(worst["time_ms"], p["kernel_ms_per_call"], p.get("launches_per_call", 1.0))
-        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb["kernel_ms_per_call"], pb.get("launches_per_call", 1.0))
+        seen = [k for k in p.kernels if k in names]
+        foreign = foreign_kernels(p.kernels, names)
+        ok_c, allowed_c = crosscheck(worst["time_ms"], p.kernel_ms_per_call, p.launches_per_call)
+        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb.kernel_ms_per_call, pb.launches_per_call)
         ok = bool(seen) and not foreign and ok_c and ok_b
-        text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p['kernel_ms_per_call']:.4g} ms/call "
-                f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.get('launches_per_call', 0):.3g} launches per call); "
-                f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb['kernel_ms_per_call']:.4g} ms/call (allowed gap "
+        text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p.kernel_ms_per_call:.4g} ms/call "
+                f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.launches_per_call:.3g} launches per call); "
+                f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb.kernel_ms_per_call:.4g} ms/call (allowed gap "
                 f"{allowed_b:.3g} ms); candidate kernels in trace: {seen or 'NONE'}; kernels not the candidate's Triton: "
                 f"{foreign or 'none'}")
-        return {"ok": ok, "text": text, "foreign": foreign, "kernel_ms": p["kernel_ms_per_call"],
-                "baseline_kernel_ms": pb["kernel_ms_per_call"]}
+        return {"ok": ok, "text": text, "foreign": foreign, "kernel_ms": p.kernel_ms_per_call,
+                "baseline_kernel_ms": pb.kernel_ms_per_call}
 
     # --- profile ---------------------------------------------------------------------------------
     def profile(self, req: EvalRequest, hb: Heartbeat = None) -> ProfileReport:
@@ -1197,9 +1198,9 @@ class Evaluator:
         return self.selftest_result
 
 
-def _nbytes(handle: dict) -> tuple[int, int]:
-    """(bytes, elements) of an exported output's handle ({path, dtype, shape})."""
+def _nbytes(handle: msg.OutputHandle) -> tuple[int, int]:
+    """(bytes, elements) of an exported output."""
     import torch
 
-    n = math.prod(handle["shape"])
-    return n * getattr(torch, handle["dtype"]).itemsize, n
+    n = math.prod(handle.shape)
+    return n * getattr(torch, handle.dtype).itemsize, n

@@ -96,6 +96,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
 
 
 def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
+    from gpu_worker import protocol as msg
     from gpu_worker.sandbox import Rejection, SandboxFailure
 
     source = ev._source(req.source_key)
@@ -126,31 +127,28 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
         dist = problem.distributions[0]
         with sb:
             with ev._shared():
-                pre = sb.call("prepare", ev.timeouts["load"], hb, **ev._timing_args(dist))
-            ev._check_reply(pre, "profile", sb)
+                ev._ask(sb, ev._timing_set_request(dist), ev.timeouts["load"], "profile", hb)
             with ev._exclusive():
                 # device time, back to back (a profile is one side: no comparison to keep in one mode)
-                t = sb.call("time", ev.timeouts["time"], hb, reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1,
-                            mode="back-to-back", dist=dist)
-                ev._check_reply(t, "profile", sb)
-                p = sb.call("profile", ev.timeouts["profile"], hb, reps=5 if ev.cuda else 1, dist=dist)
-                ev._check_reply(p, "profile", sb)
+                t = ev._ask(sb, msg.Time(reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1, mode="back-to-back",
+                                         dist=dist), ev.timeouts["time"], "profile", hb)
+                p = ev._ask(sb, msg.Profile(reps=5 if ev.cuda else 1, dist=dist), ev.timeouts["profile"], "profile", hb)
         from gpu_worker.timing import median
 
-        t_ms = median(t["times"])
+        t_ms = median(t.times)
         if ev.cuda:
             ceil = ev.ensure_ceilings(problem, shape, hb)
             bw = problem.bytes_moved(shape) / (t_ms / 1e3)
             fl = problem.flops(shape) / (t_ms / 1e3)
-            fb, ff = bw / ceil["bandwidth"], fl / ceil["flops"]
+            fb, ff = bw / ceil.bandwidth, fl / ceil.flops
             if bound == "unknown":
                 bound = "memory" if fb >= ff else "compute"
                 if max(fb, ff) < 0.3:
                     bound = "latency"
-            top = sorted(p["kernels"].items(), key=lambda kv: -kv[1])[:4]
+            top = sorted(p.kernels.items(), key=lambda kv: -kv[1])[:4]
             parts.append(f"time {t_ms:.4g} ms; achieved {bw / 1e12:.2f} TB/s ({100 * fb:.0f}% of measured "
-                         f"{ceil['bandwidth'] / 1e12:.2f}), {fl / 1e12:.1f} TFLOP/s ({100 * ff:.1f}% of measured "
-                         f"{ceil['flops'] / 1e12:.0f}); floor {problem.floor_ms(shape, ceil['bandwidth'], ceil['flops']):.4g} ms")
+                         f"{ceil.bandwidth / 1e12:.2f}), {fl / 1e12:.1f} TFLOP/s ({100 * ff:.1f}% of measured "
+                         f"{ceil.flops / 1e12:.0f}); floor {problem.floor_ms(shape, ceil.bandwidth, ceil.flops):.4g} ms")
             parts.append("kernels (ms/call): " + ", ".join(f"{k[:40]} {v:.4g}" for k, v in top))
         else:
             parts.append(f"interpreter run {t_ms:.1f} ms (not a speed measure); no hardware counters on CPU")

@@ -11,6 +11,7 @@ Triton already imported) so the next candidate does not pay the import (scheduli
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -24,6 +25,8 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
+
+from gpu_worker import protocol
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -141,7 +144,7 @@ class Sandbox:
             os.set_blocking(self._guard_r, False)
         self._send = Connection(w1, readable=False)
         self._recv = Connection(r2, writable=False)
-        self.ready: dict | None = None
+        self.ready: protocol.Ready | None = None
         self.closed = False
         self.started = time.time()
         self.reserved = 0  # device bytes its allocator holds, as of its last reply (scheduling.DeviceMemory)
@@ -157,7 +160,8 @@ class Sandbox:
             return ""
         return data[-n:].decode(errors="replace")
 
-    def _wait(self, timeout: float, heartbeat: Callable[[], None] | None, what: str) -> dict:
+    def _wait(self, timeout: float, heartbeat: Callable[[], None] | None, what: str):
+        """The child's next message, unpickled (plain values: gpu_worker.protocol reads them)."""
         deadline = time.monotonic() + timeout
         while True:
             if heartbeat:
@@ -192,47 +196,59 @@ class Sandbox:
                 raise SandboxFailure("timeout", f"no answer within {timeout:.0f} s during {what} (hang?); process killed",
                                      self.log_tail())
 
-    def wait_ready(self, timeout: float = 180, heartbeat=None) -> dict:
+    def wait_ready(self, timeout: float = 180, heartbeat=None) -> protocol.Ready:
         if self.ready is None:
-            self.ready = self._wait(timeout, heartbeat, "start-up")
+            raw = self._wait(timeout, heartbeat, "start-up")
+            try:
+                self.ready = protocol.Ready.model_validate(raw)
+            except ValueError as e:
+                self.close()
+                raise SandboxFailure("crash", f"sandbox start-up message malformed: {e}", self.log_tail()) from None
         return self.ready
 
-    def call(self, cmd: str, timeout: float, heartbeat=None, **kw) -> dict:
+    def call(self, request: protocol.Request, timeout: float, heartbeat=None) -> protocol.Reply:
+        """Send one request and wait for its reply, read as the request's result type (a reply that does
+        not fit it is a `protocol` failure)."""
+        return self._exchange(protocol.to_wire(request, None), type(request), timeout, heartbeat)
+
+    def _exchange(self, wire: dict, request_type: type[protocol.Request], timeout: float,
+                  heartbeat=None) -> protocol.Reply:
+        """`wire` sent as it is (with this request's number), its reply read as `request_type`'s."""
+        what = request_type.cmd
         if self.closed:
             raise SandboxFailure("crash", "sandbox already closed")
         self.wait_ready(heartbeat=heartbeat)
         self._seq += 1
         seq = self._seq
         try:
-            self._send.send_bytes(pickle.dumps({"cmd": cmd, "seq": seq, **kw}, protocol=pickle.HIGHEST_PROTOCOL))
+            self._send.send_bytes(pickle.dumps({**wire, "seq": seq}, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, BrokenPipeError) as e:
             self.close()
-            raise SandboxFailure("crash", f"sandbox pipe broken before {cmd}: {e}", self.log_tail())
+            raise SandboxFailure("crash", f"sandbox pipe broken before {what}: {e}", self.log_tail())
         try:
-            reply = self._wait(timeout, heartbeat, cmd)
+            raw = self._wait(timeout, heartbeat, what)
         except SandboxFailure:
             raise
         except BaseException:
             # Interrupted between request and reply (an activity's cancellation arrives as an exception in
             # this thread, in the heartbeat or the poll): the command may still be running, on the device
-            # too, and its reply would be read by the next caller as the answer to another command. Once
-            # a verification cancelled while the reference child computed oracles left that reply
-            # in the pipe; every later call to that child read its predecessor's reply (90 harness errors, and
-            # a compare's results could have gone to the wrong candidate). The child is killed instead; the
-            # harness makes a new one when it next needs one.
+            # too, and its reply would be read by the next caller as the answer to another command. The
+            # child is killed instead; the harness makes a new one when it next needs one.
             self.close()
             raise
-        if reply.get("seq") != seq:  # defence in depth: a reply that answers another request is never used
+        reply = protocol.read_reply(request_type, raw)
+        if reply.seq != seq:  # a reply that answers another request is never used
             self.close()
-            raise SandboxFailure("crash", f"sandbox reply out of step during {cmd}: request {seq}, reply "
-                                 f"{reply.get('seq')!r}; process killed", self.log_tail())
-        self.reserved = reply.get("reserved", self.reserved)
+            raise SandboxFailure("crash", f"sandbox reply out of step during {what}: request {seq}, reply "
+                                 f"{reply.seq!r}; process killed", self.log_tail())
+        self.reserved = reply.reserved
         records = self.read_guard()
         if records:  # the guard's own reports first: they cannot have been edited by the candidate
-            reply["violations"] = records + [v for v in reply.get("violations") or [] if tuple(v) not in records]
-        if self.role == "reference" and reply.get("device_free") is not None:
-            Sandbox.device_free = (time.monotonic(), int(reply["device_free"]))
-        if reply.get("fatal"):
+            reply = dataclasses.replace(reply, violations=tuple(records) + tuple(
+                v for v in reply.violations if tuple(v) not in records))
+        if self.role == "reference" and reply.device_free is not None:
+            Sandbox.device_free = (time.monotonic(), int(reply.device_free))
+        if reply.failure is not None and reply.failure.fatal:
             # CUDA context is unusable after an illegal access or OOM: this process is done
             self.close(graceful=False)
         return reply
@@ -273,7 +289,7 @@ class Sandbox:
         try:
             if graceful and self.proc.poll() is None:
                 try:
-                    self._send.send_bytes(pickle.dumps({"cmd": "exit"}))
+                    self._send.send_bytes(pickle.dumps(protocol.to_wire(protocol.Exit(), None)))
                     self.proc.wait(timeout=5)
                 except Exception:  # noqa: BLE001
                     pass

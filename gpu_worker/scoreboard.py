@@ -182,8 +182,8 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
                 found = [measure(ev, store, problem, shape, sources[key]) for key in best.get(name, [])]
                 primary = start.get("baseline_name") or next(iter(problem.baselines()))
                 others = _time_other_baselines(problem, shape, primary)
-                ceil = ev.ceilings or {}
-                floor = (problem.floor_ms(shape, ceil["bandwidth"], ceil["flops"]) if ceil else None)
+                ceil = ev.ceilings
+                floor = (problem.floor_ms(shape, ceil.bandwidth, ceil.flops) if ceil else None)
                 row = make_row(name, shape.name, primary, start, found, others, floor, time.time() - t0)
                 rows.append(row)
                 print(_line(row), flush=True)

@@ -108,7 +108,7 @@ def main():
 
             p = get_problem("softmax")
             c = ev.ensure_ceilings(p, p.shapes[0], None)
-            TABLE.append(f"ceilings: copy {c['bandwidth'] / 1e12:.2f} TB/s, bf16 matmul {c['flops'] / 1e12:.0f} TFLOP/s")
+            TABLE.append(f"ceilings: copy {c.bandwidth / 1e12:.2f} TB/s, bf16 matmul {c.flops / 1e12:.0f} TFLOP/s")
             return c
 
     if "honest" not in skip:

@@ -67,10 +67,10 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
     s.cmd_prepare(rotate=2, pool=3, dist="normal", seed=11)
     entries = [4, 1, 7, 9, 2]
     r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries, noise_seed=5, first=100)
-    assert len(r["times"]) == 5 and [c[0] for c in r["checks"]] == entries and r["check_names"] == ["y"]
+    assert len(r.times) == 5 and [c[0] for c in r.checks] == entries and r.check_names == ["y"]
     ts = s.timing["normal"]
     proj = s._projections(99)
-    for (e, fps, norms) in r["checks"]:  # each the baseline's own output on that entry's values, with its norm
+    for (e, fps, norms) in r.checks:  # each the baseline's own output on that entry's values, with its norm
         y = s.baseline(ts.values(e, 5))["y"]
         assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
         assert math.isclose(norms[0], float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)

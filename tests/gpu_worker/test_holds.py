@@ -83,9 +83,9 @@ def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     gate = RecordingGate()
     call, init = Sandbox.call, Sandbox.__init__
 
-    def recorded_call(self, cmd, *a, **kw):
-        gate.note("command", cmd)
-        return call(self, cmd, *a, **kw)
+    def recorded_call(self, request, *a, **kw):
+        gate.note("command", request.cmd)
+        return call(self, request, *a, **kw)
 
     def recorded_init(self, role, *a, **kw):
         gate.note("spawn", role)

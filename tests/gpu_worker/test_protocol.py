@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_worker.protocol import Compare, CudaInit, Empty, Reply, Stage, Staged, WarmTriton
 from tests.gpu_worker.harnesses import on_both
 from workflows.contracts import BenchRequest, BestRef, EvalRequest
 
@@ -304,6 +305,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
     import threading
 
     from gpu_worker.harness import Evaluator
+    from gpu_worker.protocol import ReferenceCase, References, Reply, Staged
     from gpu_worker.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
@@ -311,13 +313,17 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         p = e._problem("softmax")
         sh = e._shape(p, None)
         case = (p.distributions[0], 0)
-        first = {"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 20.0}}
+        other = (p.distributions[0], 1)  # not computed by anyone yet: computed below, once
+        first = ReferenceCase(dist=case[0], seed=0, hash="h", baseline_err=1e-7, timing={"oracle": 20.0})
         calls = []
 
         class Child:
-            def call(self, cmd, timeout, hb=None, **kw):
-                calls.append(cmd)
-                return {"ok": True, "cases": [{"hash": "h", "baseline_err": 1e-7, "timing": {"oracle": 0.0}}]}
+            def call(self, request, timeout, hb=None):
+                calls.append(request.cmd)
+                if request.cmd == "stage":
+                    return Reply(seq=None, result=Staged(seconds=0.0))
+                return Reply(seq=None, result=References(cases=[ReferenceCase(
+                    dist=other[0], seed=1, hash="h", baseline_err=1e-7, timing={"oracle": 0.0})]))
 
         @contextlib.contextmanager
         def racing_lock(lock, gate="shared"):
@@ -330,7 +336,6 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         assert e.reference(p, sh, [case], None) == [first]
         assert "reference" not in calls  # (its inputs were staged, host work before the gate)
         calls.clear()
-        other = (p.distributions[0], 1)  # not computed by anyone yet: computed here, once
         assert e.reference(p, sh, [case, other], None)[0] == first and calls == ["stage", "reference"]
     finally:
         e.close()
@@ -536,9 +541,9 @@ def test_a_child_loaded_for_another_shape_compiles_outside_the_shared_hold(judge
             finally:
                 held.remove(threading.get_ident())
 
-    def call(sb, cmd, *a, **kw):
-        calls.append((cmd, threading.get_ident() in held))
-        return real_call(sb, cmd, *a, **kw)
+    def call(sb, request, *a, **kw):
+        calls.append((request.cmd, threading.get_ident() in held))
+        return real_call(sb, request, *a, **kw)
 
     monkeypatch.setattr(judge, "_shared", shared)
     monkeypatch.setattr(Sandbox, "call", call)
@@ -760,15 +765,15 @@ def test_reference_wait_does_not_hold_the_gate(tmp_path):
     e.cuda = True  # the gate is only used with a device; nothing below touches one
 
     class Child:
-        def call(self, cmd, timeout, hb=None, **kw):
+        def call(self, request, timeout, hb=None):
             held.append(e.gpu_lock._shared)  # the gate's shared holders while the reference child works
-            return {"ok": True}
+            return Reply(seq=None, result=Empty())
 
     held = []
     ref_lock = threading.Lock()
     e._ref = lambda problem, shape, hb: (Child(), ref_lock, {"baseline": "stand-in"})
     ref_lock.acquire()  # the reference child is busy with someone else's call
-    caller = threading.Thread(target=e._ref_call, args=(None, None, None, "compare", 10))
+    caller = threading.Thread(target=e._ref_call, args=(None, None, None, Compare(jobs=[]), 10))
     caller.start()
     _t.sleep(0.2)  # the caller now waits for the child
     timed = threading.Event()
@@ -804,13 +809,13 @@ def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
     ran = []
 
     class Child:
-        def call(self, cmd, timeout, hb=None, **kw):
-            ran.append((cmd, e.gpu_lock._shared, ref_lock.locked()))
-            return {"ok": True}
+        def call(self, request, timeout, hb=None):
+            ran.append((request.cmd, e.gpu_lock._shared, ref_lock.locked()))
+            return Reply(seq=None, result=Staged(seconds=0.0))
 
     e._ref = lambda problem, shape, hb: (Child(), ref_lock, {})
     e.gpu_lock.acquire()  # a timing holds the gate
-    caller = threading.Thread(target=e._ref_call, args=(None, None, None, "stage", 10))
+    caller = threading.Thread(target=e._ref_call, args=(None, None, None, Stage(cases=[]), 10))
     caller.start()
     _t.sleep(0.3)
     assert ref_lock.acquire(timeout=2), "the reference child's lock was held while waiting for the gate"
@@ -977,8 +982,8 @@ def test_pool_readies_spares_before_handing_them_out():
     both = threading.Barrier(2, timeout=60)
 
     def ready(sb):
-        r = sb.call("cuda_init", 120)
-        assert r["ok"] and r["cuda"] is False
+        r = sb.call(CudaInit(), 120)
+        assert r.ok and r.result.cuda is False
         both.wait()
         readied.append(sb)
 
@@ -1053,9 +1058,9 @@ def test_context_and_triton_keys_are_two_commands():
 
     sb = Sandbox("candidate", interpreter=True)
     try:
-        for cmd in ("cuda_init", "warm_triton", "warm_triton"):
-            r = sb.call(cmd, 120)
-            assert r.get("ok"), r
+        for request in (CudaInit(), WarmTriton(), WarmTriton()):
+            r = sb.call(request, 120)
+            assert r.ok, r
     finally:
         sb.close()
 
@@ -1210,10 +1215,14 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
         def __init__(self, ms):
             self.ms, self.calls = ms, 0
 
-        def call(self, cmd, timeout, hb=None, reps=0, **kw):
-            if cmd == "time":
+        def call(self, request, timeout, hb=None):
+            from gpu_worker.protocol import HostLatency, Timed
+
+            if request.cmd == "time":
                 self.calls += 1
-            return {"ok": True, "times": [self.ms + 0.001 * (i % 7) for i in range(reps)], "walls": [self.ms] * reps}
+                return Reply(seq=None, result=Timed(times=[self.ms + 0.001 * (i % 7) for i in range(request.reps)],
+                                                    mode="interpreter", checks=[], check_names=[]))
+            return Reply(seq=None, result=HostLatency(walls=[self.ms] * request.reps))
 
     def run(cand_ms, with_best=True):
         cand, base, best = Child(cand_ms), Child(2.0), Child(1.0) if with_best else None
@@ -1243,7 +1252,7 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
     assert "preexec_fn=" not in inspect.getsource(sandbox)
     sb = Scheduler().spawn("candidate", interpreter=True)
     try:
-        assert sb.call("cuda_init", 120).get("ok")  # the child is up and serving
+        assert sb.call(CudaInit(), 120).ok  # the child is up and serving
         limits = open(f"/proc/{sb.proc.pid}/limits").read().splitlines()
         core = next(line for line in limits if line.startswith("Max core file size")).split()
         assert core[4:6] == ["0", "0"]
@@ -1261,25 +1270,28 @@ def test_verification_steps_run_in_order_only(ev, store):
     from baselines.registry import get_problem
 
     p = get_problem("softmax")
-    cases = [list(c) for c in ev.cases(p, "steps")]
+    from gpu_worker.protocol import Prepare, VerifyCase, VerifyReply, VerifyRerun, VerifyStale
+
+    p = get_problem("softmax")
+    cases = list(ev.cases(p, "steps"))
     sb, _ = ev._loaded_child(("x",), canary("fast"), p, ev._shape(p, None), None)
     try:
-        assert sb.call("prepare", 120, cases=cases).get("ok")
-        for cmd, kw in (("verify_case", {"i": 1}), ("verify_rerun", {}), ("verify_stale", {})):
-            r = sb.call(cmd, 120, cases=cases, **kw)
-            assert not r.get("ok") and "out of order" in r["error"], (cmd, r)
-        assert "out of order" in sb.call("verify_reply", 120)["error"]
+        assert sb.call(Prepare(cases=cases), 120).ok
+        for step in (VerifyCase(cases=cases, i=1), VerifyRerun(cases=cases), VerifyStale(cases=cases)):
+            r = sb.call(step, 120)
+            assert not r.ok and "out of order" in r.failure.error, (step, r)
+        assert "out of order" in sb.call(VerifyReply(), 120).failure.error
         for i in range(len(cases)):
-            assert sb.call("verify_case", 120, cases=cases, i=i).get("ok")
-        assert "out of order" in sb.call("verify_case", 120, cases=cases, i=0 + len(cases) + 1)["error"]
-        assert sb.call("verify_rerun", 120, cases=cases).get("ok")
-        assert "out of order" in sb.call("verify_case", 120, cases=cases, i=len(cases))["error"]
-        assert sb.call("verify_stale", 120, cases=cases).get("ok")
-        r = sb.call("verify_reply", 120)
-        assert [(c["dist"], c["seed"]) for c in r["cases"]] == [tuple(c) for c in cases]
-        assert "rerun" in r and "stale" in r and r["timing"]["first-call"] >= 0
-        assert not any(c["mutated"] for c in r["cases"])
-        assert "out of order" in sb.call("verify_reply", 120)["error"]  # the state went with the reply
+            assert sb.call(VerifyCase(cases=cases, i=i), 120).ok
+        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases) + 1), 120).failure.error
+        assert sb.call(VerifyRerun(cases=cases), 120).ok
+        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases)), 120).failure.error
+        assert sb.call(VerifyStale(cases=cases), 120).ok
+        r = sb.call(VerifyReply(), 120).result
+        assert [(c.dist, c.seed) for c in r.cases] == cases
+        assert r.rerun is not None and r.stale is not None and r.timing["first-call"] >= 0
+        assert not any(c.mutated for c in r.cases)
+        assert "out of order" in sb.call(VerifyReply(), 120).failure.error  # the state went with the reply
     finally:
         sb.close()
 
@@ -1298,3 +1310,45 @@ def test_the_serial_default_gives_the_scheduled_verdicts(ev, store):
             assert len(serial.loaded) == 0  # nothing waits between stages
     finally:
         serial.close()
+
+
+def test_the_child_refuses_an_unknown_command_and_a_malformed_request_and_keeps_serving():
+    """Anything but a declared request with its exact fields and types gets one `protocol` failure reply,
+    carrying the request's number; the child neither acts on it nor crashes nor hangs."""
+    from gpu_worker import protocol
+    from gpu_worker.sandbox import Sandbox
+
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        cases = [("standard", 0)]
+        for wire, why in (
+                ({"cmd": "format_disk"}, "unknown command 'format_disk'"),
+                ({"cmd": "stage", "cases": "all"}, "malformed stage request: cases"),
+                ({"cmd": "stage", "cases": cases, "extra": 1}, "malformed stage request: extra"),
+                ({"cmd": "time", "reps": "20"}, "malformed time request: reps"),
+                ({"cmd": "verify_case", "cases": cases}, "malformed verify_case request: i: Field required"),
+                ({"cmd": "load", "source": 3, "problem": "softmax", "shape": None}, "malformed load request: source")):
+            r = sb._exchange(wire, protocol.Stage, 60)
+            assert not r.ok and r.failure.kind == "protocol" and why in r.failure.error, (wire, r)
+            assert sb.alive()
+        assert sb.call(CudaInit(), 60).ok  # still serving, replies still in step
+    finally:
+        sb.close()
+
+
+def test_a_reply_that_does_not_fit_its_request_is_a_protocol_failure():
+    from gpu_worker import protocol
+
+    good = protocol.reply_to_wire(3, protocol.Staged(seconds=0.5))
+    assert protocol.read_reply(protocol.Stage, good).result == protocol.Staged(seconds=0.5)
+    wrong = protocol.read_reply(protocol.Time, good)  # a stage's result read as a timing's
+    assert not wrong.ok and wrong.seq == 3 and wrong.failure.kind == "protocol" and "times" in wrong.failure.error
+    broken = protocol.read_reply(protocol.Stage, {"seq": 3, "result": {"seconds": "soon"}})
+    assert not broken.ok and broken.failure.kind == "protocol"
+    assert not protocol.read_reply(protocol.Stage, "not a reply").ok
+
+
+def test_every_declared_request_has_a_handler_in_the_child():
+    from gpu_worker import child, protocol
+
+    assert set(child.COMMANDS) | {protocol.Exit} == set(protocol.REQUESTS.values())

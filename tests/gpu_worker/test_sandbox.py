@@ -4,6 +4,7 @@ import pickle
 
 import pytest
 
+from gpu_worker.protocol import CudaInit
 from gpu_worker.sandbox import Sandbox, SandboxFailure
 
 
@@ -22,10 +23,10 @@ def test_a_call_interrupted_before_its_reply_kills_the_child():
             raise Interrupted()
 
         with pytest.raises(Interrupted):
-            sb.call("cuda_init", 60, heartbeat=cancelled)  # the request is sent; the wait is interrupted
+            sb.call(CudaInit(), 60, heartbeat=cancelled)  # the request is sent; the wait is interrupted
         assert sb.closed and not sb.alive()
         with pytest.raises(SandboxFailure, match="already closed"):
-            sb.call("cuda_init", 60)
+            sb.call(CudaInit(), 60)
     finally:
         sb.close()
 
@@ -34,11 +35,11 @@ def test_a_reply_to_another_request_is_refused():
     sb = Sandbox("candidate", interpreter=True)
     try:
         sb.wait_ready()
-        assert sb.call("cuda_init", 60)["ok"]
-        # a request whose reply nobody read (what an interrupted call left behind before the fix)
+        assert sb.call(CudaInit(), 60).ok
+        # a request whose reply nobody read (what an interrupted call would leave behind)
         sb._send.send_bytes(pickle.dumps({"cmd": "cuda_init", "seq": 999}))
         with pytest.raises(SandboxFailure, match="out of step"):
-            sb.call("cuda_init", 60)
+            sb.call(CudaInit(), 60)
         assert sb.closed
     finally:
         sb.close()

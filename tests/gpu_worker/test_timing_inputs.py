@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gpu_worker import child
+from gpu_worker.protocol import Reply
 from gpu_worker.timing_inputs import FreshValues, check_entries, entry_seed
 from tests.gpu_worker.harnesses import on_both
 
@@ -31,10 +32,8 @@ class InProcess:
     def __init__(self, server):
         self.s = server
 
-    def call(self, cmd, timeout, hb=None, **kw):
-        r = getattr(self.s, "cmd_" + cmd)(**kw)
-        r.setdefault("ok", True)
-        return r
+    def call(self, request, timeout, hb=None):
+        return Reply(seq=None, result=child.serve(self.s, request))
 
 
 def _server(tmp_path, name: str, role: str, problem: str):

@@ -429,14 +429,14 @@ def test_static_rules_name_the_same_cheats():
 
 def test_the_load_reply_names_the_active_wall_and_honest_work_runs(ev_raw, store):
     from gpu_worker.canaries import canary_source
+    from gpu_worker.protocol import Load
     from gpu_worker.sandbox import Sandbox
 
     sb = Sandbox("candidate", interpreter=True)
     try:
-        r = sb.call("load", 60, source=canary_source("fast"), problem="softmax", shape=None, write_roots=[],
-                    trusted_roots=[])
-        assert r["ok"] and not r["violations"], r
-        w = r["wall"]
+        r = sb.call(Load(source=canary_source("fast"), problem="softmax", shape=None), 60)
+        assert r.ok and not r.violations, r
+        w = r.result.wall
         assert w["os"] == "on" and w["process"] == "seccomp" and w["network"].startswith("seccomp")
         assert w["filesystem"] == ("landlock" if wall.landlock_abi() else "guard only (no Landlock)")
     finally:

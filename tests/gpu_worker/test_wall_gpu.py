@@ -34,15 +34,15 @@ def req(ev, source: str):
 def test_the_load_reply_lists_ptxas_and_honest_kernels_compile_behind_the_wall(ev):
     from baselines.registry import get_problem
     from gpu_worker import wall
+    from gpu_worker.protocol import CudaInit, Load
     from gpu_worker.sandbox import Sandbox
 
     sb = Sandbox("candidate", interpreter=False)
     try:
-        assert sb.call("cuda_init", 120)["ok"]
-        r = sb.call("load", 120, source=get_problem("softmax").template(), problem="softmax", shape=None,
-                    write_roots=[], trusted_roots=[])
-        assert r["ok"] and not r["violations"], r
-        w = r["wall"]
+        assert sb.call(CudaInit(), 120).ok
+        r = sb.call(Load(source=get_problem("softmax").template(), problem="softmax", shape=None), 120)
+        assert r.ok and not r.violations, r
+        w = r.result.wall
         assert w["os"] == "on" and w["network"].startswith("seccomp")
         if wall.landlock_abi():
             assert any(os.path.basename(p).startswith("ptxas") for p in w["exec"]), w

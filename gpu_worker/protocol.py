@@ -1,0 +1,530 @@
+"""The messages between the harness (the worker process) and a sandbox child, every one typed.
+
+A request is one `Request` subclass per command; its `cmd` names it on the wire and its `result_type` is
+the type of what a successful reply carries. The wire is plain pickle of plain values (`to_wire` /
+`parse_request`, `reply_to_wire` / `read_reply`): no class of ours is unpickled on either side, and every
+message is validated on arrival.
+
+* Requests are strict (`Message`): an unknown command, a missing or extra field, or a value of the wrong
+  type is refused by the child with one `protocol` failure reply, and the child goes on serving.
+* Results are checked on arrival in the worker (`Result`: extra fields refused, numbers coerced, since
+  device libraries hand back their own number types); a reply that does not fit its request's result
+  type becomes a `protocol` failure, which the harness treats as any failed command of that child.
+
+The child's dispatch table (`gpu_worker.child.COMMANDS`) maps each request type to its handler; a test
+holds it to the list below, so no command is served that is not declared here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+#: one verification or reference case: (distribution, seed)
+Case = tuple[str, int]
+
+
+class Message(BaseModel):
+    """A request's fields: exact types, nothing extra, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class Result(BaseModel):
+    """A reply's fields: nothing extra; numbers of other numeric types coerced."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of this module's: refused, never acted on."""
+
+
+# --- shared parts -----------------------------------------------------------------------------------
+
+
+class OutputHandle(Message):
+    """An output a candidate child wrote to a file of its temp dir, for the reference child to read."""
+
+    path: str
+    dtype: str
+    shape: tuple[int, ...]
+
+
+class CompareJob(Message):
+    """One output compared in the reference child: with the oracle of `case`, or with the output `other`
+    (the determinism rerun)."""
+
+    name: str
+    out: OutputHandle
+    case: Case | None = None
+    other: OutputHandle | None = None
+
+
+class TimedJob(Message):
+    """A kept output of a timed call, which ran on pool entry `entry` of its distribution's timing set."""
+
+    entry: int
+    name: str
+    out: OutputHandle
+
+
+Timing = dict[str, float]  # seconds (and counts) per step, for the worker's phase log
+
+
+# --- results ----------------------------------------------------------------------------------------
+
+
+class Empty(Result):
+    pass
+
+
+class Ready(Result):
+    """The child's first message, before any request."""
+
+    ready: bool
+    cuda: bool
+    pid: int
+    import_s: float
+
+
+class CudaReady(Result):
+    cuda: bool
+
+
+class MemoryPeak(Result):
+    peak: int  # device bytes reserved at most since the previous `Mem`
+    total: int  # the device's size (0 without one)
+
+
+class Staged(Result):
+    seconds: float
+
+
+class Loaded(Result):
+    kernels: list[str]
+    wall: dict[str, Any]  # the OS wall the child is enclosed in (gpu_worker.wall.enclose)
+
+
+class CompiledKernel(Result):
+    name: str | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    shared: int | None = None
+    registers: int | None = None
+    spills: int | None = None
+    handles_error: str | None = None
+    ptx_wgmma: bool | None = None
+    ptx_mma: bool | None = None
+    ptx_tma: bool | None = None
+    cubin_path: str | None = None
+
+
+class Compiled(Result):
+    seconds: float
+    kernels: list[CompiledKernel]
+    max_shared: int | None
+    timing: Timing
+
+
+class Prepared(Result):
+    timing: Timing
+
+
+class VerifiedCase(Result):
+    dist: str
+    seed: int
+    hash_before: str
+    mutated: list[str]
+    outputs: dict[str, OutputHandle]
+    out_type_ok: bool
+
+
+class StaleProbe(Result):
+    case: int  # the case whose inputs the reused buffers were given
+    outputs: dict[str, OutputHandle]
+
+
+class Verified(Result):
+    cases: list[VerifiedCase]
+    rerun: dict[str, OutputHandle] | None = None
+    stale: StaleProbe | None = None
+    timing: Timing
+
+
+class Exported(Result):
+    changed: list[str]  # outputs that changed after their call returned
+    timing: Timing
+
+
+class TimedExported(Result):
+    jobs: list[TimedJob]
+
+
+class Captured(Result):
+    captured: bool
+    why: str
+
+
+class Timed(Result):
+    times: list[float]  # device milliseconds per timed repetition
+    mode: str
+    # per timed repetition: [entry, [projection per output]] (candidate) or [entry, [projection], [norm]]
+    # (reference); their shape is checked by the harness (harness._check_entries, _check_fingerprints)
+    checks: list[list[Any]]
+    check_names: list[str]
+
+
+class HostLatency(Result):
+    walls: list[float]
+
+
+class Profiled(Result):
+    kernels: dict[str, float]  # kernel name -> device ms per call launched by the work
+    kernel_ms_per_call: float
+    launches_per_call: float
+
+
+class SetUp(Result):
+    baseline: str
+    shape: str
+    cuda: bool
+
+
+class ReferenceCase(Result):
+    dist: str
+    seed: int
+    hash: str
+    baseline_err: float  # NaN where the baseline was not run
+    timing: Timing
+
+
+class References(Result):
+    cases: list[ReferenceCase]
+
+
+class Comparison(Result):
+    rel_err: float
+    nonfinite: int
+    numel: int
+    constant: bool
+
+
+class Compared(Result):
+    results: list[Comparison]
+    timing: Timing
+
+
+class TimedComparison(Result):
+    rel_err: float
+    nonfinite: int
+
+
+class TimedCompared(Result):
+    results: list[TimedComparison]
+
+
+class Ceilings(Result):
+    bandwidth: float | None  # bytes/s, device-to-device copy (read + write)
+    flops: float | None  # bf16 matmul FLOP/s
+
+
+class ReceiptFacts(Result):
+    torch: str
+    triton: str
+    device: str
+    driver: str
+    clocks: str
+
+
+# --- requests ---------------------------------------------------------------------------------------
+
+R = TypeVar("R", bound=Result)
+
+
+class Request(Message):
+    """A command to a child; `result_type` is what its successful reply carries."""
+
+    cmd: ClassVar[str]
+    result_type: ClassVar[type[Result]] = Empty
+
+
+class Exit(Request):
+    cmd = "exit"
+
+
+class CudaInit(Request):
+    """Make the child's CUDA context (untimed device work)."""
+
+    cmd = "cuda_init"
+    result_type = CudaReady
+
+
+class WarmTriton(Request):
+    """Triton's per-process keys (host work)."""
+
+    cmd = "warm_triton"
+
+
+class Mem(Request):
+    cmd = "mem"
+    result_type = MemoryPeak
+
+
+class Stage(Request):
+    """Cases' inputs into host memory (host work)."""
+
+    cmd = "stage"
+    result_type = Staged
+    cases: list[Case]
+
+
+class Load(Request):
+    """Enclose the child in its wall and execute the candidate's module (candidate role)."""
+
+    cmd = "load"
+    result_type = Loaded
+    source: str
+    problem: str
+    shape: str | None
+    write_roots: list[str] = []
+    trusted_roots: list[str] = []
+
+
+class Compile(Request):
+    cmd = "compile"
+    result_type = Compiled
+    dist: str
+
+
+class Prepare(Request):
+    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets)."""
+
+    cmd = "prepare"
+    result_type = Prepared
+    cases: list[Case] | None = None
+    rotate: int | None = None
+    dist: str | None = None
+    kernels: bool = True
+    seed: int = 1000
+    pool: int = 3
+
+
+class VerifyCase(Request):
+    cmd = "verify_case"
+    cases: list[Case]
+    i: int
+
+
+class VerifyRerun(Request):
+    cmd = "verify_rerun"
+    cases: list[Case]
+
+
+class VerifyStale(Request):
+    cmd = "verify_stale"
+    cases: list[Case]
+
+
+class VerifyReply(Request):
+    cmd = "verify_reply"
+    result_type = Verified
+
+
+class Export(Request):
+    """Download the verified outputs (device work); `WriteExports` writes them (host work)."""
+
+    cmd = "export"
+    result_type = Exported
+
+
+class WriteExports(Request):
+    cmd = "write_exports"
+    result_type = Exported
+
+
+class ExportTimed(Request):
+    cmd = "export_timed"
+    result_type = TimedExported
+
+
+class Capture(Request):
+    cmd = "capture"
+    result_type = Captured
+    dist: str | None = None
+
+
+class Time(Request):
+    cmd = "time"
+    result_type = Timed
+    reps: int
+    warmup: int = 3
+    mode: str = "back-to-back"
+    keep_one: bool = False
+    dist: str | None = None
+    check_seed: int | None = None
+    device_floor_ms: float = 0.0
+    entries: list[int] | None = None
+    noise_seed: int | None = None
+    first: int = 0
+
+
+class HostLatencyRequest(Request):
+    cmd = "host_latency"
+    result_type = HostLatency
+    reps: int = 10
+    dist: str | None = None
+    noise_seed: int | None = None
+    first: int = 0
+
+
+class Park(Request):
+    cmd = "park"
+
+
+class Profile(Request):
+    cmd = "profile"
+    result_type = Profiled
+    reps: int = 10
+    dist: str | None = None
+    noise_seed: int | None = None
+    first: int = 0
+
+
+class Setup(Request):
+    """Set the reference child up for a problem and shape (reference role)."""
+
+    cmd = "setup"
+    result_type = SetUp
+    problem: str
+    shape: str | None
+
+
+class Reference(Request):
+    cmd = "reference"
+    result_type = References
+    cases: list[Case]
+    baseline: bool = True
+
+
+class Compare(Request):
+    cmd = "compare"
+    result_type = Compared
+    jobs: list[CompareJob]
+
+
+class CompareTimed(Request):
+    cmd = "compare_timed"
+    result_type = TimedCompared
+    jobs: list[TimedJob]
+    noise_seed: int
+    dist: str | None = None
+
+
+class MeasureCeilings(Request):
+    cmd = "ceilings"
+    result_type = Ceilings
+
+
+class Receipt(Request):
+    cmd = "receipt"
+    result_type = ReceiptFacts
+
+
+REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
+    Exit, CudaInit, WarmTriton, Mem, Stage, Load, Compile, Prepare, VerifyCase, VerifyRerun, VerifyStale,
+    VerifyReply, Export, WriteExports, ExportTimed, Capture, Time, HostLatencyRequest, Park, Profile, Setup,
+    Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
+
+
+# --- the wire ---------------------------------------------------------------------------------------
+
+
+def to_wire(request: Request, seq: int | None) -> dict:
+    """What the worker pickles for the child: the command, its number and its fields as plain values."""
+    return {"cmd": request.cmd, "seq": seq, **request.model_dump()}
+
+
+def _why(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'message'}: {err['msg']}" for err in e.errors())
+
+
+def parse_request(msg: Any) -> Request:
+    """The child's reading of one message; ProtocolError with what is wrong with it."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a request is a dict, not {type(msg).__name__}")
+    cmd = msg.get("cmd")
+    cls = REQUESTS.get(cmd) if isinstance(cmd, str) else None
+    if cls is None:
+        raise ProtocolError(f"unknown command {cmd!r}; known: {', '.join(sorted(REQUESTS))}")
+    try:
+        return cls.model_validate({k: v for k, v in msg.items() if k not in ("cmd", "seq")})
+    except ValidationError as e:
+        raise ProtocolError(f"malformed {cmd} request: {_why(e)}") from None
+
+
+class Failure(Result):
+    """Why a command failed: `kind` (exception, violation, oom, cuda-error, compile-error, contract,
+    protocol, ...), the error, the traceback; `fatal`: the child is done (its CUDA context is unusable)."""
+
+    kind: str
+    error: str
+    traceback: str = ""
+    fatal: bool = False
+
+
+class Envelope(Result):
+    """Every reply: the request's number, its result or its failure, and the child's state."""
+
+    seq: int | None
+    result: dict[str, Any] | None = None
+    failure: Failure | None = None
+    violations: list[tuple[str, str]] = []
+    reserved: int = 0  # device bytes the child's allocator holds (scheduling.DeviceMemory)
+    device_free: int | None = None  # the whole device's free bytes, as a trusted reference child reads them
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply(Generic[R]):
+    """A reply as the worker reads it: `result` (of the request's `Result` type) when the command ran,
+    `failure` when it did not, and what the child reports with every reply."""
+
+    seq: int | None
+    result: R | None = None
+    failure: Failure | None = None
+    violations: tuple[tuple[str, str], ...] = ()
+    reserved: int = 0
+    device_free: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.failure is None
+
+
+def reply_to_wire(seq: int | None, result: Result | None = None, failure: Failure | None = None,
+                  violations=(), reserved: int = 0, device_free: int | None = None) -> dict:
+    """What the child pickles for the worker."""
+    return {"seq": seq, "result": None if result is None else result.model_dump(),
+            "failure": None if failure is None else failure.model_dump(),
+            "violations": [tuple(v) for v in violations], "reserved": reserved, "device_free": device_free}
+
+
+def read_reply(request: type[Request] | Request, raw: Any) -> Reply:
+    """The worker's reading of the reply to `request`; one that does not fit is a `protocol` failure (with
+    the number it carries, so that an answer to another request is still told apart)."""
+    seq = raw.get("seq") if isinstance(raw, dict) else None
+    try:
+        env = Envelope.model_validate(raw)
+    except ValidationError as e:
+        return Reply(seq=seq if isinstance(seq, int) else None,
+                     failure=Failure(kind="protocol", error=f"malformed reply: {_why(e)}"))
+    common = dict(seq=env.seq, violations=tuple(env.violations), reserved=env.reserved, device_free=env.device_free)
+    if env.failure is not None:
+        return Reply(failure=env.failure, **common)
+    try:
+        result = request.result_type.model_validate(env.result if env.result is not None else {})
+    except ValidationError as e:
+        return Reply(failure=Failure(kind="protocol", error=f"malformed {request.cmd} reply: {_why(e)}"), **common)
+    return Reply(result=result, **common)
