@@ -60,7 +60,7 @@ def triton_cache_dir() -> Path:
 
 
 def input_bank_dir() -> Path:
-    """Inputs the reference child generated, read by candidate children (see child._host_inputs)."""
+    """Inputs the reference child generated, read by candidate children (see child_inputs)."""
     d = work_root() / "input-bank"
     d.mkdir(parents=True, exist_ok=True)
     return d

@@ -1,4 +1,4 @@
-"""A timed call's fingerprint (gpu_worker.child): the projection computed in chunks equals the projection
+"""A timed call's fingerprint (gpu_worker.child_exports): the projection computed in chunks equals the projection
 of the whole output onto the same vector, the vectors are the same for the same seed in another process,
 and a different output, or one of another size, does not pass for the right one. The reference child times
 the baseline on the entries the candidate's block ran on, and a candidate's report of them is checked
@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker import child
+from gpu_worker import child, child_exports
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def server(tmp_path, monkeypatch, chunk: int):
-    monkeypatch.setattr(child, "FINGERPRINT_CHUNK", chunk)
+    monkeypatch.setattr(child_exports, "FINGERPRINT_CHUNK", chunk)
     s = child.Server(str(tmp_path), "reference")
     s.cmd_setup("softmax", None)  # on the CPU: the cpu_shape, M64 N300
     return s
@@ -49,7 +49,7 @@ def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
 
 
 def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monkeypatch):
-    s = server(tmp_path, monkeypatch, chunk=child.FINGERPRINT_CHUNK)
+    s = server(tmp_path, monkeypatch, chunk=child_exports.FINGERPRINT_CHUNK)
     here = s._projections(seed=777)["y"].float()
     code = ("import sys, torch\nfrom gpu_worker import child\n"
             "s = child.Server(sys.argv[1], 'reference'); s.cmd_setup('softmax', None)\n"
@@ -63,7 +63,7 @@ def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monke
 
 
 def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerprints_them(tmp_path, monkeypatch):
-    s = server(tmp_path, monkeypatch, chunk=child.FINGERPRINT_CHUNK)
+    s = server(tmp_path, monkeypatch, chunk=child_exports.FINGERPRINT_CHUNK)
     s.cmd_prepare(rotate=2, pool=3, dist="normal", seed=11)
     entries = [4, 1, 7, 9, 2]
     r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries, noise_seed=5, first=100)

@@ -1,0 +1,271 @@
+"""A sandbox child's foundation (gpu_worker.child.Server's base): the trusted references it captures before
+any candidate code exists in its process, its CUDA context and device memory, the problem and shape it
+serves, the violations it reports with every reply and how a failure is described."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from gpu_worker import protocol
+
+if TYPE_CHECKING:
+    from gpu_worker.child_timing import TimingSet
+
+
+class Refused(Exception):
+    """A command the child will not carry out as asked (a contract the candidate breaks, a step out of
+    order): its failure reply says `kind` and `error`, and the child goes on serving."""
+
+    def __init__(self, kind: str, error: str):
+        super().__init__(error)
+        self.kind, self.error = kind, error
+
+
+def _warm_triton() -> None:
+    """What Triton computes once per process before its first kernel lookup (the driver and its
+    utilities, the backend's hash with ptxas's version, the hash of Triton's own files), done while this
+    child waits as a spare. Best effort: the names moved between Triton versions."""
+    try:
+        from triton.compiler.compiler import make_backend
+        from triton.runtime import driver
+
+        make_backend(driver.active.get_current_target()).hash()
+        try:
+            from triton.runtime.cache import triton_key
+        except ImportError:
+            from triton.compiler.compiler import triton_key
+        triton_key()
+    except Exception as e:  # noqa: BLE001
+        print(f"triton warm-up skipped: {type(e).__name__}: {e}", flush=True)
+
+
+def compared_outputs(problem, shape, cpu: bool) -> tuple:
+    """The outputs compared with the oracle for this shape (a problem may drop some per shape)."""
+    if hasattr(problem, "compared_outputs"):
+        return tuple(problem.compared_outputs(shape))
+    specs = problem.output_specs(shape, cpu=cpu)
+    return tuple(n for n in problem.outputs if n in specs)
+
+
+def _unreaped_child() -> str | None:
+    """A child process of this one that nobody waited for: the compiler programs the guard admits are run
+    and waited for within one command, so any other was started by the candidate, even one whose program
+    the OS wall then refused to execute (its exec fails in the child, which exits unseen). Reaped here."""
+    import os
+
+    try:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    if pid == 0:
+        return "still running"
+    return f"pid {pid}, exit status {os.waitstatus_to_exitcode(status)}"
+
+
+class ChildCore:
+    """The state every command of a child builds on, and the commands that make its context."""
+
+    def __init__(self, tmp: str, role: str):
+        import hashlib
+
+        import torch
+
+        self.tmp, self.role = tmp, role
+        self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+        self.device = "cuda" if self.cuda else "cpu"
+        self.cuda_ready = False
+        self.triton_warm = False  # Triton's per-process keys computed (cmd_warm_triton)
+        self.module = None
+        self.ran = False  # the candidate has run for real here: its kernels are loaded (see cmd_prepare)
+        self.problem = None
+        self.shape = None
+        self.cpu_mode = not self.cuda
+        self.bank_tag = None
+        self._prefetched: dict = {}
+        self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
+        self._verifying: dict | None = None  # a verification's state between its steps (cmd_verify_case ...)
+        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
+        self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
+        self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
+        # reference role: per static output set (the id of its dict), what the timed baseline returned last;
+        # a graph's replays rewrite the tensors it returned when captured
+        self.base_outputs: dict = {}
+        self.prep_timing: dict = {}
+        self.timing: dict[str, TimingSet] = {}  # distribution -> its timing set (see the timing section)
+        self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
+        self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random, see cmd_time
+        self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
+        self.flush = None
+        self.flush_graph = None
+        # trusted references, captured before any candidate code exists in this process
+        self.T = {
+            "perf": time.perf_counter,
+            "sha": hashlib.sha256,
+            "fill_": torch.Tensor.fill_,
+            "copy_": torch.Tensor.copy_,
+            "clone": torch.Tensor.clone,
+            "to": torch.Tensor.to,
+            "zero_": torch.Tensor.zero_,
+            "contiguous": torch.Tensor.contiguous,
+            "view": torch.Tensor.view,
+            "empty": torch.empty,
+            "urandom": os.urandom,
+            "sum": torch.sum,
+            "dot": torch.dot,
+            "randn": torch.randn,
+            "Generator": torch.Generator,
+            "float32": torch.float32,
+            "bfloat16": torch.bfloat16,
+            "narrow": torch.Tensor.narrow,
+            "add": torch.add,
+        }
+        self.watch = [(torch.Tensor, n) for n in ("fill_", "copy_", "clone", "to", "zero_", "contiguous", "view",
+                                                  "is_floating_point", "numel", "narrow")]
+        self.watch += [(torch, "empty"), (time, "perf_counter"), (os, "urandom"), (torch, "sum"), (torch, "dot"),
+                       (torch, "randn"), (torch, "Generator"), (torch, "add"), (torch, "roll")]
+        if self.cuda:
+            self.T.update(sync=torch.cuda.synchronize, Event=torch.cuda.Event, record=torch.cuda.Event.record,
+                          elapsed=torch.cuda.Event.elapsed_time, graph=torch.cuda.CUDAGraph, sleep=torch.cuda._sleep,
+                          replay=torch.cuda.CUDAGraph.replay)
+            self.watch += [(torch.cuda, "synchronize"), (torch.cuda, "Event"), (torch.cuda.Event, "record"),
+                           (torch.cuda.Event, "elapsed_time"), (torch.cuda, "CUDAGraph"), (torch.cuda, "_sleep"),
+                           (torch.cuda.CUDAGraph, "replay"), (torch.cuda.CUDAGraph, "capture_begin"),
+                           (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda, "graph")]
+        self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
+
+    def cmd_cuda_init(self):
+        """Create this child's CUDA context. The worker asks for it under its GPU gate's shared side (a
+        spare does it while it waits), so the context is never created while another job is being timed,
+        nor later under the exclusive lock."""
+        if self.cuda and not self.cuda_ready:
+            import torch
+
+            torch.empty(1, device="cuda")
+            torch.cuda.synchronize()
+            self.cuda_ready = True
+        return protocol.CudaReady(cuda=self.cuda)
+
+    def cmd_warm_triton(self):
+        """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
+        so the worker asks for it outside its GPU gate. Inside the gate it made compiles hold the shared
+        side ~6 s each, and every timing request waited for such holds to drain."""
+        if self.cuda and not self.triton_warm:
+            _warm_triton()
+            self.triton_warm = True
+        return protocol.Empty()
+
+    def cmd_mem(self):
+        """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's
+        budget learns per stage; the peak restarts here) and the device's size. (What it holds now goes
+        with every reply: `reserved`.)"""
+        if not (self.cuda and self.cuda_ready):
+            return protocol.MemoryPeak(peak=0, total=0)
+        import torch
+
+        peak = torch.cuda.max_memory_reserved()
+        torch.cuda.reset_peak_memory_stats()
+        return protocol.MemoryPeak(peak=int(peak), total=int(torch.cuda.mem_get_info()[1]))
+
+    def reserved(self) -> int:
+        if not (self.cuda and self.cuda_ready):
+            return 0
+        import torch
+
+        return int(torch.cuda.memory_reserved())
+
+    def device_free(self) -> int | None:
+        """Free memory of the whole device (every process's use counted), as the driver says now."""
+        if not (self.cuda and self.cuda_ready):
+            return None
+        import torch
+
+        return int(torch.cuda.mem_get_info()[0])
+
+    # --- helpers ---------------------------------------------------------------------------------
+    def violations(self):
+        if self.role != "candidate":
+            return []
+        from gpu_worker import guard
+
+        out = list(guard.VIOLATIONS)
+        seal = getattr(self, "seal", None)
+        if seal is not None:
+            out += [v for v in seal.broken() if v not in out]
+        started = _unreaped_child()
+        if started:
+            out.append(("process", f"the candidate started a process of its own ({started}); only Triton's "
+                                   "compiler may, and it waits for its own"))
+        timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep",
+                  "replay", "capture_begin", "capture_end", "graph")
+        for o, n in self.watch:
+            if getattr(o, n) is not self.saved[(id(o), n)]:
+                out.append(("timer" if n in timers else "escape",
+                            f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
+        return out
+
+    def describe_failure(self, e: BaseException) -> protocol.Failure:
+        from gpu_worker import guard
+
+        tb = traceback.format_exc()
+        print(tb, flush=True)
+        text = f"{type(e).__name__}: {e}"
+        kind, fatal = "exception", False
+        low = text.lower()
+        if isinstance(e, guard.GuardViolation):
+            kind = "violation"
+        elif "out of memory" in low or "can't allocate memory" in low or type(e).__name__ == "OutOfMemoryError":
+            kind, fatal = "oom", True
+        elif "illegal memory access" in low or "misaligned address" in low or "cuda error" in low \
+                or "illegal instruction" in low or "unspecified launch failure" in low:
+            kind, fatal = "cuda-error", True
+        elif type(e).__name__ in ("CompilationError", "CompileTimeAssertionFailure") or "triton" in type(e).__module__:
+            kind = "compile-error"
+        return protocol.Failure(kind=kind, error=text[-4000:], traceback=tb[-6000:], fatal=fatal)
+
+    def _release(self):
+        """Give cached device blocks back while this child waits between stages (see LoadedChildren)."""
+        if self.cuda:
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def _sync(self):
+        if self.cuda:
+            self.T["sync"]()
+
+    def _shape(self, problem, shape_name: str | None):
+        if shape_name is None:
+            return problem.shapes[0] if self.cuda else problem.cpu_shape
+        found = problem.shape_named(shape_name)
+        if found is not None:
+            return found
+        raise ValueError(f"problem {problem.name} has no shape {shape_name!r}")
+
+    def _outputs(self, poison: bool = True) -> dict:
+        import torch
+
+        outs = {}
+        for name, spec in self.output_specs(self.shape, cpu=self.cpu_mode).items():
+            t = self.T["empty"](spec.shape, dtype=getattr(torch, spec.dtype), device=self.device)
+            if poison:
+                self.T["fill_"](t, float("nan") if t.is_floating_point() else -12345)
+            outs[name] = t
+        return outs
+
+    def _setup_problem(self, problem: str, shape: str | None):
+        from baselines.registry import get_problem
+
+        p = get_problem(problem)
+        self.problem = p
+        self.shape = self._shape(p, shape)
+        self.make_inputs = p.make_inputs
+        self.output_specs = p.output_specs
+        # taken now, before any candidate loads: one that rebinds the problem's methods changes nothing
+        self.perturbed = p.perturbed
+        self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
+        self.bank_tag = self._generator_tag(p)
+        return p

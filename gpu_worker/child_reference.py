@@ -1,0 +1,185 @@
+"""The reference child's commands (trusted code only): setup, the oracle and the baseline's own error per
+case, comparisons of candidates' output files with the oracle or the baseline, ceilings and receipts."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+from gpu_worker import protocol
+
+
+class ChildReference:
+    """The reference role's commands."""
+
+    def cmd_setup(self, problem: str, shape: str | None):
+        assert self.role == "reference"
+        p = self._setup_problem(problem, shape)
+        bases = p.baselines()
+        self.baseline_name, self.baseline = next(iter(bases.items()))
+        return protocol.SetUp(baseline=self.baseline_name, shape=self.shape.name, cuda=self.cuda)
+
+    def _oracle(self, dist: str, seed: int, inputs: dict | None = None) -> dict:
+        """The oracle's outputs for one case, kept on this child's device (LRU within
+        MARATHON_ORACLE_CACHE_GB, default 24 on CUDA, 2 on the CPU) so that every later candidate is
+        compared there, in fp64, without the oracle crossing a pipe."""
+        cache = self.oracles
+        key = (dist, seed)
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        if inputs is None:
+            inputs = self._inputs(dist, seed)
+        ref = {k: v.detach() for k, v in self.problem.oracle(inputs).items() if k in self.outputs}
+        cache[key] = ref
+        limit = float(os.environ.get("MARATHON_ORACLE_CACHE_GB", "24" if self.cuda else "2")) * (1 << 30)
+
+        def nbytes():
+            return sum(t.numel() * t.element_size() for r in cache.values() for t in r.values())
+
+        while len(cache) > 1 and nbytes() > limit:
+            cache.popitem(last=False)
+        return ref
+
+    def cmd_reference(self, cases: list, baseline: bool = True):
+        """Per case: the inputs' fingerprint and the baseline's own error against the oracle (NaN without
+        `baseline`: the baseline is not run); the oracle stays here, on the device, for `compare`."""
+        from baselines.problem import rel_rms
+
+        out = []
+        for dist, seed in cases:
+            t0 = time.perf_counter()
+            inputs = self._inputs(dist, seed)
+            h = self._hash(inputs)
+            self._sync()
+            t1 = time.perf_counter()
+            ref = self._oracle(dist, seed, inputs)
+            self._sync()
+            t2 = time.perf_counter()
+            base = self.baseline(inputs) if baseline else None  # a first call compiles and autotunes
+            self._sync()
+            t3 = time.perf_counter()
+            errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
+            out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
+                                              timing={"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}))
+        return protocol.References(cases=out)
+
+    def _import(self, handle: protocol.OutputHandle):
+        """A tensor written by a candidate child's `_export`, on this child's device."""
+        import torch
+
+        dtype = getattr(torch, handle.dtype)
+        nbytes = math.prod(handle.shape) * torch.empty((), dtype=dtype).element_size()
+        if os.path.getsize(handle.path) != nbytes:
+            raise ValueError(f"output file {handle.path} holds {os.path.getsize(handle.path)} bytes, "
+                             f"expected {nbytes}")
+        raw = torch.from_file(handle.path, shared=False, size=nbytes, dtype=torch.uint8)
+        return raw.view(dtype).reshape(handle.shape).to(self.device)
+
+    def cmd_compare_timed(self, jobs: list, noise_seed: int, dist: str | None = None):
+        """Each job: a candidate's output from a timed call that ran on entry `set` of the timing set of
+        `dist` (its values derived from `noise_seed`), compared with the baseline's output on the same
+        values. Returns rel-RMS and non-finite count per job."""
+        import torch
+
+        from baselines.problem import rel_rms
+
+        ts = self._timing_set(dist, "compare_timed")
+        res, last = [], [None, None]
+        for job in jobs:
+            o = self._import(job.out)  # one output on the device at a time
+            if last[0] != job.entry:  # a call's outputs come together: the baseline runs once per entry
+                last = [job.entry, self._baseline_at(ts, job.entry, noise_seed)]
+            ref = last[1][job.name]
+            of = o.double()
+            res.append(protocol.TimedComparison(rel_err=rel_rms(ref, of), nonfinite=int((~torch.isfinite(of)).sum())))
+            o = of = None  # noqa: F841 - freed before the next output is read, and before the release below
+        self._release()
+        return protocol.TimedCompared(results=res)
+
+    def cmd_compare(self, jobs: list):
+        """Each job compares one output file (`out`) with the oracle of `case` ([dist, seed]) or with
+        another output file (`other`, the determinism rerun). Returns per job: rel_err (rel-RMS in fp64,
+        NaN if anything is non-finite), nonfinite (count in the output), constant (the output is constant
+        where the reference is not)."""
+        import torch
+
+        from baselines.problem import rel_rms
+
+        res = []
+        t_import = t_math = 0.0
+        perf = self.T["perf"]
+        for job in jobs:
+            t0 = perf()
+            o = self._import(job.out)  # one output on the device at a time
+            t_import += perf() - t0
+            t0 = perf()
+            if job.case is not None:
+                t = self._oracle(*job.case)[job.name]
+            else:
+                t = self._import(job.other)
+            of = o.double()
+            nonfinite = int((~torch.isfinite(of)).sum())
+            constant = bool(of.numel() > 1 and float(of.std()) == 0.0 and float(t.double().std()) > 0.0)
+            res.append(protocol.Comparison(rel_err=rel_rms(t, of), nonfinite=nonfinite, numel=o.numel(),
+                                           constant=constant))
+            del o, of
+            t_math += perf() - t0
+        self._release()  # the imported outputs are gone: their blocks go back, the worker's budget sees it
+        return protocol.Compared(results=res, timing={"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)})
+
+    def cmd_ceilings(self):
+        """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)
+        and bf16 matmul rate. CUDA only."""
+        import torch
+
+        if not self.cuda:
+            return protocol.Ceilings(bandwidth=None, flops=None)
+        n = 1 << 28  # 1 GiB of fp32
+        a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
+        b = torch.empty_like(a)
+        for _ in range(3):
+            b.copy_(a)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        ts = []
+        for _ in range(10):
+            s.record(); b.copy_(a); e.record(); torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        ts.sort()
+        bw = 2 * 4 * n / (ts[0] / 1e3)
+        del a, b
+        m = 8192
+        x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+        for _ in range(3):
+            x @ y
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(10):
+            s.record(); x @ y; e.record(); torch.cuda.synchronize()
+            ts.append(s.elapsed_time(e))
+        ts.sort()
+        fl = 2 * m ** 3 / (ts[0] / 1e3)
+        return protocol.Ceilings(bandwidth=bw, flops=fl)
+
+    def cmd_receipt(self):
+        import subprocess
+
+        import torch
+        import triton
+
+        d = {"torch": torch.__version__, "triton": triton.__version__, "device": "cpu (Triton interpreter)",
+             "driver": "", "clocks": ""}
+        if self.cuda:
+            d["device"] = torch.cuda.get_device_name(0)
+            try:
+                q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw",
+                                    "--format=csv,noheader", "-i", "0"], capture_output=True, text=True, timeout=10)
+                f = [x.strip() for x in q.stdout.strip().split(",")]
+                d["driver"] = f[0]
+                d["clocks"] = f"sm {f[1]} (max {f[3]}), mem {f[2]}, {f[4]} C, {f[5]}"
+            except Exception as e:  # noqa: BLE001
+                d["clocks"] = f"nvidia-smi unavailable: {e}"
+        return protocol.ReceiptFacts(**d)

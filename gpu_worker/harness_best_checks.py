@@ -1,0 +1,103 @@
+"""The checks only a would-be best gets: verification at a random shape (`shape-specific`), and, in its
+fresh-process benchmark, the profiler (CUPTI) cross-check of the judged device time and of the kernels
+its work launched."""
+
+from __future__ import annotations
+
+import time
+
+from gpu_worker import protocol as msg
+from gpu_worker.phases import phase as _phase
+from gpu_worker.sandbox import Rejection, Sandbox
+from gpu_worker.timing import crosscheck, foreign_kernels
+from workflows.contracts import EvalRequest
+
+RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (_verify_random_shape)
+
+# the verdicts of a verification that say the kernel's answer is wrong (at a random shape: shape-specific)
+SHAPE_WRONG = ("wrong:", "non-finite:", "degenerate:", "nondeterministic:", "output-cache:", "late-write:")
+
+
+class BestOnlyChecks:
+    """The Evaluator's checks of a would-be best (see the module's docstring)."""
+
+    def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
+        """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
+        once more, at a shape drawn from the problem's random space with the worker's secret generator, on
+        inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone
+        fails (`shape-specific`). The threshold is RANDOM_SLACK times the
+        verified shape's, as the baseline is not run there (its first call at every new size would compile
+        and autotune). Returns (the line for the log, the shape's name or None)."""
+        shape = problem.random_shape(self._secret, cpu=self.interpreter)
+        if shape is None:
+            return "random shape: none (the problem has no random space)", None
+        cases = [(d, self._secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
+        # each distribution's threshold, doubled: base_err such that max(floor, alpha * base_err) is that
+        base_err = {d: RANDOM_SLACK * max(t, problem.tolerance_floor) / problem.tolerance_alpha
+                    for d, t in res["thresholds"].items()}
+        with self._refs_lock:  # two verifications may draw the same shape: its reference child serves both
+            self._random_users[(problem.name, shape.name)] += 1
+        with _phase("random-shape"):
+            try:
+                self._ref(problem, shape, hb)  # a new reference child: its context under the gate (_ref)
+                r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
+                                 base_err=base_err, hand_on=False)
+            except Rejection as rej:
+                # only a wrong answer there is the shape's; a guard's refusal, or the device's memory taken by
+                # the neighbours (retried alone), keeps its own reason
+                if rej.stage != "verify" or not rej.reason.startswith(SHAPE_WRONG):
+                    raise
+                wrapped = Rejection(rej.stage, f"shape-specific: correct at {verified.name}, not at {shape.name}: "
+                                    f"{rej.reason}", rej.log)
+                wrapped.rel_err, wrapped.threshold = getattr(rej, "rel_err", None), getattr(rej, "threshold", None)
+                raise wrapped from None
+            finally:
+                self._forget_shape(problem, shape, cases)
+        return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
+                shape.name)
+
+    def _forget_shape(self, problem, shape, cases: list) -> None:
+        """A random shape's records of `cases`, dropped once its verification is over, and its reference
+        child once no other verification uses it."""
+        key = (problem.name, shape.name)
+        with self._refs_lock:
+            self._random_users[key] -= 1
+            entry = self._refs.pop(key, None) if self._random_users[key] <= 0 else None
+            if self._random_users[key] <= 0:
+                del self._random_users[key]
+        if entry is not None:
+            entry[0].close()
+        with self._ref_meta_lock:
+            for d, seed in cases:
+                self._ref_meta.pop((problem.name, shape.name, d, seed), None)
+
+    def _crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
+        """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with
+        the judged device time, for both sides (the candidate in a fresh process, the baseline in the
+        reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
+        dist = worst["dist"]
+        prep = self._timing_set_request(dist)
+        with self._shared():
+            self._ask(fresh, prep, self.timeouts["load"], "benchmark", hb)
+        with self._with_ref(ref_lock):
+            self._ref_do(ref, hb, prep, self.timeouts["load"])
+        with self._with_ref(ref_lock, "exclusive"):
+            g0 = time.monotonic()
+            try:
+                # values of their own for both (a profile takes 2 + 2 x reps entries): drawn by each child
+                p = self._ask(fresh, msg.Profile(reps=10, dist=dist), self.timeouts["profile"], "benchmark", hb)
+                pb = self._ref_do(ref, hb, msg.Profile(reps=10, dist=dist), self.timeouts["profile"])
+            finally:
+                gpu_s[0] += time.monotonic() - g0
+        seen = [k for k in p.kernels if k in names]
+        foreign = foreign_kernels(p.kernels, names)
+        ok_c, allowed_c = crosscheck(worst["time_ms"], p.kernel_ms_per_call, p.launches_per_call)
+        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb.kernel_ms_per_call, pb.launches_per_call)
+        ok = bool(seen) and not foreign and ok_c and ok_b
+        text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p.kernel_ms_per_call:.4g} ms/call "
+                f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.launches_per_call:.3g} launches per call); "
+                f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb.kernel_ms_per_call:.4g} ms/call (allowed gap "
+                f"{allowed_b:.3g} ms); candidate kernels in trace: {seen or 'NONE'}; kernels not the candidate's Triton: "
+                f"{foreign or 'none'}")
+        return {"ok": ok, "text": text, "foreign": foreign, "kernel_ms": p.kernel_ms_per_call,
+                "baseline_kernel_ms": pb.kernel_ms_per_call}

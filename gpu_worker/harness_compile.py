@@ -1,0 +1,104 @@
+"""The compile stage: static rules, the candidate loaded in a sandbox child and compiled by Triton's warmup
+path (nothing launched), then the compiler's report (registers, spills, shared memory, tensor cores, TMA)."""
+
+from __future__ import annotations
+
+import time
+
+from gpu_worker import protocol as msg
+from gpu_worker.phases import Heartbeat
+from gpu_worker.phases import add_phase as _add_phase
+from gpu_worker.phases import phase as _phase
+from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
+from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
+from gpu_worker.sass import scan_sass
+from workflows.contracts import CompileReport, EvalRequest
+
+
+def shared_over_limit(kernels: list[msg.CompiledKernel], limit: int | None) -> str | None:
+    """The compile rejection for kernels that need more shared memory than the device gives a block
+    (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
+    if not limit:
+        return None
+    over = [k for k in kernels if (k.shared or 0) > limit]
+    if not over:
+        return None
+    k = max(over, key=lambda k: k.shared)
+    return (f"compile-error: OutOfResources: {k.name} needs {k.shared} bytes of shared memory, the "
+            f"device allows {limit} per block (lower BLOCK sizes or num_stages)")
+
+
+class CompileStage:
+    """The Evaluator's compile stage."""
+
+    def compile(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
+        return self._retried_alone(lambda: self._compile_once(req, hb))
+
+    def _compile_once(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
+        _waiting_heartbeat(hb)
+        t0 = time.monotonic()
+        source = self._source(req.source_key)
+        try:
+            problem = self._problem(req.problem)
+            shape = self._shape(problem, req.shape)
+            self._rules(source, req.problem)
+            sb = self.pool.acquire()
+            kept = False
+            try:
+                with _phase("load"):
+                    self._load(sb, source, problem, shape, hb)
+                with self._hold(problem, shape, "compile"):
+                    r = self._compile_in(sb, problem, hb, "compile")
+                    self._learn(problem, shape, "compile", [sb])
+                for k, v in r.timing.items():
+                    _add_phase(f"compile.{k}", v)
+                kernels = r.kernels
+                over = shared_over_limit(kernels, r.max_shared)
+                if over:
+                    raise Rejection("compile", over, sb.log_tail())
+                with _phase("sass"):
+                    sass = scan_sass([k.model_dump() for k in kernels])
+                log = sb.log_tail()
+                self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
+                kept = True
+            finally:
+                if not kept:
+                    sb.close()
+        except Rejection as rej:
+            return CompileReport(ok=False, error=rej.reason[:4000], interpreter=self.interpreter,
+                                 log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
+        except SandboxFailure as f:
+            return CompileReport(ok=False, error=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
+                                 log_key=self._log(f.log), seconds=time.monotonic() - t0)
+
+        def mx(key):
+            vals = [getattr(k, key) for k in kernels if getattr(k, key) is not None]
+            return max(vals) if vals else None
+
+        tc = tma = None
+        if self.cuda and kernels:
+            tc = any(k.ptx_mma for k in kernels) or sass.get("hgmma", False)
+            tma = any(k.ptx_tma for k in kernels) or sass.get("tma", False)
+        lines = [f"{k.name}: regs={k.registers} spills={k.spills} shared={k.shared} "
+                 f"warps={k.num_warps} stages={k.num_stages} wgmma={k.ptx_wgmma} "
+                 f"tma={k.ptx_tma}" for k in kernels]
+        if sass.get("text"):
+            lines.append(sass["text"])
+        return CompileReport(
+            ok=True, registers=mx("registers"), spills=mx("spills"), shared_bytes=mx("shared"),
+            num_warps=mx("num_warps"), num_stages=mx("num_stages"), tensor_cores=tc, tma=tma,
+            kernels=sorted({k.name for k in kernels if k.name}), interpreter=self.interpreter,
+            log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
+
+    def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
+        """Compile the loaded candidate at the child's shape: one case uploaded under the gate's shared side
+        (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
+        drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
+        dist = problem.distributions[0]
+        self._stage(sb, [(dist, 0)], stage, hb)
+        with _phase("prepare"), self._shared():
+            pre = self._ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.timeouts["load"], stage, hb)
+        for k, v in pre.timing.items():
+            _add_phase(f"prepare.{k}", v)
+        with _phase("compile"):
+            return self._ask(sb, msg.Compile(dist=dist), self.timeouts["compile"], stage, hb)
