@@ -192,7 +192,7 @@ class EvaluatorChildren:
             ex = self._ask(sb, request, self.timeouts["verify"], stage, hb)
         with _phase("export-write"):  # the late-write check and the files: host work, no gate
             wr = self._ask(sb, msg.WriteExports(), self.timeouts["verify"], stage, hb)
-        return ex, getattr(ex, "changed", []) + wr.changed
+        return ex, (ex.changed if isinstance(ex, msg.Exported) else []) + wr.changed
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made under the gate's shared side (once per child); then
