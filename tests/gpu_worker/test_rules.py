@@ -394,11 +394,24 @@ def test_profiler_cross_check_refuses_every_kernel_that_is_not_the_candidate_s_t
 
     own = ["_softmax_online", "_softmax_single"]
     assert foreign_kernels(["_softmax_online"], own) == []
-    # torch's own kernels launched by the work: a copy, a reduction, a library GEMM
-    copy = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+    # torch's own kernels launched by the work: an elementwise exp, a reduction, a library GEMM
+    exp = "void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::exp_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>)"
     red = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4>)"
     gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
-    assert foreign_kernels(["_softmax_online", copy, red, gemm], own) == sorted([copy, red, gemm])
+    assert foreign_kernels(["_softmax_online", exp, red, gemm], own) == sorted([exp, red, gemm])
     # by exact name: a Triton kernel named like part of torch's does not make torch's kernel its own
-    assert foreign_kernels([copy], ["vectorized_elementwise_kernel", "FillFunctor"]) == [copy]
+    assert foreign_kernels([exp], ["vectorized_elementwise_kernel", "exp_kernel_cuda"]) == [exp]
     assert foreign_kernels(["_softmax_online_2"], own) == ["_softmax_online_2"]
+
+
+def test_profiler_cross_check_allows_the_fills_and_copies_the_guard_allows():
+    from gpu_worker.timing import foreign_kernels
+
+    own = ["_softmax_online"]
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+    cast = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1>)"
+    assert foreign_kernels(["_softmax_online", fill, cast, "Memset (Device)", "Memcpy DtoD (Device -> Device)"],
+                           own) == []
+    # the marker counts only in torch's namespace: no Triton kernel's name can start there
+    assert foreign_kernels(["FillFunctor_kernel"], own) == ["FillFunctor_kernel"]
+    assert foreign_kernels(["Memcpy DtoH (Device -> Pageable)"], own) == ["Memcpy DtoH (Device -> Pageable)"]
