@@ -31,7 +31,7 @@ def _entry_form(source: str, problem: str) -> str:
 
 def _rules(source: str, problem: str) -> str | None:
     try:
-        from gpu_worker.rules import check_source
+        from rules.check import check_source
     except ImportError:
         return None
     rep = check_source(source, problem)

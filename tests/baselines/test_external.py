@@ -222,7 +222,7 @@ def spec_args(**kw):
 
 
 def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
-    from activities.cli.spec import parse_spec
+    from cli.spec import parse_spec
 
     f = tmp_path / "rms.py"
     shutil.copy(RMSNORM, f)
@@ -243,7 +243,7 @@ def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
     (lambda d: RMSNORM, ["--policy", "search"], "use --policy llm"),
 ])
 def test_start_refuses_bad_files_with_one_line(tmp_path, store, capsys, make, flags, message):
-    from activities.cli import main
+    from cli import main
 
     rc = main(["start", str(make(tmp_path)), "--address", "127.0.0.1:1"] + (flags or ["--policy", "llm"]))
     err = capsys.readouterr().err.strip().splitlines()
@@ -322,7 +322,7 @@ def test_harness_benchmarks_a_file_problem_against_the_eager_reference(harness):
 
 def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
     from baselines.external import reference_ops
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     ev, store, key = harness
     assert reference_ops((FILES / "softmax.py").read_bytes()) == {"softmax"}
@@ -360,7 +360,7 @@ def test_torch_composites_are_refused_for_file_problems(harness):
     the run-time guard's dispatch allowlist; the Triton candidate of the same file passes."""
     from baselines.external import load_file
     from gpu_worker.harness import Evaluator
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
     from gpu_worker.scheduling import Scheduler
 
     ev, store, _ = harness
@@ -402,7 +402,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
     from activities.search import KnobSearch
     from baselines.registry import get_problem
-    from activities.cli.spec import parse_spec
+    from cli.spec import parse_spec
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -421,7 +421,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
 
 def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsys):
-    from activities.cli import main
+    from cli import main
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -443,7 +443,7 @@ def test_harness_verifies_a_folder_problem_s_template(harness):
     assert "folder:" + store.put_json(manifest) == key
     v = ev.verify(_req(store, key, (AXPY / "kernel.py").read_text()))
     assert v.ok, v.reason
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     lib = "import torch\n\ndef run(inputs, out):\n    out['y'].copy_(torch.add(inputs['z'], inputs['x'], alpha=2.5))\n"
     r = check_source(lib, key)  # the folder's own core_ops
@@ -488,7 +488,7 @@ def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     """KernelBench's form: ModelNew with Model's constructor and forward; the case's parameters replace its
     own (a ModelNew that kept its ones-initialised weight would fail), run(inputs, out) is derived."""
     from baselines.external import entry_source, load_key
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     ev, store, key = harness
     p = load_key(key, store)

@@ -9,7 +9,7 @@ import signal
 from pydantic import ValidationError
 
 from workflows.contracts import AGENT_QUEUE, RunSpec, explain
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
 
 
 async def cmd_worker(args) -> int:

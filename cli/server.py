@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from activities.cli.errors import UsageError
-from activities.cli.home import HOME
+from cli.errors import UsageError
+from cli.home import HOME
 
 
 async def register_search_attributes(client) -> None:

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from workflows import decisions
 from workflows.contracts import RunSpec, explain
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
 
 
 def parse_spec(args) -> RunSpec:
