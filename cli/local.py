@@ -53,7 +53,8 @@ async def cmd_problems(args) -> int:
 def describe_problem_path(path: str, as_json: bool = False) -> int:
     """`marathon problems PATH`: load a problem file or folder as `marathon start PATH` would, run the checks
     a run here would, and print what it is; anything wrong is one line (UsageError). Nothing is stored."""
-    from baselines.external import cuda_here, is_folder_key
+    from baselines.external.folder import is_folder_key
+    from cli.spec import cuda_here
 
     from cli.spec import check_problem_file, load_problem_path
 

@@ -200,8 +200,8 @@ def module_path_rule(full: str) -> tuple[str, str] | None:
 
 
 def _problem_ops(problem: str) -> set[str]:
-    if problem.startswith("file:"):  # a problem file (baselines/external.py): the ops its reference calls
-        from baselines.external import reference_ops_for_key
+    if problem.startswith("file:"):  # a problem file: the ops its reference calls (baselines/external/reference_ops.py)
+        from baselines.external.reference_ops import reference_ops_for_key
 
         return set(reference_ops_for_key(problem))
     if problem.startswith("folder:"):  # a problem folder names its core ops itself (Problem.core_ops)

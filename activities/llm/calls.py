@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from baselines.external import ExternalProblem, ProblemFileError, entry_source
+from baselines.external.file import ExternalProblem
+from baselines.external.model_new import entry_source
+from baselines.problem import ProblemFileError
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, candidate_id
 from workflows.contracts import ToolCall

@@ -1,4 +1,4 @@
-"""A KernelBench-format file becomes a problem (baselines/external.py): inputs, oracle, baseline, tolerance,
+"""A KernelBench-format file becomes a problem (baselines/external/): inputs, oracle, baseline, tolerance,
 the registry's store key, bad files, and candidates judged by the real harness under the interpreter."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LAYERNORM = FILES / "layernorm.py"
 
 
 def problem(path=RMSNORM):
-    from baselines.external import load_file
+    from baselines.external.file import load_file
 
     return load_file(path)[2]
 
@@ -28,7 +28,7 @@ def write(tmp_path, name: str, text: str) -> Path:
 
 
 def test_rmsnorm_file_is_a_problem():
-    from baselines.external import CPU_SHAPE, GPU_SHAPE
+    from baselines.external.file import CPU_SHAPE, GPU_SHAPE
 
     p = problem()
     assert p.name.startswith("file:") and p.name == "file:" + hashlib.sha256(RMSNORM.read_bytes()).hexdigest()
@@ -48,7 +48,7 @@ def test_rmsnorm_file_is_a_problem():
 def test_inputs_seeds_and_scaled_distribution():
     import torch
 
-    from baselines.external import SCALE
+    from baselines.external.file import SCALE
 
     p = problem()
     a = p.make_inputs(p.cpu_shape, "plain", 1, "cpu", cpu=True)
@@ -128,7 +128,7 @@ MODEL = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def
     (b"\xff\xfe", "not a UTF-8 Python file"),
 ])
 def test_bad_files_get_one_clear_error(tmp_path, text, message):
-    from baselines.external import ProblemFileError
+    from baselines.problem import ProblemFileError
 
     f = tmp_path / "bad.py"
     f.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -187,7 +187,8 @@ def test_a_models_parameters_vary_per_case_from_its_own_initialisation():
 
 
 def test_cpu_run_checks(tmp_path):
-    from baselines.external import ProblemFileError, check_cpu_run
+    from baselines.external.file import check_cpu_run
+    from baselines.problem import ProblemFileError
 
     check_cpu_run(problem())  # the RMSNorm has CPU inputs and a deterministic reference
     with pytest.raises(ProblemFileError, match="defines no get_cpu_inputs"):
@@ -321,7 +322,7 @@ def test_harness_benchmarks_a_file_problem_against_the_eager_reference(harness):
 
 
 def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
-    from baselines.external import reference_ops
+    from baselines.external.reference_ops import reference_ops
     from rules.check import check_source
 
     ev, store, key = harness
@@ -338,7 +339,7 @@ def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
 def test_softmax_file_without_parameters_through_the_harness(harness):
     import torch
 
-    from baselines.external import load_file
+    from baselines.external.file import load_file
 
     ev, store, _ = harness
     key, data, p = load_file(FILES / "softmax.py")
@@ -358,7 +359,7 @@ def test_torch_composites_are_refused_for_file_problems(harness):
     """Other torch ops than the reference's own doing the work (rsqrt and sum for RMSNorm, exp, amax and sum
     for softmax, amax, exp, sum and log for logsumexp) are refused by the rules and, with the rules off, by
     the run-time guard's dispatch allowlist; the Triton candidate of the same file passes."""
-    from baselines.external import load_file
+    from baselines.external.file import load_file
     from gpu_worker.harness import Evaluator
     from rules.check import check_source
     from gpu_worker.scheduling import Scheduler
@@ -433,7 +434,7 @@ def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsy
 
 
 def test_harness_verifies_a_folder_problem_s_template(harness):
-    from baselines.external import folder_manifest, read_folder
+    from baselines.external.folder import folder_manifest, read_folder
 
     ev, store, _ = harness
     files = read_folder(AXPY)
@@ -487,7 +488,8 @@ class ModelNew(nn.Module):
 def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     """KernelBench's form: ModelNew with Model's constructor and forward; the case's parameters replace its
     own (a ModelNew that kept its ones-initialised weight would fail), run(inputs, out) is derived."""
-    from baselines.external import entry_source, load_key
+    from baselines.external.file import load_key
+    from baselines.external.model_new import entry_source
     from rules.check import check_source
 
     ev, store, key = harness

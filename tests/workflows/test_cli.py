@@ -418,7 +418,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     from temporalio.service import RPCError
     from temporalio.worker import Worker
 
-    import baselines.external
+    import cli.spec
     from cli import main
     from cli.workers import gpu_worker_identity, queue_pollers
 
@@ -426,7 +426,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     def idle() -> None:
         pass
 
-    monkeypatch.setattr(baselines.external, "cuda_here", lambda: True)
+    monkeypatch.setattr(cli.spec, "cuda_here", lambda: True)
     address = env.client.service_client.config.target_host
     f = tmp_path / "no_cpu.py"
     f.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
