@@ -9,6 +9,7 @@ import ast
 from baselines.external.file import CPU_SHAPE, ExternalProblem
 from baselines.problem import ProblemFileError
 
+#: the line `marathon export` writes between a kernel and the code that calls it in the problem's form;
 #: the harness (and `marathon verify`) judges what lies above it
 EXPORT_MARKER = "# ---- marathon export: the problem's calling form; the verified kernel is above this line ----"
 
