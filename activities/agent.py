@@ -70,7 +70,7 @@ def check_spec(spec: RunSpec) -> None:
 
 @activity.defn(name="check_rules")
 def check_rules(req: RuleRequest) -> RuleReport:
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     try:
         source = _store().get_text(req.source_key)

@@ -31,7 +31,11 @@ KNOBS_LINE = re.compile(r"^KNOBS\s*=\s*(\{.*\})\s*$", re.MULTILINE)
 
 
 class UnknownProblem(ValueError):
-    """A problem name, file key or folder key that names no problem (registry.py, external.py)."""
+    """A problem name, file key or folder key that names no problem (registry.py, external/)."""
+
+
+class ProblemFileError(UnknownProblem):
+    """A problem file or folder that cannot become a problem: one line that says why."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from workflows.artifacts import ArtifactStore
-from gpu_worker.rules import check_source
+from rules.check import check_source
 from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase

@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpu_worker.rules import check_source
+from rules.check import check_source
 
 OK_HEAD = "import torch\nimport triton\nimport triton.language as tl\n"
 
@@ -97,7 +97,7 @@ def test_rules_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, gpu_worker.rules; print('torch' in sys.modules)"
+    code = "import sys, rules.check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -248,7 +248,7 @@ def test_library_module_list_covers_the_installed_torch_and_triton():
     import triton
     import triton.language  # noqa: F401
 
-    from gpu_worker.rules import ALLOWED_MODULES, PURE_SEGMENTS
+    from rules.check import ALLOWED_MODULES, PURE_SEGMENTS
 
     # every Triton module loaded, as a long run's compiles may load them: the check sees them all
     for m in pkgutil.walk_packages(triton.__path__, "triton."):
@@ -389,7 +389,7 @@ def test_torch_that_allocates_views_copies_casts_and_fills_passes(code):
 
 def test_the_run_time_allowlist_is_told_to_proposers():
     from activities.llm.prompt import SYSTEM_PROMPT
-    from gpu_worker.rules_torch import ALLOWED_ATEN_OPS, TORCH_RULE
+    from rules.torch_ops import ALLOWED_ATEN_OPS, TORCH_RULE
 
     assert TORCH_RULE in SYSTEM_PROMPT
     assert {"empty", "view", "copy_", "_to_copy", "fill_", "zero_"} <= ALLOWED_ATEN_OPS

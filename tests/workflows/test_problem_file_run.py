@@ -31,7 +31,7 @@ async def llm_file_run(env, real_gpu, monkeypatch, path, script, iterations: int
             monkeypatch.setenv(k, v)
         async with workers(env.client, real_gpu):
             p = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(path), "--policy", "llm",
+                subprocess.run, [sys.executable, "-m", "cli", "start", str(path), "--policy", "llm",
                                  "--iterations", str(iterations), "--id", wid, "--address", address],
                 capture_output=True, text=True, timeout=120)
             assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
@@ -87,7 +87,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     import os
     import shlex
 
-    from activities.cli import main
+    from cli import main
 
     out = tmp_path / "exported"
     rc = await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--address", address])
@@ -116,7 +116,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     assert (out / "kernel.py").read_text() == text
     # the receipt's command, as a user runs it
     argv = shlex.split(cmd)
-    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "activities.cli"] + argv[1:],
+    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli"] + argv[1:],
                                 capture_output=True, text=True, timeout=120)
     assert v.returncode == 0 and v.stdout.startswith("PASS: "), v.stdout + v.stderr
     # ModelNew is the problem's Model: same constructor and parameters, same outputs (interpreter)
@@ -142,7 +142,7 @@ async def folder_search_run(env, gpu, tmp_path, iterations: int, wid: str, wait_
     address = env.client.service_client.config.target_host
     async with workers(env.client, gpu):
         p = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "search",
+            subprocess.run, [sys.executable, "-m", "cli", "start", str(mine), "--policy", "search",
                              "--iterations", str(iterations), "--id", wid, "--address", address],
             capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr

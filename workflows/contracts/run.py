@@ -99,7 +99,7 @@ class RunSpec(Strict):
     @field_validator("problem")
     @classmethod
     def _problem_name(cls, v: str) -> str:
-        # a built-in problem's name, or the artifact key of a problem file or folder (baselines/external.py)
+        # a built-in problem's name, or the artifact key of a problem file or folder (baselines/external/)
         kind, sep, key = (v or "").partition(":")
         if sep and kind in ("file", "folder") and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
             return v

@@ -10,11 +10,11 @@ from pydantic import ValidationError
 
 from workflows.contracts import AGENT_QUEUE, BudgetChange, Hint, RunSpec, StopRequest, explain
 from workflows.text import budget_text, run_summary
-from activities.cli.connection import connect_client, run_handle, run_spec_of
-from activities.cli.errors import UsageError
-from activities.cli.server import register_search_attributes
-from activities.cli.spec import check_hint, is_problem_path, parse_spec
-from activities.cli.workers import check_workers_can_run
+from cli.connection import connect_client, run_handle, run_spec_of
+from cli.errors import UsageError
+from cli.server import register_search_attributes
+from cli.spec import check_hint, is_problem_path, parse_spec
+from cli.workers import check_workers_can_run
 
 
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:

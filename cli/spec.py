@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from workflows import decisions
 from workflows.contracts import RunSpec, explain
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
+
+
+def cuda_here() -> bool:
+    """Whether this process sees a CUDA device: without one, a run started here is a CPU run."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parse_spec(args) -> RunSpec:
@@ -92,9 +99,11 @@ def is_problem_path(name: str) -> bool:
 
 
 def load_problem_path(path: str):
-    """The problem a KernelBench-format file or a problem folder makes (baselines/external.py), or one line
+    """The problem a KernelBench-format file or a problem folder makes (baselines/external/), or one line
     saying why not."""
-    from baselines.external import ProblemFileError, folder_manifest, load_file, load_folder, read_folder
+    from baselines.external.file import load_file
+    from baselines.external.folder import folder_manifest, load_folder, read_folder
+    from baselines.problem import ProblemFileError
 
     p = Path(path)
     try:
@@ -115,7 +124,9 @@ def load_problem_path(path: str):
 def check_problem_file(problem, policy: str, shape: str | None) -> None:
     """What a run of `policy` at `shape` needs of its problem file or folder, or one line saying what is
     missing: a folder's knobs for the search policy; a file's CPU inputs for a run here without CUDA."""
-    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here, is_folder_key
+    from baselines.external.file import GPU_SHAPE, check_cpu_run
+    from baselines.external.folder import is_folder_key
+    from baselines.problem import ProblemFileError
 
     if is_folder_key(problem.name):
         if policy == "search":
