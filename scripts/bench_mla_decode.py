@@ -6,7 +6,8 @@ device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, toget
         [--dists unit,small] [--no-torch]
 
 --variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the
-built-in list below. --smoke: one call of each variant on one small input (run it under `timeout` first: a
+built-in list below (the earlier defaults, the present defaults and three other settings). --smoke: one call
+of each variant on each shape, with its registers, spills and shared memory (run it under `timeout` first: a
 broken grid barrier hangs, it does not fail).
 Prints a table: variant, shape, distribution, rel-RMS error (kernel / torch-bmm), device µs (median, IQR).
 """
@@ -22,15 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-VARIANTS = [  # the two-kernel split design and settings of the fused one (whatever the template's defaults are)
-    ["split", {"FUSED": False}],
-    ["fused-r256-s32", {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 8192}],
-    ["fused-r256-s8", {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 2048}],
-    ["fused-r512-s16", {"FUSED": True, "REDUCE_D": 512, "COMBINE_TILE": 8192}],
-    ["fused-dv2-r256-s8", {"FUSED": True, "SPLIT_DV": 2, "num_warps": 4, "BLOCK_N": 16, "num_stages": 3,
-                           "REDUCE_D": 256, "COMBINE_TILE": 2048}],
-    ["fused-dv2-r512-s16", {"FUSED": True, "SPLIT_DV": 2, "num_warps": 4, "BLOCK_N": 16, "num_stages": 3,
-                            "REDUCE_D": 512, "COMBINE_TILE": 8192}],
+VARIANTS = [  # knob overrides of the template's defaults (the first: the earlier defaults, for comparison)
+    ["previous", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 64, "num_stages": 2, "MIN_TILES": 1, "FUSED": False}],
+    ["default", {}],  # 4 warps, SPLIT_DV 2, BLOCK_N 64, 2 stages: Q1 64 splits of 2 tiles, Q4 16 splits of 8
+    ["dv2-n32-s4", {"BLOCK_N": 32, "num_stages": 4}],  # more bytes in flight, n32 score instructions
+    ["dv2-fused", {"FUSED": True, "REDUCE_D": 256}],  # the same programs, combine behind the grid barrier
+    ["dv1-n32-s4-t4", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 4}],
 ]
 
 
