@@ -6,7 +6,7 @@ device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, toget
         [--dists unit,small] [--no-torch]
 
 --variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the
-built-in list below (the earlier defaults, the present defaults and three other settings). --smoke: one call
+built-in list below (the earlier defaults, the present defaults and four other settings). --smoke: one call
 of each variant on each shape, with its registers, spills and shared memory (run it under `timeout` first: a
 broken grid barrier hangs, it does not fail).
 Prints a table: variant, shape, distribution, rel-RMS error (kernel / torch-bmm), device µs (median, IQR);
@@ -31,6 +31,7 @@ VARIANTS = [  # knob overrides of the template's defaults (the first: the earlie
     ["dv2-n32-s4", {"BLOCK_N": 32, "num_stages": 4}],  # more bytes in flight, n32 score instructions
     ["dv2-fused", {"FUSED": True, "REDUCE_D": 256}],  # the same programs, combine behind the grid barrier
     ["dv1-n32-s4-t4", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 4}],
+    ["h128-dv2-n32", {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}],  # Q4: two warp groups of 64 rows
 ]
 
 

@@ -17,20 +17,21 @@ of shared memory whatever SPLIT_DV is. Where every split is whole tiles inside t
 has no masks. A program writes its normalised partial acc / l (bf16 on the GPU) and its log2-sum-exp
 m + log2(l), laid out [split, row, DL] so that each program writes one contiguous block.
 
-Why SPLIT_DV 2 with 4 warps by default: the row block must be 64 rows for Hopper wgmma, and a 64 x 512 fp32
-accumulator does not fit 4 warps' registers, while with 8 warps Triton (3.9, offline sm_90 compile) lays
-the 64-row score tile over both warp groups and computes it twice, at half the instruction width (the scores are q re-read from
-shared memory per instruction: narrow instructions make them shared-memory bound). One warp group per
-program, owning 256 output columns, computes its 64 x BLOCK_N scores once with full-width instructions;
-the two programs of a split both compute them (1.53x the FLOPs of the split, none duplicated inside a
-program) and read the tile once each (the second from L2).
+Why SPLIT_DV 2 with 4 warps by default: a warp group's wgmma takes 64 rows, and a 64 x 512 fp32 accumulator
+does not fit 4 warps' registers, while with 8 warps Triton (3.9, offline sm_90 compile) lays the 64-row
+score tile over both warp groups and computes it twice, at half the instruction width (each instruction
+re-reads its q slice from shared memory: narrow instructions make the scores shared-memory bound). One warp
+group per program, owning 256 output columns, computes its 64 x BLOCK_N scores once with full-width
+instructions; the two programs of a split both compute them (1.53x the FLOPs of the split, none duplicated
+inside a program) and read the tile once each (the second from L2). BLOCK_H 128 with 8 warps gives each
+warp group its own 64 rows of one program (one tile read for 128 rows).
 
 Splits: GRID / (row blocks * SPLIT_DV) (about one program per SM), each at least MIN_TILES whole BLOCK_N
 tiles (the last split may be cut short by S). With the defaults Q1 (64 rows: one row block) runs 64 splits
 of 128 keys and Q4 (256 rows: 4 row blocks) 16 splits of 512 keys, 128 programs each; the partials are
 M * splits * DL bf16 elements (4.2 MB in both), against the 9.4 MB cache.
 
-Row blocks: BLOCK_H rows (16/32: mma.sync; 64: wgmma), shrunk for small M until there are MIN_ROW_BLOCKS
+Row blocks: BLOCK_H rows (16/32: mma.sync; 64/128: wgmma), shrunk for small M until there are MIN_ROW_BLOCKS
 blocks (16 minimum).
 
 Combine (`_mla_decode_combine`), grid (M, DL / BLOCK_D), BLOCK_D = COMBINE_TILE / splits: weights

@@ -6,8 +6,11 @@ with 2 both compute the split's scores (1.53x FLOPs) and each reads the whole ti
 the scores and P @ V, the other half for the scores only: the same shared memory per tile as SPLIT_DV 1).
 The default 2 with num_warps 4 and BLOCK_H 64 is one warp group per program with a 64 x 256 fp32
 accumulator; SPLIT_DV 1 with BLOCK_H 64 needs num_warps 8 (at 4 warps it spills kilobytes per thread).
-BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 64 to Hopper wgmma. The
-cache is read from L2 once per row block and dv part: cdiv(Q*H, BLOCK_H) * SPLIT_DV times.
+BLOCK_H: rows (query token x head) per program. 16 and 32 compile to mma.sync; 64 and 128 to Hopper wgmma.
+128 is for SPLIT_DV 2 at 8 warps: each warp group owns 64 rows (scores computed once, no exchange between
+the warp groups), a 128 x 256 fp32 accumulator, q 144 KB of shared memory, so BLOCK_N 32 at 2 stages or
+BLOCK_N 16 at 3; Q1 (64 rows) runs 64-row blocks with it. The cache is read from L2 once per row block and
+dv part: cdiv(Q*H, BLOCK_H) * SPLIT_DV times.
 MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until there are at least this many
 (or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones.
 1 = BLOCK_H as given (never wider than the next power of two of Q*H).
@@ -41,12 +44,13 @@ the knob product the rules test renders).
 
 Invalid or useless corners (the harness scores compile failures as failed candidates): over the H200's
 227 KB of shared memory (offline sm_90 compile, Triton 3.9, scripts/offline_compile_mla_decode.py):
-BLOCK_N 64 with num_stages >= 3 at BLOCK_H 64, and with num_stages 4 at any BLOCK_H. BLOCK_H 64 with
-SPLIT_DV 1 and num_warps 4 compiles but spills heavily (valid, slow).
+BLOCK_N 64 with num_stages >= 3 at BLOCK_H 64, and with num_stages 4 at any BLOCK_H; BLOCK_H 128 with
+BLOCK_N 64 at num_stages >= 2 and with BLOCK_N 32 at num_stages >= 3. BLOCK_H 64 with SPLIT_DV 1 and
+num_warps 4, and BLOCK_H 128 with SPLIT_DV 1 or num_warps 4, compile but spill heavily (valid, slow).
 """
 
 SPACE = {
-    "BLOCK_H": [16, 32, 64],
+    "BLOCK_H": [16, 32, 64, 128],
     "BLOCK_N": [16, 32, 64],
     "COMBINE_TILE": [2048, 4096, 8192],
     "FUSED": [False, True],

@@ -48,7 +48,8 @@ DISTS = list(get_problem("mla_decode").distributions)
 # defaults' 64-row blocks and 256-column halves at their real sizes; S = 192 splits into whole 64-row tiles,
 # S = 100 leaves the last split masked
 REAL_DIMS = [{"Q": q, "H": 64, "S": s, "DL": 512, "DR": 64} for q, s in ((1, 192), (4, 100))]
-REAL_KNOBS = [{}, {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 2}]
+REAL_KNOBS = [{}, {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 2},
+              {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}]  # Q4: two 128-row blocks
 
 
 @pytest.fixture(scope="module")
