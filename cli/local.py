@@ -93,7 +93,8 @@ def describe_problem_path(path: str, as_json: bool = False) -> int:
         print(f"OK: `marathon start {path}` starts a run of it (policies: {', '.join(policies)})")
     else:
         where = "for GPU workers" if cuda_here() else "here, under the Triton interpreter on its CPU inputs"
-        print(f"OK: `marathon start {path} --policy llm` starts a run of it {where}")
+        print(f"OK: `marathon start {path} --policy llm` starts a run of it {where}; the search policy "
+              f"tunes a starting kernel you hand in: `marathon start {path} --kernel START.py`")
     return 0
 
 

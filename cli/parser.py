@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 30)")
         c.add_argument("--gpu-queue", dest="gpu_queue",
                        help="task queue of the GPU workers for this run (default marathon-gpu)")
+        c.add_argument("--kernel", help="search policy: a starting kernel with a KNOBS line and KNOB_SPACE to "
+                                        "tune (a problem file has no template of its own)")
         c.add_argument("--spec", help="a RunSpec as JSON, or @file; flags override its fields")
         c.add_argument("--id", help="workflow id (default marathon-PROBLEM-TIMESTAMP)")
 

@@ -252,6 +252,23 @@ def test_start_refuses_bad_files_with_one_line(tmp_path, store, capsys, make, fl
     assert not (store.root / "objects").exists()  # nothing was stored
 
 
+def test_start_with_a_starting_kernel_stores_it_by_key_and_refuses_a_bad_one(tmp_path, store, capsys):
+    from cli import main
+    from cli.spec import parse_spec
+
+    start = FILES / "layernorm_start.py"
+    spec = parse_spec(spec_args(problem=str(LAYERNORM), kernel=str(start), policy="search"))
+    assert spec.problem.startswith("file:") and spec.policy == "search"
+    assert store.get_text(spec.start_kernel) == start.read_text()
+    bad = write(tmp_path, "start.py", start.read_text().replace("KNOB_SPACE = ", "SPACE = "))
+    for flags, message in ((["--kernel", str(bad)], f"--kernel {bad}: needs one module-level KNOB_SPACE"),
+                           (["--kernel", str(tmp_path / "none.py")], "cannot read the file"),
+                           (["--kernel", str(start), "--policy", "llm"], "the llm policy writes its own")):
+        rc = main(["start", str(LAYERNORM), "--address", "127.0.0.1:1"] + flags)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and message in err[0], (flags, err)
+
+
 # --- the real harness, Triton interpreter ---------------------------------------------------------
 
 @pytest.fixture(scope="module")

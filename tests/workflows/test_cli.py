@@ -304,6 +304,9 @@ async def test_plain_temporal_cli_drives_the_workflow(env, store):
     ('[1, 2]', "invalid run spec"),
     ('{"problem": "nosuch"}', "unknown problem 'nosuch'; known problems:"),
     ('{"problem": "softmax", "shape": "huge"}', "problem softmax has no shape 'huge'"),
+    ('{"problem": "softmax", "start_kernel": "%s"}' % ("0" * 64), "start_kernel %s: not in the artifact store"
+     % ("0" * 64)),
+    ('{"problem": "softmax", "start_kernel": "nokey"}', "start_kernel must be an artifact key"),
 ])
 async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message):
     """No validation on the client side here: the workflow itself must fail with one clear message

@@ -164,3 +164,30 @@ async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env,
     later = [r for r in recs[1:] if r.outcome == "improved"]
     assert later and all(r.vs_best_ci[0] > 1.0 for r in later), recs
     assert res.best.candidate_id == later[-1].candidate_id and res.best.iteration > 1, res.best
+
+
+async def test_marathon_start_file_with_a_starting_kernel_runs_the_search_policy(env, store, real_gpu, tmp_path):
+    """`marathon start FILE --kernel START.py --policy search`: a KernelBench file has no template, the user's
+    starting kernel (KNOBS and KNOB_SPACE) is tuned by the search against the file's reference; both files
+    are deleted once started (the run holds them by key)."""
+    mine, start = tmp_path / "my_layernorm.py", tmp_path / "my_start.py"
+    shutil.copy(FILES / "layernorm.py", mine)
+    shutil.copy(FILES / "layernorm_start.py", start)
+    address = env.client.service_client.config.target_host
+    wid = run_id("filesearch")
+    async with workers(env.client, real_gpu):
+        p = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "cli", "start", str(mine), "--kernel", str(start), "--policy",
+                             "search", "--iterations", "3", "--id", wid, "--address", address],
+            capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+        mine.unlink()
+        start.unlink()
+        res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 300)
+    assert res.problem.startswith("file:")
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.iteration for r in recs] == [1, 2, 3]
+    assert recs[0].knobs == {"ROWS": 1, "num_warps": 4} and recs[0].outcome == "improved", recs[0]
+    assert all(r.outcome in ("improved", "passed") and r.knobs for r in recs), recs  # every setting is correct
+    assert len({r.candidate_id for r in recs}) == 3
+    assert res.best is not None and res.best.interpreter
