@@ -1,1 +1,2 @@
-"""Activities of the agent worker: proposers, rule checks, compaction, the artifact store."""
+"""The agent worker: proposers (knob search, LLM turns and tools), rule checks, compaction, the notebook,
+the ledger and reports. It imports nothing of the GPU worker (gpu_worker/)."""

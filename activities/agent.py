@@ -37,7 +37,8 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
     store = _store()
     try:
         history = read_ledger(store, req.ledger_key) + list(req.recent)
-        choice = KnobSearch(get_problem(req.problem), req.seed).propose(
+        start = store.get_text(req.start_kernel) if req.start_kernel else None
+        choice = KnobSearch(get_problem(req.problem), req.seed, start).propose(
             req.iteration, req.slot, history, set(req.taken), req.hints)
         if choice is None:
             return Proposal(candidate=None, note="search space exhausted: every knob setting was tried")
@@ -60,6 +61,19 @@ def check_spec(spec: RunSpec) -> None:
         check_problem_name(spec.problem)
     except UnknownProblem as e:
         raise ApplicationError(str(e), type="InvalidRunSpec", non_retryable=True) from None
+    if spec.start_kernel is not None:
+        from baselines.problem import start_kernel_knobs
+
+        if spec.policy != "search":
+            raise ApplicationError("start_kernel is the search policy's starting template; the llm policy writes "
+                                   "its own kernels", type="InvalidRunSpec", non_retryable=True)
+        try:
+            start_kernel_knobs(_store().get_text(spec.start_kernel))
+        except (OSError, ArtifactStoreError) as e:
+            raise ApplicationError(f"start_kernel {spec.start_kernel}: not in the artifact store ({e})",
+                                   type="InvalidRunSpec", non_retryable=True) from None
+        except ValueError as e:
+            raise ApplicationError(f"start_kernel: {e}", type="InvalidRunSpec", non_retryable=True) from None
     if spec.shape is not None:
         p = get_problem(spec.problem)
         names = [s.name for s in p.shapes] + [p.cpu_shape.name]
@@ -70,7 +84,7 @@ def check_spec(spec: RunSpec) -> None:
 
 @activity.defn(name="check_rules")
 def check_rules(req: RuleRequest) -> RuleReport:
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     try:
         source = _store().get_text(req.source_key)

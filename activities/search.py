@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from baselines.problem import Problem, render
+from baselines.problem import Problem, render, start_kernel_knobs
 from workflows.artifacts import candidate_id
 from workflows.contracts import IterationRecord
 
@@ -35,10 +35,14 @@ class Choice:
 
 
 class KnobSearch:
-    def __init__(self, problem: Problem, seed: int) -> None:
-        self.template = problem.template()
-        self.space = problem.knob_space()
-        self.default = problem.default_knobs()
+    def __init__(self, problem: Problem, seed: int, start_kernel: str | None = None) -> None:
+        """Over the problem's template and knob space, or over `start_kernel`'s (a template the user handed
+        in with its KNOB_SPACE: baselines.problem.start_kernel_knobs)."""
+        if start_kernel is None:
+            self.template, self.space, self.default = problem.template(), problem.knob_space(), problem.default_knobs()
+        else:
+            self.template = start_kernel
+            self.default, self.space = start_kernel_knobs(start_kernel)
         self.seed = seed
         self.start_id = candidate_id(render(self.template, self.default))
 

@@ -31,7 +31,11 @@ KNOBS_LINE = re.compile(r"^KNOBS\s*=\s*(\{.*\})\s*$", re.MULTILINE)
 
 
 class UnknownProblem(ValueError):
-    """A problem name, file key or folder key that names no problem (registry.py, external.py)."""
+    """A problem name, file key or folder key that names no problem (registry.py, external/)."""
+
+
+class ProblemFileError(UnknownProblem):
+    """A problem file or folder that cannot become a problem: one line that says why."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +177,37 @@ def default_knobs(source: str) -> dict[str, Any]:
     if not m:
         raise ValueError("template has no 'KNOBS = {...}' line")
     return ast.literal_eval(m.group(1))
+
+
+def start_kernel_knobs(source: str) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """(KNOBS, KNOB_SPACE) of a starting kernel handed in for the search policy: a template with a
+    `KNOBS = {...}` line (its defaults) and a module-level `KNOB_SPACE = {name: [values, ...]}` literal (what
+    the search may set each knob to, the default among them; knobs not named stay at their default).
+    ValueError with one line saying what is wrong."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise ValueError(f"syntax error at line {e.lineno}: {e.msg}") from None
+    defaults = default_knobs(source)
+    found = [node.value for node in tree.body if isinstance(node, ast.Assign)
+             and [getattr(t, "id", None) for t in node.targets] == ["KNOB_SPACE"]]
+    if len(found) != 1:
+        raise ValueError("needs one module-level KNOB_SPACE = {knob: [values, ...]} literal (the values the "
+                         "search may try)")
+    try:
+        space = ast.literal_eval(found[0])
+    except ValueError:
+        raise ValueError("KNOB_SPACE must be a literal dict of lists of constants") from None
+    if not isinstance(space, dict) or not space:
+        raise ValueError("KNOB_SPACE must be a non-empty dict {knob: [values, ...]}")
+    for name, values in space.items():
+        if name not in defaults:
+            raise ValueError(f"KNOB_SPACE names {name!r}, which KNOBS has not; KNOBS has {sorted(defaults)}")
+        if not isinstance(values, list) or not values or len(set(map(repr, values))) != len(values):
+            raise ValueError(f"KNOB_SPACE[{name!r}] must be a non-empty list of distinct values")
+        if defaults[name] not in values:
+            raise ValueError(f"KNOB_SPACE[{name!r}] does not hold KNOBS' value {defaults[name]!r}")
+    return defaults, space
 
 
 def render(source: str, knobs: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """Find problems by folder name, or by the store key of a problem file (`file:<sha256>`) or of a problem folder
-outside the project (`folder:<sha256>`) (baselines/external.py).
+outside the project (`folder:<sha256>`) (baselines/external/).
 Listing is cheap (no torch); loading imports the problem's spec."""
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def check_problem_name(name: str) -> str:
 @lru_cache(maxsize=None)
 def get_problem(name: str) -> Problem:
     if name.startswith("file:"):
-        from baselines.external import load_key
+        from baselines.external.file import load_key
 
         return load_key(name)  # content-addressed: one key, one problem, so caching it is safe
     if name.startswith("folder:"):
-        from baselines.external import load_folder_key
+        from baselines.external.folder import load_folder_key
 
         return load_folder_key(name)
     check_problem_name(name)

@@ -14,8 +14,8 @@ built at run time):
 * the torch function-mode and dispatch-mode stacks, compared after load and after each call with what
   they were before the candidate existed: a mode left behind completes outputs lazily  -> lazy-output
 * a TorchDispatchMode around the candidate's calls that lets torch only allocate, view, copy, cast and
-  fill (rules_torch.ALLOWED_ATEN_OPS): any other aten op computes, and the work must be the candidate's own
-  Triton                                                                                  -> library-kernel
+  fill (ALLOWED_ATEN_OPS, rules/torch_ops.py): any other aten op computes, and the work must be the
+  candidate's own Triton                                                                  -> library-kernel
 
 A call is trusted only when no frame on the stack is candidate code (a frame outside the standard
 library, site-packages and the harness's own directories); a frame merely inside torch is not enough.
@@ -35,13 +35,13 @@ import os
 import sys
 import sysconfig
 
-from gpu_worker.rules_torch import ALLOWED_ATEN_OPS
+from rules.torch_ops import ALLOWED_ATEN_OPS
 
 VIOLATIONS: list[tuple[str, str]] = []
 
 BANNED_TOP = ("fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "deep_gemm", "flash_mla",
               "liger_kernel", "tilelang", "flash_kda", "cutlass", "apex", "transformer_engine", "baselines",
-              "gpu_worker", "activities", "workflows")
+              "gpu_worker", "activities", "workflows", "rules", "cli")
 SUBPROCESS_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                      "os.forkpty", "pty.spawn", "os.startfile")
 SOCKET_EVENTS = ("socket.connect", "socket.bind", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
@@ -320,7 +320,7 @@ def audit_modules(before: set[str]) -> None:
     """Refuse kernel libraries that appeared in sys.modules since `before` (however they were loaded)."""
     for name in set(sys.modules) - before:
         top = name.split(".")[0]
-        if top in BANNED_TOP and top not in ("baselines", "gpu_worker", "activities", "workflows"):
+        if top in BANNED_TOP and top not in ("baselines", "gpu_worker", "activities", "workflows", "rules", "cli"):
             VIOLATIONS.append(("forbidden-import", f"module {name!r} was loaded by the candidate"))
             raise GuardViolation("forbidden-import", f"module {name!r} was loaded by the candidate")
 

@@ -35,7 +35,7 @@ from gpu_worker.harness_verify import VerifyStage, other_shapes  # noqa: F401 - 
 from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
-from gpu_worker.rules import check_source
+from rules.check import check_source
 from gpu_worker.sandbox import Rejection, Sandbox
 from workflows.artifacts import ArtifactStore
 from workflows.contracts import EvalRequest, ProfileReport

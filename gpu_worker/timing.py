@@ -131,12 +131,23 @@ def crosscheck(judged_ms: float, kernel_ms: float, launches: float = 1.0) -> tup
     return abs(kernel_ms - judged_ms) <= allowed, allowed
 
 
+#: torch's kernels for the ops a candidate's torch may run (fill and copy/cast; ALLOWED_ATEN_OPS), by a
+#: prefix no Triton kernel's name can have and the functor the op instantiates
+TORCH_FILL_COPY_KERNELS = (("void at::native::", "FillFunctor"), ("void at::native::", "direct_copy_kernel_cuda"),
+                           ("Memset (Device)", ""), ("Memcpy DtoD", ""))
+
+
+def is_torch_fill_or_copy(kernel: str) -> bool:
+    return any(kernel.startswith(prefix) and marker in kernel for prefix, marker in TORCH_FILL_COPY_KERNELS)
+
+
 def foreign_kernels(work_kernels, candidate_kernels) -> list[str]:
     """The kernels the work launched (those the trace shows more often with the work than without it, so
-    never the harness's own flush, refill, poison or fingerprint) that are not one of the candidate's own
-    Triton kernels, by exact name: a library's or torch's kernel there did part of the work."""
+    never the harness's own flush, refill, poison or fingerprint) that are neither one of the candidate's
+    own Triton kernels, by exact name, nor torch's fill or copy that the run-time guard allows: a library's
+    or torch's kernel there did part of the work."""
     own = set(candidate_kernels)
-    return sorted(k for k in work_kernels if k not in own)
+    return sorted(k for k in work_kernels if k not in own and not is_torch_fill_or_copy(k))
 
 
 def cushion_ms(host_per_rep_ms: float, reps: int, device_floor_ms: float = 0.0, cap_ms: float = 400.0) -> float:

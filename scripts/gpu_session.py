@@ -50,14 +50,14 @@ def log(*a):
 
 
 def marathon(*args, timeout=120, check=False) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "activities.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True, text=True,
                           timeout=timeout, check=check, cwd=ROOT)
 
 
 def spawn(name: str, args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, **(env_extra or {}))
     f = open(WORK / f"{name}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "activities.cli", *args], stdout=f, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], stdout=f, stderr=subprocess.STDOUT,
                             env=env, cwd=ROOT)
 
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from baselines.external import load_file
+    from baselines.external.file import load_file
     from baselines.registry import get_problem
     from gpu_worker.timing_inputs import refill_cost
 

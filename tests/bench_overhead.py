@@ -29,7 +29,7 @@ from tests import evaluators
 from tests.conftest import temporal_path
 from tests.workflows.helpers import workers
 from workflows import decisions
-from activities.cli.server import DEV_SERVER_DYNAMIC_CONFIG, dev_server_config_args
+from cli.server import DEV_SERVER_DYNAMIC_CONFIG, dev_server_config_args
 from workflows.contracts import (AGENT_QUEUE, CompactRequest, EvalRequest, IterationRecord,
                                  ProposeRequest, RuleRequest, RunResult, RunSpec)
 from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization

@@ -1,4 +1,5 @@
-"""Every relative link in the README and docs/ points to a file or folder inside the repository."""
+"""Every relative link in the README and docs/ points to a file or folder inside the repository, and every
+repository path or module that code, configuration, scripts and documentation name exists."""
 
 from __future__ import annotations
 
@@ -41,25 +42,70 @@ def test_relative_links_resolve_inside_the_repository(doc):
     assert not broken, f"{doc.relative_to(ROOT)} links to what is not in the repository: {broken}"
 
 
-#: code and configuration that name documentation pages by path, from the repository's root
-CODE = sorted(p for p in ROOT.rglob("*")
-              if p.is_file() and (p.suffix in (".py", ".toml", ".yml", ".yaml") or p.name == "Makefile")
-              and not {".git", ".venv", "node_modules", "__pycache__"} & set(p.relative_to(ROOT).parts)
-              and p != Path(__file__).resolve())
-DOC_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]+?\.md\b")
+#: the files that name repository paths in their text: code, configuration, scripts and documentation
+NAMING = sorted(p for p in ROOT.rglob("*")
+                if p.is_file() and (p.suffix in (".py", ".toml", ".yml", ".yaml", ".sh", ".md")
+                                    or p.name in ("Makefile", "Dockerfile"))
+                and not {".git", ".venv", "node_modules", "__pycache__"} & set(p.relative_to(ROOT).parts)
+                and p != Path(__file__).resolve())
+#: the repository's top-level folders: a path that starts with one of them is read as a repository path
+TOP = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))
+#: the packages whose dotted names (workflows.contracts.FAMILIES) are read as module paths; shorter or
+#: commoner package names (rules, cli) are also variable names in code
+PACKAGES = ("workflows", "activities", "gpu_worker", "baselines")
+#: words that look like repository paths and are not: Kubernetes deployments (kubectl ... deploy/NAME)
+NOT_PATHS = {"deploy/marathon-agent", "deploy/marathon-gpu"}
 
 
-def doc_paths(text: str) -> list[str]:
-    """The docs/*.md paths a code or configuration file names (from the repository's root)."""
-    return DOC_PATH.findall(text)
+def repository_paths(text: str, top: list[str] = TOP) -> list[str]:
+    """Paths from the repository's root that a text names: a top-level folder and what follows it, a
+    brace list expanded (docs/scoreboard.{md,json}), anything with a wildcard or a placeholder cut at it."""
+    pattern = re.compile(r"(?<![\w./~$<{-])(?:%s)/(?:[\w./{},-]*[\w/}])?" % "|".join(map(re.escape, top)))
+    out = []
+    for match in pattern.finditer(text):
+        found = match[0]
+        if text[match.end():match.end() + 1] in ("*", "<"):  # memo_*.py, <problem>: the folder before it
+            found = found.rpartition("/")[0] + "/"
+        brace = re.fullmatch(r"(.*)\{([\w.,-]+)\}(.*)", found)
+        for path in ([brace[1] + alt + brace[3] for alt in brace[2].split(",")] if brace else [found]):
+            path = path.split("{")[0].rstrip(".")
+            if path not in NOT_PATHS and path not in out:
+                out.append(path)
+    return out
 
 
-def test_doc_path_finder():
-    text = 'see docs/llm.md, "docs/results.md" (docs/sub/x.md#a); not mydocs/y.md or ../docs/z.md or docs/.'
-    assert doc_paths(text) == ["docs/llm.md", "docs/results.md", "docs/sub/x.md"]
+def module_paths(text: str) -> list[str]:
+    """Dotted names under the project's packages that name no module: the first name after the package, and
+    each one after a subpackage, must be a module, a subpackage or a word of that package's __init__.py."""
+    broken = []
+    for dotted in sorted(set(re.findall(r"(?<![\w./])(?:%s)(?:\.[a-z_]\w*)+\b(?!\.\w)" % "|".join(PACKAGES), text))):
+        if dotted.rsplit(".", 1)[1] in ("py", "md", "json"):
+            continue  # a file name (activities.py), not a module path
+        here = ROOT / dotted.split(".")[0]
+        for name in dotted.split(".")[1:]:
+            if (here / name).is_dir() or (here / f"{name}.py").is_file():
+                here = here / name
+                continue
+            if here.is_dir() and not re.search(rf"\b{name}\b", (here / "__init__.py").read_text()):
+                broken.append(dotted)
+            break
+    return broken
 
 
-@pytest.mark.parametrize("path", CODE, ids=lambda p: str(p.relative_to(ROOT)))
-def test_code_names_only_docs_that_exist(path):
-    missing = [d for d in doc_paths(path.read_text(errors="replace")) if not (ROOT / d).is_file()]
-    assert not missing, f"{path.relative_to(ROOT)} names documentation that is not in the repository: {missing}"
+def test_repository_path_finder():
+    text = ("see docs/llm.md, `activities/llm/` and docs/scoreboard.{md,json}; baselines/<problem>/spec, "
+            "deploy/k8s/*.yaml and kubectl logs deploy/marathon-gpu; not mydocs/y.md, ./x/docs/z.md or ~/docs/w")
+    assert repository_paths(text, ["docs", "activities", "baselines", "deploy"]) == [
+        "docs/llm.md", "activities/llm/", "docs/scoreboard.md", "docs/scoreboard.json", "baselines/", "deploy/k8s/"]
+
+
+def test_module_path_finder():
+    text = "workflows.contracts.FAMILIES, gpu_worker.guard, activities.llm.prompt, activities.no_such, activities.py"
+    assert module_paths(text) == ["activities.no_such"]
+
+
+@pytest.mark.parametrize("path", NAMING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_files_name_only_repository_paths_that_exist(path):
+    text = path.read_text(errors="replace")
+    missing = [p for p in repository_paths(text) if not (ROOT / p).exists()] + module_paths(text)
+    assert not missing, f"{path.relative_to(ROOT)} names what is not in the repository: {missing}"

@@ -1,5 +1,6 @@
 """The import graph: no cycles among the project's modules, the protocol library apart from Temporal and
-from the worker's scheduling, the workflow package apart from torch, triton and openai (docs/architecture.md)."""
+from the worker's scheduling, the workflow package apart from torch, triton and openai, the agent worker
+apart from the GPU worker (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("workflows", "activities", "gpu_worker", "baselines")
+PACKAGES = ("workflows", "baselines", "rules", "gpu_worker", "activities", "cli")
 #: the harness and what it runs on: a plain library, usable without a Temporal worker
-PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "gpu_worker.rules", "gpu_worker.rules_names",
-            "gpu_worker.rules_torch", "gpu_worker.guard",
+PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "rules.check", "rules.names",
+            "rules.torch_ops", "gpu_worker.guard",
             "gpu_worker.wall", "gpu_worker.timing", "gpu_worker.profile", "gpu_worker.canaries",
             "gpu_worker.devicetime", "gpu_worker.phases", "gpu_worker.sass")
 
@@ -149,15 +150,50 @@ def test_the_workflow_definitions_import_no_shared_io_module():
     assert "workflows.optimization" in mods
     loaded = _imported_after(mods)
     assert not {m for m in loaded if m.split(".")[0] in ("torch", "triton", "openai", "structlog")}
-    assert not loaded & {"workflows.artifacts", "workflows.metrics", "workflows.logs", "activities.cli"}
+    assert not loaded & {"workflows.artifacts", "workflows.metrics", "workflows.logs", "cli"}
 
 
-#: the folders from the bottom up: each imports only those below it (and itself)
-LAYERS = ("workflows", "baselines", "gpu_worker", "activities")
+#: the folders from the bottom up: each imports only those in the layers below it (and itself); the two
+#: workers share a layer and import nothing from each other
+LAYERS = (("workflows",), ("baselines",), ("rules",), ("gpu_worker", "activities"), ("cli",))
+
+
+def _layer(module: str) -> int:
+    return next(i for i, folders in enumerate(LAYERS) if module.split(".")[0] in folders)
 
 
 def test_every_import_between_folders_runs_down():
     graph = _graph()
     up = sorted(f"{m} -> {t}" for m, ts in graph.items() for t in ts
-                if LAYERS.index(t.split(".")[0]) > LAYERS.index(m.split(".")[0]))
-    assert not up, "imports that run back up:\n" + "\n".join(up)
+                if m.split(".")[0] != t.split(".")[0] and _layer(t) >= _layer(m))
+    assert not up, "imports that run back up or across:\n" + "\n".join(up)
+
+
+def test_the_layer_check_refuses_an_import_across_the_workers():
+    assert _layer("activities.agent") == _layer("gpu_worker.harness")
+    assert _layer("rules.check") < _layer("activities.agent") < _layer("cli.main")
+
+
+def _names_imported(path: Path) -> list[str]:
+    """Every module a file names in an import statement, at module level or inside functions alike."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
+    names += [f"{n.module}.{a.name}" if n.module else a.name
+              for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level for a in n.names]
+    return names
+
+
+def test_no_file_of_the_agent_worker_names_the_gpu_worker():
+    files = sorted((REPO / "activities").rglob("*.py"))
+    assert files
+    named = sorted(f"{f.relative_to(REPO)}: {n}" for f in files for n in _names_imported(f)
+                   if n.split(".")[0] == "gpu_worker")
+    assert not named, "the agent worker imports the GPU worker:\n" + "\n".join(named)
+
+
+def test_importing_the_agent_worker_loads_nothing_of_the_gpu_worker():
+    mods = sorted(m for m in _modules() if m.split(".")[0] == "activities")
+    assert "activities.worker" in mods
+    loaded = _imported_after(mods)
+    assert not {m for m in loaded if m.split(".")[0] == "gpu_worker"}

@@ -58,8 +58,8 @@ def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> 
     candidate): the interval of best time / candidate time lies above 1. Speedups from different
     benchmarks are not compared: a baseline's own time moves between benchmarks of one run by more than
     the differences a search has to resolve, so comparing them crowns slower kernels. Without a head-to-head
-    against this very best (older histories, or the best changed while the candidate was measured) the
-    rule is the earlier one: the speedup's interval lies above the best's speedup."""
+    against this very best (a result without vs_best_ci, or one timed against a best since replaced) the
+    rule is: the speedup's interval lies above the best's speedup."""
     if not getattr(result, "ok", True) or result.speedup is None:
         return False
     if best is None:

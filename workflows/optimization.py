@@ -258,7 +258,8 @@ class KernelOptimization:
                 iteration=first + slot, slot=slot, shape=self.spec.shape,
                 leaderboard=self.st.leaderboard, recent=self.records[-50:], ledger_key=self.st.ledger_key,
                 notebook_key=self.st.notebook_key, hints=hints,
-                taken=(taken or []) + [p.candidate.candidate_id for p in out if p.candidate])
+                taken=(taken or []) + [p.candidate.candidate_id for p in out if p.candidate],
+                start_kernel=self.spec.start_kernel)
             out.append(await call_local("propose_candidate", req, Proposal, f"propose_candidate #{first + slot}"))
         return out
 

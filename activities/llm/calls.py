@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from baselines.external import ExternalProblem, ProblemFileError, entry_source
+from baselines.external.file import ExternalProblem
+from baselines.external.model_new import entry_source
+from baselines.problem import ProblemFileError
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, candidate_id
 from workflows.contracts import ToolCall
@@ -31,7 +33,7 @@ def _entry_form(source: str, problem: str) -> str:
 
 def _rules(source: str, problem: str) -> str | None:
     try:
-        from gpu_worker.rules import check_source
+        from rules.check import check_source
     except ImportError:
         return None
     rep = check_source(source, problem)

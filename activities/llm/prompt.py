@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 
 from baselines.registry import get_problem
-from gpu_worker.rules_torch import TORCH_RULE
+from rules.torch_ops import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmTurnRequest
 from workflows.text import clip

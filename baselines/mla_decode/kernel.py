@@ -1,48 +1,56 @@
-"""Starting kernel for mla_decode: split-KV with shape-adaptive row blocks and a combine kernel (Triton), or
-(knob FUSED) the same split-KV work and its combine in one launch behind a grid-wide barrier.
+"""Starting kernel for mla_decode: split-KV decode (Triton). Each program streams one contiguous range of
+the cache (its split) through a software pipeline for a block of rows, and a small combine merges the
+splits; or (knob FUSED) the same programs merge them themselves behind a grid-wide barrier.
 
 The Q query tokens and H heads are flattened into M = Q*H independent rows: every row attends to the whole
 cache with the same K/V, so the rows of all query tokens share every cache tile.
 
-Kernel 1 (`_mla_decode_split`), grid (row blocks * SPLIT_DV, splits), row block fastest so that the
-programs reading one cache range run together and all but the first read it from L2. A program owns a
-block of rows and one contiguous range of the cache (its split). It streams that range in BLOCK_N-row
-tiles; each latent tile [BLOCK_N, DL] is loaded once and used twice: as K (with the rope tile
-[BLOCK_N, DR]) for the scores and as V for P @ V (the rescaled accumulator is that dot's accumulator).
-Scores are bf16 tl.dot with fp32 accumulation, scaled into the log2 domain; online softmax (running max m,
-running sum l) in fp32. Where every split is whole tiles inside the cache (EVEN) the hot loop has no masks.
-It writes its normalised partial acc / l (bf16 on the GPU: half the traffic of fp32; normalised, so bf16's
-relative precision applies to a value of the output's size) and the log2-sum-exp m + log2(l) (-inf for an
-empty split), laid out [split, row, DL] so that each program writes one contiguous block.
+Split programs (`_mla_decode_split`, grid (row blocks * SPLIT_DV, splits), the programs of one split
+adjacent so that they run together and all but the first read its tiles from L2). A program owns BLOCK_H
+rows, DL / SPLIT_DV output columns and one split of the cache, streamed in BLOCK_N-row tiles with
+num_stages shared-memory buffers (num_stages - 1 tiles in flight while one is computed). Per tile
+(`_attend_range`): scores = q . K^T over all DL + DR columns (bf16 tl.dot, fp32 accumulation, log2
+domain), online softmax (running max m, running sum l, fp32), acc = acc * alpha + P @ V. The latent tile
+is loaded once as two parts, the program's own output columns (K for the scores and, unchanged, V for
+P @ V) and with SPLIT_DV 2 the other half (scores only), plus the rope columns: a tile is DL + DR columns
+of shared memory whatever SPLIT_DV is. Where every split is whole tiles inside the cache (EVEN) the loop
+has no masks. A program writes its normalised partial acc / l (bf16 on the GPU) and its log2-sum-exp
+m + log2(l), laid out [split, row, DL] so that each program writes one contiguous block.
 
-Row blocks: BLOCK_H rows (16/32: mma.sync; 64: Hopper wgmma, needs 8 warps), shrunk for small M until
-there are MIN_ROW_BLOCKS blocks (16 minimum). Splits: GRID / (row blocks * SPLIT_DV), each a whole number
-of BLOCK_N tiles, so one knob setting serves Q = 1 and Q = 4. The defaults give Q1 (64 rows) one wgmma
-block of 64 x 128 splits and Q4 (256 rows) 4 blocks of 64 x 32 splits: 128 programs, about one per SM. The
-cache is read from HBM once and from L2 once per row block; the partials are M * splits * DL elements.
+Why SPLIT_DV 2 with 4 warps by default: a warp group's wgmma takes 64 rows, and a 64 x 512 fp32 accumulator
+does not fit 4 warps' registers, while with 8 warps Triton (3.9, offline sm_90 compile) lays the 64-row
+score tile over both warp groups and computes it twice, at half the instruction width (each instruction
+re-reads its q slice from shared memory: narrow instructions make the scores shared-memory bound). One warp
+group per program, owning 256 output columns, computes its 64 x BLOCK_N scores once with full-width
+instructions; the two programs of a split both compute them (1.53x the FLOPs of the split, none duplicated
+inside a program) and read the tile once each (the second from L2). BLOCK_H 128 with 8 warps gives each
+warp group its own 64 rows of one program (one tile read for 128 rows).
 
-SPLIT_DV = 2: two programs per (row block, split), each owning 256 of the 512 output columns (half the
-accumulator); both compute the same scores (1.53x FLOPs); only the first writes the lse.
+Splits: GRID / (row blocks * SPLIT_DV) (about one program per SM), each at least MIN_TILES whole BLOCK_N
+tiles (the last split may be cut short by S). With the defaults Q1 (64 rows: one row block) runs 64 splits
+of 128 keys and Q4 (256 rows: 4 row blocks) 16 splits of 512 keys, 128 programs each; the partials are
+M * splits * DL bf16 elements (4.2 MB in both), against the 9.4 MB cache.
 
-Kernel 2 (`_mla_decode_combine`), grid (M, DL / BLOCK_D), BLOCK_D = COMBINE_TILE / splits: weights
+Row blocks: BLOCK_H rows (16/32: mma.sync; 64/128: wgmma), shrunk for small M until there are MIN_ROW_BLOCKS
+blocks (16 minimum).
+
+Combine (`_mla_decode_combine`), grid (M, DL / BLOCK_D), BLOCK_D = COMBINE_TILE / splits: weights
 w_s = 2^(lse_s - max lse) / sum, o = sum_s w_s * partial_s in fp32, cast to the output dtype. PDL launches
-it as a programmatic dependent of kernel 1 (kernel 1 signals after its stores; the combine waits in
-griddepcontrol.wait until kernel 1's writes are visible).
+it as a programmatic dependent of the split kernel (which signals after its stores; the combine waits in
+griddepcontrol.wait until the split kernel's writes are visible).
 
 FUSED (`_mla_decode_fused`, one launch, grid (splits * row blocks * SPLIT_DV,), the split's programs
-adjacent): phase 1 is kernel 1's loop; its partials are laid out [row, split, DL] (one row's splits
-contiguous) with the lse [row, split]. Then every program adds 1 to an int64 arrival counter (acq_rel, after
-a CTA barrier so that all its threads' stores are released) and, on the GPU, spins until this launch's
-arrivals are complete: the counter only grows (each launch adds exactly nprog, one counter per grid size),
-so launch k waits for (k + 1) * nprog and nothing is ever reset. The wait needs every program resident at
-once: the grid is capped at the SM count (one program per SM always fits) and a larger grid falls back to
-the path below. Phase 2: each program reduces (row, REDUCE_D columns) items, strided over the grid: the
-row's max lse in one load, then sum_s 2^(lse_s - max) * part_s over [RED_S, REDUCE_D] tiles summed
-elementwise and across the split axis once per item (RED_S = COMBINE_TILE / REDUCE_D, at most the splits).
-Off the GPU (the interpreter runs programs one after another, a spin would never end) and for a grid over
-the SM count, the last program to arrive reduces every item.
-Measured on an H200 (docs/results.md, "mla_decode: one fused launch"): no setting tried beat the two-kernel
-design (best 1.07x its time at Q1 with SPLIT_DV 2, 1.03x at Q4 with REDUCE_D 512), so it is not the default.
+adjacent): phase 1 is the split programs' loop; its partials are laid out [row, split, DL] (one row's
+splits contiguous) with the lse [row, split]. Then every program adds 1 to an int64 arrival counter
+(acq_rel, after a CTA barrier so that all its threads' stores are released) and, on the GPU, spins until
+this launch's arrivals are complete: the counter only grows (each launch adds exactly nprog, one counter per
+grid size), so launch k waits for (k + 1) * nprog and nothing is ever reset. The wait needs every program
+resident at once: the grid is capped at the SM count (one program per SM always fits) and a larger grid
+falls back to the path below. Phase 2: each program reduces (row, REDUCE_D columns) items, strided over the
+grid: the row's max lse in one load, then sum_s 2^(lse_s - max) * part_s over [RED_S, REDUCE_D] tiles
+summed elementwise and across the split axis once per item (RED_S = COMBINE_TILE / REDUCE_D, at most the
+splits). Off the GPU (the interpreter runs programs one after another, a spin would never end) and for a
+grid over the SM count, the last program to arrive reduces every item.
 """
 
 import math
@@ -51,10 +59,63 @@ import torch
 import triton
 import triton.language as tl
 
-KNOBS = {"BLOCK_H": 64, "BLOCK_N": 64, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1, "PARTIAL_BF16": True, "PDL": True, "REDUCE_D": 512, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
+KNOBS = {"BLOCK_H": 64, "BLOCK_N": 64, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1, "MIN_TILES": 1, "PARTIAL_BF16": True, "PDL": True, "REDUCE_D": 512, "SPLIT_DV": 2, "num_stages": 2, "num_warps": 4}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see spec.py)
 LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attend_range(
+    q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
+    DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr,
+):
+    """Online softmax of `rows` over cache rows [start, end) (log2 domain): (acc [BLOCK_H, DL / SPLIT_DV] over
+    the output columns dv0 .., running max m, running sum l). The latent columns are read as this program's
+    own DV columns (K for the scores and V for P @ V: one shared-memory tile, two uses) and, with SPLIT_DV 2,
+    the other half (scores only), so a tile's bytes are DL + DR columns whatever SPLIT_DV is."""
+    tl.static_assert(SPLIT_DV == 1 or SPLIT_DV == 2)
+    DV: tl.constexpr = DL // SPLIT_DV
+    own = dv0 + tl.arange(0, DV)
+    dr = tl.arange(0, DR)
+    q_o = tl.load(q_ptr + rows[:, None] * stride_qm + own[None, :], mask=rmask[:, None], other=0.0)
+    q_r = tl.load(q_ptr + rows[:, None] * stride_qm + DL + dr[None, :], mask=rmask[:, None], other=0.0)
+    if SPLIT_DV == 2:
+        oth = (DV - dv0) + tl.arange(0, DV)  # the other half of the latent columns
+        q_x = tl.load(q_ptr + rows[:, None] * stride_qm + oth[None, :], mask=rmask[:, None], other=0.0)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + offs_n
+        if EVEN:  # every split is whole tiles inside the cache: no masks in the hot loop
+            kv = tl.load(c_ptr + n[:, None] * stride_cs + own[None, :])
+            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :])
+        else:
+            nmask = n < end
+            kv = tl.load(c_ptr + n[:, None] * stride_cs + own[None, :], mask=nmask[:, None], other=0.0)
+            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :], mask=nmask[:, None], other=0.0)
+        if SPLIT_DV == 2:
+            if EVEN:
+                kx = tl.load(c_ptr + n[:, None] * stride_cs + oth[None, :])
+            else:
+                kx = tl.load(c_ptr + n[:, None] * stride_cs + oth[None, :], mask=nmask[:, None], other=0.0)
+        s = tl.dot(q_o, tl.trans(kv))
+        if SPLIT_DV == 2:
+            s = tl.dot(q_x, tl.trans(kx), s)
+        s = tl.dot(q_r, tl.trans(kr), s)
+        s = s * qk_scale
+        if not EVEN:
+            s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every visited tile has >= 1 valid key
+        alpha = tl.exp2(m_i - m_new)  # exp2(-inf) = 0 on the first tile
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(kv.dtype), kv, acc * alpha[:, None])  # the rescaled acc is the dot's accumulator
+        m_i = m_new
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -70,50 +131,16 @@ def _mla_decode_split(
     pid_s = tl.program_id(1)
     rows = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     rmask = rows < M
-    dl = tl.arange(0, DL)
-    dr = tl.arange(0, DR)
-    q_l = tl.load(q_ptr + rows[:, None] * stride_qm + dl[None, :], mask=rmask[:, None], other=0.0)
-    q_r = tl.load(q_ptr + rows[:, None] * stride_qm + DL + dr[None, :], mask=rmask[:, None], other=0.0)
-
     start = pid_s * split_len
     end = tl.minimum(start + split_len, S)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
-    dv = dv0 + tl.arange(0, DV)
-    offs_n = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + offs_n
-        if EVEN:  # every split is whole tiles inside the cache: no masks in the hot loop
-            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :])
-            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :])
-        else:
-            nmask = n < end
-            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :], mask=nmask[:, None], other=0.0)
-            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :], mask=nmask[:, None], other=0.0)
-        s = tl.dot(q_l, tl.trans(kv))
-        s = tl.dot(q_r, tl.trans(kr), s)
-        s = s * qk_scale
-        if not EVEN:
-            s = tl.where(nmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every visited tile has >= 1 valid column
-        alpha = tl.exp2(m_i - m_new)  # exp2(-inf) = 0 on the first tile
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if SPLIT_DV == 1:
-            v = kv
-        else:  # this program owns output columns dv0 .. dv0 + DV: its V is that slice of the tile
-            if EVEN:
-                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :])
-            else:
-                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :], mask=nmask[:, None], other=0.0)
-        acc = tl.dot(p.to(kv.dtype), v, acc * alpha[:, None])  # the rescaled acc is the dot's accumulator
-        m_i = m_new
+    acc, m_i, l_i = _attend_range(q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
+                                  DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN)
 
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     part = acc / l_safe[:, None]
     lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    dv = dv0 + tl.arange(0, DV)
     po = po_ptr + (pid_s * M + rows[:, None]) * DL + dv[None, :]
     tl.store(po, part.to(po_ptr.dtype.element_ty), mask=rmask[:, None])
     if dv0 == 0:
@@ -160,47 +187,13 @@ def _mla_decode_fused(
     dv0 = (pid % SPLIT_DV) * DV
     rows = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     rmask = rows < M
-    dl = tl.arange(0, DL)
-    dr = tl.arange(0, DR)
-    q_l = tl.load(q_ptr + rows[:, None] * stride_qm + dl[None, :], mask=rmask[:, None], other=0.0)
-    q_r = tl.load(q_ptr + rows[:, None] * stride_qm + DL + dr[None, :], mask=rmask[:, None], other=0.0)
 
     # ---- phase 1: this program's split of the cache, online softmax (log2 domain) ----
     start = pid_s * split_len
     end = tl.minimum(start + split_len, S)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV], tl.float32)
+    acc, m_i, l_i = _attend_range(q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
+                                  DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN)
     dv = dv0 + tl.arange(0, DV)
-    offs_n = tl.arange(0, BLOCK_N)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + offs_n
-        if EVEN:
-            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :])
-            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :])
-        else:
-            nmask = n < end
-            kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :], mask=nmask[:, None], other=0.0)
-            kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :], mask=nmask[:, None], other=0.0)
-        s = tl.dot(q_l, tl.trans(kv))
-        s = tl.dot(q_r, tl.trans(kr), s)
-        s = s * qk_scale
-        if not EVEN:
-            s = tl.where(nmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every visited tile has >= 1 valid column
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if SPLIT_DV == 1:
-            v = kv
-        else:
-            if EVEN:
-                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :])
-            else:
-                v = tl.load(c_ptr + n[:, None] * stride_cs + dv[None, :], mask=nmask[:, None], other=0.0)
-        acc = tl.dot(p.to(kv.dtype), v, acc * alpha[:, None])
-        m_i = m_new
-
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # every split holds >= 1 cache row: l_i > 0 for real rows
     part = acc / l_safe[:, None]
     # partials laid out [row, split, DL]: one row's splits are contiguous for the reduction below
@@ -291,8 +284,9 @@ def run(inputs, out):
     grid = KNOBS["GRID"]
     if KNOBS["FUSED"] and gpu:  # the fused kernel's barrier needs every program resident: at most one per SM
         grid = min(grid, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    # splits from the target grid; each split is whole BLOCK_N tiles (the last one may be cut short by S)
-    want = max(1, min(grid // (row_blocks * sdv), triton.cdiv(S, bn)))
+    # splits from the target grid, each at least MIN_TILES whole BLOCK_N tiles (the last one may be cut short
+    # by S): a program's tiles are what the pipeline overlaps, and the partials grow with the splits
+    want = max(1, min(grid // (row_blocks * sdv), triton.cdiv(S, bn * KNOBS["MIN_TILES"])))
     split_len = triton.cdiv(triton.cdiv(S, want), bn) * bn
     splits = triton.cdiv(S, split_len)
     even = S % split_len == 0

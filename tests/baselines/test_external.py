@@ -1,4 +1,4 @@
-"""A KernelBench-format file becomes a problem (baselines/external.py): inputs, oracle, baseline, tolerance,
+"""A KernelBench-format file becomes a problem (baselines/external/): inputs, oracle, baseline, tolerance,
 the registry's store key, bad files, and candidates judged by the real harness under the interpreter."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ LAYERNORM = FILES / "layernorm.py"
 
 
 def problem(path=RMSNORM):
-    from baselines.external import load_file
+    from baselines.external.file import load_file
 
     return load_file(path)[2]
 
@@ -28,7 +28,7 @@ def write(tmp_path, name: str, text: str) -> Path:
 
 
 def test_rmsnorm_file_is_a_problem():
-    from baselines.external import CPU_SHAPE, GPU_SHAPE
+    from baselines.external.file import CPU_SHAPE, GPU_SHAPE
 
     p = problem()
     assert p.name.startswith("file:") and p.name == "file:" + hashlib.sha256(RMSNORM.read_bytes()).hexdigest()
@@ -48,7 +48,7 @@ def test_rmsnorm_file_is_a_problem():
 def test_inputs_seeds_and_scaled_distribution():
     import torch
 
-    from baselines.external import SCALE
+    from baselines.external.file import SCALE
 
     p = problem()
     a = p.make_inputs(p.cpu_shape, "plain", 1, "cpu", cpu=True)
@@ -128,7 +128,7 @@ MODEL = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def
     (b"\xff\xfe", "not a UTF-8 Python file"),
 ])
 def test_bad_files_get_one_clear_error(tmp_path, text, message):
-    from baselines.external import ProblemFileError
+    from baselines.problem import ProblemFileError
 
     f = tmp_path / "bad.py"
     f.write_bytes(text if isinstance(text, bytes) else text.encode())
@@ -187,7 +187,8 @@ def test_a_models_parameters_vary_per_case_from_its_own_initialisation():
 
 
 def test_cpu_run_checks(tmp_path):
-    from baselines.external import ProblemFileError, check_cpu_run
+    from baselines.external.file import check_cpu_run
+    from baselines.problem import ProblemFileError
 
     check_cpu_run(problem())  # the RMSNorm has CPU inputs and a deterministic reference
     with pytest.raises(ProblemFileError, match="defines no get_cpu_inputs"):
@@ -222,7 +223,7 @@ def spec_args(**kw):
 
 
 def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
-    from activities.cli.spec import parse_spec
+    from cli.spec import parse_spec
 
     f = tmp_path / "rms.py"
     shutil.copy(RMSNORM, f)
@@ -243,12 +244,29 @@ def test_start_path_stores_the_file_and_names_it_by_key(tmp_path, store):
     (lambda d: RMSNORM, ["--policy", "search"], "use --policy llm"),
 ])
 def test_start_refuses_bad_files_with_one_line(tmp_path, store, capsys, make, flags, message):
-    from activities.cli import main
+    from cli import main
 
     rc = main(["start", str(make(tmp_path)), "--address", "127.0.0.1:1"] + (flags or ["--policy", "llm"]))
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and message in err[0], err
     assert not (store.root / "objects").exists()  # nothing was stored
+
+
+def test_start_with_a_starting_kernel_stores_it_by_key_and_refuses_a_bad_one(tmp_path, store, capsys):
+    from cli import main
+    from cli.spec import parse_spec
+
+    start = FILES / "layernorm_start.py"
+    spec = parse_spec(spec_args(problem=str(LAYERNORM), kernel=str(start), policy="search"))
+    assert spec.problem.startswith("file:") and spec.policy == "search"
+    assert store.get_text(spec.start_kernel) == start.read_text()
+    bad = write(tmp_path, "start.py", start.read_text().replace("KNOB_SPACE = ", "SPACE = "))
+    for flags, message in ((["--kernel", str(bad)], f"--kernel {bad}: needs one module-level KNOB_SPACE"),
+                           (["--kernel", str(tmp_path / "none.py")], "cannot read the file"),
+                           (["--kernel", str(start), "--policy", "llm"], "the llm policy writes its own")):
+        rc = main(["start", str(LAYERNORM), "--address", "127.0.0.1:1"] + flags)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and len(err) == 1 and message in err[0], (flags, err)
 
 
 # --- the real harness, Triton interpreter ---------------------------------------------------------
@@ -321,8 +339,8 @@ def test_harness_benchmarks_a_file_problem_against_the_eager_reference(harness):
 
 
 def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
-    from baselines.external import reference_ops
-    from gpu_worker.rules import check_source
+    from baselines.external.reference_ops import reference_ops
+    from rules.check import check_source
 
     ev, store, key = harness
     assert reference_ops((FILES / "softmax.py").read_bytes()) == {"softmax"}
@@ -338,7 +356,7 @@ def test_the_reference_s_own_ops_are_refused_to_candidates(harness):
 def test_softmax_file_without_parameters_through_the_harness(harness):
     import torch
 
-    from baselines.external import load_file
+    from baselines.external.file import load_file
 
     ev, store, _ = harness
     key, data, p = load_file(FILES / "softmax.py")
@@ -358,9 +376,9 @@ def test_torch_composites_are_refused_for_file_problems(harness):
     """Other torch ops than the reference's own doing the work (rsqrt and sum for RMSNorm, exp, amax and sum
     for softmax, amax, exp, sum and log for logsumexp) are refused by the rules and, with the rules off, by
     the run-time guard's dispatch allowlist; the Triton candidate of the same file passes."""
-    from baselines.external import load_file
+    from baselines.external.file import load_file
     from gpu_worker.harness import Evaluator
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
     from gpu_worker.scheduling import Scheduler
 
     ev, store, _ = harness
@@ -402,7 +420,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
     from activities.search import KnobSearch
     from baselines.registry import get_problem
-    from activities.cli.spec import parse_spec
+    from cli.spec import parse_spec
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -421,7 +439,7 @@ def test_start_folder_stores_it_and_the_registry_loads_it_after_the_folder_is_go
 
 
 def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsys):
-    from activities.cli import main
+    from cli import main
 
     mine = tmp_path / "axpy"
     shutil.copytree(AXPY, mine)
@@ -433,7 +451,7 @@ def test_search_on_a_folder_without_a_template_is_refused(tmp_path, store, capsy
 
 
 def test_harness_verifies_a_folder_problem_s_template(harness):
-    from baselines.external import folder_manifest, read_folder
+    from baselines.external.folder import folder_manifest, read_folder
 
     ev, store, _ = harness
     files = read_folder(AXPY)
@@ -443,7 +461,7 @@ def test_harness_verifies_a_folder_problem_s_template(harness):
     assert "folder:" + store.put_json(manifest) == key
     v = ev.verify(_req(store, key, (AXPY / "kernel.py").read_text()))
     assert v.ok, v.reason
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     lib = "import torch\n\ndef run(inputs, out):\n    out['y'].copy_(torch.add(inputs['z'], inputs['x'], alpha=2.5))\n"
     r = check_source(lib, key)  # the folder's own core_ops
@@ -487,8 +505,9 @@ class ModelNew(nn.Module):
 def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     """KernelBench's form: ModelNew with Model's constructor and forward; the case's parameters replace its
     own (a ModelNew that kept its ones-initialised weight would fail), run(inputs, out) is derived."""
-    from baselines.external import entry_source, load_key
-    from gpu_worker.rules import check_source
+    from baselines.external.file import load_key
+    from baselines.external.model_new import entry_source
+    from rules.check import check_source
 
     ev, store, key = harness
     p = load_key(key, store)

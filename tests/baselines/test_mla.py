@@ -37,6 +37,7 @@ DECODE_KNOBS = [
     {"BLOCK_H": 32, "BLOCK_N": 64, "GRID": 1},  # one split, tail tile masked
     {"BLOCK_H": 64, "BLOCK_N": 32, "GRID": 3, "PDL": True},  # PDL is ignored off the GPU
     {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "SPLIT_DV": 2, "PARTIAL_BF16": True, "COMBINE_TILE": 2048},
+    {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 16, "MIN_TILES": 2},  # splits of 2 tiles, the last one cut short
 ]
 PREFILL_KNOBS = [
     {},

@@ -1,4 +1,5 @@
-"""mla_decode starting kernel under the Triton interpreter on shapes the cpu_shape does not reach, and the
+"""mla_decode starting kernel under the Triton interpreter on shapes the cpu_shape does not reach (whole
+tiles, partly masked row blocks, the primary shapes' head count and widths with a short cache), and the
 fused one-launch design (knob FUSED) against the fp64 oracle on the cpu_shape for every distribution.
 
 The cpu_shape (S = 100) never divides into whole tiles, so the unmasked hot loop (EVEN) runs only here:
@@ -21,13 +22,17 @@ EVEN_KNOBS = [
     {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8},  # 2 row blocks x 4 splits of one tile, unmasked
     {"BLOCK_H": 64, "BLOCK_N": 16, "GRID": 2, "SPLIT_DV": 2},  # 1 block x 2 dv halves x 1 split of 8 tiles
     {"BLOCK_H": 32, "BLOCK_N": 64, "GRID": 4, "PARTIAL_BF16": True},  # 1 block x 2 splits (GRID capped by tiles)
+    # the defaults' SPLIT_DV 2 (own and other latent halves) with splits of >= 2 tiles: 2 x 2 dv x 2 splits
+    {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 64, "MIN_TILES": 2},
+    {"BLOCK_H": 32, "BLOCK_N": 16, "GRID": 64, "SPLIT_DV": 1, "MIN_TILES": 4},  # 1 x 1 x 2 splits of 4 tiles
     # fused: 2 row blocks x 4 splits; reduction items of 64 columns, 2 splits per step (2 steps)
     {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "REDUCE_D": 64, "COMBINE_TILE": 128},
     {"FUSED": True, "BLOCK_H": 64, "BLOCK_N": 16, "GRID": 4, "SPLIT_DV": 2},  # 2 dv halves x 2 splits
 ]
 ODD_ROWS_SHAPE = {"Q": 3, "H": 8, "S": 128, "DL": 128, "DR": 16}  # M = 24: a row block partly masked
 ODD_ROWS_KNOBS = [{"BLOCK_H": 32, "BLOCK_N": 32, "GRID": 4}, {"BLOCK_H": 16, "BLOCK_N": 64, "GRID": 64},
-                  {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "REDUCE_D": 512}]
+                  {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "REDUCE_D": 512},
+                  {"BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "MIN_TILES": 8, "SPLIT_DV": 1}]
 
 # the fused design on the cpu_shape (S = 100: the last split masked; Q*H = 8 rows), every distribution
 FUSED_KNOBS = [
@@ -38,6 +43,13 @@ FUSED_KNOBS = [
     {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "SPLIT_DV": 2, "PARTIAL_BF16": True},
 ]
 DISTS = list(get_problem("mla_decode").distributions)
+
+# the primary shapes' head count and widths (H 64, DL 512, DR 64) with a short cache, Q = 1 and 4: the
+# defaults' 64-row blocks and 256-column halves at their real sizes; S = 192 splits into whole 64-row tiles,
+# S = 100 leaves the last split masked
+REAL_DIMS = [{"Q": q, "H": 64, "S": s, "DL": 512, "DR": 64} for q, s in ((1, 192), (4, 100))]
+REAL_KNOBS = [{}, {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 2},
+              {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}]  # Q4: two 128-row blocks
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +69,15 @@ def test_fused_kernel_cpu_shape_every_distribution():
     res = _interpret("mla_decode", FUSED_KNOBS)
     assert len(res) == len(FUSED_KNOBS) * len(DISTS)
     assert {r["dist"] for r in res} == set(DISTS)
+    for r in res:
+        assert not r["nan"], r
+        assert r["err"] < 1e-5, r
+
+
+@pytest.mark.parametrize("shape", REAL_DIMS, ids=[f"Q{s['Q']}-S{s['S']}" for s in REAL_DIMS])
+def test_decode_kernel_real_dims_short_cache(shape):
+    res = _interpret("mla_decode", REAL_KNOBS, shape, ["peaked"])
+    assert len(res) == len(REAL_KNOBS)
     for r in res:
         assert not r["nan"], r
         assert r["err"] < 1e-5, r

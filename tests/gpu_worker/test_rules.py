@@ -2,7 +2,7 @@
 
 import pytest
 
-from gpu_worker.rules import check_source
+from rules.check import check_source
 
 OK_HEAD = "import torch\nimport triton\nimport triton.language as tl\n"
 
@@ -97,7 +97,7 @@ def test_rules_module_imports_no_torch():
     import subprocess
     import sys
 
-    code = "import sys, gpu_worker.rules; print('torch' in sys.modules)"
+    code = "import sys, rules.check; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -203,11 +203,14 @@ def test_honest_constructs_pass(code):
 
 
 def test_every_knob_setting_the_search_can_render_passes():
-    """Each starting kernel, with each value of each knob checked in full, and the whole product of the
-    knob space: rendering changes only the KNOBS line (checked), and that line is a literal dict of exactly
-    the combination's values (checked), so every combination is constants each checked in the full source."""
+    """Each starting kernel, with each value of each knob checked in full, and the knob space's product:
+    rendering changes only the KNOBS line and that line is a literal dict of exactly the combination's
+    values (both checked on every combination of a small space, on 2,000 drawn ones of a large space), so
+    every combination is constants each checked in the full source."""
     import ast
     import itertools
+    import math
+    import random
 
     from baselines.problem import KNOBS_LINE, render
     from baselines.registry import get_problem, problem_names
@@ -221,7 +224,11 @@ def test_every_knob_setting_the_search_can_render_passes():
                 assert rep.ok, (name, knob, v, rep)
         head, tail = template[:KNOBS_LINE.search(template).start()], template[KNOBS_LINE.search(template).end():]
         names = sorted(space)
-        for combo in itertools.product(*(space[n] for n in names)):
+        size = math.prod(len(space[n]) for n in names)
+        drawn = random.Random(name)
+        combos = (itertools.product(*(space[n] for n in names)) if size <= 2000 else
+                  (tuple(drawn.choice(space[n]) for n in names) for _ in range(2000)))
+        for combo in combos:
             out = render(template, dict(zip(names, combo)))
             m = KNOBS_LINE.search(out)
             assert out[:m.start()] == head and out[m.end():] == tail, (name, combo)
@@ -241,7 +248,7 @@ def test_library_module_list_covers_the_installed_torch_and_triton():
     import triton
     import triton.language  # noqa: F401
 
-    from gpu_worker.rules import ALLOWED_MODULES, PURE_SEGMENTS
+    from rules.check import ALLOWED_MODULES, PURE_SEGMENTS
 
     # every Triton module loaded, as a long run's compiles may load them: the check sees them all
     for m in pkgutil.walk_packages(triton.__path__, "triton."):
@@ -382,7 +389,7 @@ def test_torch_that_allocates_views_copies_casts_and_fills_passes(code):
 
 def test_the_run_time_allowlist_is_told_to_proposers():
     from activities.llm.prompt import SYSTEM_PROMPT
-    from gpu_worker.rules_torch import ALLOWED_ATEN_OPS, TORCH_RULE
+    from rules.torch_ops import ALLOWED_ATEN_OPS, TORCH_RULE
 
     assert TORCH_RULE in SYSTEM_PROMPT
     assert {"empty", "view", "copy_", "_to_copy", "fill_", "zero_"} <= ALLOWED_ATEN_OPS
@@ -394,11 +401,24 @@ def test_profiler_cross_check_refuses_every_kernel_that_is_not_the_candidate_s_t
 
     own = ["_softmax_online", "_softmax_single"]
     assert foreign_kernels(["_softmax_online"], own) == []
-    # torch's own kernels launched by the work: a copy, a reduction, a library GEMM
-    copy = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+    # torch's own kernels launched by the work: an elementwise exp, a reduction, a library GEMM
+    exp = "void at::native::vectorized_elementwise_kernel<4, at::native::exp_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul> >(int, at::native::exp_kernel_cuda(at::TensorIteratorBase&)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>)"
     red = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::func_wrapper_t<float, at::native::sum_functor<float, float, float>::operator()(at::TensorIterator&)::{lambda(float, float)#1}>, unsigned int, float, 4>)"
     gemm = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas"
-    assert foreign_kernels(["_softmax_online", copy, red, gemm], own) == sorted([copy, red, gemm])
+    assert foreign_kernels(["_softmax_online", exp, red, gemm], own) == sorted([exp, red, gemm])
     # by exact name: a Triton kernel named like part of torch's does not make torch's kernel its own
-    assert foreign_kernels([copy], ["vectorized_elementwise_kernel", "FillFunctor"]) == [copy]
+    assert foreign_kernels([exp], ["vectorized_elementwise_kernel", "exp_kernel_cuda"]) == [exp]
     assert foreign_kernels(["_softmax_online_2"], own) == ["_softmax_online_2"]
+
+
+def test_profiler_cross_check_allows_the_fills_and_copies_the_guard_allows():
+    from gpu_worker.timing import foreign_kernels
+
+    own = ["_softmax_online"]
+    fill = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)"
+    cast = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, 4, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1> >(int, at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(float)#1}, std::array<char*, 2ul>, TrivialOffsetCalculator<1, unsigned int>, TrivialOffsetCalculator<1, unsigned int>, at::native::memory::LoadWithCast<1>, at::native::memory::StoreWithCast<1>)"
+    assert foreign_kernels(["_softmax_online", fill, cast, "Memset (Device)", "Memcpy DtoD (Device -> Device)"],
+                           own) == []
+    # the marker counts only in torch's namespace: no Triton kernel's name can start there
+    assert foreign_kernels(["FillFunctor_kernel"], own) == ["FillFunctor_kernel"]
+    assert foreign_kernels(["Memcpy DtoH (Device -> Pageable)"], own) == ["Memcpy DtoH (Device -> Pageable)"]

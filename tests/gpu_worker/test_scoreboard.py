@@ -48,7 +48,7 @@ def test_marathon_bench_passes_its_options_through(monkeypatch):
     import asyncio
 
     import gpu_worker.scoreboard as sb
-    from activities.cli import build_parser
+    from cli import build_parser
 
     seen = {}
     monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out: seen.update(
@@ -225,7 +225,7 @@ def test_merge_measures_nothing_so_it_takes_no_targets(tmp_path):
 def test_marathon_bench_merge_refuses_a_missing_file_with_one_line(tmp_path):
     import asyncio
 
-    from activities.cli import UsageError, build_parser
+    from cli import UsageError, build_parser
 
     args = build_parser().parse_args(["bench", "--merge", str(tmp_path / "nope.json"), "--out", str(tmp_path)])
     with pytest.raises(UsageError, match=r"^--merge .*nope.json: \[Errno 2\]"):

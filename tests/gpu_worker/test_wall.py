@@ -416,7 +416,7 @@ def test_cheats_rejected_with_their_family(judge_raw, store, name, family):
 
 
 def test_static_rules_name_the_same_cheats():
-    from gpu_worker.rules import check_source
+    from rules.check import check_source
 
     expect = {"wall_fork_exec": "process", "wall_socket_local": "network", "lazy_function_mode": "lazy-output",
               "lazy_dispatch_mode": "lazy-output", "wall_shell_via_torch": "escape", "wall_mkdir": "escape",

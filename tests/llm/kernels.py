@@ -13,7 +13,7 @@ def softmax_kernel(**knobs) -> str:
     return src.replace('"""Starting kernel for softmax', f'{MARKER}\n"""Kernel for softmax', 1)
 
 
-# slower to faster under tests/evaluators.synthetic_ms
+# slower to faster under synthetic_ms (tests/evaluators.py)
 LADDER = [
     dict(BLOCK_N=64, num_warps=1),
     dict(BLOCK_N=128, num_warps=2),

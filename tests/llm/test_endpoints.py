@@ -279,7 +279,7 @@ def test_llm_check_names_a_bad_setting(llm_env, monkeypatch):
 
 
 def test_marathon_llm_check_command(llm_env, capsys):
-    from activities.cli import main
+    from cli import main
 
     def respond(body, headers):
         return completion("TOOL: read_notebook")

@@ -108,7 +108,7 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
             with pytest.raises(WorkflowUpdateFailedError):
                 await h.execute_update(KernelOptimization.set_context_tokens, 10)
             cli = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "activities.cli", "budget", h.id, "--context-tokens", "12000",
+                sys.executable, "-m", "cli", "budget", h.id, "--context-tokens", "12000",
                 "--address", env.client.service_client.config.target_host,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
             out, err = await cli.communicate()
@@ -121,8 +121,8 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
 
 
 def test_the_turn_budget_flag_reaches_the_spec():
-    from activities.cli.parser import build_parser
-    from activities.cli.spec import parse_spec
+    from cli.parser import build_parser
+    from cli.spec import parse_spec
 
     args = build_parser().parse_args(["start", "softmax", "--policy", "llm", "--turns-per-iteration", "7"])
     assert parse_spec(args).turns_per_iteration == 7

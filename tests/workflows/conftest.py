@@ -5,7 +5,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
-from activities.cli.server import dev_server_config_args
+from cli.server import dev_server_config_args
 from workflows.optimization import SEARCH_ATTRIBUTES
 
 # Suggest continue-as-new early so tests cross run boundaries through the server's own signal too.

@@ -18,7 +18,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
 from tests.workflows.helpers import workers
-from activities.cli.server import dev_server_config_args
+from cli.server import dev_server_config_args
 from workflows.contracts import AGENT_QUEUE, Hint, RunSpec
 from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
 

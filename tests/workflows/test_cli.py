@@ -15,7 +15,7 @@ from tests.conftest import temporal_path
 from tests.workflows.helpers import run_id, workers
 from workflows.contracts import RunResult
 
-MARATHON = [sys.executable, "-m", "activities.cli"]
+MARATHON = [sys.executable, "-m", "cli"]
 
 
 def marathon(*args, env_address=None, check=False):
@@ -70,7 +70,7 @@ def test_bad_input_is_one_clear_line(args, message):
 def test_compaction_default_grows_with_the_population():
     import argparse
 
-    from activities.cli.spec import parse_spec
+    from cli.spec import parse_spec
 
     def spec(**kw):
         base = dict(spec=None, problem="softmax", iterations=None, hours=None, tokens=None, gpu_seconds=None,
@@ -124,7 +124,7 @@ def test_marathon_home_holds_the_state_the_artifact_store_included(tmp_path):
     """MARATHON_HOME moves ~/.marathon as a whole; MARATHON_ARTIFACTS moves the artifact store alone."""
     import os
 
-    code = ("from activities.cli.home import HOME; from workflows.artifacts import default_root; "
+    code = ("from cli.home import HOME; from workflows.artifacts import default_root; "
             "print(HOME); print(default_root())")
     env = {k: v for k, v in os.environ.items() if k not in ("MARATHON_HOME", "MARATHON_ARTIFACTS")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
@@ -304,6 +304,9 @@ async def test_plain_temporal_cli_drives_the_workflow(env, store):
     ('[1, 2]', "invalid run spec"),
     ('{"problem": "nosuch"}', "unknown problem 'nosuch'; known problems:"),
     ('{"problem": "softmax", "shape": "huge"}', "problem softmax has no shape 'huge'"),
+    ('{"problem": "softmax", "start_kernel": "%s"}' % ("0" * 64), "start_kernel %s: not in the artifact store"
+     % ("0" * 64)),
+    ('{"problem": "softmax", "start_kernel": "nokey"}', "start_kernel must be an artifact key"),
 ])
 async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message):
     """No validation on the client side here: the workflow itself must fail with one clear message
@@ -357,7 +360,7 @@ async def test_the_temporal_cli_hints_printed_and_in_the_cli_docs_work(env, stor
     with the temporal binary against the dev server, does what it says."""
     import shlex
 
-    from activities.cli import main
+    from cli import main
     from workflows.optimization import KernelOptimization
 
     address = env.client.service_client.config.target_host
@@ -418,15 +421,15 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
     from temporalio.service import RPCError
     from temporalio.worker import Worker
 
-    import baselines.external
-    from activities.cli import main
-    from activities.cli.workers import gpu_worker_identity, queue_pollers
+    import cli.spec
+    from cli import main
+    from cli.workers import gpu_worker_identity, queue_pollers
 
     @activity.defn(name="compile_candidate")
     def idle() -> None:
         pass
 
-    monkeypatch.setattr(baselines.external, "cuda_here", lambda: True)
+    monkeypatch.setattr(cli.spec, "cuda_here", lambda: True)
     address = env.client.service_client.config.target_host
     f = tmp_path / "no_cpu.py"
     f.write_text("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
@@ -456,7 +459,7 @@ async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve
 
 
 def test_export_refuses_a_run_without_a_kernel_and_an_output_that_is_a_file(tmp_path, store):
-    from activities.export import ExportError, export_run
+    from cli.export import ExportError, export_run
     from workflows.contracts import BestSummary, Used
 
     res = RunResult(workflow_id="r1", problem="softmax", iterations=3, best=None, stopped_by="budget-iterations",
@@ -516,6 +519,6 @@ def test_one_dev_server_per_database_and_no_worker_said_at_once(tmp_path):
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
     # the lock went with the server: the database is free again
-    from activities.cli.server import lock_database
+    from cli.server import lock_database
 
     os.close(lock_database(db))

@@ -16,7 +16,7 @@ import pytest
 
 from activities.ledger import read_ledger
 from tests.conftest import temporal_path
-from activities.cli.server import start_dev_server
+from cli.server import start_dev_server
 from workflows.client import connect
 from workflows.contracts import RunResult
 from workflows.optimization import KernelOptimization

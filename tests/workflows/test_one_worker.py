@@ -5,7 +5,7 @@ from compile, never a lost record.
 
 Real workflow and dev server; the GPU workers are stand-ins (tests/workflows/standin_gpu.py) whose device
 time is a sleep under a per-worker lock: on this host's two shared cores, real interpreter workers are
-CPU-bound and could not show two devices adding up. tests/gpu_worker/test_one_worker_real.py runs the
+CPU-bound and could not show two devices adding up. tests/workflows/test_one_worker_real.py runs the
 real harness on two worker processes for the routing alone."""
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ async def llm_file_run(env, real_gpu, monkeypatch, path, script, iterations: int
             monkeypatch.setenv(k, v)
         async with workers(env.client, real_gpu):
             p = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(path), "--policy", "llm",
+                subprocess.run, [sys.executable, "-m", "cli", "start", str(path), "--policy", "llm",
                                  "--iterations", str(iterations), "--id", wid, "--address", address],
                 capture_output=True, text=True, timeout=120)
             assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
@@ -87,7 +87,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     import os
     import shlex
 
-    from activities.cli import main
+    from cli import main
 
     out = tmp_path / "exported"
     rc = await asyncio.to_thread(main, ["export", wid, "--out", str(out), "--address", address])
@@ -116,7 +116,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     assert (out / "kernel.py").read_text() == text
     # the receipt's command, as a user runs it
     argv = shlex.split(cmd)
-    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "activities.cli"] + argv[1:],
+    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli"] + argv[1:],
                                 capture_output=True, text=True, timeout=120)
     assert v.returncode == 0 and v.stdout.startswith("PASS: "), v.stdout + v.stderr
     # ModelNew is the problem's Model: same constructor and parameters, same outputs (interpreter)
@@ -142,7 +142,7 @@ async def folder_search_run(env, gpu, tmp_path, iterations: int, wid: str, wait_
     address = env.client.service_client.config.target_host
     async with workers(env.client, gpu):
         p = await asyncio.to_thread(
-            subprocess.run, [sys.executable, "-m", "activities.cli", "start", str(mine), "--policy", "search",
+            subprocess.run, [sys.executable, "-m", "cli", "start", str(mine), "--policy", "search",
                              "--iterations", str(iterations), "--id", wid, "--address", address],
             capture_output=True, text=True, timeout=120)
         assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
@@ -164,3 +164,30 @@ async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env,
     later = [r for r in recs[1:] if r.outcome == "improved"]
     assert later and all(r.vs_best_ci[0] > 1.0 for r in later), recs
     assert res.best.candidate_id == later[-1].candidate_id and res.best.iteration > 1, res.best
+
+
+async def test_marathon_start_file_with_a_starting_kernel_runs_the_search_policy(env, store, real_gpu, tmp_path):
+    """`marathon start FILE --kernel START.py --policy search`: a KernelBench file has no template, the user's
+    starting kernel (KNOBS and KNOB_SPACE) is tuned by the search against the file's reference; both files
+    are deleted once started (the run holds them by key)."""
+    mine, start = tmp_path / "my_layernorm.py", tmp_path / "my_start.py"
+    shutil.copy(FILES / "layernorm.py", mine)
+    shutil.copy(FILES / "layernorm_start.py", start)
+    address = env.client.service_client.config.target_host
+    wid = run_id("filesearch")
+    async with workers(env.client, real_gpu):
+        p = await asyncio.to_thread(
+            subprocess.run, [sys.executable, "-m", "cli", "start", str(mine), "--kernel", str(start), "--policy",
+                             "search", "--iterations", "3", "--id", wid, "--address", address],
+            capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and p.stdout.strip() == wid, p.stderr
+        mine.unlink()
+        start.unlink()
+        res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 300)
+    assert res.problem.startswith("file:")
+    recs = read_ledger(store, res.ledger_key)
+    assert [r.iteration for r in recs] == [1, 2, 3]
+    assert recs[0].knobs == {"ROWS": 1, "num_warps": 4} and recs[0].outcome == "improved", recs[0]
+    assert all(r.outcome in ("improved", "passed") and r.knobs for r in recs), recs  # every setting is correct
+    assert len({r.candidate_id for r in recs}) == 3
+    assert res.best is not None and res.best.interpreter

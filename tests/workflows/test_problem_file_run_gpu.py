@@ -62,7 +62,7 @@ async def test_a_kernelbench_file_runs_end_to_end_on_the_gpu(env, store, cuda_gp
     wrong one rejected at verification; the export's receipt names the GPU and its re-verify passes there."""
     from gpu_worker.timing import BACK_TO_BACK, GRAPH
 
-    from activities.cli import main
+    from cli import main
 
     good = (FILES / "rmsnorm_kernel.py").read_text()
     wrong = good.replace("x * r * w", "x * r")  # the learned scale left out
@@ -123,7 +123,7 @@ async def test_a_kernelbench_file_runs_end_to_end_on_the_gpu(env, store, cuda_gp
 
     # the receipt's command, as a user runs it: the harness's verification on this GPU
     argv = shlex.split(cmd)
-    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "activities.cli"] + argv[1:],
+    v = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "cli"] + argv[1:],
                                 capture_output=True, text=True, timeout=300)
     assert v.returncode == 0 and v.stdout.startswith("PASS: "), v.stdout + v.stderr
     assert "(GPU, shape get_inputs" in v.stdout, v.stdout  # verified on the device, at get_inputs()

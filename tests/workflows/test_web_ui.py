@@ -14,7 +14,7 @@ from temporalio import activity
 from tests import evaluators
 from tests.workflows.helpers import run_id, start, workers
 from tests.workflows.test_cli import marathon
-from activities.cli.query import run_report, watch
+from cli.query import run_report, watch
 from workflows.contracts import AGENT_QUEUE, BenchReport, BenchRequest, RunSpec
 from workflows.optimization import KernelOptimization
 from workflows.text import INTERPRETER_NOTE

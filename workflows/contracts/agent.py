@@ -24,6 +24,7 @@ class ProposeRequest(Strict):
     notebook_key: str | None = None
     hints: list[str] = Field(default_factory=list)
     taken: list[str] = Field(default_factory=list)  # candidate ids proposed by sibling slots this step
+    start_kernel: str | None = None  # RunSpec.start_kernel
 
 
 class Proposal(Strict):

@@ -94,18 +94,28 @@ class RunSpec(Strict):
     # the task queue of the GPU workers that evaluate this run: one queue per pool of GPUs (H200s apart
     # from H100s, or one problem per GPU on a shared host); the worker side is `marathon worker --gpu-queue`
     gpu_queue: str = GPU_QUEUE
+    # search policy: the artifact key of a starting kernel with KNOBS and KNOB_SPACE (a problem file has no
+    # template of its own); default: the problem's template
+    start_kernel: str | None = None
     carried: CarriedState | None = None
 
     @field_validator("problem")
     @classmethod
     def _problem_name(cls, v: str) -> str:
-        # a built-in problem's name, or the artifact key of a problem file or folder (baselines/external.py)
+        # a built-in problem's name, or the artifact key of a problem file or folder (baselines/external/)
         kind, sep, key = (v or "").partition(":")
         if sep and kind in ("file", "folder") and len(key) == 64 and all(c in "0123456789abcdef" for c in key):
             return v
         if not v or not v.replace("_", "").isalnum():
             raise ValueError(f"problem must be a problem folder name or a problem file's or folder's key "
                              f"(file:<sha256>, folder:<sha256>), got {v!r}")
+        return v
+
+    @field_validator("start_kernel")
+    @classmethod
+    def _kernel_key(cls, v: str | None) -> str | None:
+        if v is not None and (len(v) != 64 or not all(c in "0123456789abcdef" for c in v)):
+            raise ValueError(f"start_kernel must be an artifact key (64 hex digits), got {v!r}")
         return v
 
     @field_validator("gpu_queue")

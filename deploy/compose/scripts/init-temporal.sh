@@ -2,7 +2,7 @@
 # Runs once in the kernel-marathon image (installed there as /usr/local/bin/marathon-init-temporal)
 # after the server is up (compose service temporal-init, the Kubernetes Job marathon-init): waits for the frontend, creates the namespace if it is missing, and
 # registers the Marathon* search attributes with the project's own idempotent function
-# (activities/cli.py register_search_attributes), so the names and types cannot drift from the code:
+# (cli/server.py register_search_attributes), so the names and types cannot drift from the code:
 #   MarathonProblem Keyword, MarathonIteration Int, MarathonBestSpeedup Double, MarathonPhase Keyword.
 # Connection settings come from the temporal envconfig profile and the TEMPORAL_* variables
 # (TEMPORAL_ADDRESS, TEMPORAL_NAMESPACE, TEMPORAL_API_KEY, TEMPORAL_TLS*), which both the temporal CLI
@@ -37,7 +37,7 @@ python - <<'PY'
 import asyncio
 import sys
 
-from activities.cli import register_search_attributes
+from cli.server import register_search_attributes
 from workflows.client import connect
 
 

@@ -40,7 +40,6 @@ import hashlib
 import math
 import os
 import re
-import shutil
 import sys
 import tempfile
 import types
@@ -48,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from baselines.perturb import vary_parameter
-from baselines.problem import OutputSpec, Problem, Shape, UnknownProblem
+from baselines.problem import OutputSpec, Problem, ProblemFileError, Shape, UnknownProblem
 
 FILE_PREFIX = "file:"
 KEY_RE = re.compile(r"^file:[0-9a-f]{64}$")
@@ -58,10 +57,6 @@ GPU_SHAPE = "get_inputs"
 CPU_SHAPE = "get_cpu_inputs"
 #: mixed into a case's seed for the generator that varies the Model's parameters
 PARAM_SEED = 0x5EED_9A7A
-
-
-class ProblemFileError(UnknownProblem):
-    """A problem file that cannot become a problem: one line that says why."""
 
 
 def is_file_key(name: str) -> bool:
@@ -462,12 +457,6 @@ def load_file(path: str | os.PathLike) -> tuple[str, bytes, ExternalProblem]:
     return key, data, ExternalProblem(key, data, str(path))
 
 
-def cuda_here() -> bool:
-    """Whether this process sees a CUDA device (the CLI asks: without one it takes a run for a CPU run)."""
-    import torch
-
-    return torch.cuda.is_available()
-
 
 def check_cpu_run(problem: ExternalProblem) -> None:
     """What a CPU run needs, checked before it starts: CPU inputs, a reference that runs on them and gives
@@ -498,58 +487,6 @@ def check_cpu_run(problem: ExternalProblem) -> None:
             raise ProblemFileError(f"{problem.label}: the oracle's {k} has non-finite values on get_cpu_inputs()")
 
 
-#: calls in a reference's forward that shape, move or allocate data rather than compute the operator: a
-#: candidate's wrapper needs them, so they are never the operator's core
-PLUMBING = frozenset({
-    "view", "view_as", "reshape", "reshape_as", "contiguous", "size", "dim", "numel", "stride", "float", "half",
-    "bfloat16", "double", "long", "int", "bool", "to", "type", "type_as", "t", "transpose", "permute", "movedim",
-    "swapaxes", "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze", "flatten", "unflatten", "clone",
-    "detach", "cpu", "cuda", "item", "tolist", "empty", "empty_like", "zeros", "zeros_like", "ones", "ones_like",
-    "full", "full_like", "arange", "tensor", "as_tensor", "new_empty", "new_zeros", "new_ones", "new_full",
-    "copy_", "fill_", "zero_", "is_contiguous", "element_size", "unbind", "split", "chunk", "narrow", "select",
-    "cat", "stack", "super", "__init__", "append", "range", "len", "isinstance", "tuple", "list", "parameter"})
-
-
-def _snake(name: str) -> str:
-    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
-
-
-def reference_ops(data: bytes) -> frozenset[str]:
-    """The operator's core as the static rules see it: the names the file's Model calls (methods and torch
-    functions in forward, `torch.nn` modules built in __init__, as their functional names), less PLUMBING.
-    A candidate may not call them: the reference's own torch ops are what it replaces. AST only, no torch."""
-    import ast
-
-    tree = ast.parse(data)
-    model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
-    ops: set[str] = set()
-    for fn in (n for n in (model.body if model else []) if isinstance(n, ast.FunctionDef)):
-        for node in ast.walk(fn):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
-                continue
-            owner = node.func.value
-            if isinstance(owner, ast.Name) and owner.id == "self":
-                continue  # self.layer(x): a submodule; its class is counted where __init__ builds it
-            if fn.name == "forward":
-                ops.add(node.func.attr)
-            elif fn.name == "__init__" and node.func.attr[:1].isupper():  # nn.Softmax(dim=1) -> softmax
-                snake = _snake(node.func.attr)
-                ops.update({snake, re.sub(r"_?\d+d$", "", snake)})
-    return frozenset(ops - PLUMBING)
-
-
-_OPS: dict[str, frozenset] = {}
-
-
-def reference_ops_for_key(key: str) -> frozenset[str]:
-    """reference_ops of the problem file stored under `key` (cached: a key names one content)."""
-    from workflows.artifacts import ArtifactStore
-
-    if key not in _OPS:
-        _OPS[key] = reference_ops(ArtifactStore().get_bytes(key.removeprefix(FILE_PREFIX)))
-    return _OPS[key]
-
-
 def load_key(key: str, store=None) -> ExternalProblem:
     """The problem stored under `key` (`file:<sha256>`) in the artifact store."""
     from workflows.artifacts import ArtifactStore, ArtifactStoreError
@@ -563,179 +500,3 @@ def load_key(key: str, store=None) -> ExternalProblem:
         raise UnknownProblem(f"problem {key[:17]}...: {e} (marathon start PATH stores the file)") from None
     return ExternalProblem(key, data)
 
-
-# ---- the richer form: a problem folder outside the project ----------------------------------------------
-FOLDER_PREFIX = "folder:"
-FOLDER_KEY_RE = re.compile(r"^folder:[0-9a-f]{64}$")
-#: what a problem folder holds: spec.py is required; the others are what the built-in problems have
-FOLDER_FILES = ("spec.py", "oracle.py", "baseline.py", "kernel.py", "knobs.py")
-
-
-def is_folder_key(name: str) -> bool:
-    return bool(FOLDER_KEY_RE.match(name or ""))
-
-
-def folder_manifest(files: dict[str, bytes]) -> tuple[str, dict]:
-    """(key, manifest) of a folder's files: the manifest names each file's content key; the key is the
-    manifest's own content key, as the artifact store computes it (put_json)."""
-    import json
-
-    manifest = {"kind": "problem-folder", "files": {n: hashlib.sha256(d).hexdigest() for n, d in sorted(files.items())}}
-    text = json.dumps(manifest, sort_keys=True, separators=(",", ":")).encode()
-    return FOLDER_PREFIX + hashlib.sha256(text).hexdigest(), manifest
-
-
-def read_folder(path: str | os.PathLike) -> dict[str, bytes]:
-    """The folder's top-level .py files (subfolders are not part of a problem folder)."""
-    p = Path(path)
-    try:
-        files = {f.name: f.read_bytes() for f in sorted(p.iterdir()) if f.is_file() and f.suffix == ".py"}
-    except OSError as e:
-        raise ProblemFileError(f"{path}: cannot read the folder: {e.strerror or e}") from None
-    if "spec.py" not in files:
-        raise ProblemFileError(f"{path}: a problem folder needs a spec.py defining PROBLEM (docs/problems.md)")
-    return files
-
-
-def load_folder(root: Path, key: str, label: str) -> Problem:
-    """spec.py's PROBLEM, imported as a package from `root` (its siblings are imported relatively:
-    `from .oracle import ...`), named by `key` and reading its template and knobs from `root`."""
-    import importlib
-
-    pkg = "marathon_folder_" + key.removeprefix(FOLDER_PREFIX)[:16]
-    if pkg not in sys.modules:
-        mod = types.ModuleType(pkg)
-        mod.__path__ = [str(root)]
-        mod.__file__ = str(root / "__init__.py")
-        sys.modules[pkg] = mod
-    try:
-        spec = importlib.import_module(f"{pkg}.spec")
-    except SyntaxError as e:
-        raise ProblemFileError(f"{label}: {Path(e.filename or 'spec.py').name}: syntax error at line {e.lineno}: "
-                               f"{e.msg}") from None
-    except Exception as e:  # noqa: BLE001 - the folder's fault, said in one line
-        for name in [m for m in sys.modules if m == pkg or m.startswith(pkg + ".")]:
-            del sys.modules[name]
-        raise ProblemFileError(f"{label}: importing spec.py raised {type(e).__name__}: {e}") from None
-    p = getattr(spec, "PROBLEM", None)
-    if not isinstance(p, Problem):
-        raise ProblemFileError(f"{label}: spec.py defines no PROBLEM (an instance of baselines.problem.Problem)")
-    if not p.shapes or not p.distributions or not p.outputs:
-        raise ProblemFileError(f"{label}: PROBLEM needs shapes, distributions and outputs")
-    if getattr(p, "name", "") != key:
-        p.own_name = p.name
-        p.name = key  # workers and children find it by this key
-    # the template and the knobs are read from the folder, wherever it lies
-    p.__class__ = type(type(p).__name__, (type(p),), {"folder": property(lambda self: root)})
-    return p
-
-
-def load_folder_key(key: str, store=None) -> Problem:
-    """The problem folder stored under `key` (`folder:<sha256 of its manifest>`), materialized once in a
-    folder of its own (written whole, then renamed) and imported from there."""
-    from workflows.artifacts import ArtifactStore, ArtifactStoreError
-
-    if not is_folder_key(key):
-        raise UnknownProblem(f"{key!r} is not a problem folder key (folder:<64 hex digits>)")
-    store = store or ArtifactStore()
-    digest = key.removeprefix(FOLDER_PREFIX)
-    try:
-        manifest = store.get_json(digest)
-        files = {n: store.get_bytes(k) for n, k in manifest["files"].items()}
-    except ArtifactStoreError as e:
-        raise UnknownProblem(f"problem {key[:19]}...: {e} (marathon start PATH stores the folder)") from None
-    except (KeyError, TypeError, AttributeError, ValueError):
-        raise UnknownProblem(f"problem {key[:19]}...: the stored object is not a problem folder") from None
-    root = Path(tempfile.gettempdir()) / f"marathon-problems-{os.getuid()}" / f"folder-{digest}"
-    if not root.is_dir():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tmp-"))
-        for n, d in files.items():
-            (tmp / Path(n).name).write_bytes(d)
-        try:
-            os.replace(tmp, root)
-        except OSError:  # another process got there first: same content
-            shutil.rmtree(tmp, ignore_errors=True)
-    return load_folder(root, key, key[:19])
-
-
-# ---- the second candidate form for problem files: KernelBench's ModelNew ------------------------------
-#: the line `marathon export` writes between a kernel and the code that calls it in the problem's form;
-#: the harness (and `marathon verify`) judges what lies above it
-EXPORT_MARKER = "# ---- marathon export: the problem's calling form; the verified kernel is above this line ----"
-
-
-def kernel_part(source: str) -> str:
-    """The candidate of an exported kernel file (the part above EXPORT_MARKER); any other source as it is."""
-    head, sep, _ = source.partition(EXPORT_MARKER)
-    return head.rstrip("\n") + "\n" if sep else source
-
-
-def _is_super_init(stmt) -> bool:
-    """`super().__init__(...)`, `super(ModelNew, self).__init__(...)` or `nn.Module.__init__(self)`."""
-    import ast
-
-    return (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call)
-            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr == "__init__")
-
-
-def entry_source(source: str, problem: ExternalProblem) -> str:
-    """A candidate written in KernelBench's form, `class ModelNew(nn.Module)` with Model's constructor and
-    forward, as the entry-function form the harness calls: the class loses its base (the static rules allow
-    no class with bases) and its `super().__init__()`, and a `run(inputs, out)` is added that builds
-    ModelNew once per input size with the constructor arguments of that size (get_init_inputs() or
-    get_cpu_init_inputs()), hands it the case's parameters and buffers under Model's names, calls forward
-    on in0, in1, ... and copies what it returns into out0, out1, ... A source with a top-level `run`, or
-    without ModelNew, is returned as it is (the rules judge it). ProblemFileError where the constructor
-    arguments are not literals."""
-    import ast
-
-    source = kernel_part(source)
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return source
-    if any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):
-        return source
-    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ModelNew"), None)
-    if cls is None:
-        return source
-    cls.bases, cls.keywords = [], []
-    for fn in cls.body:
-        if isinstance(fn, ast.FunctionDef):
-            fn.body = [s for s in fn.body if not _is_super_init(s)] or [ast.Pass()]
-    n = problem._n_inputs
-    shapes = [problem.shapes[0]] + ([problem.cpu_shape] if problem.has_cpu else [])
-    init_args = {}
-    for shape in shapes:
-        problem.output_specs(shape, cpu=shape.name == CPU_SHAPE)  # records the shape's input sizes
-        args = problem._init_args(shape)
-        try:
-            literal = ast.literal_eval(repr(args)) == args
-        except (ValueError, SyntaxError):
-            literal = False
-        if not literal:
-            raise ProblemFileError(f"{problem.label}: a ModelNew candidate needs constructor arguments that are "
-                                   f"literals; {shape.name}'s are {args!r} (write run(inputs, out) instead)")
-        sizes = tuple(tuple(s) for s in problem._signatures[shape.name][0])
-        init_args.setdefault(sizes, args)
-    params = {name for name, _ in problem._skeleton(problem.shapes[0]).named_parameters()}
-    ins = ", ".join(f'inputs["in{i}"]' for i in range(n))
-    lines = ["", "", "# the ModelNew form called as run(inputs, out)", "import torch as marathon_torch", "",
-             "MARATHON_CANDIDATE = ModelNew  # bound here: an exported file defines a ModelNew of its own below",
-             f"MARATHON_INIT_ARGS = {init_args!r}", "MARATHON_MODELS = {}", "", "",
-             "def run(inputs, out):",
-             f"    sizes = ({''.join(f'tuple(inputs[{chr(34)}in{i}{chr(34)}].shape), ' for i in range(n))})",
-             "    model = MARATHON_MODELS.get(sizes)",
-             "    if model is None:",
-             "        model = MARATHON_CANDIDATE(*MARATHON_INIT_ARGS[sizes])",
-             "        MARATHON_MODELS[sizes] = model"]
-    for name in problem._state_names:
-        value = f'inputs["{name}"]'
-        if "." in name and name in params:  # a submodule's parameter slot takes a Parameter (sharing storage)
-            value = f"marathon_torch.nn.Parameter({value}, requires_grad=False)"
-        lines.append(f"    model.{name} = {value}")
-    lines += [f"    result = model.forward({ins})",
-              "    results = (result,) if isinstance(result, marathon_torch.Tensor) else tuple(result)"]
-    lines += [f'    out["out{i}"].copy_(results[{i}])' for i in range(problem._n_outputs)]
-    return ast.unparse(tree) + "\n".join(lines) + "\n"

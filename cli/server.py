@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from activities.cli.errors import UsageError
-from activities.cli.home import HOME
+from cli.errors import UsageError
+from cli.home import HOME
 
 
 async def register_search_attributes(client) -> None:
@@ -35,9 +35,9 @@ async def register_search_attributes(client) -> None:
             AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
 
 
-# The dev server's history queue processors poll at most 20 times a second by default: that puts 50-100 ms
-# between an activity being scheduled and a worker on another task queue receiving it, about 20 ms at these
-# rates (docs/results.md, "Orchestration overhead"). Production clusters tune their own.
+# The dev server's history queue processors poll at most 20 times a second by default, and each hand-off of
+# an activity to a worker on another task queue waits for a poll; these rates shorten that wait
+# (docs/results.md, "Orchestration overhead", has the figures). Production clusters tune their own.
 DEV_SERVER_DYNAMIC_CONFIG = {
     "history.transferProcessorMaxPollRPS": 1000,
     "history.timerProcessorMaxPollRPS": 1000,

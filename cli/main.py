@@ -6,8 +6,8 @@ import asyncio
 import os
 import sys
 
-from activities.cli.errors import UsageError
-from activities.cli.parser import build_parser
+from cli.errors import UsageError
+from cli.parser import build_parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
 
 
 async def cmd_llm_check(args) -> int:
@@ -53,9 +53,10 @@ async def cmd_problems(args) -> int:
 def describe_problem_path(path: str, as_json: bool = False) -> int:
     """`marathon problems PATH`: load a problem file or folder as `marathon start PATH` would, run the checks
     a run here would, and print what it is; anything wrong is one line (UsageError). Nothing is stored."""
-    from baselines.external import cuda_here, is_folder_key
+    from baselines.external.folder import is_folder_key
+    from cli.spec import cuda_here
 
-    from activities.cli.spec import check_problem_file, load_problem_path
+    from cli.spec import check_problem_file, load_problem_path
 
     p = load_problem_path(path)
     folder = is_folder_key(p.name)
@@ -92,13 +93,14 @@ def describe_problem_path(path: str, as_json: bool = False) -> int:
         print(f"OK: `marathon start {path}` starts a run of it (policies: {', '.join(policies)})")
     else:
         where = "for GPU workers" if cuda_here() else "here, under the Triton interpreter on its CPU inputs"
-        print(f"OK: `marathon start {path} --policy llm` starts a run of it {where}")
+        print(f"OK: `marathon start {path} --policy llm` starts a run of it {where}; the search policy "
+              f"tunes a starting kernel you hand in: `marathon start {path} --kernel START.py`")
     return 0
 
 
 async def cmd_verify(args) -> int:
     """The harness's verification of a kernel file against a problem, on this machine."""
-    from activities.export import ExportError, verify_kernel
+    from cli.export import ExportError, verify_kernel
 
     try:
         ok, lines = await asyncio.to_thread(verify_kernel, args.problem, Path(args.kernel), args.shape)

@@ -35,7 +35,8 @@ class ExportError(Exception):
 def problem_source(problem: str, store: ArtifactStore) -> dict:
     """What the problem's key and content are: {"key", "kind", "sha256", "files"} (files: name -> bytes,
     the problem's own sources)."""
-    from baselines.external import folder_manifest, is_file_key, is_folder_key
+    from baselines.external.file import is_file_key
+    from baselines.external.folder import folder_manifest, is_folder_key
 
     if is_file_key(problem):
         digest = problem.removeprefix("file:")
@@ -69,7 +70,7 @@ def _receipt_fields(store: ArtifactStore, log_key: str | None) -> dict:
 def kernel_file_text(wid: str, st, source: str, prob: dict, verify_cmd: str) -> str:
     """kernel.py: a header of comments (a docstring could displace a `from __future__` import), the
     candidate as judged, and for a problem file the ModelNew form."""
-    from baselines.external import EXPORT_MARKER
+    from baselines.external.model_new import EXPORT_MARKER
 
     head = [f"# Exported from marathon run {wid}: the best kernel of problem {prob['key']}",
             f"# (candidate {st.best.candidate_id}, iteration {st.best.iteration}); receipt.json beside it.",
@@ -239,8 +240,11 @@ def export_run(wid: str, st, out: Path, force: bool = False, store: ArtifactStor
 def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> tuple[bool, list[str]]:
     """The harness's verification of the kernel file against the problem (a built-in name, a problem file or
     folder, or a stored key), here: (passed, lines to print). ExportError for bad input."""
-    from baselines.external import (ProblemFileError, check_cpu_run, cuda_here, entry_source, folder_manifest,
-                                    is_file_key, is_folder_key, kernel_part, load_file, read_folder)
+    from baselines.external.file import check_cpu_run, is_file_key, load_file
+    from baselines.external.folder import folder_manifest, is_folder_key, read_folder
+    from baselines.external.model_new import entry_source, kernel_part
+    from baselines.problem import ProblemFileError
+    from cli.spec import cuda_here
     from baselines.registry import UnknownProblem, check_problem_name, get_problem
 
     try:

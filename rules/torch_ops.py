@@ -1,7 +1,7 @@
 """What a candidate's torch may do: allocate, view, copy, cast and fill. The work is its own Triton.
 
 Held at run time by the guard's dispatch mode (ALLOWED_ATEN_OPS, gpu_worker.guard) and, where a name shows
-it, by the static rules (gpu_worker.rules); told to proposers as TORCH_RULE. Pure data: no torch import.
+it, by the static rules (rules.check); told to proposers as TORCH_RULE. Pure data: no torch import.
 """
 
 #: the aten ops a candidate's torch may run (gpu_worker.guard refuses every other one while it runs): they

@@ -9,8 +9,8 @@ a run's handle, status and spec · run: start, budget, stop, pause, resume, hint
 report, notebook, export · demo: what `make run` does · local: problems, verify, selftest, bench, llm-check.
 """
 
-from activities.cli.errors import UsageError
-from activities.cli.main import entry, main
-from activities.cli.parser import build_parser
+from cli.errors import UsageError
+from cli.main import entry, main
+from cli.parser import build_parser
 
 __all__ = ["UsageError", "build_parser", "entry", "main"]

@@ -9,7 +9,7 @@ import signal
 from pydantic import ValidationError
 
 from workflows.contracts import AGENT_QUEUE, RunSpec, explain
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
 
 
 async def cmd_worker(args) -> int:
@@ -129,7 +129,7 @@ async def wait_for_worker(client, proc, log, timeout: float = 120) -> None:
 async def check_workers_can_run(client, spec: RunSpec, label: str | None = None) -> None:
     """A problem file without get_cpu_inputs() cannot run where the run's GPU queue is served only by workers
     without CUDA (they run the interpreter on the CPU inputs): refused before the run starts."""
-    from baselines.external import CPU_SHAPE, is_file_key
+    from baselines.external.file import CPU_SHAPE, is_file_key
 
     if not is_file_key(spec.problem) or spec.shape not in (None, CPU_SHAPE):
         return

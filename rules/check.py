@@ -2,21 +2,21 @@
 
 `check_source(source, problem)` returns a RuleReport naming the first rule broken. The same rule names
 appear in run-time rejections from the sandbox guard (gpu_worker.guard), so a proposer sees one vocabulary.
-Where a rule is one of the cheating families (`FAMILIES` in workflows.contracts) it carries that name:
+Where a rule is one of the cheating families (`FAMILIES` in workflows/contracts/base.py) it carries that name:
 
   syntax            the source does not parse
   contract          no top-level `def run(inputs, out)`
   forbidden-import  an import outside the allowlist (kernel libraries, the project's own modules, numpy, ...)
   library-kernel    work handed to library kernels: torch.ops, torch.compile, SDPA, cuBLAS matmul, the
                     problem's own PyTorch op, and any torch that computes rather than allocates, views,
-                    copies, casts or fills (torch.exp, x.sum(), F.relu; rules_torch)
+                    copies, casts or fills (torch.exp, x.sum(), F.relu; rules/torch_ops.py)
   escape            introspection or dynamic code that could defeat the checks: a builtin outside the short
                     allowlist (exec, eval, getattr, vars, globals, type, ...), any attribute whose name starts
                     with an underscore (__dict__, __class__, torch._C), frame and code attributes, and any
                     attribute chain through a module that reaches the interpreter, the operating system or
                     the harness (torch.sys.modules, torch.cuda.os, torch.utils, triton.runtime, ...), and a
                     module object held in a variable, passed or returned (names bound to modules are
-                    followed: rules_names)
+                    followed: rules/names.py)
   network           sockets, HTTP and friends
   process           subprocesses, fork, multiprocessing
   filesystem        file access (open, pathlib, shutil, tempfile)
@@ -34,9 +34,8 @@ from __future__ import annotations
 import ast
 import builtins
 
-from gpu_worker.rules_names import ModuleNames
-from gpu_worker.rules_torch import (ALLOWED_ATEN_OPS, ALLOWED_TORCH_CALLS, COMPUTE_MODULES, COMPUTE_NAMES,  # noqa: F401
-                                    PYTHON_METHODS, TORCH_RULE)
+from rules.names import ModuleNames
+from rules.torch_ops import ALLOWED_TORCH_CALLS, COMPUTE_MODULES, COMPUTE_NAMES, PYTHON_METHODS
 from workflows.contracts import RuleReport
 
 #: modules (and their submodules) a candidate may import
@@ -48,7 +47,7 @@ ALLOWED_IMPORTS = (
 KERNEL_LIBRARIES = (
     "fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "deep_gemm", "flash_mla",
     "liger_kernel", "tilelang", "flash_kda", "cutlass", "apex", "transformer_engine", "thunderkittens",
-    "baselines", "gpu_worker", "activities", "workflows",
+    "baselines", "gpu_worker", "activities", "workflows", "rules", "cli",
 )
 #: sandbox escapes by import, by family (any other module outside the allowlist is a forbidden-import)
 SYSTEM_MODULES = {
@@ -201,8 +200,8 @@ def module_path_rule(full: str) -> tuple[str, str] | None:
 
 
 def _problem_ops(problem: str) -> set[str]:
-    if problem.startswith("file:"):  # a problem file (baselines/external.py): the ops its reference calls
-        from baselines.external import reference_ops_for_key
+    if problem.startswith("file:"):  # a problem file: the ops its reference calls (baselines/external/reference_ops.py)
+        from baselines.external.reference_ops import reference_ops_for_key
 
         return set(reference_ops_for_key(problem))
     if problem.startswith("folder:"):  # a problem folder names its core ops itself (Problem.core_ops)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from workflows.contracts import RunResult, RunSpec, Status
-from activities.cli.errors import UsageError
-from activities.cli.workers import agent_worker_missing
+from cli.errors import UsageError
+from cli.workers import agent_worker_missing
 
 
 async def connect_client(args):

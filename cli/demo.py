@@ -7,12 +7,12 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
-from activities.cli.home import HOME
-from activities.cli.query import fmt_end, run_report, watch
-from activities.cli.run import cmd_start
-from activities.cli.server import register_search_attributes, start_dev_server
-from activities.cli.spec import parse_spec
-from activities.cli.workers import wait_for_worker
+from cli.home import HOME
+from cli.query import fmt_end, run_report, watch
+from cli.run import cmd_start
+from cli.server import register_search_attributes, start_dev_server
+from cli.spec import parse_spec
+from cli.workers import wait_for_worker
 
 
 async def cmd_demo(args) -> int:
@@ -34,7 +34,7 @@ async def cmd_demo(args) -> int:
         client = await connect(args.address, args.namespace)
     await register_search_attributes(client)
     log = open(HOME / "worker.log", "ab")
-    worker = subprocess.Popen([sys.executable, "-m", "activities.cli", "worker", "--role", "all"],
+    worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all"],
                               stdout=log, stderr=log, start_new_session=True)
     try:
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from activities.cli.demo import cmd_demo
-from activities.cli.home import HOME
-from activities.cli.local import cmd_bench, cmd_llm_check, cmd_problems, cmd_selftest, cmd_verify
-from activities.cli.query import cmd_export, cmd_notebook, cmd_report, cmd_status, cmd_watch
-from activities.cli.run import cmd_budget, cmd_hint, cmd_pause, cmd_resume, cmd_start, cmd_stop
-from activities.cli.server import cmd_dev
-from activities.cli.workers import cmd_worker
+from cli.demo import cmd_demo
+from cli.home import HOME
+from cli.local import cmd_bench, cmd_llm_check, cmd_problems, cmd_selftest, cmd_verify
+from cli.query import cmd_export, cmd_notebook, cmd_report, cmd_status, cmd_watch
+from cli.run import cmd_budget, cmd_hint, cmd_pause, cmd_resume, cmd_start, cmd_stop
+from cli.server import cmd_dev
+from cli.workers import cmd_worker
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default 30)")
         c.add_argument("--gpu-queue", dest="gpu_queue",
                        help="task queue of the GPU workers for this run (default marathon-gpu)")
+        c.add_argument("--kernel", help="search policy: a starting kernel with a KNOBS line and KNOB_SPACE to "
+                                        "tune (a problem file has no template of its own)")
         c.add_argument("--spec", help="a RunSpec as JSON, or @file; flags override its fields")
         c.add_argument("--id", help="workflow id (default marathon-PROBLEM-TIMESTAMP)")
 

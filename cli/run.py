@@ -10,11 +10,11 @@ from pydantic import ValidationError
 
 from workflows.contracts import AGENT_QUEUE, BudgetChange, Hint, RunSpec, StopRequest, explain
 from workflows.text import budget_text, run_summary
-from activities.cli.connection import connect_client, run_handle, run_spec_of
-from activities.cli.errors import UsageError
-from activities.cli.server import register_search_attributes
-from activities.cli.spec import check_hint, is_problem_path, parse_spec
-from activities.cli.workers import check_workers_can_run
+from cli.connection import connect_client, run_handle, run_spec_of
+from cli.errors import UsageError
+from cli.server import register_search_attributes
+from cli.spec import check_hint, is_problem_path, parse_spec, search_space
+from cli.workers import check_workers_can_run
 
 
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
@@ -23,9 +23,7 @@ def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespac
 
     conn = "".join(f" --{k} {shlex.quote(v)}" for k, v in (("address", address), ("namespace", namespace)) if v)
     if spec.policy == "search":
-        from baselines.registry import get_problem
-
-        space = get_problem(spec.problem).knob_space()
+        space = search_space(spec)
         name = next(iter(space), None)
         hint = f"{name}={space[name][-1]}" if name else "try a smaller block"
     else:
@@ -151,5 +149,5 @@ async def cmd_hint(args) -> int:
     client = await connect_client(args)
     spec = await run_spec_of(client, args.id)
     if spec is not None and spec.policy == "search":
-        check_hint(spec.problem, h.text)
+        check_hint(spec, h.text)
     return await _signal(args, "hint", h)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 from workflows.contracts import RunResult
 from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, used_text
-from activities.cli.connection import connect_client, query_status, run_handle, status_or_result
-from activities.cli.errors import UsageError
-from activities.cli.home import HOME
+from cli.connection import connect_client, query_status, run_handle, status_or_result
+from cli.errors import UsageError
+from cli.home import HOME
 
 
 def fmt_best(best) -> str:
@@ -172,9 +172,9 @@ async def _unledgered(client, wid: str) -> list:
 
 
 async def cmd_export(args) -> int:
-    """The crowned best kernel as a standalone file with its receipt (activities/export.py)."""
+    """The crowned best kernel as a standalone file with its receipt (cli/export.py)."""
     from workflows.artifacts import ArtifactStore
-    from activities.export import ExportError, export_run
+    from cli.export import ExportError, export_run
 
     client = await connect_client(args)
     st = await status_or_result(client, args.id)

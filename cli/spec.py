@@ -11,7 +11,14 @@ from pydantic import ValidationError
 
 from workflows import decisions
 from workflows.contracts import RunSpec, explain
-from activities.cli.errors import UsageError
+from cli.errors import UsageError
+
+
+def cuda_here() -> bool:
+    """Whether this process sees a CUDA device: without one, a run started here is a CPU run."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def parse_spec(args) -> RunSpec:
@@ -37,6 +44,7 @@ def parse_spec(args) -> RunSpec:
 
         raise UsageError(f"which problem? name one of {', '.join(problem_names())} (`marathon problems` describes "
                          f"them), a problem file or a problem folder")
+    start_kernel = read_start_kernel(args.kernel) if getattr(args, "kernel", None) else None
     problem_file = None
     if isinstance(raw.get("problem"), str) and is_problem_path(raw["problem"]):
         problem_file = load_problem_path(raw["problem"])
@@ -67,8 +75,12 @@ def parse_spec(args) -> RunSpec:
         raise UsageError(f"invalid run spec: {problem}")
     if spec.carried is not None:
         raise UsageError("invalid run spec: 'carried' is set only by continue-as-new")
+    if start_kernel is not None and spec.policy != "search":
+        raise UsageError("--kernel is the search policy's starting template; the llm policy writes its own")
     if problem_file is not None:
-        store_problem_file(spec, problem_file)
+        store_problem_file(spec, problem_file, start_kernel is not None)
+    if start_kernel is not None:
+        spec = spec.model_copy(update={"start_kernel": store_start_kernel(start_kernel)})
     try:
         check_problem_name(spec.problem)
     except UnknownProblem as e:
@@ -92,9 +104,11 @@ def is_problem_path(name: str) -> bool:
 
 
 def load_problem_path(path: str):
-    """The problem a KernelBench-format file or a problem folder makes (baselines/external.py), or one line
+    """The problem a KernelBench-format file or a problem folder makes (baselines/external/), or one line
     saying why not."""
-    from baselines.external import ProblemFileError, folder_manifest, load_file, load_folder, read_folder
+    from baselines.external.file import load_file
+    from baselines.external.folder import folder_manifest, load_folder, read_folder
+    from baselines.problem import ProblemFileError
 
     p = Path(path)
     try:
@@ -112,13 +126,16 @@ def load_problem_path(path: str):
     return problem
 
 
-def check_problem_file(problem, policy: str, shape: str | None) -> None:
+def check_problem_file(problem, policy: str, shape: str | None, start_kernel: bool = False) -> None:
     """What a run of `policy` at `shape` needs of its problem file or folder, or one line saying what is
-    missing: a folder's knobs for the search policy; a file's CPU inputs for a run here without CUDA."""
-    from baselines.external import GPU_SHAPE, ProblemFileError, check_cpu_run, cuda_here, is_folder_key
+    missing: knobs for the search policy (a folder's, or a starting kernel's for a file); a file's CPU
+    inputs for a run here without CUDA."""
+    from baselines.external.file import GPU_SHAPE, check_cpu_run
+    from baselines.external.folder import is_folder_key
+    from baselines.problem import ProblemFileError
 
     if is_folder_key(problem.name):
-        if policy == "search":
+        if policy == "search" and not start_kernel:
             try:
                 problem.default_knobs()
                 if not problem.knob_space():
@@ -127,9 +144,10 @@ def check_problem_file(problem, policy: str, shape: str | None) -> None:
                 raise UsageError(f"{getattr(problem, 'own_name', problem.name)}: the search policy needs kernel.py "
                                  f"with a KNOBS line and knobs.py with SPACE ({e}); or use --policy llm")
         return
-    if policy == "search":
-        raise UsageError(f"{problem.label} is a problem file: it has no template kernel with a KNOBS line for "
-                         f"the search policy to tune; use --policy llm")
+    if policy == "search" and not start_kernel:
+        raise UsageError(f"{problem.label} is a problem file: it has no template kernel for the search policy to "
+                         f"tune; hand one in with --kernel START.py (a KNOBS line and KNOB_SPACE), or use "
+                         f"--policy llm")
     if shape != GPU_SHAPE and not cuda_here():
         # no CUDA here: the run is taken to be a CPU (interpreter) run, unless --shape names the GPU inputs
         try:
@@ -138,13 +156,38 @@ def check_problem_file(problem, policy: str, shape: str | None) -> None:
             raise UsageError(f"{e} (--shape {GPU_SHAPE} starts a run for GPU workers from here)")
 
 
-def store_problem_file(spec: RunSpec, problem) -> None:
+def read_start_kernel(path: str) -> str:
+    """The text of a starting kernel for the search policy, checked (KNOBS and KNOB_SPACE), or one line
+    saying what is wrong."""
+    from baselines.problem import start_kernel_knobs
+
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--kernel {path}: cannot read the file: {getattr(e, 'strerror', None) or e}")
+    try:
+        start_kernel_knobs(text)
+    except ValueError as e:
+        raise UsageError(f"--kernel {path}: {e}")
+    return text
+
+
+def store_start_kernel(text: str) -> str:
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
+
+    try:
+        return ArtifactStore().put_text(text)
+    except ArtifactStoreError as e:
+        raise UsageError(str(e))
+
+
+def store_problem_file(spec: RunSpec, problem, start_kernel: bool = False) -> None:
     """Checks what the run needs of its problem file (or folder), then stores the bytes under their content
     keys (a folder's manifest last): the run names its problem by that key, so editing or deleting the file
     later changes nothing."""
     from workflows.artifacts import ArtifactStore, ArtifactStoreError
 
-    check_problem_file(problem, spec.policy, spec.shape)
+    check_problem_file(problem, spec.policy, spec.shape, start_kernel)
     try:
         store = ArtifactStore()
         if hasattr(problem, "stored"):  # a folder
@@ -158,12 +201,25 @@ def store_problem_file(spec: RunSpec, problem) -> None:
         raise UsageError(str(e))
 
 
-def check_hint(problem: str, text: str) -> None:
-    """A search run's hint must be `KNOB=value` pairs from the problem's knob space: anything else would be
-    ignored by the search proposer without a word."""
+def search_space(spec: RunSpec) -> dict:
+    """The knob space a search run tunes: its starting kernel's KNOB_SPACE, or its problem's."""
+    from baselines.problem import start_kernel_knobs
     from baselines.registry import get_problem
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
 
-    space = get_problem(problem).knob_space()
+    if spec.start_kernel is None:
+        return get_problem(spec.problem).knob_space()
+    try:
+        return start_kernel_knobs(ArtifactStore().get_text(spec.start_kernel))[1]
+    except (OSError, ArtifactStoreError, ValueError) as e:
+        raise UsageError(f"the run's starting kernel {spec.start_kernel[:16]} cannot be read here: {e}")
+
+
+def check_hint(spec: RunSpec, text: str) -> None:
+    """A search run's hint must be `KNOB=value` pairs from its knob space: anything else would be ignored by
+    the search proposer without a word."""
+    problem = spec.problem
+    space = search_space(spec)
     knobs = ", ".join(space)
     for tok in text.replace(",", " ").split():
         name, sep, val = tok.partition("=")
