@@ -22,13 +22,14 @@ def test_warm_list_refuses_an_unknown_problem_at_start():
 
 def test_kernels_over_the_shared_memory_limit_are_a_compile_rejection():
     from gpu_worker.harness import shared_over_limit
+    from gpu_worker.protocol import CompiledKernel
 
-    ks = [{"name": "prep", "shared": 131072}, {"name": "state", "shared": 241664}]
+    ks = [CompiledKernel(name="prep", shared=131072), CompiledKernel(name="state", shared=241664)]
     assert shared_over_limit(ks, None) is None            # no CUDA: no limit known
     assert shared_over_limit(ks, 241664) is None          # exactly the limit fits
     msg = shared_over_limit(ks, 232448)                   # the H200's opt-in limit
     assert msg.startswith("compile-error: OutOfResources: state needs 241664 bytes") and "232448" in msg
-    assert shared_over_limit([{"name": "x"}], 232448) is None  # unknown need: let the launch decide
+    assert shared_over_limit([CompiledKernel(name="x")], 232448) is None  # unknown need: let the launch decide
 
 
 def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(capsys):
