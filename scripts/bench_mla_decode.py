@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 VARIANTS = [  # knob overrides of the template's defaults (the first: the earlier defaults, for comparison)
     ["previous", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 64, "num_stages": 2, "MIN_TILES": 1, "FUSED": False}],
-    ["default", {}],  # 4 warps, SPLIT_DV 2, BLOCK_N 64, 2 stages: Q1 64 splits of 2 tiles, Q4 16 splits of 8
-    ["dv2-n32-s4", {"BLOCK_N": 32, "num_stages": 4}],  # more bytes in flight, n32 score instructions
+    ["default", {}],  # 4 warps, SPLIT_DV 2, BLOCK_N 32, 4 stages: Q1 64 splits of 128 keys, Q4 16 of 512
+    ["dv2-n64-s2", {"BLOCK_N": 64, "num_stages": 2}],  # wider score instructions, fewer bytes in flight
     ["dv2-fused", {"FUSED": True, "REDUCE_D": 256}],  # the same programs, combine behind the grid barrier
     ["dv1-n32-s4-t4", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 4}],
     ["h128-dv2-n32", {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}],  # Q4: two warp groups of 64 rows
