@@ -158,33 +158,6 @@ class ChildCore:
             self.triton_warm = True
         return protocol.Empty()
 
-    def cmd_mem(self):
-        """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's
-        budget learns per stage; the peak restarts here) and the device's size. (What it holds now goes
-        with every reply: `reserved`.)"""
-        if not (self.cuda and self.cuda_ready):
-            return protocol.MemoryPeak(peak=0, total=0)
-        import torch
-
-        peak = torch.cuda.max_memory_reserved()
-        torch.cuda.reset_peak_memory_stats()
-        return protocol.MemoryPeak(peak=int(peak), total=int(torch.cuda.mem_get_info()[1]))
-
-    def reserved(self) -> int:
-        if not (self.cuda and self.cuda_ready):
-            return 0
-        import torch
-
-        return int(torch.cuda.memory_reserved())
-
-    def device_free(self) -> int | None:
-        """Free memory of the whole device (every process's use counted), as the driver says now."""
-        if not (self.cuda and self.cuda_ready):
-            return None
-        import torch
-
-        return int(torch.cuda.mem_get_info()[0])
-
     # --- helpers ---------------------------------------------------------------------------------
     def violations(self):
         if self.role != "candidate":
