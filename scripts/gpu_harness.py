@@ -177,7 +177,7 @@ def main():
 
 def throughput(ev, store, problem_name, seconds):
     """Evaluate distinct candidates (knob settings of the problem's template) through compile -> verify ->
-    benchmark with the worker's concurrency (compiles overlap GPU work; the GPU lock serialises the rest)."""
+    benchmark with the worker's concurrency (compiles overlap GPU work; the device owner schedules the rest)."""
     from baselines.registry import get_problem
 
     p = get_problem(problem_name)

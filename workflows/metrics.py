@@ -161,20 +161,20 @@ def add_gpu_busy(seconds: float) -> None:
 
 
 def add_gpu_timed(seconds: float) -> None:
-    """Add seconds of exclusive (timed) GPU work; 0 and None are ignored. Thread-safe."""
+    """Add seconds of timing blocks (nothing else on the device); 0 and None are ignored. Thread-safe."""
     if seconds and seconds > 0 and _GPU_TIMED is not None:
         _GPU_TIMED.inc(seconds)
 
 
 def add_gpu_closed(seconds: float) -> None:
-    """Add seconds with the GPU gate closed to new untimed work; 0 and None are ignored. Thread-safe."""
+    """Add seconds new untimed device jobs waited for timing; 0 and None are ignored. Thread-safe."""
     if seconds and seconds > 0 and _GPU_CLOSED is not None:
         _GPU_CLOSED.inc(seconds)
 
 
 def observe_report(stage: str, report: Any) -> None:
     """Count a GPU-worker report: a rejection at the stage the report names (``report.stage``, else
-    ``stage``), a pass when a benchmark succeeded. (GPU busy time is added by the harness's GPU lock
+    ``stage``), a pass when a benchmark succeeded. (GPU busy time is added by the device owner
     itself, which also sees verification and profiling, not only timed benchmarks.)
 
     ``stage`` is the activity's step: compile, verify or benchmark. Compile and verify passes are not
