@@ -32,7 +32,7 @@ _OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_
 
 def gpu_concurrency(cuda: bool) -> int:
     """Concurrent activities per GPU worker (MARATHON_GPU_CONCURRENCY): on CUDA 8, so that a rolling
-    population keeps compiles (CPU) running behind the GPU lock; under the interpreter 2."""
+    population keeps compiles (CPU) running behind the device's timing blocks; under the interpreter 2."""
     return int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if cuda else "2"))
 
 

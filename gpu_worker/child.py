@@ -118,11 +118,8 @@ def main(argv: list[str]) -> int:
             failure = protocol.Failure(kind=e.kind, error=e.error)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
             failure = server.describe_failure(e)
-        # the device memory it holds goes with every reply (scheduling.DeviceMemory counts it); a trusted
-        # reference child also reads the whole device, which calibrates that budget
         try:
-            cout.send(protocol.reply_to_wire(seq, result, failure, server.violations(), server.reserved(),
-                                             server.device_free() if server.role == "reference" else None))
+            cout.send(protocol.reply_to_wire(seq, result, failure, server.violations()))
         except Exception as e:  # noqa: BLE001 - a reply that does not serialise
             cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(
                 kind="exception", error=f"reply could not be sent: {e}"), violations=server.violations()))
@@ -144,7 +141,6 @@ class Server(ChildCore, ChildInputs, ChildLoading, ChildVerification, ChildExpor
 COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
     protocol.CudaInit: Server.cmd_cuda_init,
     protocol.WarmTriton: Server.cmd_warm_triton,
-    protocol.Mem: Server.cmd_mem,
     protocol.Stage: Server.cmd_stage,
     protocol.Load: Server.cmd_load,
     protocol.Compile: Server.cmd_compile,

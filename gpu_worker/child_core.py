@@ -138,9 +138,9 @@ class ChildCore:
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
 
     def cmd_cuda_init(self):
-        """Create this child's CUDA context. The worker asks for it under its GPU gate's shared side (a
-        spare does it while it waits), so the context is never created while another job is being timed,
-        nor later under the exclusive lock."""
+        """Create this child's CUDA context. The worker asks for it in an untimed device job (a spare does
+        it while it waits), so the context is never created while another child is being timed, nor later
+        inside a timing block."""
         if self.cuda and not self.cuda_ready:
             import torch
 
@@ -151,39 +151,12 @@ class ChildCore:
 
     def cmd_warm_triton(self):
         """Triton's per-process keys, after the context: host work only (file hashes, `ptxas --version`),
-        so the worker asks for it outside its GPU gate. Inside the gate it made compiles hold the shared
-        side ~6 s each, and every timing request waited for such holds to drain."""
+        so the worker asks for it outside any device turn: inside a job it would keep a waiting timing
+        block waiting for it (~6 s)."""
         if self.cuda and not self.triton_warm:
             _warm_triton()
             self.triton_warm = True
         return protocol.Empty()
-
-    def cmd_mem(self):
-        """The peak reserved device memory since the last `mem` (one stage's footprint, which the worker's
-        budget learns per stage; the peak restarts here) and the device's size. (What it holds now goes
-        with every reply: `reserved`.)"""
-        if not (self.cuda and self.cuda_ready):
-            return protocol.MemoryPeak(peak=0, total=0)
-        import torch
-
-        peak = torch.cuda.max_memory_reserved()
-        torch.cuda.reset_peak_memory_stats()
-        return protocol.MemoryPeak(peak=int(peak), total=int(torch.cuda.mem_get_info()[1]))
-
-    def reserved(self) -> int:
-        if not (self.cuda and self.cuda_ready):
-            return 0
-        import torch
-
-        return int(torch.cuda.memory_reserved())
-
-    def device_free(self) -> int | None:
-        """Free memory of the whole device (every process's use counted), as the driver says now."""
-        if not (self.cuda and self.cuda_ready):
-            return None
-        import torch
-
-        return int(torch.cuda.mem_get_info()[0])
 
     # --- helpers ---------------------------------------------------------------------------------
     def violations(self):

@@ -35,8 +35,8 @@ class ChildExports:
                 for name, v in outs.items()}
 
     def _download(self, snap: dict, handles: dict) -> None:
-        """Device copies to host memory, queued for `cmd_write_exports` (the worker holds its GPU gate's
-        shared side for the download only, not for the file writes)."""
+        """Device copies to host memory, queued for `cmd_write_exports` (the worker holds an untimed
+        device job's turn for the download only, not for the file writes)."""
         import torch
 
         for name, v in snap.items():
@@ -44,7 +44,7 @@ class ChildExports:
             self._to_write.append((self.T["view"](flat, torch.uint8), handles[name].path))
 
     def cmd_write_exports(self):
-        """Host work, outside the GPU gate: the late-write check of the outputs `export` downloaded, then
+        """Host work, outside any device turn: the late-write check of the outputs `export` downloaded, then
         the downloads' files. Returns the outputs that changed after their call returned."""
         t0 = self.T["perf"]()
         changed = []
@@ -62,8 +62,8 @@ class ChildExports:
         """Download the outputs `verify` kept, for `write_exports`. They are the copies taken
         right after each call, and the candidate's own buffers must still equal them: an output that
         changed after the call returned means work outside the call (a late write), which is reported.
-        The buffers are downloaded here, under the worker's GPU gate; `write_exports` compares them, on
-        the host, without it."""
+        The buffers are downloaded here, in a device job of the worker's; `write_exports` compares them,
+        on the host, outside any turn."""
         import torch
 
         t0 = self.T["perf"]()

@@ -38,7 +38,7 @@ class ChildInputs:
 
     def cmd_stage(self, cases: list):
         """Cases' inputs into host memory now, from the bank or generated (and banked, by the reference):
-        host work, which the worker asks for outside its GPU gate; the upload that follows takes them."""
+        host work, which the worker asks for outside any device turn; the upload that follows takes them."""
         t0 = self.T["perf"]()
         staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
@@ -160,11 +160,11 @@ class ChildInputs:
 
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
                     kernels: bool = True, seed: int = 1000, pool: int = 3):
-        """Generate inputs ahead (on the CPU side, before the worker takes the GPU lock): the verification
+        """Generate inputs ahead (on the CPU side, before the worker's timing block): the verification
         cases' inputs and/or the timing sets."""
         self.prep_timing = {}
         if cases:
-            # uploaded now, before the exclusive lock (the worker holds its gate's shared side for this);
+            # uploaded now, before the timing block (the worker holds an untimed device job for this);
             # bounded so that many children at once stay within the device's memory
             host = {(d, s): self._host_inputs(d, s) for d, s in cases}
             nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
@@ -185,7 +185,7 @@ class ChildInputs:
             self._prepare_timing(rotate, dist or self.problem.distributions[0], seed, pool)
             self._count("timing-sets", t0)
             # a child that has run the candidate (verified or timed it) has its kernels loaded already;
-            # the pre-load is for a fresh one (it holds the GPU gate's shared side for seconds)
+            # the pre-load is for a fresh one (it holds an untimed device job's turn for seconds)
             if not cases and self.cuda and self.module is not None and not self.ran:
                 t0 = self.T["perf"]()
                 self._load_kernels(*self._timing_set(dist, "prepare").sets[0])

@@ -93,7 +93,7 @@ class ChildLoading:
         so compilation uses CPU cores, not the GPU), then report the compiler's view of each kernel.
         Interpreter: run once, which is where an interpreted kernel's errors surface."""
         self.prep_timing = {}
-        # the worker uploaded this case beforehand (prepare, under its GPU gate); on CUDA nothing below
+        # the worker uploaded this case beforehand (prepare, in a device job); on CUDA nothing below
         # touches the device but the candidate's own host-side torch calls: Triton's warmup path compiles
         # without launching, and the outputs are not poisoned (their contents are never read here)
         pre = self._prefetched.get((dist, 0))
@@ -146,8 +146,8 @@ class ChildLoading:
             JITFunction.run = orig
 
     def _load_kernels(self, inputs: dict, outs: dict) -> None:
-        """Before the worker takes the GPU lock: find the candidate's kernels in Triton's cache and load
-        them onto the device, so that the first timed or verified call does not pay for it under the lock.
+        """Before the worker's timing block: find the candidate's kernels in Triton's cache and load them
+        onto the device, so that the first timed or verified call does not pay for it inside the block.
         Best effort: a failure here surfaces again, properly reported, in the real call. CUDA only."""
         try:
             self._warmup_call(inputs, outs)

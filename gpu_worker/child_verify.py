@@ -11,8 +11,8 @@ class ChildVerification:
     """A candidate child's verification steps."""
 
     # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
-    # that each step holds the worker's GPU gate on its own: a timing request waits for the shared holds to
-    # drain, and one hold for all eight calls lasted 1.9 s on average on the H200.
+    # that each step is a device job of its own: a waiting timing block waits for the running jobs to end,
+    # and one job for all eight calls lasted 1.9 s on average on the H200.
 
     @staticmethod
     def _out_of_order(step: str) -> Refused:

@@ -61,16 +61,16 @@ def cuda_available() -> bool:
 class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, BenchmarkStage, TimedOutputChecks):
     """Judges candidates stage by stage; each stage and each family of checks is a base class of its own
     module (harness_compile, harness_verify, harness_benchmark, harness_timed_outputs, harness_best_checks),
-    all built on the children and device holds of harness_children."""
+    all built on the children and device turns of harness_children."""
 
     def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None,
                  timeouts: dict | None = None, static_rules: bool = True, scheduler=None):
         self.store = store or ArtifactStore()
         self.interpreter = (not cuda_available()) if interpreter is None else interpreter
         self.cuda = not self.interpreter
-        # the gate, admission, spares, hand-on and pinning (see SerialScheduler): the caller's choice
+        # the device owner, spares, hand-on and pinning (see SerialScheduler): the caller's choice
         self.sched = scheduler if scheduler is not None else SerialScheduler()
-        self.gpu_lock = self.sched.gate  # timing, verification and profiling never share the GPU (scheduling.TimedLock)
+        self.owner = self.sched.owner  # when this worker's work goes on the device (device_owner.DeviceOwner)
         self._ceilings_lock = threading.Lock()  # the ceilings are measured once
         # a candidate's child goes on from compile to verify to benchmark (scheduling.LoadedChildren)
         self.loaded = self.sched.loaded
@@ -90,8 +90,6 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         self._secret = random.SystemRandom()  # random shapes and their seeds: nothing the candidate can replay
         self._random_users: collections.Counter = collections.Counter()  # (problem, random shape) -> verifications
         self.static_rules = static_rules  # False only in tests of the run-time guard
-        # candidates at once on one device stay within its memory (scheduling.DeviceMemory)
-        self.mem = self.sched.memory(self._carried) if self.cuda else None
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
         self.pool = self.sched.pool(self.interpreter, ready=self._cuda_init if self.cuda else None)
 
@@ -144,16 +142,16 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
     def _retried_alone(self, attempt: Callable):
         """A stage that ran out of device memory, or whose child was killed by a SIGKILL the harness did not
         send (most likely the host's OOM killer), is run once more with the device to itself
-        (DeviceMemory.alone): beside up to 24 other candidates the memory may have been taken by the
+        (DeviceOwner.alone: no other stage of ours runs meanwhile): beside up to 24 other candidates the memory may have been taken by the
         neighbours, and an innocent candidate must not be scored for it (on the H200 that was 9 of 49 prefill
         evaluations in one run). What fails alone is the candidate's.
         The report says both: the retry's log starts with the first attempt's reason."""
         first = attempt()
         why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""
-        if not (self.mem and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
+        if not (self.cuda and self.owner.retries_alone and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
             return first
         _add_phase("retried-alone", 1)
-        with self.mem.alone():
+        with self.owner.alone():
             rep = attempt()
         extra = {"seconds": (first.seconds or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
         if hasattr(rep, "gpu_seconds"):
@@ -188,7 +186,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
         t = time.monotonic()
         for i in range(0, len(cases), 4):
-            self.reference(problem, shape, cases[i:i + 4], hb, gate="exclusive")
+            self.reference(problem, shape, cases[i:i + 4], hb, timing=True)
         parts["oracles"] = time.monotonic() - t
         per_case = {}
         with self._ref_meta_lock:

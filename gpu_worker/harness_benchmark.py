@@ -27,7 +27,7 @@ class BenchmarkStage:
         if self.ceilings is None:
             with self._ceilings_lock:
                 if self.ceilings is None:
-                    self.ceilings = self._ref_call(problem, shape, hb, msg.MeasureCeilings(), 300, gate="exclusive")
+                    self.ceilings = self._ref_call(problem, shape, hb, msg.MeasureCeilings(), 300, timing=True)
         return self.ceilings
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
@@ -47,7 +47,7 @@ class BenchmarkStage:
             ref_sb, ref_lock, ref_info = self._ref(problem, shape, hb)
             ceil = self.ensure_ceilings(problem, shape, hb)
             sbs, keep = [], {}
-            mem = contextlib.ExitStack()  # device-memory admission: from the uploads to the last comparison
+            stage = contextlib.ExitStack()  # the stage, counted by the device owner: uploads to last comparison
             per_dist, timed_jobs, prof = [], [], None
             try:
                 cand_key = self._child_key(req.problem, shape, req.source_key)
@@ -60,7 +60,7 @@ class BenchmarkStage:
                     best_key = self._child_key(req.problem, shape, req.best.source_key)
                     best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
-                mem.enter_context(self._hold(problem, shape, "benchmark"))
+                stage.enter_context(self._stage_turn())
                 # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
                     receipt = self._ref_do(ref_sb, hb, msg.Receipt(), 60)
@@ -88,15 +88,14 @@ class BenchmarkStage:
                     with _phase("crosscheck"):
                         prof = self._crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
                                                 ld.kernels, hb, gpu_s)
-                self._learn(problem, shape, "benchmark", [cand, best, fresh], timed_jobs)
-                mem.close()
+                stage.close()
                 cand_log = cand.log_tail()
                 if best is not None:
                     keep[id(best)] = best_key
                 if not best or verdict["vs_best_ci"] is None or verdict["vs_best_ci"][1] > 1.0:
                     keep[id(cand)] = cand_key  # it may be the best of the next benchmark
             finally:
-                mem.close()
+                stage.close()
                 for s in sbs:
                     if id(s) in keep and self._park(s):
                         self.loaded.put(keep[id(s)], s)
@@ -190,21 +189,21 @@ class BenchmarkStage:
         return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed)
 
     def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
-        """One distribution: every side prepares its timing set (the gate's shared side), then under the
-        exclusive side each side tries to capture, the mode is chosen for all of them, and candidate,
+        """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
+        block each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         plan = self._plan()
         prep = self._timing_set_request(dist)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
-        for _, sb in sides:  # one shared hold each: a timing request waits for the shorter one
-            with _phase("prepare"), self._shared():
+        for _, sb in sides:  # one job each: a waiting timing block waits for the shorter one
+            with _phase("prepare"), self._device_job():
                 pre = self._ask(sb, prep, self.timeouts["load"], "benchmark", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
         with self._with_ref(ref_lock):
             self._ref_do(ref, hb, prep, self.timeouts["load"])
         timed_children = [cand, ref, best]
-        with self._with_ref(ref_lock, "exclusive"):
+        with self._with_ref(ref_lock, timing=True):
             g0 = time.monotonic()
             self.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:

@@ -39,7 +39,7 @@ class BestOnlyChecks:
             self._random_users[(problem.name, shape.name)] += 1
         with _phase("random-shape"):
             try:
-                self._ref(problem, shape, hb)  # a new reference child: its context under the gate (_ref)
+                self._ref(problem, shape, hb)  # a new reference child: its context in a device job (_ref)
                 r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
                                  base_err=base_err, hand_on=False)
             except Rejection as rej:
@@ -77,11 +77,11 @@ class BestOnlyChecks:
         reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
         dist = worst["dist"]
         prep = self._timing_set_request(dist)
-        with self._shared():
+        with self._device_job():
             self._ask(fresh, prep, self.timeouts["load"], "benchmark", hb)
         with self._with_ref(ref_lock):
             self._ref_do(ref, hb, prep, self.timeouts["load"])
-        with self._with_ref(ref_lock, "exclusive"):
+        with self._with_ref(ref_lock, timing=True):
             g0 = time.monotonic()
             try:
                 # values of their own for both (a profile takes 2 + 2 x reps entries): drawn by each child

@@ -1,11 +1,11 @@
-"""The Evaluator's children and the device holds around their commands: the reference child per (problem,
+"""The Evaluator's children and the device turns around their commands: the reference child per (problem,
 shape) and its cached cases, candidate children loaded, handed on and parked, each command's reply turned
-into a verdict, and the GPU gate's sides and memory admission each command runs under."""
+into a verdict, and the device owner's turn (an untimed job, a timing block, or none for host work) each
+command runs under."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 
@@ -16,23 +16,8 @@ from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
 
 
-def _mem_shape(shape) -> str:
-    """The shape's name in device-memory admission: random shapes share one, learned as the largest."""
-    from baselines.problem import RANDOM_SHAPE
-
-    return "random" if shape.name.startswith(RANDOM_SHAPE) else shape.name
-
-
-def _nbytes(handle: msg.OutputHandle) -> tuple[int, int]:
-    """(bytes, elements) of an exported output."""
-    import torch
-
-    n = math.prod(handle.shape)
-    return n * getattr(torch, handle.dtype).itemsize, n
-
-
 class EvaluatorChildren:
-    """The Evaluator's access to its children, each command under its device hold."""
+    """The Evaluator's access to its children, each command under its device turn."""
 
     def _ref(self, problem, shape, hb) -> tuple[Sandbox, threading.Lock, dict]:
         key = (problem.name, shape.name)
@@ -47,8 +32,8 @@ class EvaluatorChildren:
         sb, lock, info = entry
         if not info:
             try:
-                # a new child's CUDA context is untimed device work (the gate's shared side); Triton's keys and
-                # the problem's setup (imports, the baseline's construction) are host work, outside the gate
+                # a new child's CUDA context is an untimed device job; Triton's keys and the problem's setup
+                # (imports, the baseline's construction) are host work, outside any turn
                 with self._with_ref(lock):
                     self._ref_do(sb, hb, msg.CudaInit(), self.timeouts["load"])
                 with lock:
@@ -61,16 +46,16 @@ class EvaluatorChildren:
                 raise
         return entry
 
-    def _ref_call(self, problem, shape, hb, request: msg.Request, timeout, gate: str = "shared") -> msg.Result:
-        """One call to the reference child with its lock and the GPU gate's `gate` side ("shared" or
-        "exclusive"; see _with_ref)."""
+    def _ref_call(self, problem, shape, hb, request: msg.Request, timeout, timing: bool = False) -> msg.Result:
+        """One call to the reference child with its lock and a device turn: a timing block's with `timing`,
+        else an untimed job's (see _with_ref)."""
         sb, lock, _ = self._ref(problem, shape, hb)
-        with self._with_ref(lock, gate):
+        with self._with_ref(lock, timing):
             return self._ref_do(sb, hb, request, timeout)
 
     @staticmethod
     def _ref_do(sb: Sandbox, hb, request: msg.Request, timeout) -> msg.Result:
-        """The call itself, its lock and gate side already held; its result."""
+        """The call itself, its lock and device turn already held; its result."""
         t = time.monotonic()
         try:
             r = sb.call(request, timeout, hb)
@@ -84,10 +69,11 @@ class EvaluatorChildren:
                                f"{r.failure.traceback}")
         return r.result
 
-    def reference(self, problem, shape, cases, hb, gate: str = "shared",
+    def reference(self, problem, shape, cases, hb, timing: bool = False,
                   baseline: bool = True) -> list[msg.ReferenceCase]:
         """Per case: the inputs' fingerprint and the baseline's own error (NaN without `baseline`), the oracle
-        left on the reference child's device for the comparisons; each case computed once."""
+        left on the reference child's device for the comparisons; each case computed once. `timing`: in a
+        timing block's turn (the warm-up's, with nothing else on the device), else an untimed job's."""
         def key(c):
             return (problem.name, shape.name, c[0], c[1])
 
@@ -98,10 +84,10 @@ class EvaluatorChildren:
         missing = absent(cases)
         if missing:
             sb, lock, _ = self._ref(problem, shape, hb)
-            with lock:  # the cases' inputs generated (and banked) or read: host work, before the gate
+            with lock:  # the cases' inputs generated (and banked) or read: host work, before the device turn
                 if absent(missing):
                     self._ref_do(sb, hb, msg.Stage(cases=absent(missing)), self.timeouts["reference"])
-            with self._with_ref(lock, gate):
+            with self._with_ref(lock, timing):
                 # read again with the child's lock held: another caller (the warm-up, an early verification)
                 # may have computed these cases while this one waited for it, and each case is computed once
                 missing = absent(missing)
@@ -114,32 +100,10 @@ class EvaluatorChildren:
         with self._ref_meta_lock:
             return [self._ref_meta[key(c)] for c in cases]
 
-    def _carried(self) -> int:
-        """Device bytes outside the admitted stages: reference children, children waiting between stages,
-        and a CUDA context per live child."""
-        with self._refs_lock:
-            refs = sum(sb.reserved for sb, _, _ in self._refs.values())
-        return refs + self.loaded.reserved() + Sandbox.live * Sandbox.CONTEXT
-
-    def _hold(self, problem, shape, stage: str):
-        """A stage's device-memory admission (nothing to admit on the CPU)."""
-        return self.mem.hold((problem.name, _mem_shape(shape), stage)) if self.mem else contextlib.nullcontext()
-
-    def _learn(self, problem, shape, stage: str, children: list, jobs: list = ()) -> None:
-        """The stage's footprint, learned for the next admission: the children's peak since their last
-        report plus what one comparison adds in the reference child (an output read onto its device and
-        its fp64 copy; the comparisons read their outputs one at a time)."""
-        if not self.mem:
-            return
-        peak = sum(self._memory_peak(sb) for sb in children if sb is not None and sb.alive())
-        sizes = [_nbytes(h) for j in jobs for h in (j.out, getattr(j, "other", None)) if h]
-        staged = max((b + 8 * n for b, n in sizes), default=0)
-        self.mem.learn((problem.name, _mem_shape(shape), stage), peak + staged)
-
-    @staticmethod
-    def _memory_peak(sb: Sandbox) -> int:
-        r = sb.call(msg.Mem(), 60)
-        return r.result.peak if r.ok else 0
+    def _stage_turn(self):
+        """A candidate's stage, counted by the device owner (a stage retried alone runs with no other
+        stage; see DeviceOwner.stage). No device turn: on the CPU, nothing."""
+        return self.owner.stage() if self.cuda else contextlib.nullcontext()
 
     def _ask(self, sb: Sandbox, request: msg.Request, timeout: float, stage: str, hb) -> msg.Result:
         """One command of a candidate child; its result, or the Rejection its failure is (_check_reply)."""
@@ -158,46 +122,47 @@ class EvaluatorChildren:
             st = {"cuda-error": "sandbox", "oom": "sandbox", "contract": "rules"}.get(kind, stage)
             raise Rejection(st, f"{kind}: {r.failure.error}", r.failure.traceback + "\n" + sb.log_tail())
 
-    def _shared(self):
-        """The GPU gate's shared side (device work that is not timed; see TimedLock)."""
-        return self.gpu_lock.shared() if self.cuda else contextlib.nullcontext()
+    def _device_job(self):
+        """An untimed device job's turn (see DeviceOwner.job); nothing to take on the CPU."""
+        return self.owner.job() if self.cuda else contextlib.nullcontext()
+
+    def _timing_block(self):
+        """A timing block's turn, nothing else of ours on the device (see DeviceOwner.timing); nothing to
+        take on the CPU."""
+        return self.owner.timing() if self.cuda else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _with_ref(self, lock: threading.Lock, gate: str = "shared"):
-        """A reference child's lock together with the gate's `gate` side. Shared: TimedLock.shared(also=),
-        which never holds one while waiting for the other. Exclusive: the gate first, then the lock, which
-        is then held at most by a call that is giving it back (it cannot have the shared side)."""
+    def _with_ref(self, lock: threading.Lock, timing: bool = False):
+        """A reference child's lock together with a device turn. An untimed job's: DeviceOwner.job(also=),
+        which never holds one while waiting for the other. A timing block's (`timing`): the turn first,
+        then the lock, which is then held at most by host work or by a job giving it back."""
         if not self.cuda:
             with lock:
                 yield
-        elif gate == "exclusive":
-            with self._exclusive():
+        elif timing:
+            with self._timing_block():
                 t = time.monotonic()
                 with lock:
                     _add_phase("ref-wait", time.monotonic() - t)
                     yield
         else:
-            with self.gpu_lock.shared(also=lock):
+            with self.owner.job(also=lock):
                 yield
-
-    def _exclusive(self):
-        """The GPU gate's exclusive side (timed work); nothing to exclude on the CPU."""
-        return self.gpu_lock if self.cuda else contextlib.nullcontext()
 
     def _download(self, sb: Sandbox, request: msg.Export | msg.ExportTimed, stage: str, hb):
         """A candidate child's kept outputs (`Export` after verification, `ExportTimed` after timing):
-        downloaded under the gate's shared side, then written to its files without it. Returns the
+        downloaded in an untimed device job, then written to its files outside any turn. Returns the
         download's result and the outputs the late-write check found changed (verification's only)."""
-        with _phase("export"), self._shared():
+        with _phase("export"), self._device_job():
             ex = self._ask(sb, request, self.timeouts["verify"], stage, hb)
-        with _phase("export-write"):  # the late-write check and the files: host work, no gate
+        with _phase("export-write"):  # the late-write check and the files: host work, no turn
             wr = self._ask(sb, msg.WriteExports(), self.timeouts["verify"], stage, hb)
         return ex, (ex.changed if isinstance(ex, msg.Exported) else []) + wr.changed
 
     def _cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
-        """A candidate child's CUDA context, made under the gate's shared side (once per child); then
-        Triton's per-process keys, host work, outside the gate."""
-        with self._shared():
+        """A candidate child's CUDA context, made in an untimed device job (once per child); then Triton's
+        per-process keys, host work, outside any turn."""
+        with self._device_job():
             self._ask(sb, msg.CudaInit(), self.timeouts["load"], "sandbox", hb)
         self._ask(sb, msg.WarmTriton(), self.timeouts["load"], "sandbox", hb)
 
@@ -206,9 +171,6 @@ class EvaluatorChildren:
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
-            if self.mem and self.mem.total is None:
-                m = sb.call(msg.Mem(), 60)
-                self.mem.learn(None, 0, m.result.total if m.ok else None)
         return self._ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
                                       trusted_roots=[str(triton_cache_dir())]), self.timeouts["load"], "compile", hb)
 
@@ -228,7 +190,7 @@ class EvaluatorChildren:
             raise
 
     def _stage(self, sb: Sandbox, cases: list, stage: str, hb) -> None:
-        """The cases' inputs into the child's host memory (bank reads, or generation): before the gate."""
+        """The cases' inputs into the child's host memory (bank reads, or generation): host work, no turn."""
         with _phase("stage"):
             self._ask(sb, msg.Stage(cases=cases), self.timeouts["load"], stage, hb)
 

@@ -17,7 +17,7 @@ from workflows.contracts import CompileReport, EvalRequest
 
 def shared_over_limit(kernels: list[msg.CompiledKernel], limit: int | None) -> str | None:
     """The compile rejection for kernels that need more shared memory than the device gives a block
-    (they compile, then fail at their first launch, which would be under the GPU lock), else None."""
+    (they compile, then fail at their first launch, which would be in a device turn), else None."""
     if not limit:
         return None
     over = [k for k in kernels if (k.shared or 0) > limit]
@@ -47,9 +47,8 @@ class CompileStage:
             try:
                 with _phase("load"):
                     self._load(sb, source, problem, shape, hb)
-                with self._hold(problem, shape, "compile"):
+                with self._stage_turn():
                     r = self._compile_in(sb, problem, hb, "compile")
-                    self._learn(problem, shape, "compile", [sb])
                 for k, v in r.timing.items():
                     _add_phase(f"compile.{k}", v)
                 kernels = r.kernels
@@ -91,12 +90,12 @@ class CompileStage:
             log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
     def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
-        """Compile the loaded candidate at the child's shape: one case uploaded under the gate's shared side
-        (the one device step of compiling), Triton's warmup path outside it, so that a timing request's
-        drain never waits for a compiler (under the interpreter: one run). Returns the compile reply."""
+        """Compile the loaded candidate at the child's shape: one case uploaded in an untimed device job (the
+        one device step of compiling), Triton's warmup path outside any turn, so that a timing block never
+        waits for a compiler (under the interpreter: one run). Returns the compile reply."""
         dist = problem.distributions[0]
         self._stage(sb, [(dist, 0)], stage, hb)
-        with _phase("prepare"), self._shared():
+        with _phase("prepare"), self._device_job():
             pre = self._ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.timeouts["load"], stage, hb)
         for k, v in pre.timing.items():
             _add_phase(f"prepare.{k}", v)

@@ -1,5 +1,5 @@
-"""The Evaluator's default scheduler, for one caller at a time (`SerialScheduler`): no GPU gate, no
-device-memory admission, no warm spares, no hand-on of loaded children, no core pinning."""
+"""The Evaluator's default scheduler, for one caller at a time (`SerialScheduler`): no device owner, no
+warm spares, no hand-on of loaded children, no core pinning."""
 
 from __future__ import annotations
 
@@ -10,18 +10,23 @@ from typing import Callable
 from gpu_worker.sandbox import Sandbox
 
 
-class NoGate:
-    """The GPU gate of a serial caller: nothing to wait for. `shared(also=lock)` still takes `lock` (a
-    reference child serves one call at a time)."""
+class NoOwner:
+    """The device owner of a serial caller: nothing to wait for, no stage is retried alone. `job(also=lock)`
+    still takes `lock` (a reference child serves one call at a time)."""
 
-    def shared(self, also: threading.Lock | None = None):
+    retries_alone = False
+
+    def job(self, also: threading.Lock | None = None):
         return also if also is not None else contextlib.nullcontext()
 
-    def __enter__(self):
-        return self
+    def timing(self):
+        return contextlib.nullcontext()
 
-    def __exit__(self, *exc):
-        return False
+    def stage(self):
+        return contextlib.nullcontext()
+
+    def alone(self):
+        return contextlib.nullcontext()
 
 
 class FreshChildren:
@@ -46,9 +51,6 @@ class NoHandOn:
     def take(self, key) -> Sandbox | None:
         return None
 
-    def reserved(self) -> int:
-        return 0
-
     def __len__(self) -> int:
         return 0
 
@@ -57,21 +59,17 @@ class NoHandOn:
 
 
 class SerialScheduler:
-    """The Evaluator's default scheduler, for one caller at a time: no GPU gate, no device-memory admission,
-    no warm spares, no hand-on of loaded children, no core pinning. The GPU worker, which runs many
-    evaluations at once, passes gpu_worker.scheduling.Scheduler instead; the verdicts are the same.
+    """The Evaluator's default scheduler, for one caller at a time: no device owner, no warm spares, no
+    hand-on of loaded children, no core pinning. The GPU worker, which runs many evaluations at once,
+    passes gpu_worker.scheduling.Scheduler instead; the verdicts are the same.
 
-    The interface: `gate` (`with gate:` the exclusive side, `gate.shared(also=)` the shared side),
-    `loaded` (put / take / reserved / close / len), `memory(carried)` (an admission with hold / alone /
-    learn / total, or None), `pool(interpreter, ready)` (acquire / close), `spawn(role, interpreter)` and
-    `pin(children, timed)`."""
+    The interface: `owner` (job(also=) / timing / stage / alone / retries_alone, as
+    device_owner.DeviceOwner), `loaded` (put / take / close / len), `pool(interpreter, ready)`
+    (acquire / close), `spawn(role, interpreter)` and `pin(children, timed)`."""
 
     def __init__(self):
-        self.gate = NoGate()
+        self.owner = NoOwner()
         self.loaded = NoHandOn()
-
-    def memory(self, carried: Callable[[], int]):
-        return None
 
     def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None) -> FreshChildren:
         return FreshChildren(interpreter)

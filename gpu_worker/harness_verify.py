@@ -72,27 +72,27 @@ class VerifyStage:
         key = self._child_key(problem.name, shape, source_key)
         sb, loaded_now = self._loaded_child(key, source, problem, shape, hb)
         handed_on = False
-        mem = contextlib.ExitStack()  # device-memory admission: from the upload to the last comparison
+        stage = contextlib.ExitStack()  # the stage, counted by the device owner: upload to last comparison
         try:
-            mem.enter_context(self._hold(problem, shape, "verify"))
-            if loaded_now:  # a child loaded for this shape compiles first, outside the verification's holds
+            stage.enter_context(self._stage_turn())
+            if loaded_now:  # a child loaded for this shape compiles first, outside the verification's turns
                 self._compile_in(sb, problem, hb, "verify")
             listed = [(d, s) for d, s in cases]
             self._stage(sb, listed, "verify", hb)
-            with _phase("prepare"), self._shared():
+            with _phase("prepare"), self._device_job():
                 pre = self._ask(sb, msg.Prepare(cases=listed), self.timeouts["load"], "verify", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.reference(problem, shape, cases, hb, baseline=base_err is None)
-            # verification is untimed device work: the shared side (it never overlaps a timing), one hold per
-            # step, so that a timing request's drain waits for one case, not for all of them (child_verify)
+            # verification is untimed device work: a job (it never overlaps a timing block), one turn per
+            # step, so that a waiting timing block waits for one case, not for all of them (child_verify)
             steps: list[msg.Request] = [msg.VerifyCase(cases=listed, i=i) for i in range(len(cases))]
             steps.append(msg.VerifyRerun(cases=listed))
             if len(cases) > 1:
                 steps.append(msg.VerifyStale(cases=listed))
             for step in steps:
-                with self._shared(), _phase("run-cases"):
+                with self._device_job(), _phase("run-cases"):
                     self._ask(sb, step, self.timeouts["verify"], "verify", hb)
             r = self._ask(sb, msg.VerifyReply(), self.timeouts["verify"], "verify", hb)
             for k, v in r.timing.items():
@@ -123,8 +123,7 @@ class VerifyStage:
                          for n in names]
             with _phase("compare"):  # one call: the reference child reads each output file as it compares it
                 cr = self._ref_call(problem, shape, hb, msg.Compare(jobs=jobs), self.timeouts["reference"])
-            self._learn(problem, shape, "verify", [sb], jobs)
-            mem.close()
+            stage.close()
             cmp = iter(cr.results)  # in the order the jobs were listed
             for k, v in cr.timing.items():
                 _add_phase(f"compare.{k}", v)
@@ -175,6 +174,6 @@ class VerifyStage:
             return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "thresholds": by_dist,
                     "log": "\n".join(lines)}
         finally:
-            mem.close()
+            stage.close()
             if not handed_on:
                 sb.close()

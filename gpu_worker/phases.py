@@ -15,7 +15,7 @@ _PHASES = threading.local()
 
 
 def waiting_heartbeat(hb: Heartbeat) -> None:
-    """The activity's heartbeat for this thread: waits for the GPU gate or for device memory call it, so
+    """The activity's heartbeat for this thread: waits for a device turn or a stage call it, so
     that a long wait is not mistaken for a dead worker (Temporal would cancel and retry the activity)."""
     _PHASES.hb = hb
 
@@ -32,7 +32,7 @@ def phases_begin() -> None:
 
 
 def phases_end() -> dict:
-    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (the GPU lock) and the
+    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (timing blocks), gpu-job-wait / gpu-job-held (untimed device jobs) and the
     named steps below; the activity log carries them, which is how the throughput run is read."""
     d, _PHASES.d = getattr(_PHASES, "d", None) or {}, None
     return {k: round(v, 3) for k, v in d.items()}

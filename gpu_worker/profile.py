@@ -111,7 +111,7 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
                      f"tensor cores {comp.tensor_cores}, TMA {comp.tma}")
     tool, bound = "compile+torch.profiler", "unknown"
     if ev.cuda:
-        with ev.gpu_lock:
+        with ev._timing_block():
             text, b, err = _ncu(ev, req, source, comp.kernels, hb)
         if err is None:
             tool, bound = "ncu", b
@@ -121,14 +121,14 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
     try:
         problem = ev._problem(req.problem)
         shape = ev._shape(problem, req.shape)
-        # the child compile left loaded (else a fresh one), loaded and fed before the lock: loading takes the
-        # GPU gate's shared side, which cannot be had while holding the lock
+        # the child compile left loaded (else a fresh one), loaded and fed before the timing block: loading
+        # takes untimed device jobs, which cannot be had inside a timing block
         sb, _ = ev._loaded_child(ev._child_key(req.problem, shape, req.source_key), source, problem, shape, hb)
         dist = problem.distributions[0]
         with sb:
-            with ev._shared():
+            with ev._device_job():
                 ev._ask(sb, ev._timing_set_request(dist), ev.timeouts["load"], "profile", hb)
-            with ev._exclusive():
+            with ev._timing_block():
                 # device time, back to back (a profile is one side: no comparison to keep in one mode)
                 t = ev._ask(sb, msg.Time(reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1, mode="back-to-back",
                                          dist=dist), ev.timeouts["time"], "profile", hb)

@@ -94,9 +94,6 @@ class CudaReady(Result):
     cuda: bool
 
 
-class MemoryPeak(Result):
-    peak: int  # device bytes reserved at most since the previous `Mem`
-    total: int  # the device's size (0 without one)
 
 
 class Staged(Result):
@@ -268,11 +265,6 @@ class WarmTriton(Request):
     cmd = "warm_triton"
 
 
-class Mem(Request):
-    cmd = "mem"
-    result_type = MemoryPeak
-
-
 class Stage(Request):
     """Cases' inputs into host memory (host work)."""
 
@@ -434,7 +426,7 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Mem, Stage, Load, Compile, Prepare, VerifyCase, VerifyRerun, VerifyStale,
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, VerifyCase, VerifyRerun, VerifyStale,
     VerifyReply, Export, WriteExports, ExportTimed, Capture, Time, HostLatencyRequest, Park, Profile, Setup,
     Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
 
@@ -482,8 +474,6 @@ class Envelope(Result):
     result: dict[str, Any] | None = None
     failure: Failure | None = None
     violations: list[tuple[str, str]] = []
-    reserved: int = 0  # device bytes the child's allocator holds (scheduling.DeviceMemory)
-    device_free: int | None = None  # the whole device's free bytes, as a trusted reference child reads them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -495,8 +485,6 @@ class Reply(Generic[R]):
     result: R | None = None
     failure: Failure | None = None
     violations: tuple[tuple[str, str], ...] = ()
-    reserved: int = 0
-    device_free: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -504,11 +492,11 @@ class Reply(Generic[R]):
 
 
 def reply_to_wire(seq: int | None, result: Result | None = None, failure: Failure | None = None,
-                  violations=(), reserved: int = 0, device_free: int | None = None) -> dict:
+                  violations=()) -> dict:
     """What the child pickles for the worker."""
     return {"seq": seq, "result": None if result is None else result.model_dump(),
             "failure": None if failure is None else failure.model_dump(),
-            "violations": [tuple(v) for v in violations], "reserved": reserved, "device_free": device_free}
+            "violations": [tuple(v) for v in violations]}
 
 
 def read_reply(request: type[Request] | Request, raw: Any) -> Reply:
@@ -520,7 +508,7 @@ def read_reply(request: type[Request] | Request, raw: Any) -> Reply:
     except ValidationError as e:
         return Reply(seq=seq if isinstance(seq, int) else None,
                      failure=Failure(kind="protocol", error=f"malformed reply: {_why(e)}"))
-    common = dict(seq=env.seq, violations=tuple(env.violations), reserved=env.reserved, device_free=env.device_free)
+    common = dict(seq=env.seq, violations=tuple(env.violations))
     if env.failure is not None:
         return Reply(failure=env.failure, **common)
     try:

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -87,14 +86,6 @@ def _rss_bytes(pid: int) -> int:
 
 
 class Sandbox:
-    live = 0  # children started and not yet closed, in this process: each holds a CUDA context
-    # (when, bytes): the device's free memory as a reference child last read it (scheduling.DeviceMemory);
-    # only trusted children report it, a candidate could lie to make its neighbours run out of memory
-    device_free: tuple[float, int] | None = None
-    _live_lock = threading.Lock()
-
-    CONTEXT = 640 << 20  # a child's CUDA context and loaded modules, outside its allocator (nvidia-smi)
-
     def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None, cpus: set | None = None):
         """`cpus`: the cores the child starts on (None: those it inherits); scheduling.pin moves it later."""
         self.role = role
@@ -147,10 +138,7 @@ class Sandbox:
         self.ready: protocol.Ready | None = None
         self.closed = False
         self.started = time.time()
-        self.reserved = 0  # device bytes its allocator holds, as of its last reply (scheduling.DeviceMemory)
         self._seq = 0  # each request's number, which its reply carries back (see call)
-        with Sandbox._live_lock:
-            Sandbox.live += 1
 
     # -------------------------------------------------------------------------------------------
     def log_tail(self, n: int = 6000) -> str:
@@ -241,13 +229,10 @@ class Sandbox:
             self.close()
             raise SandboxFailure("crash", f"sandbox reply out of step during {what}: request {seq}, reply "
                                  f"{reply.seq!r}; process killed", self.log_tail())
-        self.reserved = reply.reserved
         records = self.read_guard()
         if records:  # the guard's own reports first: they cannot have been edited by the candidate
             reply = dataclasses.replace(reply, violations=tuple(records) + tuple(
                 v for v in reply.violations if tuple(v) not in records))
-        if self.role == "reference" and reply.device_free is not None:
-            Sandbox.device_free = (time.monotonic(), int(reply.device_free))
         if reply.failure is not None and reply.failure.fatal:
             # CUDA context is unusable after an illegal access or OOM: this process is done
             self.close(graceful=False)
@@ -284,8 +269,6 @@ class Sandbox:
         if self.closed:
             return
         self.closed = True
-        with Sandbox._live_lock:
-            Sandbox.live -= 1
         try:
             if graceful and self.proc.poll() is None:
                 try:

@@ -177,7 +177,7 @@ def main():
 
 def throughput(ev, store, problem_name, seconds):
     """Evaluate distinct candidates (knob settings of the problem's template) through compile -> verify ->
-    benchmark with the worker's concurrency (compiles overlap GPU work; the GPU lock serialises the rest)."""
+    benchmark with the worker's concurrency (compiles overlap GPU work; the device owner schedules the rest)."""
     from baselines.registry import get_problem
 
     p = get_problem(problem_name)
@@ -197,7 +197,7 @@ def throughput(ev, store, problem_name, seconds):
             sources.append(p.render(knobs))
         except Exception:  # noqa: BLE001
             continue
-    busy0 = ev.gpu_lock.busy_s
+    busy0 = ev.owner.busy_s
     t0 = time.monotonic()
     done, outcomes = [], {}
     stop = t0 + seconds
@@ -223,7 +223,7 @@ def throughput(ev, store, problem_name, seconds):
             done.append(res)
             outcomes[res[0]] = outcomes.get(res[0], 0) + 1
     wall = time.monotonic() - t0
-    busy = ev.gpu_lock.busy_s - busy0
+    busy = ev.owner.busy_s - busy0
     rate = len(done) / wall * 3600
     TABLE.append(f"throughput {problem_name}: {len(done)} evaluations in {wall:.0f} s = {rate:.0f}/h; GPU busy "
                  f"{busy:.0f} s = {100 * busy / wall:.0f}% of wall; outcomes {outcomes}")

@@ -85,8 +85,8 @@ def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) ->
 
 
 def scrape_busy(port: int, name: str = "busy") -> float | None:
-    """A GPU worker's marathon_gpu_<name>_seconds_total (busy: the gate held on either side; timed: its
-    exclusive side; closed: the gate closed to new untimed work)."""
+    """A GPU worker's marathon_gpu_<name>_seconds_total (busy: a device turn held, a job or a timing block;
+    timed: timing blocks; closed: new untimed jobs waiting for timing, reported as the gate's closed share)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except Exception:  # noqa: BLE001
@@ -126,7 +126,7 @@ def sample_cpu() -> None:
 
 def sample_smi(stop) -> None:
     """nvidia-smi's utilization (the share of each sample period in which a kernel ran) every second: the
-    GPU's own busy figure, next to the harness's gate-held fraction; and the host's CPU use."""
+    GPU's own busy figure, next to the harness's turn-held fraction; and the host's CPU use."""
     while not stop.is_set():
         sample_cpu()
         try:

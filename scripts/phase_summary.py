@@ -6,7 +6,8 @@ writes). docs/results.md's search throughput is its output.
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
 and the last, with nvidia-smi's mean utilization and peak memory over that span from a gpu_session.py
-session.json, the host's CPU use and the GPU gate's closed share."""
+session.json, the host's CPU use and the share of time new untimed device jobs waited for timing ("gate
+closed")."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0, cpu: list | No
     ((time, gpu, utilization %, memory MiB, SM MHz), gpu_session.py's session.json "smi"), the mean
     utilization and the peak memory of `gpu` over the same span; with its "cpu" rows (time, busy share,
     load average), the host's mean CPU use; with its "samples", the share of the span that worker gpu`gpu`'s
-    GPU gate was closed to untimed work (marathon_gpu_closed_seconds_total)."""
+    new untimed device jobs waited for timing (marathon_gpu_closed_seconds_total)."""
     ends = _benchmark_ends(rows)
     if len(ends) < 2:
         return f"{len(ends)} benchmarks: no rate"

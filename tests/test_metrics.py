@@ -171,10 +171,10 @@ def test_observe_report_counts_gpu_worker_reports():
         metrics.observe_report("verify", VerifyReport(ok=False, stage="sandbox", reason="timeout"))
         metrics.observe_report("verify", VerifyReport(ok=True))  # not finished yet: not counted
         metrics.observe_report("benchmark", BenchReport(ok=True, gpu_seconds=2.0))
-        from gpu_worker.scheduling import TimedLock
+        from gpu_worker.device_owner import DeviceOwner
 
-        lock = TimedLock()
-        with lock:
+        owner = DeviceOwner()
+        with owner.timing():
             time.sleep(0.2)
         after = scrape(port)
     finally:
@@ -188,11 +188,11 @@ def test_observe_report_counts_gpu_worker_reports():
     assert delta("marathon_rejections_total", stage="sandbox") == 1
     assert delta("marathon_evaluations_total", outcome="rejected") == 2
     assert delta("marathon_evaluations_total", outcome="passed") == 1
-    # busy time comes from the GPU lock (verification and timing alike), not from reports
-    assert delta("marathon_gpu_busy_seconds_total") == pytest.approx(lock.busy_s)
-    assert delta("marathon_gpu_timed_seconds_total") == pytest.approx(lock.timed_s)
-    assert delta("marathon_gpu_closed_seconds_total") == pytest.approx(lock.closed_s)
-    assert lock.busy_s >= 0.2 and lock.timed_s >= 0.2 and lock.closed_s >= 0.2
+    # busy time comes from the device owner's turns (untimed jobs and timing alike), not from reports
+    assert delta("marathon_gpu_busy_seconds_total") == pytest.approx(owner.busy_s)
+    assert delta("marathon_gpu_timed_seconds_total") == pytest.approx(owner.timed_s)
+    assert delta("marathon_gpu_closed_seconds_total") == pytest.approx(owner.closed_s)
+    assert owner.busy_s >= 0.2 and owner.timed_s >= 0.2 and owner.closed_s >= 0.2
 
 
 def test_setup_metrics_as_default_runtime_for_workflows_client_connect(tmp_path):

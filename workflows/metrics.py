@@ -16,16 +16,15 @@ Counters (cumulative per worker process; aggregate across workers with ``sum``):
   by outcome (``passed``, ``rejected``; ``improved`` where the caller knows it).
 * ``marathon_rejections_total{stage}``: rejected candidates by the stage that rejected them
   (``rules``, ``compile``, ``verify``, ``benchmark``, ``sandbox``, ...).
-* ``marathon_gpu_busy_seconds_total``: seconds the worker had device work under way (the harness's GPU
-  gate held on either side: uploads, verification, comparisons, timing, profiling). An upper bound of the
-  GPU's busy fraction: a shared hold also covers host-side work around its device calls, so it can read
-  near 100% while nvidia-smi's utilization is far lower; nvidia-smi gives the device's own figure.
-* ``marathon_gpu_timed_seconds_total``: of that, the exclusive side (timing, profiling): the GPU time
-  that cannot overlap anything. The run's ``gpu_seconds`` budget
-  is charged from the benchmark reports instead.
-* ``marathon_gpu_closed_seconds_total``: seconds the gate was closed to new untimed work: a timing request
-  waiting for the shared holds to drain, or timing under way. Untimed work that arrives then waits
-  (``gpu-shared-wait`` in the phase log), so this is the gate's own cost in the pipeline.
+* ``marathon_gpu_busy_seconds_total``: seconds the worker had device work under way (a turn of its device
+  owner held: an untimed job, such as an upload, a verification call or a comparison, or a timing block).
+  An upper bound of the GPU's busy fraction: a turn covers the child's round trip around its device calls,
+  so it can read higher than nvidia-smi's utilization, which gives the device's own figure.
+* ``marathon_gpu_timed_seconds_total``: of that, timing blocks (timing, profiling): the GPU time that
+  cannot overlap anything. The run's ``gpu_seconds`` budget is charged from the benchmark reports instead.
+* ``marathon_gpu_closed_seconds_total``: seconds new untimed jobs had to wait for timing: a timing block
+  waiting for the running jobs to end, or under way. Jobs that ask then wait (``gpu-job-wait`` in the
+  phase log), so this is what timing costs the rest of the pipeline.
 
 Every label value is one of the ``Outcome`` / ``Stage`` literals of workflows/contracts/base.py, and all of
 them exist from the start at 0, so ``rate()`` works before the first event.
@@ -117,12 +116,12 @@ if prometheus_client is not None:
     _REJECTIONS = prometheus_client.Counter(
         "marathon_rejections", "Rejected candidates by the stage that rejected them", ["stage"])
     _GPU_BUSY = prometheus_client.Counter(
-        "marathon_gpu_busy_seconds", "Seconds this worker had device work under way (its GPU gate held, either side)")
+        "marathon_gpu_busy_seconds", "Seconds this worker had device work under way (a device turn held: a job or a timing block)")
     _GPU_TIMED = prometheus_client.Counter(
-        "marathon_gpu_timed_seconds", "Seconds this worker held its GPU gate exclusively (timing, profiling)")
+        "marathon_gpu_timed_seconds", "Seconds this worker held timing blocks (timing, profiling)")
     _GPU_CLOSED = prometheus_client.Counter(
-        "marathon_gpu_closed_seconds", "Seconds this worker's GPU gate was closed to new untimed work (a drain "
-        "for timing, or timing)")
+        "marathon_gpu_closed_seconds", "Seconds new untimed jobs of this worker waited for timing (a timing "
+        "block waiting or under way)")
     for _o in OUTCOMES:
         _EVALUATIONS.labels(outcome=_o)
     for _s in STAGES:
@@ -162,20 +161,20 @@ def add_gpu_busy(seconds: float) -> None:
 
 
 def add_gpu_timed(seconds: float) -> None:
-    """Add seconds of exclusive (timed) GPU work; 0 and None are ignored. Thread-safe."""
+    """Add seconds of timing blocks (nothing else on the device); 0 and None are ignored. Thread-safe."""
     if seconds and seconds > 0 and _GPU_TIMED is not None:
         _GPU_TIMED.inc(seconds)
 
 
 def add_gpu_closed(seconds: float) -> None:
-    """Add seconds with the GPU gate closed to new untimed work; 0 and None are ignored. Thread-safe."""
+    """Add seconds new untimed device jobs waited for timing; 0 and None are ignored. Thread-safe."""
     if seconds and seconds > 0 and _GPU_CLOSED is not None:
         _GPU_CLOSED.inc(seconds)
 
 
 def observe_report(stage: str, report: Any) -> None:
     """Count a GPU-worker report: a rejection at the stage the report names (``report.stage``, else
-    ``stage``), a pass when a benchmark succeeded. (GPU busy time is added by the harness's GPU lock
+    ``stage``), a pass when a benchmark succeeded. (GPU busy time is added by the device owner
     itself, which also sees verification and profiling, not only timed benchmarks.)
 
     ``stage`` is the activity's step: compile, verify or benchmark. Compile and verify passes are not

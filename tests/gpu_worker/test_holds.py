@@ -1,10 +1,10 @@
-"""No host work inside a device hold: the GPU gate's holds wrap device work only, so a timing request waits for
-uploads and kernel runs, never for process spawns, imports, compiles, input generation, bank reads or files.
-And no job overlaps a timing block.
+"""No host work inside a device turn: the device owner's turns wrap device work only, so a timing block waits
+for uploads and kernel runs, never for process spawns, imports, compiles, input generation, bank reads or
+files. And no job of ours overlaps a timing block.
 
-The real harness under the interpreter, whose own gate is a no-op (no device), with a recording stand-in
-gate in its place: the real TimedLock underneath, plus a record of every hold and of every sandbox command,
-child spawn and artifact-store access with the holds its thread had at that moment."""
+The real harness under the interpreter, whose own turns are no-ops (no device), with a recording stand-in in
+their place: the real DeviceOwner underneath, plus a record of every turn and of every sandbox command, child
+spawn and artifact-store access with the turns its thread held at that moment."""
 
 from __future__ import annotations
 
@@ -20,52 +20,48 @@ from workflows.contracts import BenchRequest, EvalRequest
 HOST_COMMANDS = {"load", "warm_triton", "compile", "write_exports", "setup", "stage", "receipt", "park"}
 
 
-class RecordingGate:
+class RecordingOwner:
     def __init__(self):
-        from gpu_worker.scheduling import TimedLock
+        from gpu_worker.device_owner import DeviceOwner
 
-        self.lock = TimedLock(patience_s=0.5)
+        self.owner = DeviceOwner(max_jobs=2)
         self._local = threading.local()
         self._mu = threading.Lock()
-        self.holds: list[tuple[str, float, float, int]] = []  # (side, start, end, thread)
+        self.holds: list[tuple[str, float, float, int]] = []  # (kind, start, end, thread)
         self.events: list[tuple[str, str, float, int]] = []  # (kind, what, when, holds of its thread then)
 
     def depth(self) -> int:
         return getattr(self._local, "depth", 0)
 
     @contextlib.contextmanager
-    def _held(self, side: str):
+    def _held(self, kind: str):
         self._local.depth = self.depth() + 1
         t0 = time.monotonic()
         try:
             yield
         finally:
             with self._mu:
-                self.holds.append((side, t0, time.monotonic(), threading.get_ident()))
+                self.holds.append((kind, t0, time.monotonic(), threading.get_ident()))
             self._local.depth -= 1
 
     @contextlib.contextmanager
-    def shared(self, also=None):
-        with self.lock.shared(also=also), self._held("shared"):
+    def job(self, also=None):
+        with self.owner.job(also=also), self._held("job"):
             yield
 
     @contextlib.contextmanager
-    def exclusive(self):
-        self.lock.acquire()
-        try:
-            with self._held("exclusive"):
-                yield
-        finally:
-            self.lock.release()
+    def timing(self):
+        with self.owner.timing(), self._held("timing"):
+            yield
 
     @contextlib.contextmanager
-    def with_ref(self, lock, gate: str = "shared"):
-        """Evaluator._with_ref's order: exclusive takes the gate, then the child's lock."""
-        if gate == "exclusive":
-            with self.exclusive(), lock:
+    def with_ref(self, lock, timing: bool = False):
+        """Evaluator._with_ref's order: a timing block takes its turn, then the child's lock."""
+        if timing:
+            with self.timing(), lock:
                 yield
         else:
-            with self.shared(also=lock):
+            with self.job(also=lock):
                 yield
 
     def note(self, kind: str, what: str) -> None:
@@ -73,32 +69,32 @@ class RecordingGate:
             self.events.append((kind, what, time.monotonic(), self.depth()))
 
 
-def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkeypatch):
+def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkeypatch):
     from gpu_worker import harness
     from gpu_worker.canaries import canary_source
     from gpu_worker.sandbox import Sandbox
     from gpu_worker.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
-    gate = RecordingGate()
+    rec = RecordingOwner()
     call, init = Sandbox.call, Sandbox.__init__
 
     def recorded_call(self, request, *a, **kw):
-        gate.note("command", request.cmd)
+        rec.note("command", request.cmd)
         return call(self, request, *a, **kw)
 
     def recorded_init(self, role, *a, **kw):
-        gate.note("spawn", role)
+        rec.note("spawn", role)
         init(self, role, *a, **kw)
 
     monkeypatch.setattr(Sandbox, "call", recorded_call)
     monkeypatch.setattr(Sandbox, "__init__", recorded_init)
     store = ArtifactStore(tmp_path / "art")
     e = harness.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
-    e._shared, e._exclusive, e._with_ref = gate.shared, gate.exclusive, gate.with_ref
+    e._device_job, e._timing_block, e._with_ref = rec.job, rec.timing, rec.with_ref
     get, put = store.get_text, store.put_text
-    store.get_text = lambda key: (gate.note("store", "read"), get(key))[1]
-    store.put_text = lambda text: (gate.note("store", "write"), put(text))[1]
+    store.get_text = lambda key: (rec.note("store", "read"), get(key))[1]
+    store.put_text = lambda text: (rec.note("store", "write"), put(text))[1]
 
     def req(name):
         src = canary_source(name)
@@ -121,18 +117,20 @@ def test_holds_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     finally:
         e.close()
 
-    spawned = [x for x in gate.events if x[0] == "spawn"]
+    spawned = [x for x in rec.events if x[0] == "spawn"]
     assert any(w == "reference" for _, w, _, _ in spawned) and any(w == "candidate" for _, w, _, _ in spawned)
-    inside = [(k, w) for k, w, _, depth in gate.events
+    inside = [(k, w) for k, w, _, depth in rec.events
               if depth and (k in ("spawn", "store") or w in HOST_COMMANDS)]
-    assert not inside, f"host work inside a device hold: {inside}"
-    # device work did go through the gate: uploads, verification steps, timing
-    held = {w for k, w, _, depth in gate.events if depth and k == "command"}
+    assert not inside, f"host work inside a device turn: {inside}"
+    # device work did take turns: uploads, verification steps, timing
+    held = {w for k, w, _, depth in rec.events if depth and k == "command"}
     assert {"prepare", "verify_case", "time", "compare", "cuda_init"} <= held, held
-    timed = [(t0, t1) for side_, t0, t1, _ in gate.holds if side_ == "exclusive"]
+    timed = [(t0, t1) for kind, t0, t1, _ in rec.holds if kind == "timing"]
     assert timed and all(
-        not (s0 < t1 and t0 < s1) for side_, s0, s1, _ in gate.holds if side_ == "shared" for t0, t1 in timed), \
-        "a shared hold overlapped a timing block"
-    for k, w, when, depth in gate.events:  # every timed call ran inside an exclusive hold
+        not (s0 < t1 and t0 < s1) for kind, s0, s1, _ in rec.holds if kind == "job" for t0, t1 in timed), \
+        "a device job overlapped a timing block"
+    assert all(not (a0 < b1 and b0 < a1) for i, (a0, a1) in enumerate(timed) for b0, b1 in timed[i + 1:]), \
+        "two timing blocks overlapped"
+    for k, w, when, depth in rec.events:  # every timed call ran inside a timing block
         if w == "time":
             assert any(t0 <= when <= t1 for t0, t1 in timed)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.protocol import Compare, CudaInit, Empty, Reply, Stage, Staged, WarmTriton
+from gpu_worker.protocol import CudaInit, Reply, WarmTriton
 from tests.gpu_worker.harnesses import on_both
 from workflows.contracts import BenchRequest, BestRef, EvalRequest
 
@@ -326,7 +326,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
                     dist=other[0], seed=1, hash="h", baseline_err=1e-7, timing={"oracle": 0.0})]))
 
         @contextlib.contextmanager
-        def racing_lock(lock, gate="shared"):
+        def racing_lock(lock, timing=False):
             # the other caller finished its computation of the case while this one waited for the child
             e._ref_meta[(p.name, sh.name, *case)] = first
             yield
@@ -334,7 +334,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         e._ref = lambda problem, shape, hb: (Child(), threading.Lock(), {})
         e._with_ref = racing_lock
         assert e.reference(p, sh, [case], None) == [first]
-        assert "reference" not in calls  # (its inputs were staged, host work before the gate)
+        assert "reference" not in calls  # (its inputs were staged, host work before the device turn)
         calls.clear()
         assert e.reference(p, sh, [case, other], None)[0] == first and calls == ["stage", "reference"]
     finally:
@@ -521,20 +521,20 @@ def test_verified_at_a_random_shape_on_request(judge, store):
     assert not any(k[1].startswith(RANDOM_SHAPE) for k in judge._refs), "a random shape's reference child stays"
 
 
-def test_a_child_loaded_for_another_shape_compiles_outside_the_shared_hold(judge, store, monkeypatch):
-    # a timing request drains the shared holds: a compiler inside one kept it waiting for seconds
+def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge, store, monkeypatch):
+    # a waiting timing block waits for the running jobs: a compiler inside one would keep it waiting for seconds
     import contextlib
     import threading
 
     from baselines.registry import get_problem
     from gpu_worker.sandbox import Sandbox
 
-    held, calls = [], []  # held: the threads inside a shared hold (spares take theirs on threads of their own)
-    real_shared, real_call = judge._shared, Sandbox.call
+    held, calls = [], []  # held: the threads inside a device job (spares take theirs on threads of their own)
+    real_job, real_call = judge._device_job, Sandbox.call
 
     @contextlib.contextmanager
-    def shared():
-        with real_shared():
+    def job():
+        with real_job():
             held.append(threading.get_ident())
             try:
                 yield
@@ -545,12 +545,12 @@ def test_a_child_loaded_for_another_shape_compiles_outside_the_shared_hold(judge
         calls.append((request.cmd, threading.get_ident() in held))
         return real_call(sb, request, *a, **kw)
 
-    monkeypatch.setattr(judge, "_shared", shared)
+    monkeypatch.setattr(judge, "_device_job", job)
     monkeypatch.setattr(Sandbox, "call", call)
     v = judge.verify(req(store, get_problem("softmax").template()).model_copy(update={"random_shape": True}))
     assert v.ok and v.random_shape, v
     compiles = [h for c, h in calls if c == "compile"]
-    assert compiles and not any(compiles), calls  # the random shape's child compiled, with no hold
+    assert compiles and not any(compiles), calls  # the random shape's child compiled, with no turn
     assert all(h for c, h in calls if c in ("prepare", "verify_case")), calls
 
 
@@ -583,369 +583,20 @@ def test_sass_scan_reads_every_kernel(ev, tmp_path, monkeypatch):
     assert "SASS ka: HGMMA=True TMA=False" in out["text"] and "SASS kb: HGMMA=False TMA=True" in out["text"]
 
 
-def test_gpu_gate_keeps_untimed_device_work_away_from_timed_work():
-    import threading
-    import time as _t
-
-    from gpu_worker.scheduling import TimedLock
-
-    gate = TimedLock(patience_s=0)  # preference at once (the patience has a test of its own)
-    log, lock = [], threading.Lock()
-
-    def note(x):
-        with lock:
-            log.append(x)
-
-    def shared_job(i, hold):
-        with gate.shared():
-            note(("s+", i))
-            _t.sleep(hold)
-            note(("s-", i))
-
-    def exclusive_job(hold):
-        with gate:
-            note(("x+",))
-            _t.sleep(hold)
-            note(("x-",))
-
-    # two shared holders overlap; an exclusive job waits for both; a shared job that arrives while the
-    # exclusive one waits starts only after it (exclusive preference)
-    a = threading.Thread(target=shared_job, args=(1, 0.3))
-    b = threading.Thread(target=shared_job, args=(2, 0.3))
-    a.start(), b.start()
-    _t.sleep(0.05)
-    x = threading.Thread(target=exclusive_job, args=(0.2,))
-    x.start()
-    _t.sleep(0.05)
-    c = threading.Thread(target=shared_job, args=(3, 0.01))
-    c.start()
-    for t in (a, b, x, c):
-        t.join(5)
-    order = [e[0] + (str(e[1]) if len(e) > 1 else "") for e in log]
-    assert order.index("s+2") < order.index("s-1") or order.index("s+1") < order.index("s-2")  # overlapped
-    assert order.index("x+") > max(order.index("s-1"), order.index("s-2"))
-    assert order.index("s+3") > order.index("x-")
-    # busy: the union of both sides' holds (0.3 s shared, then 0.2 s exclusive, then 0.01 s); timed: exclusive
-    assert gate.timed_s >= 0.2 and gate.busy_s >= 0.5
-    assert gate.busy_s < 0.5 + 0.3  # the overlapping shared holds are counted once
-    # closed to new shared work from the timing request (no patience) to the end of its hold: the drain
-    # (~0.25 s) and the timing (0.2 s), not the shared job after it
-    assert 0.4 <= gate.closed_s < 0.5 + 0.3
 
 
-def test_gpu_gate_cancelled_waits_leave_nothing_taken():
-    """An activity's cancellation arrives as an exception in its waiting thread (here: its heartbeat
-    raises). A cancelled timing request must not leave the gate closed, and a cancelled reference call
-    must not keep the reference child's lock."""
-    import threading
-    import time as _t
-
-    from gpu_worker.harness import _waiting_heartbeat
-    from gpu_worker.scheduling import TimedLock
-
-    class Cancelled(Exception):
-        pass
-
-    def cancelled():
-        raise Cancelled()
-
-    gate = TimedLock(patience_s=0)
-    release_a = threading.Event()
-
-    def holder():
-        with gate.shared():
-            release_a.wait(10)
-
-    a = threading.Thread(target=holder)
-    a.start()
-    _t.sleep(0.05)
-    errors = []
-
-    def timing():
-        _waiting_heartbeat(cancelled)
-        try:
-            with gate:
-                pass
-        except Cancelled:
-            errors.append("x")
-
-    x = threading.Thread(target=timing)
-    x.start()
-    x.join(5)  # closed the gate at once (no patience), then cancelled at its first heartbeat
-    assert errors == ["x"] and not gate._closing and gate._waiting == 0
-    got_in = threading.Event()
-    threading.Thread(target=lambda: (gate.shared().__enter__(), got_in.set())).start()
-    assert got_in.wait(2), "the gate stayed closed after a cancelled timing request"
-    release_a.set()
-    a.join(5)
-
-    # a reference call cancelled while the gate is closed gives the child's lock back
-    ref_lock = threading.Lock()
-    gate2 = TimedLock(patience_s=0)
-    gate2.acquire()
-
-    def ref_call():
-        _waiting_heartbeat(cancelled)
-        try:
-            with gate2.shared(also=ref_lock):
-                pass
-        except Cancelled:
-            errors.append("r")
-
-    r = threading.Thread(target=ref_call)
-    r.start()
-    r.join(5)
-    assert errors == ["x", "r"] and not ref_lock.locked() and gate2._shared == 0
-    gate2.release()
 
 
-def test_gpu_gate_patience_then_one_drain_for_the_batch():
-    """A timing request waits `patience_s` while new shared work still starts; then the gate closes: shared
-    work arriving later waits until the drained holds and every queued timing request (one batch) are done."""
-    import threading
-    import time as _t
-
-    from gpu_worker.scheduling import TimedLock
-
-    gate = TimedLock(patience_s=1.0)
-    log, lock = [], threading.Lock()
-
-    def note(x):
-        with lock:
-            log.append((x, _t.monotonic()))
-
-    def shared_job(name, hold):
-        with gate.shared():
-            note(name + "+")
-            _t.sleep(hold)
-            note(name + "-")
-
-    def timing(name):
-        with gate:
-            note(name + "+")
-            _t.sleep(0.05)
-            note(name + "-")
-
-    jobs = [threading.Thread(target=shared_job, args=("a", 1.6))]  # a long shared hold, first
-    jobs[0].start()
-    _t.sleep(0.05)
-    t0 = _t.monotonic()
-    jobs.append(threading.Thread(target=timing, args=("x",)))  # a timing request, patient for 1 s
-    jobs[-1].start()
-    _t.sleep(0.1)
-    jobs.append(threading.Thread(target=shared_job, args=("b", 0.1)))  # within the patience: starts
-    jobs[-1].start()
-    _t.sleep(1.1)  # past the patience: the gate is closed to new shared work
-    jobs.append(threading.Thread(target=shared_job, args=("c", 0.01)))
-    jobs[-1].start()
-    _t.sleep(0.05)
-    jobs.append(threading.Thread(target=timing, args=("y",)))  # queued behind x: the same batch
-    jobs[-1].start()
-    for j in jobs:
-        j.join(5)
-    at = {name: t for name, t in log}
-    assert at["b+"] - t0 < 1.0 and at["b+"] < at["x+"]  # shared work went on while x was patient
-    assert at["x+"] >= at["a-"]  # x ran once the holds had drained
-    assert at["c+"] >= at["x-"] and at["c+"] >= at["y-"]  # c waited for the whole batch, x and y
-    assert not gate._closing and gate._waiting == 0  # the gate reopened
 
 
-def test_reference_wait_does_not_hold_the_gate(tmp_path):
-    """A call queued for the (serial) reference child waits outside the GPU gate: a timing request is not
-    held up by that queue (shared holds that included the reference child's queue would make every timing
-    request's drain as long as that queue). The gate is the real TimedLock; the child is a stand-in."""
-    import threading
-    import time as _t
-
-    from workflows.artifacts import ArtifactStore
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
-    e.cuda = True  # the gate is only used with a device; nothing below touches one
-
-    class Child:
-        def call(self, request, timeout, hb=None):
-            held.append(e.gpu_lock._shared)  # the gate's shared holders while the reference child works
-            return Reply(seq=None, result=Empty())
-
-    held = []
-    ref_lock = threading.Lock()
-    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {"baseline": "stand-in"})
-    ref_lock.acquire()  # the reference child is busy with someone else's call
-    caller = threading.Thread(target=e._ref_call, args=(None, None, None, Compare(jobs=[]), 10))
-    caller.start()
-    _t.sleep(0.2)  # the caller now waits for the child
-    timed = threading.Event()
-
-    def timing():
-        with e.gpu_lock:
-            timed.set()
-
-    t = threading.Thread(target=timing)
-    t.start()
-    assert timed.wait(2), "a timing request waited for a call queued on the reference child"
-    t.join(5)
-    ref_lock.release()
-    caller.join(5)
-    assert held == [1]  # the call itself ran under the gate's shared side
-    e.close()
 
 
-def test_reference_lock_not_held_while_the_gate_is_closed(tmp_path):
-    """The converse: a call that has the reference child's lock but finds the gate closed
-    (a timing runs) gives the lock back while it waits, so the child serves others meanwhile; once the
-    gate opens the call runs, under the shared side and the lock together."""
-    import threading
-    import time as _t
-
-    from workflows.artifacts import ArtifactStore
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
-    e.cuda = True
-    ref_lock = threading.Lock()
-    ran = []
-
-    class Child:
-        def call(self, request, timeout, hb=None):
-            ran.append((request.cmd, e.gpu_lock._shared, ref_lock.locked()))
-            return Reply(seq=None, result=Staged(seconds=0.0))
-
-    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {})
-    e.gpu_lock.acquire()  # a timing holds the gate
-    caller = threading.Thread(target=e._ref_call, args=(None, None, None, Stage(cases=[]), 10))
-    caller.start()
-    _t.sleep(0.3)
-    assert ref_lock.acquire(timeout=2), "the reference child's lock was held while waiting for the gate"
-    ref_lock.release()
-    assert ran == []  # nothing ran while the gate was closed
-    e.gpu_lock.release()
-    caller.join(5)
-    assert ran == [("stage", 1, True)]
-    # the exclusive side with the child: the gate first, then the lock
-    with e._with_ref(ref_lock, "exclusive"):
-        assert e.gpu_lock._exclusive and ref_lock.locked()
-    assert not ref_lock.locked() and not e.gpu_lock._exclusive
-    e.close()
 
 
-def test_device_memory_admission():
-    import threading
-    import time as _t
-
-    from gpu_worker.scheduling import DeviceMemory
-
-    carried = [0]
-    mem = DeviceMemory(0.5, lambda: carried[0])
-    key = ("p", "s", "verify")
-    assert mem.estimate(key) == 0  # device size unknown: nothing to admit against yet
-    mem.learn(None, 0, total=1000)
-    assert mem.estimate(key) == 125  # before a stage is seen: a quarter of the capacity (0.5 * 1000)
-    mem.learn(key, 200)
-    mem.learn(key, 150)  # the largest footprint seen stays
-    assert mem.estimate(key) == 200
-    order = []
-
-    def stage(i, hold):
-        with mem.hold(key):
-            order.append(("+", i))
-            _t.sleep(hold)
-            order.append(("-", i))
-
-    # 2 x 200 fit in 500; a third waits for one of them to leave
-    ts = [threading.Thread(target=stage, args=(i, 0.3)) for i in range(2)]
-    [t.start() for t in ts]
-    _t.sleep(0.05)
-    late = threading.Thread(target=stage, args=(2, 0.01))
-    late.start()
-    [t.join(5) for t in ts + [late]]
-    assert order.index(("+", 2)) > min(order.index(("-", 0)), order.index(("-", 1)))
-    # what the device carries anyway counts: with 450 carried, one stage runs (never all wait), a second waits
-    carried[0] = 450
-    waiter = mem.hold(key)
-    with mem.hold(key):
-        got = []
-        t = threading.Thread(target=lambda: got.append(waiter.__enter__()))
-        t.start()
-        t.join(0.6)
-        assert not got and t.is_alive()
-        carried[0] = 0  # freed elsewhere: the waiter sees it within its next look
-    t.join(2)
-    assert got == [200] and mem.used == 200
-    waiter.__exit__(None, None, None)
-    assert mem.used == 0 and mem.holders == 0
 
 
-def test_device_memory_serves_the_oldest_waiter_after_its_grace():
-    import threading
-    import time as _t
-
-    from gpu_worker.scheduling import DeviceMemory
-
-    mem = DeviceMemory(0.5, lambda: 0, grace_s=2.0)  # wide enough for a slow machine
-    mem.learn(None, 0, total=1000)
-    big, small, other = ("p", "s", "verify"), ("p", "s", "compile"), ("p", "s", "benchmark")
-    mem.learn(big, 400)
-    mem.learn(small, 100)
-    mem.learn(other, 200)
-    order = []
-
-    def stage(name, key, hold_s=0.0):
-        with mem.hold(key):
-            order.append(name)
-            _t.sleep(hold_s)
-
-    first = mem.hold(other)
-    first.__enter__()  # 200 of the 500 held: the big stage (400) cannot start, a small one (100) can
-    waiter = threading.Thread(target=stage, args=("big", big))
-    waiter.start()
-    _t.sleep(0.05)
-    stage("small-early", small)  # the big one has waited under its grace: the small one passes
-    assert order == ["small-early"]
-    _t.sleep(2.1)  # now the big one has waited past it
-    late = threading.Thread(target=stage, args=("small-late", small))
-    late.start()
-    late.join(0.8)
-    assert late.is_alive() and order == ["small-early"]  # it fits, but waits its turn behind the oldest
-    first.__exit__(None, None, None)  # 200 freed: the big one goes first, then the small one
-    waiter.join(3)
-    late.join(3)
-    assert order == ["small-early", "big", "small-late"]
-    assert mem.used == 0 and mem.holders == 0 and not mem._waiting
 
 
-def test_device_memory_admission_calibrated_by_the_devices_reading():
-    import time as _t
-
-    from gpu_worker.scheduling import DeviceMemory
-
-    reading = [None]
-    mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0], fresh_s=5.0)
-    mem.learn(None, 0, total=1000)
-    key = ("p", "s", "verify")
-    mem.learn(key, 500)
-    first = mem.hold(key)
-    assert first.__enter__() == 500  # alone: always admitted
-    # the model refuses a second 500 (500 + 500 > 800) and, without a reading, that is the answer
-    assert mem._fits(500) is None
-    # a stale reading does not count
-    reading[0] = (_t.monotonic() - 10, 900)
-    assert mem._fits(500) is None
-    # a fresh one does: 900 free - 500 for this stage leaves 400 >= 200 (the 20% margin)
-    reading[0] = (_t.monotonic(), 900)
-    assert mem._fits(500) == "device"
-    # ...but a stage admitted after that reading is not in it yet: 900 - 500 - 500 < 200
-    second = mem.hold(key)
-    assert second.__enter__() == 500 and mem.by_device == 1
-    assert mem._fits(500) is None
-    # the device's reading alone never admits past its margin: 650 free - 500 < 200
-    second.__exit__(None, None, None)
-    reading[0] = (_t.monotonic(), 650)
-    assert mem._fits(500) is None
-    first.__exit__(None, None, None)
-    assert mem.used == 0 and mem.holders == 0 and not mem._admitted
 
 
 def test_timing_cpus_split(monkeypatch):
@@ -968,7 +619,7 @@ def test_timing_cpus_split(monkeypatch):
 
 
 def test_pool_readies_spares_before_handing_them_out():
-    # on CUDA the harness passes its _cuda_init here (the context is made under the GPU gate's shared side);
+    # on CUDA the harness passes its _cuda_init here (the context is made in an untimed device job);
     # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
     import time as _t
 
@@ -1000,38 +651,6 @@ def test_pool_readies_spares_before_handing_them_out():
         pool.close()
 
 
-def test_waits_for_the_gate_heartbeat(monkeypatch):
-    # a long wait for the GPU gate must keep the activity alive (Temporal cancels one that stops beating)
-    import threading
-    import time as _t
-
-    from gpu_worker.harness import _waiting_heartbeat
-    from gpu_worker.scheduling import TimedLock
-
-    gate = TimedLock()
-    beats = []
-    release = threading.Event()
-
-    def holder():
-        with gate:
-            release.wait(5)
-
-    h = threading.Thread(target=holder)
-    h.start()
-    _t.sleep(0.05)
-
-    def waiter():
-        _waiting_heartbeat(lambda: beats.append(_t.monotonic()))
-        with gate.shared():
-            pass
-
-    w = threading.Thread(target=waiter)
-    w.start()
-    _t.sleep(4.5)
-    release.set()
-    h.join(5)
-    w.join(5)
-    assert len(beats) >= 2  # one per 2 s of waiting
 
 
 def test_timing_cpus_explicit(monkeypatch):
@@ -1052,7 +671,7 @@ def test_timing_cpus_explicit(monkeypatch):
 
 
 def test_context_and_triton_keys_are_two_commands():
-    """The CUDA context (made under the GPU gate) and Triton's per-process keys (host work, outside it)
+    """The CUDA context (made in a device job) and Triton's per-process keys (host work, outside any turn)
     are separate child commands, each idempotent; on the CPU both are no-ops that answer."""
     from gpu_worker.sandbox import Sandbox
 
@@ -1065,140 +684,10 @@ def test_context_and_triton_keys_are_two_commands():
         sb.close()
 
 
-def test_gate_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
-    """Threads mixing every way the harness takes the gate (shared, shared with the reference child's
-    lock, exclusive, exclusive then the child's lock) all finish, and a timing never overlaps device work."""
-    import random
-    import threading
-    import time
-
-    from workflows.artifacts import ArtifactStore
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
-    e.cuda = True
-    e.gpu_lock.patience_s = 0.005  # closing the gate happens often, as it does under load
-    ref_lock = threading.Lock()
-    state = {"shared": 0, "exclusive": 0, "bad": 0}
-    guard = threading.Lock()
-
-    def inside(kind):
-        with guard:
-            state[kind] += 1
-            if state["exclusive"] > 1 or (state["exclusive"] and state["shared"]):
-                state["bad"] += 1
-        time.sleep(random.uniform(0, 0.002))
-        with guard:
-            state[kind] -= 1
-
-    def worker(seed):
-        rnd = random.Random(seed)
-        for _ in range(60):
-            way = rnd.randrange(4)
-            if way == 0:
-                with e._shared():
-                    inside("shared")
-            elif way == 1:
-                with e._with_ref(ref_lock):
-                    inside("shared")
-            elif way == 2:
-                with e._exclusive():
-                    inside("exclusive")
-            else:
-                with e._with_ref(ref_lock, "exclusive"):
-                    inside("exclusive")
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "deadlock: a thread never finished"
-    assert state["bad"] == 0
-    e.close()
 
 
-def test_device_memory_alone_runs_with_nothing_beside_it():
-    import threading
-    import time as _t
-
-    from gpu_worker.scheduling import DeviceMemory
-
-    reading = [None]
-    mem = DeviceMemory(0.8, lambda: 0, lambda: reading[0])
-    mem.learn(None, 0, total=1000)
-    key = ("p", "s", "verify")
-    mem.learn(key, 100)
-    first = mem.hold(key)
-    first.__enter__()
-    got = []
-
-    def alone():
-        with mem.alone(), mem.hold(key):
-            got.append(mem.holders)
-            _t.sleep(0.3)
-
-    t = threading.Thread(target=alone)
-    t.start()
-    t.join(0.6)
-    assert t.is_alive() and not got  # 100 + 100 fits the model, but a retry alone waits for the device to empty
-    first.__exit__(None, None, None)
-    _t.sleep(0.15)
-    assert got == [1]  # admitted once nothing else is held
-    # ...and while it runs nothing is admitted beside it, not by the model, not by a fresh device reading
-    reading[0] = (_t.monotonic(), 1000)
-    assert mem._fits(100) is None
-    t.join(2)
-    assert mem._fits(100) == "model" and mem._alone_held == 0
-    with mem.hold(key):  # this thread was never alone: an ordinary admission
-        assert mem._fits(100) == "model"
 
 
-def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
-    """An OOM (or a child killed from outside) may be the neighbours' doing: the stage runs once more with the
-    device to itself, and only what fails then is the candidate's. Other rejections are not retried."""
-    from workflows.artifacts import ArtifactStore
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import DeviceMemory, Scheduler
-    from workflows.contracts import CompileReport, VerifyReport
-
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
-    e.mem = DeviceMemory(0.8, lambda: 0)
-    e.mem.learn(None, 0, total=1000)
-    calls = []
-
-    def attempt(first_reason, then):
-        def run():
-            calls.append(bool(e.mem and getattr(e.mem._alone, "on", False)))
-            if len(calls) == 1:
-                return VerifyReport(ok=False, stage="sandbox", reason=first_reason, seconds=2.0,
-                                    log_key=e._log(first_reason))
-            return then
-        return run
-
-    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
-    rep = e._retried_alone(attempt("oom: OutOfMemoryError: CUDA out of memory", ok))
-    assert rep.ok and calls == [False, True] and rep.seconds == 5.0
-    log = e.store.get_text(rep.log_key)
-    assert log.startswith("first attempt beside other candidates: oom:") and log.rstrip().endswith("passed")
-    calls.clear()
-    still = VerifyReport(ok=False, stage="sandbox", reason="oom: again, alone", seconds=1.0)
-    rep = e._retried_alone(attempt("crash: sandbox process died with SIGKILL during verify", still))
-    assert not rep.ok and rep.reason == "oom: again, alone" and calls == [False, True]
-    for reason in ("verify: wrong output", "crash: sandbox process died with SIGSEGV during verify"):
-        calls.clear()
-        rep = e._retried_alone(attempt(reason, ok))
-        assert not rep.ok and rep.reason == reason and calls == [False]  # the candidate's own failure
-    # compile reports carry the reason as `error`
-    calls.clear()
-    rep = e._retried_alone(lambda: (calls.append(1), CompileReport(ok=False, error="oom: x") if len(calls) == 1
-                                    else CompileReport(ok=True))[1])
-    assert rep.ok and len(calls) == 2
-    e.mem = None  # on the CPU (no admission) nothing is retried
-    calls.clear()
-    assert not e._retried_alone(attempt("oom: x", ok)).ok and calls == [False]
-    e.close()
 
 
 def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):
@@ -1266,7 +755,7 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
 
 def test_verification_steps_run_in_order_only(ev, store):
     """Verification is one call per step (each case, the rerun, the stale probe, the reply), so that each
-    holds the GPU gate alone. A step out of order is an error, never a half-checked reply."""
+    is a device job of its own. A step out of order is an error, never a half-checked reply."""
     from baselines.registry import get_problem
 
     p = get_problem("softmax")
@@ -1297,12 +786,12 @@ def test_verification_steps_run_in_order_only(ev, store):
 
 
 def test_the_serial_default_gives_the_scheduled_verdicts(ev, store):
-    """An Evaluator without a scheduler: no gate, no admission, no spares, no hand-on; same verdicts."""
+    """An Evaluator without a scheduler: no device owner, no spares, no hand-on; same verdicts."""
     from gpu_worker.harness import Evaluator, SerialScheduler
 
     serial = Evaluator(store=store, interpreter=True, timeouts={"verify": 40, "compile": 60})
     try:
-        assert isinstance(serial.sched, SerialScheduler) and serial.mem is None
+        assert isinstance(serial.sched, SerialScheduler) and not serial.owner.retries_alone
         for name in ("fast", "wrong"):
             r = req(store, canary(name))
             got, want = serial.verify(r), ev.verify(r)

@@ -21,7 +21,7 @@ def log(tmp_path):
     lines = [
         "worker (gpu) polling marathon-gpu-0",  # plain text lines are skipped
         _line("old-run", "benchmark", 5.0, 5.0, {"gpu-wait": 1.0}),  # starts at 0: the log's first activity
-        _line("new-run", "verify", 12.0, 4.0, {"gpu-shared-wait": 3.0}),
+        _line("new-run", "verify", 12.0, 4.0, {"gpu-job-wait": 3.0}),
         _line("new-run", "benchmark", 20.0, 6.0, {"gpu-wait": 2.0}),
         _line("new-run", "benchmark", 30.0, 4.0, {"gpu-wait": 4.0}),
         _line("new-run", "benchmark", 40.0, 5.0, {"gpu-wait": 6.0}),

@@ -1,0 +1,248 @@
+"""The one owner of a GPU worker's device: it alone decides when this worker's work goes on the device.
+
+Three kinds of work, and what each holds:
+
+* a timing block (`timing()`: the interleaved benchmark, the profiler's cross-check, profiling, the
+  ceilings) runs with nothing else of ours on the device, one block at a time;
+* an untimed device job (`job()`: an upload, a download, kernel loading, a new child's CUDA context, a
+  verification call, a comparison with the oracle) runs between timing blocks, at most `max_jobs` at once;
+* host work (spawning and loading children, imports, Triton compilation, the input bank, files) holds
+  nothing: it is never inside a turn, so a timing block never waits for it.
+
+Turns are taken and held on the calling thread, so an activity's heartbeats (`beat()` while it waits) and
+its phase log stay on that activity's thread.
+
+Fairness: every request takes a ticket when it first asks. A job may start only while no timing block
+with an earlier ticket waits; a timing block starts once no job with an earlier ticket waits and none
+runs. So a stream of jobs cannot starve a timing block (jobs that asked after it wait for it), and a
+stream of timing blocks cannot starve a job (blocks that asked after it wait for it).
+
+Stages (`stage()`: a candidate's compile, verify or benchmark, from its first upload to its last
+comparison) are counted, not turns: they hold no device turn. A stage retried after running out of
+memory (`alone()` on its thread) waits until no other stage of ours runs, and no other stage starts
+beside it until it ends; stages arriving while it waits wait for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+import time
+
+from gpu_worker.phases import add_phase, beat
+from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
+
+#: how long a waiter sleeps between looks: its heartbeat's period while it waits
+WAIT_S = 2.0
+
+
+class DeviceOwner:
+    """See the module's docstring. `busy_s`: time with any turn held (the union of jobs and timing
+    blocks); `timed_s`: of which timing blocks; `closed_s`: time with a timing block waiting or running
+    (new jobs wait)."""
+
+    retries_alone = True  # a stage that ran out of memory beside others is run again alone (see alone)
+
+    def __init__(self, max_jobs: int | None = None):
+        self.max_jobs = max(1, int(os.environ.get("MARATHON_DEVICE_JOBS", "4")) if max_jobs is None else max_jobs)
+        self._cv = threading.Condition()
+        self._tickets = itertools.count()
+        self._jobs = 0  # untimed jobs on the device
+        self._timing_on = False  # a timing block on the device
+        self._timing_waiting: list[int] = []  # tickets of waiting timing blocks, oldest first
+        self._jobs_waiting: set[int] = set()  # tickets of jobs waiting for the device
+        self._stages = 0  # stages running
+        self._alone_on = False  # a stage retried alone is running
+        self._alone_waiting = 0
+        self._local = threading.local()  # per thread: stage depth, alone
+        self.busy_s = 0.0
+        self.timed_s = 0.0
+        self.closed_s = 0.0
+        self._busy_since: float | None = None
+        self._closed_since: float | None = None
+
+    # --- accounting (under _cv) -------------------------------------------------------------------
+    def _account(self) -> None:
+        """Busy and closed stretches begin and end with the state; call after every change of it."""
+        now = time.monotonic()
+        busy = self._timing_on or self._jobs > 0
+        if busy and self._busy_since is None:
+            self._busy_since = now
+        elif not busy and self._busy_since is not None:
+            dt, self._busy_since = now - self._busy_since, None
+            self.busy_s += dt
+            add_gpu_busy(dt)
+        closed = self._timing_on or bool(self._timing_waiting)
+        if closed and self._closed_since is None:
+            self._closed_since = now
+        elif not closed and self._closed_since is not None:
+            dt, self._closed_since = now - self._closed_since, None
+            self.closed_s += dt
+            add_gpu_closed(dt)
+
+    def _job_may_start(self, ticket: int) -> bool:
+        return (not self._timing_on and self._jobs < self.max_jobs
+                and not (self._timing_waiting and self._timing_waiting[0] < ticket))
+
+    def _timing_may_start(self, ticket: int) -> bool:
+        return (not self._timing_on and self._jobs == 0 and self._timing_waiting[0] == ticket
+                and not any(j < ticket for j in self._jobs_waiting))
+
+    # --- untimed device jobs -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def job(self, also: threading.Lock | None = None):
+        """An untimed device job's turn. With `also` (a reference child's lock): that lock and the turn
+        together, neither waited for while holding the other: the lock is taken first and given back
+        while the turn must wait. So a timing block never waits for the (serial) reference child's
+        queue, and the reference child's queue never waits for a timing block."""
+        t0 = time.monotonic()
+        also_wait = 0.0
+        ticket = None
+        have_also = started = False
+        try:  # a cancellation arrives as an exception anywhere (the heartbeat raises): nothing stays taken
+            while True:
+                if also is not None:
+                    ta = time.monotonic()
+                    have_also = also.acquire()
+                    also_wait += time.monotonic() - ta
+                with self._cv:
+                    if ticket is None:
+                        ticket = next(self._tickets)
+                    if self._job_may_start(ticket):
+                        self._jobs += 1
+                        started = True
+                        self._account()
+                        break
+                    if also is None:  # nothing else held: wait here
+                        self._await_job(ticket)
+                        self._jobs += 1
+                        started = True
+                        self._account()
+                        break
+                have_also = also.release()  # given back (release returns None): one statement, no gap
+                with self._cv:
+                    self._await_job(ticket)  # then the lock again, and a new look
+        except BaseException:
+            if started:
+                self._end_job()
+            if have_also:
+                also.release()
+            raise
+        t = time.monotonic()
+        try:
+            add_phase("gpu-job-wait", t - t0 - also_wait)
+            if also is not None:
+                add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
+            yield self
+        finally:
+            add_phase("gpu-job-held", time.monotonic() - t)
+            self._end_job()
+            if also is not None:
+                also.release()
+
+    def _await_job(self, ticket: int) -> None:
+        """Under _cv: wait until job `ticket` may start, counted as waiting meanwhile (earlier tickets of
+        timing blocks go first, later ones wait for it)."""
+        self._jobs_waiting.add(ticket)
+        try:
+            while not self._job_may_start(ticket):
+                self._cv.wait(WAIT_S)
+                beat()
+        finally:
+            self._jobs_waiting.discard(ticket)
+            self._cv.notify_all()  # a timing block may have waited for this ticket
+
+    def _end_job(self) -> None:
+        with self._cv:
+            self._jobs -= 1
+            self._account()
+            self._cv.notify_all()
+
+    # --- timing blocks -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def timing(self):
+        """A timing block's turn: nothing else of ours on the device until it ends."""
+        t0 = time.monotonic()
+        with self._cv:
+            ticket = next(self._tickets)
+            self._timing_waiting.append(ticket)  # tickets rise, so the list stays oldest first
+            self._account()
+            try:
+                while not self._timing_may_start(ticket):
+                    self._cv.wait(WAIT_S)
+                    beat()
+            except BaseException:  # cancelled while waiting: jobs behind it must not wait for nobody
+                self._timing_waiting.remove(ticket)
+                self._account()
+                self._cv.notify_all()
+                raise
+            self._timing_waiting.remove(ticket)
+            self._timing_on = True
+            self._account()
+        t = time.monotonic()
+        add_phase("gpu-wait", t - t0)
+        try:
+            yield self
+        finally:
+            dt = time.monotonic() - t
+            add_phase("gpu-held", dt)
+            add_gpu_timed(dt)
+            with self._cv:
+                self.timed_s += dt
+                self._timing_on = False
+                self._account()
+                self._cv.notify_all()
+
+    # --- stages and the retry alone --------------------------------------------------------------
+    @contextlib.contextmanager
+    def alone(self):
+        """The calling thread's stages run alone (see stage): for the retry of a stage that ran out of
+        device memory beside others (Evaluator._retried_alone)."""
+        before = getattr(self._local, "alone", False)
+        self._local.alone = True
+        try:
+            yield
+        finally:
+            self._local.alone = before
+
+    @contextlib.contextmanager
+    def stage(self):
+        """A stage of a candidate: counted while it runs; it holds no device turn. Alone (`alone()` on this
+        thread): it waits until no other stage runs, and none starts beside it. A stage inside a stage of
+        the same thread (a benchmark's checks verify) is part of the outer one."""
+        depth = getattr(self._local, "stages", 0)
+        if depth:
+            self._local.stages = depth + 1
+            try:
+                yield
+            finally:
+                self._local.stages = depth
+            return
+        alone = getattr(self._local, "alone", False)
+        t0 = time.monotonic()
+        with self._cv:
+            self._alone_waiting += alone
+            try:
+                while not (not self._alone_on and (self._stages == 0 if alone else not self._alone_waiting)):
+                    self._cv.wait(WAIT_S)
+                    beat()
+            finally:
+                self._alone_waiting -= alone
+                self._cv.notify_all()
+            self._stages += 1
+            self._alone_on = alone
+        add_phase("stage-wait", time.monotonic() - t0)
+        if alone:
+            add_phase("stage-alone", 1)
+        self._local.stages = 1
+        try:
+            yield
+        finally:
+            self._local.stages = 0
+            with self._cv:
+                self._stages -= 1
+                if alone:
+                    self._alone_on = False
+                self._cv.notify_all()
