@@ -44,11 +44,16 @@ async def cmd_worker(args) -> int:
         from gpu_worker.worker import build_gpu_workers
 
         from gpu_worker.activities import evaluator
+        from gpu_worker.settings import SettingsError
         from workflows.client import connect_config
 
+        try:  # the GPU worker's settings are read here, once (gpu_worker.settings)
+            interpreter = evaluator().interpreter
+        except SettingsError as e:
+            raise UsageError(str(e))
         # the identity says how this worker runs kernels: `marathon start` reads it from the queue's pollers
         gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
-                                                   "identity": gpu_worker_identity(evaluator().interpreter)},
+                                                   "identity": gpu_worker_identity(interpreter)},
                                                 data_converter=client.data_converter)
         workers += build_gpu_workers(gpu_client, task_queue=queue)
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
