@@ -22,6 +22,14 @@ async def cmd_worker(args) -> int:
         RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
     except ValidationError as e:
         raise UsageError(f"invalid --gpu-queue: {explain(e)}")
+    gpu_settings = None
+    if args.role in ("gpu", "all"):
+        from gpu_worker.settings import GpuWorkerSettings, SettingsError
+
+        try:  # the GPU worker's settings, read once, here: a bad one stops the start before anything else
+            gpu_settings = GpuWorkerSettings.from_env(os.environ)
+        except SettingsError as e:
+            raise UsageError(str(e))
 
     try:
         # before connecting: it makes the metrics-enabled runtime Temporal's default
@@ -44,13 +52,9 @@ async def cmd_worker(args) -> int:
         from gpu_worker.worker import build_gpu_workers
 
         from gpu_worker.activities import evaluator
-        from gpu_worker.settings import SettingsError
         from workflows.client import connect_config
 
-        try:  # the GPU worker's settings are read here, once (gpu_worker.settings)
-            interpreter = evaluator().interpreter
-        except SettingsError as e:
-            raise UsageError(str(e))
+        interpreter = evaluator(gpu_settings).interpreter
         # the identity says how this worker runs kernels: `marathon start` reads it from the queue's pollers
         gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
                                                    "identity": gpu_worker_identity(interpreter)},

@@ -217,13 +217,17 @@ class Scheduler:
         self.loaded = LoadedChildren(limit=keep)
 
     @classmethod
+    def under(cls, settings: GpuWorkerSettings, spares: int = 1, keep: int = 16) -> "Scheduler":
+        """A scheduler with the timing cores and device jobs of `settings`."""
+        return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs)
+
+    @classmethod
     def for_worker(cls, settings: GpuWorkerSettings) -> "Scheduler":
         """The GPU worker's scheduler under `settings` (resolved for its device: GpuWorkerSettings.for_device).
         Warm spares: a candidate child costs seconds to start (torch + Triton imports), and on CUDA a rolling
         population keeps several acquisitions in flight at once. Children handed from one stage to the next:
         room for every candidate in flight on this worker, twice over."""
-        return cls(spares=settings.spares, keep=min(32, 2 * settings.gpu_concurrency),
-                   cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs)
+        return cls.under(settings, spares=settings.spares, keep=min(32, 2 * settings.gpu_concurrency))
 
     def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None,
              settings: GpuWorkerSettings | None = None) -> SandboxPool:

@@ -159,7 +159,7 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
     `settings`: the GPU worker's (gpu_worker.settings; None: the defaults)."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator, cuda_available
-    from gpu_worker.scheduling import Scheduler, timing_cpus
+    from gpu_worker.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
     settings = settings or GpuWorkerSettings()
@@ -174,8 +174,7 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
                 raise SystemExit(f"marathon bench: --best {name}={key}: {e}") from None
     if not cuda_available(settings):
         raise SystemExit("marathon bench needs a CUDA GPU (the scoreboard is GPU timings only)")
-    ev = Evaluator(store=store, scheduler=Scheduler(cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs),
-                   settings=settings)
+    ev = Evaluator(store=store, scheduler=Scheduler.under(settings), settings=settings)
     rows = []
     try:
         for target in problems:

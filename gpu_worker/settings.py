@@ -55,6 +55,13 @@ def env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+def _setting(default, description: str, expected: str, shown_default: str | None = None, **limits):
+    """A field: its default, its one line for the docs, the form its variable takes (for the error), its
+    range (pydantic's ge/gt), and where the host decides the default, that default in words."""
+    extra = {"expected": expected, **({"shown_default": shown_default} if shown_default else {})}
+    return Field(default, description=description, json_schema_extra=extra, **limits)
+
+
 class GpuWorkerSettings(BaseModel):
     """The GPU worker's settings. Each field's description is its line in docs/deploy.md's table; its
     extra's `expected` is the form its variable's value must have, `shown_default` the default in words where
@@ -62,61 +69,54 @@ class GpuWorkerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    force_interpreter: bool = Field(
-        False, description="run every child under the Triton interpreter even where CUDA is present",
-        json_schema_extra={"expected": _FLAG})
-    gpu_selftest: bool | None = Field(
-        None, description="run the canaries before the worker serves; a failure stops the worker",
-        json_schema_extra={"expected": _FLAG})
-    gpu_concurrency: int | None = Field(
-        None, ge=1, description="concurrent activities on each of the worker's two queues",
-        json_schema_extra={"expected": "an integer >= 1"})
-    spares: int | None = Field(
-        None, ge=0, description="warm candidate children kept ready",
-        json_schema_extra={"expected": "an integer >= 0"})
-    device_jobs: int = Field(
-        4, ge=1, description="untimed device jobs (uploads, verification, comparisons) at once between timing blocks",
-        json_schema_extra={"expected": "an integer >= 1"})
-    timing_cpus: int | tuple[int, ...] | None = Field(
-        None, description="cores kept for timed processes: how many, or which (`30,31`, `28-29`)",
-        json_schema_extra={"expected": "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)",
-                           "shown_default": "2 on hosts of 8 cores or more, else 0"})
-    gpu_workdir: Path | None = Field(
-        None, description="sandbox scratch, the Triton cache and the input bank; keep it on local disk",
-        json_schema_extra={"expected": "a directory path", "shown_default": "`marathon-gpu-UID` in the temp directory"})
-    sandbox_mem_gb: float = Field(
-        0.0, ge=0, description="host memory limit of each sandbox child in GiB; 0: half the host's memory, at most 32",
-        json_schema_extra={"expected": "a number of GiB >= 0"})
-    wall: Literal["on", "landlock", "seccomp", "off"] = Field(
-        "on", description="the candidate children's OS wall: `on`, `landlock` (required), `seccomp` (fallback only) or `off`",
-        json_schema_extra={"expected": "on, landlock, seccomp or off"})
-    seed_pool: int = Field(
-        16, ge=3, description="verification inputs' seeds come from this pool (3 per candidate, chosen by its id)",
-        json_schema_extra={"expected": "an integer >= 3"})
-    oracle_cache_gb: float | None = Field(
-        None, ge=0, description="oracle outputs kept on the reference child's device (LRU), in GiB",
-        json_schema_extra={"expected": "a number of GiB >= 0"})
-    prefetch_gb: float = Field(
-        0.5, ge=0, description="verification inputs up to this size (GiB) are uploaded ahead; larger sets case by case",
-        json_schema_extra={"expected": "a number of GiB >= 0"})
-    warm_problem: str = Field(
-        "", description="problems warmed at start (ceilings, oracle bank, the baseline's first call): `kda,mla_decode` or `problem:shape` entries",
-        json_schema_extra={"expected": "comma-separated problem or problem:shape entries"})
-    warm_shape: str | None = Field(
-        None, description="the shape warmed for `MARATHON_WARM_PROBLEM` entries that name none (default: the primary shape)",
-        json_schema_extra={"expected": "a shape name"})
-    bench_blocks: int = Field(
-        5, ge=1, description="interleaved timing blocks per distribution on CUDA, at most (fewer for slow baselines, never fewer than 3)",
-        json_schema_extra={"expected": "an integer >= 1"})
-    bench_reps: int = Field(
-        20, ge=1, description="timed repetitions per side and block on CUDA, at most (fewer for slow baselines, never fewer than 5)",
-        json_schema_extra={"expected": "an integer >= 1"})
-    bench_block_ms: float = Field(
-        100.0, gt=0, description="about this much baseline time (ms) per timing block: sets the repetitions for slow baselines",
-        json_schema_extra={"expected": "a number of milliseconds > 0"})
-    bench_total_ms: float = Field(
-        500.0, gt=0, description="about this much baseline time (ms) per distribution: sets the blocks for slow baselines",
-        json_schema_extra={"expected": "a number of milliseconds > 0"})
+    force_interpreter: bool = _setting(
+        False, "run every child under the Triton interpreter even where CUDA is present", _FLAG)
+    gpu_selftest: bool | None = _setting(
+        None, "run the canaries before the worker serves; a failure stops the worker", _FLAG)
+    gpu_concurrency: int | None = _setting(
+        None, "concurrent activities on each of the worker's two queues", "an integer >= 1", ge=1)
+    spares: int | None = _setting(None, "warm candidate children kept ready", "an integer >= 0", ge=0)
+    device_jobs: int = _setting(
+        4, "untimed device jobs (uploads, verification, comparisons) at once between timing blocks",
+        "an integer >= 1", ge=1)
+    timing_cpus: int | tuple[int, ...] | None = _setting(
+        None, "cores kept for timed processes: how many, or which (`30,31`, `28-29`)",
+        "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)", shown_default="2 on hosts of 8 cores or more, else 0")
+    gpu_workdir: Path | None = _setting(
+        None, "sandbox scratch, the Triton cache and the input bank; keep it on local disk", "a directory path",
+        shown_default="`marathon-gpu-UID` in the temp directory")
+    sandbox_mem_gb: float = _setting(
+        0.0, "host memory limit of each sandbox child in GiB; 0: half the host's memory, at most 32",
+        "a number of GiB >= 0", ge=0)
+    wall: Literal["on", "landlock", "seccomp", "off"] = _setting(
+        "on", "the candidate children's OS wall: `on`, `landlock` (required), `seccomp` (fallback only) or `off`",
+        "on, landlock, seccomp or off")
+    seed_pool: int = _setting(
+        16, "verification inputs' seeds come from this pool (3 per candidate, chosen by its id)",
+        "an integer >= 3", ge=3)
+    oracle_cache_gb: float | None = _setting(
+        None, "oracle outputs kept on the reference child's device (LRU), in GiB", "a number of GiB >= 0", ge=0)
+    prefetch_gb: float = _setting(
+        0.5, "verification inputs up to this size (GiB) are uploaded ahead; larger sets case by case",
+        "a number of GiB >= 0", ge=0)
+    warm_problem: str = _setting(
+        "", "problems warmed at start (ceilings, oracle bank, the baseline's first call): `kda,mla_decode` or "
+        "`problem:shape` entries", "comma-separated problem or problem:shape entries")
+    warm_shape: str | None = _setting(
+        None, "the shape warmed for `MARATHON_WARM_PROBLEM` entries that name none (default: the primary shape)",
+        "a shape name")
+    bench_blocks: int = _setting(
+        5, "interleaved timing blocks per distribution on CUDA, at most (fewer for slow baselines, never fewer "
+        "than 3)", "an integer >= 1", ge=1)
+    bench_reps: int = _setting(
+        20, "timed repetitions per side and block on CUDA, at most (fewer for slow baselines, never fewer than 5)",
+        "an integer >= 1", ge=1)
+    bench_block_ms: float = _setting(
+        100.0, "about this much baseline time (ms) per timing block: sets the repetitions for slow baselines",
+        "a number of milliseconds > 0", gt=0)
+    bench_total_ms: float = _setting(
+        500.0, "about this much baseline time (ms) per distribution: sets the blocks for slow baselines",
+        "a number of milliseconds > 0", gt=0)
 
     @field_validator("wall", mode="before")
     @classmethod
@@ -165,7 +165,8 @@ class GpuWorkerSettings(BaseModel):
             lines = []
             for err in e.errors():
                 field = str(err["loc"][0]) if err["loc"] else ""
-                expected = (cls.model_fields[field].json_schema_extra or {}).get("expected", "") if field in cls.model_fields else ""
+                extra = cls.model_fields[field].json_schema_extra if field in cls.model_fields else None
+                expected = (extra or {}).get("expected", "a valid value")
                 lines.append(f"{env_name(field)}={raw.get(field)!r}: expected {expected}")
             raise SettingsError("; ".join(dict.fromkeys(lines))) from None
 

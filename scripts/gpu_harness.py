@@ -32,7 +32,7 @@ os.environ.setdefault("MARATHON_GPU_WORKDIR", "/tmp/marathon-gpu-work")
 from workflows.artifacts import ArtifactStore  # noqa: E402
 from gpu_worker.canaries import canary_source  # noqa: E402
 from gpu_worker.harness import Evaluator  # noqa: E402
-from gpu_worker.scheduling import Scheduler, timing_cpus  # noqa: E402
+from gpu_worker.scheduling import Scheduler  # noqa: E402
 from gpu_worker.settings import GpuWorkerSettings  # noqa: E402
 from workflows.contracts import BenchRequest, BestRef, EvalRequest  # noqa: E402
 
@@ -87,8 +87,7 @@ def main():
     skip = set(args.skip.split(","))
     store = ArtifactStore()
     settings = GpuWorkerSettings.from_env(os.environ)
-    ev = Evaluator(store=store, settings=settings,
-                   scheduler=Scheduler(spares=3, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs))
+    ev = Evaluator(store=store, settings=settings, scheduler=Scheduler.under(settings, spares=3))
     RESULTS["interpreter"] = ev.interpreter
     log("interpreter:", ev.interpreter)
 

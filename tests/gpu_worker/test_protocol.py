@@ -194,8 +194,8 @@ def test_memory_limit_contained(store):
     from gpu_worker.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
-    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False, timeouts={"verify": 60},
-                  settings=GpuWorkerSettings(sandbox_mem_gb=3))
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False,
+                  timeouts={"verify": 60}, settings=GpuWorkerSettings(sandbox_mem_gb=3))
     try:
         v = e.verify(req(store, kernel("rt_memory")))
     finally:
@@ -287,7 +287,8 @@ def test_warm_fills_oracle_bank(store):
     from gpu_worker.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
-    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), settings=GpuWorkerSettings(seed_pool=3))
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                    settings=GpuWorkerSettings(seed_pool=3))
     try:
         w = e.warm("softmax")
         assert w["oracles"] == 6 and len(e._ref_meta) == 6

@@ -154,7 +154,8 @@ def test_the_docs_table_is_the_model():
 
 def _environ(node) -> bool:
     """`os.environ` or a bare `environ`."""
-    return (isinstance(node, ast.Attribute) and node.attr == "environ") or (isinstance(node, ast.Name) and node.id == "environ")
+    return ((isinstance(node, ast.Attribute) and node.attr == "environ")
+            or (isinstance(node, ast.Name) and node.id == "environ"))
 
 
 def environment_reads(source: str) -> list[tuple[int, str]]:
