@@ -295,10 +295,15 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
         if shape is not None and shape not in names:
             raise ExportError(f"problem {problem_arg} has no shape {shape!r}; shapes: {', '.join(names)}")
         from gpu_worker.harness import Evaluator
+        from gpu_worker.settings import GpuWorkerSettings, SettingsError
         from workflows.contracts import EvalRequest
 
+        try:  # the GPU worker's settings (the sandbox's limits, work directory, wall) apply here too
+            settings = GpuWorkerSettings.from_env(os.environ)
+        except SettingsError as e:
+            raise ExportError(str(e))
         source_key = store.put_text(text)
-        ev = Evaluator(store=store, interpreter=not cuda)
+        ev = Evaluator(store=store, interpreter=not cuda, settings=settings)
         try:
             rep = ev.verify(EvalRequest(problem=name, candidate_id=source_key[:16], source_key=source_key,
                                         shape=shape, random_shape=True))

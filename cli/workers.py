@@ -22,6 +22,14 @@ async def cmd_worker(args) -> int:
         RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
     except ValidationError as e:
         raise UsageError(f"invalid --gpu-queue: {explain(e)}")
+    gpu_settings = None
+    if args.role in ("gpu", "all"):
+        from gpu_worker.settings import GpuWorkerSettings, SettingsError
+
+        try:  # the GPU worker's settings, read once, here: a bad one stops the start before anything else
+            gpu_settings = GpuWorkerSettings.from_env(os.environ)
+        except SettingsError as e:
+            raise UsageError(str(e))
 
     try:
         # before connecting: it makes the metrics-enabled runtime Temporal's default
@@ -46,9 +54,10 @@ async def cmd_worker(args) -> int:
         from gpu_worker.activities import evaluator
         from workflows.client import connect_config
 
+        interpreter = evaluator(gpu_settings).interpreter
         # the identity says how this worker runs kernels: `marathon start` reads it from the queue's pollers
         gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
-                                                   "identity": gpu_worker_identity(evaluator().interpreter)},
+                                                   "identity": gpu_worker_identity(interpreter)},
                                                 data_converter=client.data_converter)
         workers += build_gpu_workers(gpu_client, task_queue=queue)
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "

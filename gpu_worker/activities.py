@@ -20,6 +20,7 @@ from temporalio.exceptions import ApplicationError
 from gpu_worker.harness import Evaluator, cuda_available
 from gpu_worker.phases import phases_begin, phases_end
 from gpu_worker.scheduling import Scheduler
+from gpu_worker.settings import GpuWorkerSettings
 from workflows.artifacts import ArtifactStoreError
 from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport
 from workflows.logs import activity_logger
@@ -30,23 +31,17 @@ _EV_LOCK = threading.Lock()
 _OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_workers), named in compile reports
 
 
-def gpu_concurrency(cuda: bool) -> int:
-    """Concurrent activities per GPU worker (MARATHON_GPU_CONCURRENCY): on CUDA 8, so that a rolling
-    population keeps compiles (CPU) running behind the device's timing blocks; under the interpreter 2."""
-    return int(os.environ.get("MARATHON_GPU_CONCURRENCY", "8" if cuda else "2"))
-
-
-def evaluator():
-    """The process-wide Evaluator (warm sandbox pool, reference children, cached ceilings)."""
+def evaluator(settings: GpuWorkerSettings | None = None):
+    """The process-wide Evaluator (warm sandbox pool, reference children, cached ceilings). The first call
+    builds it with `settings`, by default the worker's environment parsed once here (a bad value raises
+    SettingsError, naming the variable); later calls return it as built."""
     global _EV
     with _EV_LOCK:
         if _EV is None:
-            cuda = cuda_available()
-            # warm spares: a candidate child costs seconds to start (torch + Triton imports); on CUDA a
-            # rolling population keeps several acquisitions in flight at once. Children handed from one
-            # stage to the next: room for every candidate in flight on this worker, twice over
-            _EV = Evaluator(scheduler=Scheduler(spares=int(os.environ.get("MARATHON_SPARES", "4" if cuda else "1")),
-                                                keep=min(32, 2 * gpu_concurrency(cuda))))
+            s = settings or GpuWorkerSettings.from_env(os.environ)
+            cuda = cuda_available(s)
+            s = s.for_device(cuda)
+            _EV = Evaluator(interpreter=not cuda, scheduler=Scheduler.for_worker(s), settings=s)
         return _EV
 
 

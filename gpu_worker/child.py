@@ -30,6 +30,7 @@ from gpu_worker.child_loading import ChildLoading
 from gpu_worker.child_reference import ChildReference
 from gpu_worker.child_timing import ChildTiming
 from gpu_worker.child_verify import ChildVerification
+from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings
 
 
 def _redirect(tmp: str) -> None:
@@ -63,6 +64,7 @@ def main(argv: list[str]) -> int:
     fd_in, fd_out, tmp, role = int(argv[0]), int(argv[1]), argv[2], argv[3]
     apply_limits(os.environ.pop("MARATHON_CHILD_LIMITS", None))
     guard_fd = os.environ.pop("MARATHON_GUARD_FD", None)  # the guard's reports, read by the worker
+    settings = os.environ.pop(CHILD_SETTINGS, None)  # the worker's settings (gpu_worker.settings)
     _redirect(tmp)
     from multiprocessing.connection import Connection
 
@@ -88,7 +90,7 @@ def main(argv: list[str]) -> int:
     import torch  # noqa: F401
     import triton  # noqa: F401
 
-    server = Server(tmp, role)
+    server = Server(tmp, role, GpuWorkerSettings.from_child(settings))
     server.guard_fd = int(guard_fd) if guard_fd else None
     cout.send(protocol.Ready(ready=True, cuda=server.cuda, pid=os.getpid(),
                              import_s=time.perf_counter() - t0).model_dump())

@@ -69,13 +69,17 @@ def _unreaped_child() -> str | None:
 class ChildCore:
     """The state every command of a child builds on, and the commands that make its context."""
 
-    def __init__(self, tmp: str, role: str):
+    def __init__(self, tmp: str, role: str, settings=None):
+        """`settings`: the worker's GpuWorkerSettings, as the child's channel carried them (child.main)."""
         import hashlib
 
         import torch
 
+        from gpu_worker.settings import GpuWorkerSettings
+
         self.tmp, self.role = tmp, role
         self.cuda = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+        self.settings = (settings or GpuWorkerSettings()).for_device(self.cuda)
         self.device = "cuda" if self.cuda else "cpu"
         self.cuda_ready = False
         self.triton_warm = False  # Triton's per-process keys computed (cmd_warm_triton)

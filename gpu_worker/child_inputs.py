@@ -171,7 +171,7 @@ class ChildInputs:
                          if hasattr(v, "element_size"))
             # only small sets wait on the device; larger ones are uploaded case by case during the run
             # (KDA's six cases are 1.9 GB, prefill's 6.8 GB: held per waiting child, they filled the device)
-            limit = float(os.environ.get("MARATHON_PREFETCH_GB", "0.5")) * (1 << 30)
+            limit = self.settings.prefetch_gb * (1 << 30)
             t0 = self.T["perf"]()
             self._prefetched = {k: (self._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
             self._sync()

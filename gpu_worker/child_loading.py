@@ -35,7 +35,7 @@ class ChildLoading:
         from gpu_worker import wall
 
         self.seal, self.wall = wall.enclose(self.tmp, list(write_roots), list(trusted_roots), self.cuda,
-                                            getattr(self, "guard_fd", None))
+                                            getattr(self, "guard_fd", None), self.settings.wall)
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)
         try:

@@ -21,9 +21,9 @@ class ChildReference:
         return protocol.SetUp(baseline=self.baseline_name, shape=self.shape.name, cuda=self.cuda)
 
     def _oracle(self, dist: str, seed: int, inputs: dict | None = None) -> dict:
-        """The oracle's outputs for one case, kept on this child's device (LRU within
-        MARATHON_ORACLE_CACHE_GB, default 24 on CUDA, 2 on the CPU) so that every later candidate is
-        compared there, in fp64, without the oracle crossing a pipe."""
+        """The oracle's outputs for one case, kept on this child's device (LRU within the settings'
+        oracle_cache_gb) so that every later candidate is compared there, in fp64, without the oracle
+        crossing a pipe."""
         cache = self.oracles
         key = (dist, seed)
         if key in cache:
@@ -33,7 +33,7 @@ class ChildReference:
             inputs = self._inputs(dist, seed)
         ref = {k: v.detach() for k, v in self.problem.oracle(inputs).items() if k in self.outputs}
         cache[key] = ref
-        limit = float(os.environ.get("MARATHON_ORACLE_CACHE_GB", "24" if self.cuda else "2")) * (1 << 30)
+        limit = self.settings.oracle_cache_gb * (1 << 30)
 
         def nbytes():
             return sum(t.numel() * t.element_size() for r in cache.values() for t in r.values())

@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import threading
 import time
 
 from gpu_worker.phases import add_phase, beat
+from gpu_worker.settings import GpuWorkerSettings
 from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
 
 #: how long a waiter sleeps between looks: its heartbeat's period while it waits
 WAIT_S = 2.0
+DEVICE_JOBS = GpuWorkerSettings.model_fields["device_jobs"].default
 
 
 class DeviceOwner:
@@ -46,7 +47,8 @@ class DeviceOwner:
     retries_alone = True  # a stage that ran out of memory beside others is run again alone (see alone)
 
     def __init__(self, max_jobs: int | None = None):
-        self.max_jobs = max(1, int(os.environ.get("MARATHON_DEVICE_JOBS", "4")) if max_jobs is None else max_jobs)
+        """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); None takes its default."""
+        self.max_jobs = max(1, DEVICE_JOBS if max_jobs is None else max_jobs)
         self._cv = threading.Condition()
         self._tickets = itertools.count()
         self._jobs = 0  # untimed jobs on the device

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import random
 import secrets
-import os
 import threading
 import time
 from typing import Callable
@@ -37,37 +36,32 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from rules.check import check_source
 from gpu_worker.sandbox import Rejection, Sandbox
+from gpu_worker.settings import GpuWorkerSettings, cuda_available  # noqa: F401 - re-exported
 from workflows.artifacts import ArtifactStore
 from workflows.contracts import EvalRequest, ProfileReport
 
-#: seeds of verification inputs come from this pool (a candidate sees 3 of them, chosen by its id), so
+#: a candidate's verification inputs: this many seeds of the settings' seed pool, chosen by its id, so that
 #: inputs differ between candidates while the oracle cache still hits
-SEED_POOL = int(os.environ.get("MARATHON_SEED_POOL", "16"))
 N_SEEDS = 3
 LOG_LIMIT = 12000
-
-
-def cuda_available() -> bool:
-    if os.environ.get("MARATHON_FORCE_INTERPRETER") == "1":
-        return False
-    try:
-        import torch
-
-        return torch.cuda.is_available()
-    except Exception:  # noqa: BLE001
-        return False
 
 
 class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, BenchmarkStage, TimedOutputChecks):
     """Judges candidates stage by stage; each stage and each family of checks is a base class of its own
     module (harness_compile, harness_verify, harness_benchmark, harness_timed_outputs, harness_best_checks),
-    all built on the children and device turns of harness_children."""
+    all built on the children and device turns of harness_children.
+
+    `settings`: the worker's (GpuWorkerSettings.from_env at its start); None takes the defaults. They are
+    resolved here for this evaluator's device and handed to every child it starts."""
 
     def __init__(self, store: ArtifactStore | None = None, interpreter: bool | None = None,
-                 timeouts: dict | None = None, static_rules: bool = True, scheduler=None):
+                 timeouts: dict | None = None, static_rules: bool = True, scheduler=None,
+                 settings: GpuWorkerSettings | None = None):
         self.store = store or ArtifactStore()
-        self.interpreter = (not cuda_available()) if interpreter is None else interpreter
+        settings = settings or GpuWorkerSettings()
+        self.interpreter = (not cuda_available(settings)) if interpreter is None else interpreter
         self.cuda = not self.interpreter
+        self.settings = settings.for_device(self.cuda)
         # the device owner, spares, hand-on and pinning (see SerialScheduler): the caller's choice
         self.sched = scheduler if scheduler is not None else SerialScheduler()
         self.owner = self.sched.owner  # when this worker's work goes on the device (device_owner.DeviceOwner)
@@ -91,7 +85,8 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         self._random_users: collections.Counter = collections.Counter()  # (problem, random shape) -> verifications
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
-        self.pool = self.sched.pool(self.interpreter, ready=self._cuda_init if self.cuda else None)
+        self.pool = self.sched.pool(self.interpreter, ready=self._cuda_init if self.cuda else None,
+                                    settings=self.settings)
 
     def close(self):
         self.pool.close()
@@ -136,7 +131,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
 
     def cases(self, problem, candidate_id: str) -> list[tuple[str, int]]:
         rng = random.Random(candidate_id)
-        seeds = sorted(rng.sample(range(SEED_POOL), N_SEEDS))
+        seeds = sorted(rng.sample(range(self.settings.seed_pool), N_SEEDS))
         return [(d, s) for s in seeds for d in problem.distributions]
 
     def _retried_alone(self, attempt: Callable):
@@ -183,7 +178,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         t = time.monotonic()
         self.ensure_ceilings(problem, shape, hb)
         parts["ceilings"] = time.monotonic() - t
-        cases = [(d, s) for s in range(SEED_POOL) for d in problem.distributions]
+        cases = [(d, s) for s in range(self.settings.seed_pool) for d in problem.distributions]
         t = time.monotonic()
         for i in range(0, len(cases), 4):
             self.reference(problem, shape, cases[i:i + 4], hb, timing=True)

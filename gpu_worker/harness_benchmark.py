@@ -175,9 +175,8 @@ class BenchmarkStage:
 
     def _plan(self):
         if self.cuda:
-            return {"blocks": int(os.environ.get("MARATHON_BENCH_BLOCKS", "5")),
-                    "reps": int(os.environ.get("MARATHON_BENCH_REPS", "20")), "warmup": 3, "rotate": 2, "pool": 3,
-                    "host_reps": 5}
+            return {"blocks": self.settings.bench_blocks, "reps": self.settings.bench_reps, "warmup": 3,
+                    "rotate": 2, "pool": 3, "host_reps": 5}
         # Interpreter: a cold first baseline call (thread pools, caches) would otherwise inflate the
         # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
         return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
@@ -239,15 +238,14 @@ class BenchmarkStage:
                     _add_phase(f"no-capture.{who}", 1)
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about
-            # MARATHON_BENCH_BLOCK_MS of baseline time per block, never fewer than 5 (25 samples a side) ...
+            # bench_block_ms of baseline time per block, never fewer than 5 (25 samples a side) ...
             probe = self._ref_do(ref, hb, msg.Time(reps=3, warmup=1, mode=mode, dist=dist, noise_seed=noise_seed,
                                                    first=take(4)), self.timeouts["time"])
             base_ms = median(probe.times)
-            budget_ms = float(os.environ.get("MARATHON_BENCH_BLOCK_MS", "100"))
+            budget_ms = self.settings.bench_block_ms
             plan = {**plan, "reps": max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))}
-            # ... and fewer blocks, never fewer than 3: about MARATHON_BENCH_TOTAL_MS of baseline time a
-            # distribution
-            total_ms = float(os.environ.get("MARATHON_BENCH_TOTAL_MS", "500"))
+            # ... and fewer blocks, never fewer than 3: about bench_total_ms of baseline time a distribution
+            total_ms = self.settings.bench_total_ms
             plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
         else:
             mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter

@@ -26,7 +26,7 @@ class EvaluatorChildren:
             if entry and not entry[0].alive():
                 entry = None
             if entry is None:
-                sb = self.sched.spawn("reference", self.interpreter)
+                sb = self.sched.spawn("reference", self.interpreter, self.settings)
                 entry = (sb, threading.Lock(), {})
                 self._refs[key] = entry
         sb, lock, info = entry
@@ -172,7 +172,8 @@ class EvaluatorChildren:
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
         return self._ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
-                                      trusted_roots=[str(triton_cache_dir())]), self.timeouts["load"], "compile", hb)
+                                      trusted_roots=[str(triton_cache_dir(self.settings.gpu_workdir))]),
+                         self.timeouts["load"], "compile", hb)
 
     def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, msg.Loaded | None]:
         """The child the previous stage left with this candidate loaded, else a fresh one loaded now.

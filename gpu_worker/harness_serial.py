@@ -8,6 +8,7 @@ import threading
 from typing import Callable
 
 from gpu_worker.sandbox import Sandbox
+from gpu_worker.settings import GpuWorkerSettings
 
 
 class NoOwner:
@@ -32,11 +33,11 @@ class NoOwner:
 class FreshChildren:
     """A new candidate child for every acquire: no warm spares."""
 
-    def __init__(self, interpreter: bool):
-        self.interpreter = interpreter
+    def __init__(self, interpreter: bool, settings: GpuWorkerSettings | None = None):
+        self.interpreter, self.settings = interpreter, settings
 
     def acquire(self) -> Sandbox:
-        return Sandbox("candidate", self.interpreter)
+        return Sandbox("candidate", self.interpreter, settings=self.settings)
 
     def close(self) -> None:
         pass
@@ -64,18 +65,20 @@ class SerialScheduler:
     passes gpu_worker.scheduling.Scheduler instead; the verdicts are the same.
 
     The interface: `owner` (job(also=) / timing / stage / alone / retries_alone, as
-    device_owner.DeviceOwner), `loaded` (put / take / close / len), `pool(interpreter, ready)`
-    (acquire / close), `spawn(role, interpreter)` and `pin(children, timed)`."""
+    device_owner.DeviceOwner), `loaded` (put / take / close / len), `pool(interpreter, ready, settings)`
+    (acquire / close), `spawn(role, interpreter, settings)` and `pin(children, timed)`; `settings` are the
+    Evaluator's, for the children (sandbox.Sandbox)."""
 
     def __init__(self):
         self.owner = NoOwner()
         self.loaded = NoHandOn()
 
-    def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None) -> FreshChildren:
-        return FreshChildren(interpreter)
+    def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None,
+             settings: GpuWorkerSettings | None = None) -> FreshChildren:
+        return FreshChildren(interpreter, settings)
 
-    def spawn(self, role: str, interpreter: bool) -> Sandbox:
-        return Sandbox(role, interpreter)
+    def spawn(self, role: str, interpreter: bool, settings: GpuWorkerSettings | None = None) -> Sandbox:
+        return Sandbox(role, interpreter, settings=settings)
 
     def pin(self, children, timed: bool) -> None:
         pass

@@ -48,7 +48,8 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         return "", "unknown", "ncu not found" if not exe else "no kernels to profile"
     import tempfile
 
-    tmp = tempfile.mkdtemp(prefix="ncu-", dir=work_root())
+    workdir = ev.settings.gpu_workdir
+    tmp = tempfile.mkdtemp(prefix="ncu-", dir=work_root(workdir))
     try:
         job = os.path.join(tmp, "candidate.py")
         with open(job, "w") as f:
@@ -57,7 +58,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         cmd = [exe, "--clock-control", "none", "--section", "SpeedOfLight", "--section", "Occupancy",
                "--section", "LaunchStats", "--csv", "--page", "details", "-k", regex, "-c", "4",
                sys.executable, "-m", "gpu_worker.oneshot", job, req.problem, req.shape or "", tmp]
-        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir()), TMPDIR=tmp, TRITON_HOME=tmp,
+        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(workdir)), TMPDIR=tmp, TRITON_HOME=tmp,
                    PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, env=env,
                              start_new_session=True)

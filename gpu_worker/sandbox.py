@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from gpu_worker import protocol
+from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -46,21 +47,22 @@ class Rejection(Exception):
         self.stage, self.reason, self.log = stage, reason, log
 
 
-def work_root() -> Path:
-    root = Path(os.environ.get("MARATHON_GPU_WORKDIR") or Path(tempfile.gettempdir()) / f"marathon-gpu-{os.getuid()}")
+def work_root(workdir: Path | None = None) -> Path:
+    """The settings' gpu_workdir (MARATHON_GPU_WORKDIR), by default marathon-gpu-UID in the temp directory."""
+    root = Path(workdir or Path(tempfile.gettempdir()) / f"marathon-gpu-{os.getuid()}")
     root.mkdir(parents=True, exist_ok=True)
     return root
 
 
-def triton_cache_dir() -> Path:
-    d = work_root() / "triton-cache"
+def triton_cache_dir(workdir: Path | None = None) -> Path:
+    d = work_root(workdir) / "triton-cache"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
 
-def input_bank_dir() -> Path:
+def input_bank_dir(workdir: Path | None = None) -> Path:
     """Inputs the reference child generated, read by candidate children (see child_inputs)."""
-    d = work_root() / "input-bank"
+    d = work_root(workdir) / "input-bank"
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -86,13 +88,16 @@ def _rss_bytes(pid: int) -> int:
 
 
 class Sandbox:
-    def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None, cpus: set | None = None):
-        """`cpus`: the cores the child starts on (None: those it inherits); scheduling.pin moves it later."""
+    def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None, cpus: set | None = None,
+                 settings: GpuWorkerSettings | None = None):
+        """`cpus`: the cores the child starts on (None: those it inherits); scheduling.pin moves it later.
+        `settings`: the worker's (None: the defaults), resolved for this child's device and handed to it."""
         self.role = role
         self.interpreter = interpreter
-        self.mem_limit = int((mem_limit_gb or float(os.environ.get("MARATHON_SANDBOX_MEM_GB", "0")) or default_mem_gb())
-                             * (1 << 30))
-        self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root())
+        self.settings = (settings or GpuWorkerSettings()).for_device(not interpreter)
+        workdir = self.settings.gpu_workdir
+        self.mem_limit = int((mem_limit_gb or self.settings.sandbox_mem_gb or default_mem_gb()) * (1 << 30))
+        self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root(workdir))
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
         # a candidate child's guard writes each refusal here at once; the reading end stays in this
@@ -105,10 +110,13 @@ class Sandbox:
         env["TRITON_HOME"] = self.tmp
         # a candidate compiles into its own directory: the OS wall lets it write nowhere else, and a shared
         # cache it could write would let it plant a kernel binary under another kernel's key
-        env["TRITON_CACHE_DIR"] = os.path.join(self.tmp, "triton-cache") if role == "candidate" else str(triton_cache_dir())
+        env["TRITON_CACHE_DIR"] = (os.path.join(self.tmp, "triton-cache") if role == "candidate"
+                                   else str(triton_cache_dir(workdir)))
+        # the internal channels to the child (gpu_worker.settings): not user settings
         if guard_w is not None:
             env["MARATHON_GUARD_FD"] = str(guard_w)
-        env["MARATHON_INPUT_BANK"] = str(input_bank_dir())
+        env["MARATHON_INPUT_BANK"] = str(input_bank_dir(workdir))
+        env[CHILD_SETTINGS] = self.settings.to_child()
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         env["PYTHONUNBUFFERED"] = "1"
         if interpreter:

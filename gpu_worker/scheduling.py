@@ -22,18 +22,20 @@ from typing import Callable
 
 from gpu_worker.device_owner import DeviceOwner
 from gpu_worker.sandbox import Sandbox
+from gpu_worker.settings import GpuWorkerSettings
 
 
 class SandboxPool:
     """Warm spare candidate processes. `acquire()` hands out one (single use) and starts a replacement."""
 
     def __init__(self, interpreter: bool, spares: int = 1, ready: Callable[[Sandbox], None] | None = None,
-                 cpus: set | None = None):
+                 cpus: set | None = None, settings: GpuWorkerSettings | None = None):
         """`ready(sb)`, if given, finishes a new spare before it is handed out (the harness creates its
         CUDA context in a device job); then spares are made in the background. `cpus`: the children's
-        cores (those not kept for timed work)."""
+        cores (those not kept for timed work). `settings`: handed to every child (Sandbox)."""
         self.interpreter = interpreter
         self.cpus = cpus
+        self.settings = settings
         self.spares = spares
         self.ready = ready
         self._lock = threading.Lock()
@@ -50,10 +52,10 @@ class SandboxPool:
             self._idle = [s for s in self._idle if s.alive()]
             n = max(0, self.spares - len(self._idle) - self._starting) if not self._closed else 0
             if self.ready is None:
-                self._idle += [Sandbox("candidate", self.interpreter, cpus=self.cpus) for _ in range(n)]
+                self._idle += [self._new() for _ in range(n)]
                 return
             self._starting += n
-        new = [Sandbox("candidate", self.interpreter, cpus=self.cpus) for _ in range(n)]  # they start side by side
+        new = [self._new() for _ in range(n)]  # they start side by side
         # and are readied side by side, each handed out as soon as it is ready: readied one after another,
         # a burst of compiles (a population's proposals arrive together) found the pool dry while the last
         # spares waited for the first ones' contexts, and made their own
@@ -62,6 +64,9 @@ class SandboxPool:
             t.start()
         for t in threads:
             t.join()
+
+    def _new(self) -> Sandbox:
+        return Sandbox("candidate", self.interpreter, cpus=self.cpus, settings=self.settings)
 
     def _ready_one(self, sb: Sandbox) -> None:
         try:
@@ -85,7 +90,7 @@ class SandboxPool:
                     break
                 cand.close()
         if sb is None:
-            sb = Sandbox("candidate", self.interpreter, cpus=self.cpus)
+            sb = self._new()
         threading.Thread(target=self.fill, daemon=True).start()
         return sb
 
@@ -160,26 +165,22 @@ class LoadedChildren:
             sb.close()
 
 
-def timing_cpus() -> tuple[set, set] | None:
+def timing_cpus(spec: int | tuple[int, ...] | None = None) -> tuple[set, set] | None:
     """(cores kept for timed work, cores for everything else), or None when the host is too small to
     spare any. Why: a many-launch baseline (FLA's chunk_kda) may be host-bound between its launches, and
     with every core compiling candidates it timed 1.17-1.73 ms in-run against 1.2 ms on a quiet host. Own
     cores alone did not remove that spread on the H200; cache and memory
-    traffic of the busy cores remain shared. MARATHON_TIMING_CPUS: how many (default 2 from 8 up), or
-    which ("30,31", "28-29": GPU workers sharing a host each keep their own)."""
+    traffic of the busy cores remain shared. `spec` (the settings' timing_cpus, MARATHON_TIMING_CPUS):
+    how many (None: 2 from 8 cores up, else none), or which cores (GPU workers sharing a host each keep
+    their own)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
-    spec = os.environ.get("MARATHON_TIMING_CPUS", "2" if len(cpus) >= 8 else "0").strip()
-    if "," in spec or "-" in spec:  # explicit cores, e.g. "30,31" or "28-29": one set per worker on a shared host
-        timed = set()
-        for part in spec.split(","):
-            lo, _, hi = part.partition("-")
-            timed |= set(range(int(lo), int(hi or lo) + 1))
-        timed &= set(cpus)
+    if isinstance(spec, (tuple, list)):  # explicit cores: one set per worker on a shared host
+        timed = set(spec) & set(cpus)
         rest = set(cpus) - timed
         return (timed, rest) if timed and rest else None
-    want = int(spec)
+    want = (2 if len(cpus) >= 8 else 0) if spec is None else spec
     if want <= 0 or want >= len(cpus):
         return None
     return set(cpus[-want:]), set(cpus[:-want])
@@ -198,12 +199,14 @@ def pin(sandboxes, cpus: set | None) -> None:
                 pass
 
 
+#: this host's split by default (no setting)
 TIMING_CPUS = timing_cpus()
 
 
 class Scheduler:
     """What the GPU worker hands its Evaluator: the device's owner, `spares` warm children, up to `keep`
-    loaded children waiting between stages, and the timing cores (`timing_cpus`)."""
+    loaded children waiting between stages, and the timing cores (`timing_cpus`). The worker's own is
+    `for_worker(settings)`."""
 
     def __init__(self, spares: int = 1, keep: int = 16, cpus: tuple[set, set] | None = TIMING_CPUS,
                  max_jobs: int | None = None):
@@ -213,11 +216,26 @@ class Scheduler:
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
 
-    def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None) -> SandboxPool:
-        return SandboxPool(interpreter, spares=self.spares, ready=ready, cpus=self.cpus and self.cpus[1])
+    @classmethod
+    def under(cls, settings: GpuWorkerSettings, spares: int = 1, keep: int = 16) -> "Scheduler":
+        """A scheduler with the timing cores and device jobs of `settings`."""
+        return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs)
 
-    def spawn(self, role: str, interpreter: bool) -> Sandbox:
-        return Sandbox(role, interpreter, cpus=self.cpus and self.cpus[1])
+    @classmethod
+    def for_worker(cls, settings: GpuWorkerSettings) -> "Scheduler":
+        """The GPU worker's scheduler under `settings` (resolved for its device: GpuWorkerSettings.for_device).
+        Warm spares: a candidate child costs seconds to start (torch + Triton imports), and on CUDA a rolling
+        population keeps several acquisitions in flight at once. Children handed from one stage to the next:
+        room for every candidate in flight on this worker, twice over."""
+        return cls.under(settings, spares=settings.spares, keep=min(32, 2 * settings.gpu_concurrency))
+
+    def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None,
+             settings: GpuWorkerSettings | None = None) -> SandboxPool:
+        return SandboxPool(interpreter, spares=self.spares, ready=ready, cpus=self.cpus and self.cpus[1],
+                           settings=settings)
+
+    def spawn(self, role: str, interpreter: bool, settings: GpuWorkerSettings | None = None) -> Sandbox:
+        return Sandbox(role, interpreter, cpus=self.cpus and self.cpus[1], settings=settings)
 
     def pin(self, children, timed: bool) -> None:
         """The timed processes onto the cores kept for them (timed=True), and back (timed=False)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -152,11 +153,16 @@ def parse_target(arg: str) -> tuple[str, list[int] | None]:
         raise SystemExit(f"marathon bench: {arg!r}: expected PROBLEM or PROBLEM@I,J with shape numbers") from None
 
 
-def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out_dir: Path) -> list[dict]:
-    """`best`: {problem: [source keys of candidate kernels]}, each measured on every shape of the problem."""
+def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out_dir: Path,
+        settings=None) -> list[dict]:
+    """`best`: {problem: [source keys of candidate kernels]}, each measured on every shape of the problem.
+    `settings`: the GPU worker's (gpu_worker.settings; None: the defaults)."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator, cuda_available
     from gpu_worker.scheduling import Scheduler
+    from gpu_worker.settings import GpuWorkerSettings
+
+    settings = settings or GpuWorkerSettings()
 
     store = ArtifactStore()
     sources = {}  # every candidate read before anything is measured: a wrong key fails now, not hours in
@@ -166,9 +172,9 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
                 sources[key] = store.get_text(key)
             except ArtifactStoreError as e:
                 raise SystemExit(f"marathon bench: --best {name}={key}: {e}") from None
-    if not cuda_available():
+    if not cuda_available(settings):
         raise SystemExit("marathon bench needs a CUDA GPU (the scoreboard is GPU timings only)")
-    ev = Evaluator(store=store, scheduler=Scheduler())
+    ev = Evaluator(store=store, scheduler=Scheduler.under(settings), settings=settings)
     rows = []
     try:
         for target in problems:
@@ -310,7 +316,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"marathon bench: {n!r}: {name} has shapes "
                              + "; ".join(f"{i} {s.name}" for i, s in enumerate(shapes)))
     best = parse_best(a.best, list(dict.fromkeys(parse_target(n)[0] for n in names)))
-    run(names, best, a.primary_only, Path(a.out))
+    from gpu_worker.settings import GpuWorkerSettings, SettingsError
+
+    try:  # the GPU worker's settings, as a worker reads them at its start
+        settings = GpuWorkerSettings.from_env(os.environ)
+    except SettingsError as e:
+        raise SystemExit(f"marathon bench: {e}") from None
+    run(names, best, a.primary_only, Path(a.out), settings)
     return 0
 
 

@@ -427,16 +427,6 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
     return desc
 
 
-def mode() -> str:
-    """MARATHON_WALL: `on` (the default: the wall is installed, Landlock where the kernel has it, else the
-    seccomp fallback), `landlock` (refuse to run candidates without Landlock), `seccomp` (the fallback even
-    where Landlock exists), `off` (an operator's explicit opt-out: the Python guard alone)."""
-    m = (os.environ.get("MARATHON_WALL") or "on").strip().lower()
-    if m not in ("on", "landlock", "seccomp", "off"):
-        raise WallError(f"MARATHON_WALL={m!r}: expected on, landlock, seccomp or off")
-    return m
-
-
 def c_compiler_programs() -> list[str]:
     """The C compiler Triton builds each kernel signature's launcher module with (at the kernel's first
     launch), chosen as Triton chooses it (CC, else gcc, else clang), and the programs it runs in turn
@@ -491,24 +481,26 @@ def candidate_exec_files(cuda: bool) -> tuple[list[str], list[str]]:
 
 
 def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
-            report_fd: int | None) -> tuple:
+            report_fd: int | None, mode: str = "on") -> tuple:
     """The candidate child's walls, in order: the guard (audit hook, import blocker, sealed), then the OS
-    wall. Returns (seal, description of the walls for the load reply)."""
+    wall. `mode`, the settings' wall (MARATHON_WALL): `on` (the wall is installed, Landlock where the
+    kernel has it, else the seccomp fallback), `landlock` (refuse to run candidates without Landlock),
+    `seccomp` (the fallback even where Landlock exists), `off` (an operator's explicit opt-out: the Python
+    guard alone). Returns (seal, description of the walls for the load reply)."""
     from gpu_worker import guard
 
     ptxas, launcher = candidate_exec_files(cuda)
     execs = ptxas + launcher
     seal = guard.install(write_roots=[tmp] + list(write_roots), trusted_roots=list(trusted_roots),
                          report_fd=report_fd, allowed_exec=tuple(ptxas), launcher_exec=tuple(launcher))
-    m = mode()
-    if m == "off":
+    if mode == "off":
         return seal, {"os": "off (MARATHON_WALL=off)"}
     import tempfile
 
     tempfile.gettempdir()  # resolved (to the child's TMPDIR) while probing it may still write anywhere
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
-    desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(m == "landlock"),
-                   use_landlock=(m != "seccomp"))
+    desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(mode == "landlock"),
+                   use_landlock=(mode != "seccomp"))
     desc["os"] = "on"
     desc["threads_at_install"] = threads  # Landlock holds for the installing thread and all it starts
     return seal, desc
@@ -544,22 +536,19 @@ def family_of(exc: BaseException, write_roots: list[str]) -> str | None:
     return None
 
 
-def host_summary() -> str:
-    """One line for the worker's start: which wall its candidate children get on this host."""
-    try:
-        m = mode()
-    except WallError as e:
-        return f"OS wall: {e}"
-    if m == "off":
+def host_summary(mode: str = "on") -> str:
+    """One line for the worker's start: which wall its candidate children get on this host under `mode`
+    (the settings' wall, as for `enclose`)."""
+    if mode == "off":
         return "OS wall: OFF (MARATHON_WALL=off): candidates run behind the Python guard only"
     if _arch() is None:
         return f"OS wall: unavailable on {platform.machine()}: candidate children will refuse to load"
-    abi = landlock_abi() if m != "seccomp" else 0
+    abi = landlock_abi() if mode != "seccomp" else 0
     if abi:
         extra = ", TCP bind/connect" if abi >= 4 else ""
         return (f"OS wall: seccomp (network, processes) + Landlock ABI {abi} (filesystem{extra}"
                 f"{', signals' if abi >= 6 else ''})")
-    if m == "landlock":
+    if mode == "landlock":
         return "OS wall: Landlock is absent: candidate children will refuse to load (MARATHON_WALL=landlock)"
     return ("OS wall: seccomp only (no Landlock): network and new processes refused by the kernel; writes "
             "and the GPU compiler's exec policed by the Python guard")

@@ -7,6 +7,8 @@ takes a turn from the evaluator's device owner (gpu_worker.device_owner): a timi
 nothing else of the worker's on the device, untimed jobs (uploads, verification, comparisons) between them. On CUDA the worker accepts 8 concurrent activities on each of its two queues
 (compiles overlap a timed job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
 
+Settings: the evaluator's (gpu_worker.settings, parsed from the environment once, when it is built).
+
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
 the worker is built; if they fail, this raises and no worker is built, and activities refuse work.
 """
@@ -23,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from temporalio.worker import Worker
 
 from gpu_worker import activities as a
-from gpu_worker.activities import evaluator, gpu_concurrency
+from gpu_worker.activities import evaluator
 from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
@@ -80,19 +82,18 @@ def own_queue(task_queue: str) -> str:
 def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
                       max_concurrent: int | None = None) -> list[Worker]:
     ev = evaluator()
-    print(host_summary(), flush=True)
+    settings = ev.settings
+    print(host_summary(settings.wall), flush=True)
     if selftest is None:
-        env = os.environ.get("MARATHON_GPU_SELFTEST")
-        selftest = ev.cuda if env is None else env == "1"
+        selftest = settings.gpu_selftest
     if selftest:
         res = ev.selftest()
         if not res["ok"]:
             raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
     # (FLA autotunes), so that no candidate's verification pays for a first oracle
-    warm_in_background(ev, warm_list(os.environ.get("MARATHON_WARM_PROBLEM", ""),
-                                     os.environ.get("MARATHON_WARM_SHAPE") or None))
-    n = max_concurrent or gpu_concurrency(ev.cuda)
+    warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape))
+    n = max_concurrent or settings.gpu_concurrency
     own = own_queue(task_queue)
     a.set_worker_queue(own)
     # `n` slots on each: new candidates enter by the shared queue, those already loaded here go on by their

@@ -32,7 +32,8 @@ os.environ.setdefault("MARATHON_GPU_WORKDIR", "/tmp/marathon-gpu-work")
 from workflows.artifacts import ArtifactStore  # noqa: E402
 from gpu_worker.canaries import canary_source  # noqa: E402
 from gpu_worker.harness import Evaluator  # noqa: E402
-from gpu_worker.scheduling import Scheduler
+from gpu_worker.scheduling import Scheduler  # noqa: E402
+from gpu_worker.settings import GpuWorkerSettings  # noqa: E402
 from workflows.contracts import BenchRequest, BestRef, EvalRequest  # noqa: E402
 
 T0 = time.monotonic()
@@ -85,7 +86,8 @@ def main():
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     store = ArtifactStore()
-    ev = Evaluator(store=store, scheduler=Scheduler(spares=3))
+    settings = GpuWorkerSettings.from_env(os.environ)
+    ev = Evaluator(store=store, settings=settings, scheduler=Scheduler.under(settings, spares=3))
     RESULTS["interpreter"] = ev.interpreter
     log("interpreter:", ev.interpreter)
 

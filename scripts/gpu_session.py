@@ -86,7 +86,8 @@ def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) ->
 
 def scrape_busy(port: int, name: str = "busy") -> float | None:
     """A GPU worker's marathon_gpu_<name>_seconds_total (busy: a device turn held, a job or a timing block;
-    timed: timing blocks; closed: new untimed jobs waiting for timing, reported as the gate's closed share)."""
+    timed: timing blocks; closed: a timing block waiting or running, so new untimed jobs wait: the device
+    owner's turns, gpu_worker.device_owner)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except Exception:  # noqa: BLE001
@@ -572,7 +573,7 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
                     "evaluations": n, "per_hour": round(n / max(hi - lo, 1e-9) * 3600, 1),
                     "recorded": recorded, "recorded_per_hour": round(recorded / (its[-1][0] - its[0][0]) * 3600, 1)
                     if recorded is not None and its[-1][0] > its[0][0] else None,
-                    "busy_fraction": busy, "timed_fraction": timed, "gate_closed_fraction": closed,
+                    "busy_fraction": busy, "timed_fraction": timed, "closed_fraction": closed,
                     "smi_utilization": util, "smi_max_memory_mib": mem, "smi_mean_sm_mhz": clk,
                     "cpu_busy": round(sum(c[1] for c in cpus) / len(cpus), 3) if cpus else None})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)

@@ -6,8 +6,8 @@ writes). docs/results.md's search throughput is its output.
 --run keeps one run's activities (workflow id prefix); --after keeps those that started at least S seconds
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
 and the last, with nvidia-smi's mean utilization and peak memory over that span from a gpu_session.py
-session.json, the host's CPU use and the share of time new untimed device jobs waited for timing ("gate
-closed")."""
+session.json, the host's CPU use and the share of time new untimed device jobs waited for timing (the
+device owner's closed time: marathon_gpu_closed_seconds_total)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def rate(rows: list[dict], smi: list | None = None, gpu: int = 0, cpu: list | No
     pts = [(x["t"], x["closed"][f"gpu{gpu}"]) for x in samples or ()
            if ends[0] <= x["t"] <= ends[-1] and (x.get("closed") or {}).get(f"gpu{gpu}") is not None]
     if len(pts) >= 2 and pts[-1][0] > pts[0][0]:
-        out += f"; gate closed {100 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]):.0f}% of the time"
+        share = 100 * (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        out += f"; new jobs waited for timing {share:.0f}% of the time"
     return out
 
 
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--run", default="", help="only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="only activities started this many seconds in")
     ap.add_argument("--smi", default="", help="a gpu_session.py session.json, for --rate's nvidia-smi, CPU and "
-                    "gate figures")
+                    "waits-for-timing figures")
     ap.add_argument("--gpu", type=int, default=0, help="the nvidia-smi GPU index for --smi")
     ap.add_argument("--agent", default="", help="the agent worker's log, for --concurrency's compaction times")
     a = ap.parse_args(argv)

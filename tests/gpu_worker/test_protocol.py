@@ -189,12 +189,13 @@ def test_sandbox_failures_contained(judge_raw, store, name, stage, words):
         assert w in v.reason, v.reason
 
 
-def test_memory_limit_contained(store, monkeypatch):
+def test_memory_limit_contained(store):
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
+    from gpu_worker.settings import GpuWorkerSettings
 
-    monkeypatch.setenv("MARATHON_SANDBOX_MEM_GB", "3")
-    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False, timeouts={"verify": 60})
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False,
+                  timeouts={"verify": 60}, settings=GpuWorkerSettings(sandbox_mem_gb=3))
     try:
         v = e.verify(req(store, kernel("rt_memory")))
     finally:
@@ -281,12 +282,13 @@ def test_profile_interpreter(ev, store):
     assert p.ok and "interpreter" in p.summary and p.bound == "unknown"
 
 
-def test_warm_fills_oracle_bank(store, monkeypatch):
+def test_warm_fills_oracle_bank(store):
     import gpu_worker.harness as h
     from gpu_worker.scheduling import Scheduler
+    from gpu_worker.settings import GpuWorkerSettings
 
-    monkeypatch.setattr(h, "SEED_POOL", 3)
-    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                    settings=GpuWorkerSettings(seed_pool=3))
     try:
         w = e.warm("softmax")
         assert w["oracles"] == 6 and len(e._ref_meta) == 6
@@ -357,7 +359,7 @@ def test_verification_reports_where_its_time_went(ev, store):
     assert phases_end() == {}  # collected once
 
 
-def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, tmp_path):
+def test_input_bank_written_by_reference_read_by_candidates(store, tmp_path):
     """The reference child leaves each case's inputs in the bank (read-only); candidate children read
     them there. The reference never reads the bank, so an altered bank file is caught by the fingerprint."""
     import torch
@@ -366,9 +368,10 @@ def test_input_bank_written_by_reference_read_by_candidates(store, monkeypatch, 
     from gpu_worker.scheduling import Scheduler
     from baselines.registry import get_problem
 
-    monkeypatch.setenv("MARATHON_GPU_WORKDIR", str(tmp_path))
-    monkeypatch.setattr(h, "SEED_POOL", 3)
-    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    from gpu_worker.settings import GpuWorkerSettings
+
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                    settings=GpuWorkerSettings(gpu_workdir=tmp_path, seed_pool=3))
     try:
         e.warm("softmax")
         bank = sorted((tmp_path / "input-bank").glob("*.pt"))
@@ -599,7 +602,13 @@ def test_sass_scan_reads_every_kernel(ev, tmp_path, monkeypatch):
 
 
 
-def test_timing_cpus_split(monkeypatch):
+def _cores_setting(value: str):
+    from gpu_worker.settings import GpuWorkerSettings
+
+    return GpuWorkerSettings.from_env({"MARATHON_TIMING_CPUS": value}).timing_cpus
+
+
+def test_timing_cpus_split():
     import os
 
     from gpu_worker.scheduling import timing_cpus
@@ -607,15 +616,13 @@ def test_timing_cpus_split(monkeypatch):
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
     n = len(os.sched_getaffinity(0))
-    monkeypatch.setenv("MARATHON_TIMING_CPUS", "1")
-    split = timing_cpus()
+    split = timing_cpus(_cores_setting("1"))
     if n < 2:
         assert split is None
     else:
         timed, rest = split
         assert len(timed) == 1 and len(rest) == n - 1 and not timed & rest
-    monkeypatch.setenv("MARATHON_TIMING_CPUS", "0")
-    assert timing_cpus() is None
+    assert timing_cpus(_cores_setting("0")) is None
 
 
 def test_pool_readies_spares_before_handing_them_out():
@@ -653,7 +660,7 @@ def test_pool_readies_spares_before_handing_them_out():
 
 
 
-def test_timing_cpus_explicit(monkeypatch):
+def test_timing_cpus_explicit():
     import os
 
     from gpu_worker.scheduling import timing_cpus
@@ -663,11 +670,9 @@ def test_timing_cpus_explicit(monkeypatch):
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("one core")
-    monkeypatch.setenv("MARATHON_TIMING_CPUS", f"{cpus[-1]}-{cpus[-1]}")
-    timed, rest = timing_cpus()
+    timed, rest = timing_cpus(_cores_setting(f"{cpus[-1]}-{cpus[-1]}"))
     assert timed == {cpus[-1]} and rest == set(cpus[:-1])
-    monkeypatch.setenv("MARATHON_TIMING_CPUS", "9999,10000")  # cores this host does not have: no split
-    assert timing_cpus() is None
+    assert timing_cpus(_cores_setting("9999,10000")) is None  # cores this host does not have: no split
 
 
 def test_context_and_triton_keys_are_two_commands():

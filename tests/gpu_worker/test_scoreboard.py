@@ -51,13 +51,26 @@ def test_marathon_bench_passes_its_options_through(monkeypatch):
     from cli import build_parser
 
     seen = {}
-    monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out: seen.update(
-        names=names, best=best, primary_only=primary_only, out=str(out)) or [])
+    monkeypatch.setattr(sb, "run", lambda names, best, primary_only, out, settings: seen.update(
+        names=names, best=best, primary_only=primary_only, out=str(out), spares=settings.spares) or [])
+    monkeypatch.setenv("MARATHON_SPARES", "2")
     args = build_parser().parse_args(["bench", "kda@2,3", "mla_decode", "--best", "kda=abc", "--best", "kda=def",
                                       "--best", "mla_decode=123", "--primary-only", "--out", "/tmp/sb"])
     assert asyncio.run(args.fn(args)) == 0
     assert seen == {"names": ["kda@2,3", "mla_decode"], "best": {"kda": ["abc", "def"], "mla_decode": ["123"]},
-                    "primary_only": True, "out": "/tmp/sb"}
+                    "primary_only": True, "out": "/tmp/sb", "spares": 2}
+
+
+def test_bench_refuses_a_bad_worker_setting_with_one_line(monkeypatch):
+    import asyncio
+
+    from cli import build_parser
+    from cli.errors import UsageError
+
+    monkeypatch.setenv("MARATHON_DEVICE_JOBS", "abc")
+    args = build_parser().parse_args(["bench", "kda"])
+    with pytest.raises(UsageError, match="^MARATHON_DEVICE_JOBS='abc': expected an integer >= 1$"):
+        asyncio.run(args.fn(args))
 
 
 def test_bench_refuses_a_shape_number_the_problem_lacks_before_anything_runs():

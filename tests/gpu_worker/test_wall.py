@@ -316,20 +316,18 @@ def test_the_seccomp_program_is_well_formed():
                 assert len(prog) % 8 == 0 and 0 < len(prog) // 8 < 4096
 
 
-def test_a_bad_wall_setting_is_one_clear_error(monkeypatch):
-    monkeypatch.setenv("MARATHON_WALL", "maybe")
-    with pytest.raises(wall.WallError, match="MARATHON_WALL='maybe': expected on, landlock, seccomp or off"):
-        wall.mode()
-    assert wall.host_summary() == "OS wall: MARATHON_WALL='maybe': expected on, landlock, seccomp or off"
+def test_a_bad_wall_setting_is_one_clear_error():
+    from gpu_worker.settings import GpuWorkerSettings, SettingsError
+
+    with pytest.raises(SettingsError, match="MARATHON_WALL='maybe': expected on, landlock, seccomp or off"):
+        GpuWorkerSettings.from_env({"MARATHON_WALL": "maybe"})
 
 
-def test_the_worker_start_line_names_the_wall(monkeypatch):
-    monkeypatch.delenv("MARATHON_WALL", raising=False)
-    line = wall.host_summary()
+def test_the_worker_start_line_names_the_wall():
+    line = wall.host_summary("on")
     assert line.startswith("OS wall: seccomp")
     assert ("Landlock ABI" in line) == bool(wall.landlock_abi())
-    monkeypatch.setenv("MARATHON_WALL", "off")
-    assert "OFF" in wall.host_summary()
+    assert "OFF" in wall.host_summary("off")
 
 
 # --- candidates through the harness, static rules off: the run-time walls alone ----------------------

@@ -58,7 +58,7 @@ def test_rate_first_to_last_benchmark_with_smi(ps, log):
                {"t": first + 20, "closed": {"gpu0": 9.0, "gpu1": 0.0}}, {"t": first + 50, "closed": {"gpu0": 50.0}}]
     out = ps.rate(rows, smi, gpu=0, cpu=cpu, samples=samples)
     assert "host CPU busy 60% (load average 9.0)" in out
-    assert "gate closed 30% of the time" in out  # (9 - 3) s over 20 s
+    assert "new jobs waited for timing 30% of the time" in out  # (9 - 3) s over 20 s
     assert ps.rate(rows[:1]) == "0 benchmarks: no rate"
 
 

@@ -67,6 +67,15 @@ def test_bad_input_is_one_clear_line(args, message):
     assert len(lines) == 1 and lines[0].startswith("marathon: error: ") and message in lines[0], p.stderr
 
 
+def test_a_bad_gpu_worker_setting_is_one_clear_line_before_connecting():
+    import os
+
+    env = {**os.environ, "TEMPORAL_ADDRESS": "127.0.0.1:1", "MARATHON_WALL": "maybe"}
+    p = subprocess.run(MARATHON + ["worker", "--role", "gpu"], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr.strip() == "marathon: error: MARATHON_WALL='maybe': expected on, landlock, seccomp or off", p.stderr
+
+
 def test_compaction_default_grows_with_the_population():
     import argparse
 
