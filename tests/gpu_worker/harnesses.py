@@ -1,9 +1,17 @@
 """The cheat tests judge with two harnesses: the Triton interpreter's on every machine, and the GPU's where
-CUDA is (that parameter is marked `gpu`), so every cheating family is held to the same rejection on both."""
+CUDA is (that parameter is marked `gpu`), so every cheating family is held to the same rejection on both.
+Also the requests the tests send: a candidate's source stored and named by its hash."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import pytest
+
+from workflows.contracts import EvalRequest
+
+KERNELS = Path(__file__).parent / "kernels"
 
 
 def _cuda() -> bool:
@@ -38,3 +46,19 @@ def on_both(cpu_fixture: str, spares: int, **settings):
             e.close()
 
     return judge
+
+
+def req(store, source: str, problem="softmax") -> EvalRequest:
+    key = store.put_text(source)
+    return EvalRequest(problem=problem, candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16], source_key=key)
+
+
+def kernel(name: str) -> str:
+    """A test kernel's source (tests/gpu_worker/kernels)."""
+    return (KERNELS / f"{name}.py").read_text()
+
+
+def canary(name: str) -> str:
+    from gpu_worker.canaries import canary_source
+
+    return canary_source(name)

@@ -1,4 +1,6 @@
-"""The worker's channel to a child (gpu_worker.sandbox): a reply always answers its own request."""
+"""The worker's channel to a child (gpu_worker.sandbox): a reply always answers its own request; a child
+that hangs, crashes, raises or runs out of memory is contained (static rules off, `judge_raw`) and the
+evaluator keeps serving."""
 
 import pickle
 
@@ -6,6 +8,7 @@ import pytest
 
 from gpu_worker.protocol import CudaInit
 from gpu_worker.sandbox import Sandbox, SandboxFailure
+from tests.gpu_worker.harnesses import canary, kernel, req
 
 
 class Interrupted(Exception):
@@ -43,3 +46,35 @@ def test_a_reply_to_another_request_is_refused():
         assert sb.closed
     finally:
         sb.close()
+
+
+@pytest.mark.parametrize("name,stage,words", [
+    ("rt_hang", "sandbox", ("timeout",)),
+    ("rt_crash", "sandbox", ("crash", "SIGSEGV")),
+    ("rt_exception", "verify", ("exception", "blew up on purpose")),
+])
+def test_sandbox_failures_contained(judge_raw, store, name, stage, words):
+    v = judge_raw.verify(req(store, kernel(name)))
+    assert not v.ok and v.stage == stage, v
+    for w in words:
+        assert w in v.reason, v.reason
+
+
+def test_memory_limit_contained(store):
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.settings import GpuWorkerSettings
+
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False,
+                  timeouts={"verify": 60}, settings=GpuWorkerSettings(sandbox_mem_gb=3))
+    try:
+        v = e.verify(req(store, kernel("rt_memory")))
+    finally:
+        e.close()
+    assert not v.ok
+    assert ("oom" in v.reason or "memory" in v.reason), v.reason
+
+
+def test_still_serving_after_failures(ev_raw, store):
+    v = ev_raw.verify(req(store, canary("fast")))
+    assert v.ok, v.reason

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gpu_worker import timing
-from tests.gpu_worker.harnesses import on_both
+from tests.gpu_worker.harnesses import canary, kernel, req
 from workflows.contracts import BenchRequest
 
 
@@ -128,26 +128,7 @@ def test_a_clear_loser_is_timed_for_one_block_and_one_distribution():
 
 # --- the protocol on the CPU stand-in ---------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from workflows.artifacts import ArtifactStore
-
-    return ArtifactStore(tmp_path_factory.mktemp("artifacts"))
-
-
-@pytest.fixture(scope="module")
-def ev(store):
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), timeouts={"verify": 40, "compile": 60})
-    yield e
-    e.close()
-
-
 def test_every_distribution_is_timed_and_reported(ev, store):
-    from tests.gpu_worker.test_protocol import canary, req
-
     r = req(store, canary("fast"))
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
     assert b.ok, b.reason
@@ -158,16 +139,10 @@ def test_every_distribution_is_timed_and_reported(ev, store):
     assert b.geomean_speedup is not None and all(d.mode == "interpreter" for d in b.distributions)
 
 
-#: ev's settings on the interpreter and, where CUDA is, on the GPU
-judge = on_both("ev", spares=1, timeouts={"verify": 40, "compile": 60})
-
-
 def test_a_result_from_an_earlier_call_on_the_same_buffers_is_rejected(judge, store):
     """Every refill gives a buffer other values than it held: a candidate handing back what it computed on
     that buffer before (a per-buffer cache, a graph replaying a result fixed at capture) is caught by the
     check of a timed repetition's outputs against the baseline's on that repetition's values."""
-    from tests.gpu_worker.test_protocol import kernel, req
-
     r = req(store, kernel("lagged_output"))
     assert judge.compile(r).ok
     assert judge.verify(r).ok  # right while verified

@@ -20,7 +20,7 @@ import torch
 from gpu_worker import child
 from gpu_worker.protocol import Reply
 from gpu_worker.timing_inputs import FreshValues, check_entries, entry_seed
-from tests.gpu_worker.harnesses import on_both
+from tests.gpu_worker.harnesses import KERNELS, req
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = REPO / "tests" / "baselines" / "files"
@@ -147,8 +147,6 @@ def test_an_entry_s_values_are_the_same_in_another_process_and_differ_between_en
 
 # --- the memo cheats ----------------------------------------------------------------------------------------
 
-KERNELS = Path(__file__).parent / "kernels"
-
 #: each memo kernel's problem, and a change of the inputs that leaves what the memo keys on
 _OLD = {
     "memo_rows": ("softmax", "roll(x, 5, rows)"),
@@ -208,28 +206,6 @@ def _memo_source(name: str, memo: bool) -> str:
     return src if memo else src.replace("MEMO = True", "MEMO = False")
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from workflows.artifacts import ArtifactStore
-
-    root = tmp_path_factory.mktemp("artifacts")
-    os.environ["MARATHON_ARTIFACTS"] = str(root)
-    return ArtifactStore(root)
-
-
-@pytest.fixture(scope="module")
-def ev(store):
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), timeouts={"verify": 60, "compile": 60})
-    yield e
-    e.close()
-
-
-judge = on_both("ev", spares=1, timeouts={"verify": 60, "compile": 60})
-
-
 @pytest.mark.parametrize("name, problem", [("memo_rows", "softmax"), ("memo_mla_heads", "mla_decode"),
                                            ("memo_sample", "softmax"), ("memo_rows", "softmax-file")])
 def test_a_memo_gains_nothing_in_a_real_benchmark(judge, store, name, problem):
@@ -237,7 +213,6 @@ def test_a_memo_gains_nothing_in_a_real_benchmark(judge, store, name, problem):
     on a GPU no faster than its honest twin (its speedup interval not wholly above the twin's). A candidate
     cannot tell the harness its hits (a host read of its counter is refused): the refills above and the
     probe show there are none."""
-    from tests.gpu_worker.test_protocol import req
     from workflows.contracts import BenchRequest
 
     if problem == "softmax-file":

@@ -3,7 +3,6 @@ each cheat is tried for real, on CPU, and rejected with its family named; honest
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import socket
@@ -15,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpu_worker import wall
-from tests.gpu_worker.harnesses import on_both
-from workflows.contracts import EvalRequest
+from tests.gpu_worker.harnesses import KERNELS, req
 
 REPO = Path(__file__).resolve().parents[2]
-KERNELS = Path(__file__).parent / "kernels"
 
 pytestmark = pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"),
                                 reason="the OS wall needs Linux on x86_64 or aarch64")
@@ -331,34 +328,6 @@ def test_the_worker_start_line_names_the_wall():
 
 
 # --- candidates through the harness, static rules off: the run-time walls alone ----------------------
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    from workflows.artifacts import ArtifactStore
-
-    root = tmp_path_factory.mktemp("artifacts")
-    os.environ["MARATHON_ARTIFACTS"] = str(root)
-    return ArtifactStore(root)
-
-
-@pytest.fixture(scope="module")
-def ev_raw(store):
-    from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
-
-    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1), static_rules=False, timeouts={"verify": 40, "compile": 40})
-    yield e
-    e.close()
-
-
-#: ev_raw's settings on the interpreter and, where CUDA is, on the GPU
-judge_raw = on_both("ev_raw", spares=1, static_rules=False, timeouts={"verify": 40, "compile": 40})
-
-
-def req(store, source: str) -> EvalRequest:
-    return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(source.encode()).hexdigest()[:16],
-                       source_key=store.put_text(source))
-
 
 ESCAPES = ["/tmp/marathon-fork-exec.txt", "/tmp/marathon-mkdir-escape", "/tmp/marathon-torch-shell.txt",
            "/tmp/marathon-seal-escape.txt"]

@@ -1,6 +1,6 @@
 """The OS wall on a CUDA host (marked `gpu`, skipped without CUDA): a candidate child's kernels compile
 lazily behind it (Triton runs ptxas at a kernel's first launch). The cheats' refusals on CUDA are the cheat
-tests' own (test_wall.py, test_protocol.py, test_timing.py: their `judge` harnesses)."""
+tests' own (their `judge`/`judge_raw` harnesses, tests/gpu_worker/conftest.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,77 @@
+"""A sandbox child's own commands and limits (gpu_worker.child, child_core, child_verify): its CUDA
+context and Triton keys, the verification steps it accepts only in order, the limits it sets itself."""
+
+from __future__ import annotations
+
+from gpu_worker.protocol import CudaInit, WarmTriton
+from tests.gpu_worker.harnesses import canary
+
+
+def test_context_and_triton_keys_are_two_commands():
+    """The CUDA context (made in a device job) and Triton's per-process keys (host work, outside any turn)
+    are separate child commands, each idempotent; on the CPU both are no-ops that answer."""
+    from gpu_worker.sandbox import Sandbox
+
+    sb = Sandbox("candidate", interpreter=True)
+    try:
+        for request in (CudaInit(), WarmTriton(), WarmTriton()):
+            r = sb.call(request, 120)
+            assert r.ok, r
+    finally:
+        sb.close()
+
+
+def test_verification_steps_run_in_order_only(ev, store):
+    """Verification is one call per step (each case, the rerun, the stale probe, the reply), so that each
+    is a device job of its own. A step out of order is an error, never a half-checked reply."""
+    from baselines.registry import get_problem
+
+    p = get_problem("softmax")
+    from gpu_worker.protocol import Prepare, VerifyCase, VerifyReply, VerifyRerun, VerifyStale
+
+    p = get_problem("softmax")
+    cases = list(ev.cases(p, "steps"))
+    sb, _ = ev._loaded_child(("x",), canary("fast"), p, ev._shape(p, None), None)
+    try:
+        assert sb.call(Prepare(cases=cases), 120).ok
+        for step in (VerifyCase(cases=cases, i=1), VerifyRerun(cases=cases), VerifyStale(cases=cases)):
+            r = sb.call(step, 120)
+            assert not r.ok and "out of order" in r.failure.error, (step, r)
+        assert "out of order" in sb.call(VerifyReply(), 120).failure.error
+        for i in range(len(cases)):
+            assert sb.call(VerifyCase(cases=cases, i=i), 120).ok
+        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases) + 1), 120).failure.error
+        assert sb.call(VerifyRerun(cases=cases), 120).ok
+        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases)), 120).failure.error
+        assert sb.call(VerifyStale(cases=cases), 120).ok
+        r = sb.call(VerifyReply(), 120).result
+        assert [(c.dist, c.seed) for c in r.cases] == cases
+        assert r.rerun is not None and r.stale is not None and r.timing["first-call"] >= 0
+        assert not any(c.mutated for c in r.cases)
+        assert "out of order" in sb.call(VerifyReply(), 120).failure.error  # the state went with the reply
+    finally:
+        sb.close()
+
+
+def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
+    """No core dumps and, under the interpreter, an address-space cap: set by the child first thing (no
+    preexec_fn, which can deadlock a multi-threaded worker's fork; a CI run hung that way)."""
+    import inspect
+    import os
+
+    from gpu_worker import sandbox
+    from gpu_worker.scheduling import TIMING_CPUS, Scheduler
+
+    assert "preexec_fn=" not in inspect.getsource(sandbox)
+    sb = Scheduler().spawn("candidate", interpreter=True)
+    try:
+        assert sb.call(CudaInit(), 120).ok  # the child is up and serving
+        limits = open(f"/proc/{sb.proc.pid}/limits").read().splitlines()
+        core = next(line for line in limits if line.startswith("Max core file size")).split()
+        assert core[4:6] == ["0", "0"]
+        space = next(line for line in limits if line.startswith("Max address space")).split()
+        assert int(space[3]) == 2 * sb.mem_limit
+        if TIMING_CPUS:
+            assert os.sched_getaffinity(sb.proc.pid) == set(TIMING_CPUS[1])
+    finally:
+        sb.close()

@@ -1,0 +1,37 @@
+"""The checks of what timed calls returned (gpu_worker.harness_timed_outputs): work skipped while timed, on
+every timed call or on some, is rejected; an honest benchmark reports the outputs and fingerprints it
+checked."""
+
+from __future__ import annotations
+
+from tests.gpu_worker.harnesses import canary, kernel, req
+from workflows.contracts import BenchRequest
+
+
+def test_work_skipped_while_timed_is_rejected(judge, store):
+    r = req(store, kernel("timed_skip"))
+    assert judge.compile(r).ok
+    assert judge.verify(r).ok  # right while it is checked
+    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert not b.ok and b.stage == "benchmark", b
+    assert b.reason.startswith("timed-output"), b.reason
+
+
+def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(judge, store):
+    r = req(store, kernel("timed_skip_some"))
+    assert judge.compile(r).ok
+    assert judge.verify(r).ok  # right while it is checked
+    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert not b.ok and b.stage == "benchmark", b
+    assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
+
+
+def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
+    r = req(store, canary("fast"))
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert b.ok, b.reason
+    log = store.get_text(b.log_key)
+    # one repetition's outputs checked per block, on each distribution
+    assert "[normal] interpreter" in log and "[wide] interpreter" in log
+    assert log.count("timed outputs 2 outputs") == 2, log
+    assert log.count("6 timed calls fingerprinted, worst ") == 2, log  # every timed call: 2 blocks of 3

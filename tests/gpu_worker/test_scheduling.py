@@ -1,0 +1,119 @@
+"""The scheduler's parts (gpu_worker.scheduling): the timing cores split from the rest, warm spares readied
+side by side before they are handed out, and the loaded children kept for hand-on, by number and age."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu_worker.protocol import CudaInit
+
+
+def _cores_setting(value: str):
+    from gpu_worker.settings import GpuWorkerSettings
+
+    return GpuWorkerSettings.from_env({"MARATHON_TIMING_CPUS": value}).timing_cpus
+
+
+def test_timing_cpus_split():
+    import os
+
+    from gpu_worker.scheduling import timing_cpus
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    n = len(os.sched_getaffinity(0))
+    split = timing_cpus(_cores_setting("1"))
+    if n < 2:
+        assert split is None
+    else:
+        timed, rest = split
+        assert len(timed) == 1 and len(rest) == n - 1 and not timed & rest
+    assert timing_cpus(_cores_setting("0")) is None
+
+
+def test_timing_cpus_explicit():
+    import os
+
+    from gpu_worker.scheduling import timing_cpus
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one core")
+    timed, rest = timing_cpus(_cores_setting(f"{cpus[-1]}-{cpus[-1]}"))
+    assert timed == {cpus[-1]} and rest == set(cpus[:-1])
+    assert timing_cpus(_cores_setting("9999,10000")) is None  # cores this host does not have: no split
+
+
+def test_pool_readies_spares_before_handing_them_out():
+    # on CUDA the harness passes its _cuda_init here (the context is made in an untimed device job);
+    # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
+    import time as _t
+
+    from gpu_worker.scheduling import SandboxPool
+
+    import threading
+
+    readied = []
+    # both spares must be readied at once (side by side): readied one after another, the first would wait
+    # here for the second until the barrier broke, and would be dropped
+    both = threading.Barrier(2, timeout=60)
+
+    def ready(sb):
+        r = sb.call(CudaInit(), 120)
+        assert r.ok and r.result.cuda is False
+        both.wait()
+        readied.append(sb)
+
+    pool = SandboxPool(interpreter=True, spares=2, ready=ready)
+    try:
+        end = _t.monotonic() + 120
+        while len(pool._idle) < 2 and _t.monotonic() < end:
+            _t.sleep(0.2)
+        assert len(readied) == 2 and len(pool._idle) == 2
+        sb = pool.acquire()
+        assert sb in readied and sb.alive()
+        sb.close()
+    finally:
+        pool.close()
+
+
+def test_loaded_children_limit_and_age():
+    from gpu_worker.scheduling import LoadedChildren
+
+    class Child:  # what LoadedChildren uses of a Sandbox
+        def __init__(self):
+            self.closed = False
+
+        def alive(self):
+            return not self.closed
+
+        def close(self):
+            self.closed = True
+
+    kept = LoadedChildren(limit=2, ttl=60)
+    a, b, c = Child(), Child(), Child()
+    kept.put("a", a)
+    kept.put("b", b)
+    kept.put("c", c)  # over the limit: the oldest is closed
+    assert a.closed and not b.closed and len(kept) == 2
+    assert kept.take("b") is b and kept.take("b") is None
+    c.close()
+    assert kept.take("c") is None  # a dead child is not handed on
+    old = LoadedChildren(limit=4, ttl=0.0)
+    d = Child()
+    old.put("d", d)
+    assert old.take("d") is None and d.closed  # too old
+    kept.put("e", Child())
+    kept.close()
+    assert len(kept) == 0
+    # several children of one candidate (the best, in overlapping benchmarks), at most per_key of them
+    many = LoadedChildren(limit=8, ttl=60, per_key=2)
+    x1, x2, x3 = Child(), Child(), Child()
+    many.put("x", x1)
+    many.put("x", x2)
+    many.put("x", x3)  # a third copy: the oldest goes
+    assert x1.closed and not x2.closed and not x3.closed and len(many) == 2
+    got = {many.take("x"), many.take("x")}
+    assert got == {x2, x3} and many.take("x") is None
