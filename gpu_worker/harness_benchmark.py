@@ -14,7 +14,8 @@ from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.harness_timed_outputs import _check_entries
 from gpu_worker.sandbox import Rejection, SandboxFailure
-from gpu_worker.timing import another_block, choose_mode, decide, distribution_figures, median, shown_slower
+from gpu_worker.timing import (another_block, choose_mode, decide, decisive_dist, distribution_figures, median,
+                               shown_slower)
 from workflows.contracts import BenchReport, BenchRequest, DeviceFacts, DistributionTiming, Receipt
 
 
@@ -69,8 +70,14 @@ class BenchmarkStage:
                     fresh = self.pool.acquire()
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
-                for dist in problem.distributions:
-                    res = self._time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s)
+                dists = list(problem.distributions)
+                decisive = decisive_dist(dists, req.best.deciding_dist if best is not None else None)
+                if decisive is not None:  # the distribution that can show a loser is timed first
+                    dists.remove(decisive)
+                    dists.insert(0, decisive)
+                for dist in dists:
+                    res = self._time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s,
+                                                  decisive=dist == decisive)
                     fig = distribution_figures(dist, res["cand"], res["base"], res["best"] or None,
                                                res["cand_host"], res["base_host"])
                     fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
@@ -81,7 +88,7 @@ class BenchmarkStage:
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
-                    if shown_slower(fig):  # a clear loser: the other distributions are not timed
+                    if shown_slower(fig, dist == decisive):  # a clear loser: the others are not timed
                         break
                 verdict = decide(per_dist)
                 if fresh is not None:
@@ -187,7 +194,8 @@ class BenchmarkStage:
         plan = self._plan()
         return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed)
 
-    def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list) -> dict:
+    def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
+                           decisive: bool = True) -> dict:
         """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
         block each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
@@ -207,12 +215,12 @@ class BenchmarkStage:
             self.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
                 with _phase("interleave"):
-                    return self._interleave(problem, dist, cand, ref, best, plan, hb)
+                    return self._interleave(problem, dist, cand, ref, best, plan, hb, decisive)
             finally:
                 self.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
-    def _interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb) -> dict:
+    def _interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True) -> dict:
         """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
@@ -255,7 +263,7 @@ class BenchmarkStage:
                "check_seed": int.from_bytes(os.urandom(6), "little"),  # secret: drawn per benchmark
                "noise_seed": noise_seed}
         for b in range(plan["blocks"]):
-            if not another_block(b, out["best"], out["cand"]):  # a clear loser stops after its first block
+            if not another_block(b, out["best"], out["cand"], decisive):  # a clear loser stops after one block
                 break
             warm = plan["warmup"] if b == 0 else 1
             cand_block: list = []

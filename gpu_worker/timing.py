@@ -66,26 +66,34 @@ EARLY_STOP_SAMPLES = 15
 
 def clearly_slower(best: list[float], cand: list[float], min_samples: int = EARLY_STOP_SAMPLES) -> bool:
     """Whether the timing so far already shows the candidate slower than the current best: the 95% interval
-    of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a side.
-    Such a candidate cannot be accepted (acceptance needs the interval wholly above 1 on every
-    distribution), so timing it further only holds the GPU."""
+    of median(best) / median(candidate) lies wholly below 1, on at least `min_samples` samples a side."""
     if not best or min(len(best), len(cand)) < min_samples:
         return False
     return bootstrap_ratio_ci(best, cand)[1] < 1.0
 
 
-def another_block(blocks_done: int, best: list[float], cand: list[float]) -> bool:
-    """Whether a distribution's timing goes on to another block: the first always; then only while the
-    samples do not show the candidate clearly slower than the current best."""
-    return blocks_done == 0 or not clearly_slower(best, cand)
+def another_block(blocks_done: int, best: list[float], cand: list[float], decisive: bool = True) -> bool:
+    """Whether a distribution's timing goes on to another block: the first always; then, on the decisive
+    distribution (the one where the best is slowest against the baseline, see `decisive_dist`), only while
+    the samples do not show the candidate clearly slower than the best there. Slower than the best on
+    another distribution decides nothing: the worst speedup is what is compared."""
+    return blocks_done == 0 or not (decisive and clearly_slower(best, cand))
 
 
-def shown_slower(figures: dict) -> bool:
-    """Whether a timed distribution's figures show the candidate clearly slower than the current best (its
-    interval against the best wholly below 1): the distributions after it are not timed, since acceptance
-    needs every distribution's interval above 1."""
+def shown_slower(figures: dict, decisive: bool = True) -> bool:
+    """Whether a timed decisive distribution shows the candidate clearly slower than the best there (its
+    interval against the best wholly below 1): its worst speedup is then below the best's, so the
+    distributions after it are not timed."""
     ci = figures.get("vs_best_ci")
-    return ci is not None and ci[1] < 1.0
+    return decisive and ci is not None and ci[1] < 1.0
+
+
+def decisive_dist(distributions: list[str], best_deciding: str | None) -> str | None:
+    """The distribution that can end a candidate's timing early: where the best's worst speedup was
+    measured (timed first), or the only one. None: every distribution is timed in full."""
+    if best_deciding in distributions:
+        return best_deciding
+    return distributions[0] if len(distributions) == 1 else None
 
 
 def distribution_figures(dist: str, cand: list[float], base: list[float], best: list[float] | None,
@@ -98,17 +106,39 @@ def distribution_figures(dist: str, cand: list[float], base: list[float], best: 
            "baseline_iqr_ms": (quantile(base, .25), quantile(base, .75)),
            "host_ms": median(cand_host) if cand_host else None,
            "baseline_host_ms": median(base_host) if base_host else None,
-           "best_time_ms": None, "vs_best_ci": None}
+           "best_time_ms": None, "vs_best_ci": None, "samples_ms": (list(cand), list(base), list(best or []))}
     if best:
         out["best_time_ms"] = median(best)
         out["vs_best_ci"] = bootstrap_ratio_ci(best, cand)
     return out
 
 
+def worst_speedup_ratio_ci(per_dist: list[dict], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the candidate's worst speedup over the best's worst speedup,
+    both against the baseline timed beside them in the same benchmark: min_d base_d / cand_d over
+    min_d base_d / best_d, every distribution's three sample sets resampled together. On one distribution
+    it is median(best) / median(candidate)."""
+    rng = np.random.default_rng(seed)
+    worst_c = np.full(n, np.inf)
+    worst_b = np.full(n, np.inf)
+    for d in per_dist:
+        c, b, k = (np.asarray(x, dtype=float) for x in d["samples_ms"])
+        mc = np.median(c[rng.integers(0, len(c), size=(n, len(c)))], axis=1)
+        mb = np.median(b[rng.integers(0, len(b), size=(n, len(b)))], axis=1)
+        mk = np.median(k[rng.integers(0, len(k), size=(n, len(k)))], axis=1)
+        worst_c = np.minimum(worst_c, mb / mc)
+        worst_b = np.minimum(worst_b, mb / mk)
+    lo, hi = np.percentile(worst_c / worst_b, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
 def decide(per_dist: list[dict]) -> dict:
     """The verdict over distributions: the worst speedup decides; its interval is the conservative one
     for a minimum (the lowest lower bound and the lowest upper bound over distributions), so a kernel
-    fast only on easy inputs neither wins nor is crowned. The geometric mean is reported beside it."""
+    fast only on easy inputs neither wins nor is crowned. Against the best, what acceptance reads is the
+    interval of worst speedup over the best's worst speedup (`worst_speedup_ratio_ci`): a kernel that
+    trades speed on an easy distribution for speed on the deciding one can be crowned. The geometric mean
+    is reported beside it."""
     if not per_dist:
         raise ValueError("no distribution was timed")
     worst = min(per_dist, key=lambda d: d["speedup"])
@@ -119,7 +149,7 @@ def decide(per_dist: list[dict]) -> dict:
            if all(s > 0 for s in speedups) else math.nan,
            "vs_best_ci": None}
     if all(d.get("vs_best_ci") for d in per_dist):
-        out["vs_best_ci"] = (min(d["vs_best_ci"][0] for d in per_dist), min(d["vs_best_ci"][1] for d in per_dist))
+        out["vs_best_ci"] = worst_speedup_ratio_ci(per_dist)
     return out
 
 

@@ -281,7 +281,8 @@ class KernelOptimization:
         if rec.outcome == "improved":
             self.st.best = BestRef(candidate_id=rec.candidate_id, source_key=rec.source_key,
                                    speedup=rec.speedup, time_ms=rec.time_ms, baseline_ms=rec.baseline_ms,
-                                   iteration=rec.iteration, interpreter=rec.interpreter, knobs=rec.knobs)
+                                   iteration=rec.iteration, interpreter=rec.interpreter, knobs=rec.knobs,
+                                   deciding_dist=rec.deciding_dist)
         if rec.outcome in ("improved", "passed") and rec.speedup is not None:
             self.st.leaderboard = decisions.update_leaderboard(
                 self.st.leaderboard,

@@ -37,7 +37,8 @@ def test_template_compiles_verifies_and_benchmarks(ev, store):
 
 def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):
     """The interleaved blocks end after the first when the candidate is already shown slower than the current
-    best (it cannot be accepted); a candidate level with the best, or a run without one, gets every block."""
+    best on the decisive distribution; a candidate level with the best, one timed on another distribution,
+    or a run without a best gets every block."""
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
@@ -58,9 +59,9 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
                                                     mode="interpreter", checks=[], check_names=[]))
             return Reply(seq=None, result=HostLatency(walls=[self.ms] * request.reps))
 
-    def run(cand_ms, with_best=True):
+    def run(cand_ms, with_best=True, decisive=True):
         cand, base, best = Child(cand_ms), Child(2.0), Child(1.0) if with_best else None
-        return e._interleave(None, "normal", cand, base, best, plan, None), cand
+        return e._interleave(None, "normal", cand, base, best, plan, None, decisive), cand
 
     res, cand = run(1.2)
     assert res["blocks"] == 1 and res["planned_blocks"] == 5 and cand.calls == 1
@@ -69,6 +70,8 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
     assert res["blocks"] == 5 and cand.calls == 5
     res, cand = run(0.8)  # faster: every block, for the acceptance's interval
     assert res["blocks"] == 5
+    res, cand = run(1.2, decisive=False)  # slower where the best is not at its slowest: decides nothing
+    assert res["blocks"] == 5 and cand.calls == 5
     res, cand = run(1.2, with_best=False)  # no best to compare with
     assert res["blocks"] == 5 and len(res["cand"]) == 100
     e.close()

@@ -45,11 +45,33 @@ def test_the_worst_distribution_decides():
         timing.decide([])
 
 
-def test_head_to_head_with_the_best_needs_every_distribution():
+def test_head_to_head_with_the_best_compares_worst_speedups():
+    # faster than the best on one distribution, slower on the other where it is then slowest: not above 1
     a, b = _fig("unit", 0.9, 1.0, best_ms=1.0), _fig("peaked", 1.1, 1.0, best_ms=1.0)
-    v = timing.decide([a, b])
-    assert v["vs_best_ci"][0] < 1.0  # faster than the best on one distribution only: not above 1
-    assert timing.decide([a, _fig("peaked", 1.1, 1.0)])["vs_best_ci"] is None
+    assert timing.decide([a, b])["vs_best_ci"][1] < 1.0
+    assert timing.decide([a, _fig("peaked", 1.1, 1.0)])["vs_best_ci"] is None  # no best on one of them
+    # slower than the best where the best is fast (mild), faster where the best is slowest (strong): the
+    # candidate's worst speedup 1/0.9 beats the best's 1/1.0, so the interval lies above 1
+    mild, strong = _fig("mild", 0.6, 1.0, best_ms=0.5), _fig("strong", 0.9, 1.0, best_ms=1.0)
+    lo, hi = timing.decide([mild, strong])["vs_best_ci"]
+    assert 1.0 < lo and hi < 1.2 and lo < 1.0 / 0.9 < hi
+    # fast only where the best is fast: its worst speedup is the best's, the interval straddles 1
+    mild, strong = _fig("mild", 0.3, 1.0, best_ms=0.5), _fig("strong", 1.0, 1.0, best_ms=1.0)
+    lo, hi = timing.decide([mild, strong])["vs_best_ci"]
+    assert lo < 1.0 < hi
+
+
+def test_one_distributions_head_to_head_is_best_over_candidate():
+    f = _fig("normal", 0.8, 1.0, best_ms=1.0)
+    lo, hi = timing.worst_speedup_ratio_ci([f])
+    assert lo < 1.0 / 0.8 < hi and lo == pytest.approx(f["vs_best_ci"][0], rel=0.02)
+
+
+def test_the_decisive_distribution_is_where_the_best_is_slowest():
+    assert timing.decisive_dist(["mild", "strong"], "strong") == "strong"
+    assert timing.decisive_dist(["mild", "strong"], None) is None  # unknown: every distribution in full
+    assert timing.decisive_dist(["mild", "strong"], "gone") is None
+    assert timing.decisive_dist(["normal"], None) == "normal"
 
 
 def test_host_latency_is_its_own_figure_never_in_the_speedup():
@@ -124,6 +146,8 @@ def test_a_clear_loser_is_timed_for_one_block_and_one_distribution():
     assert timing.shown_slower(fig)  # the other distributions are not timed
     assert not timing.shown_slower(timing.distribution_figures("normal", close, best, best, [], []))
     assert not timing.shown_slower(timing.distribution_figures("normal", slow, best, None, [], []))
+    # on a distribution where the best is not at its slowest, slower than the best decides nothing
+    assert timing.another_block(1, best, slow, decisive=False) and not timing.shown_slower(fig, decisive=False)
 
 
 # --- the protocol on the CPU stand-in ---------------------------------------------------------------

@@ -130,8 +130,8 @@ class DistributionTiming(Strict):
 
 
 class BenchReport(Verdict):
-    """time_ms/baseline_ms/speedup are the deciding distribution's (the worst speedup); speedup_ci and
-    vs_best_ci are conservative over all distributions (see gpu_worker.timing.decide)."""
+    """time_ms/baseline_ms/speedup are the deciding distribution's (the worst speedup); speedup_ci is
+    conservative over all distributions, vs_best_ci compares worst speedups (see gpu_worker.timing.decide)."""
 
     ok: bool
     stage: Stage = "benchmark"
@@ -142,8 +142,8 @@ class BenchReport(Verdict):
     speedup: float | None = None
     speedup_ci: tuple[float, float] | None = None
     best_time_ms: float | None = None  # the current best re-timed in the same session, if given
-    # head to head with that best, same session: 95% interval of best time / candidate time, and whose
-    # best it was (acceptance, decisions.improves_on)
+    # head to head with that best, same session: 95% interval of the candidate's worst speedup over the
+    # best's (best time / candidate time on one distribution), and whose best it was (decisions.improves_on)
     vs_best_ci: tuple[float, float] | None = None
     vs_best: str | None = None
     interpreter: bool = False

@@ -15,6 +15,7 @@ class BestRef(Strict):
     iteration: int
     interpreter: bool = False
     knobs: dict | None = None
+    deciding_dist: str | None = None  # where its worst speedup was measured: a challenger is timed there first
 
 
 class LeaderEntry(Strict):
