@@ -1,5 +1,5 @@
 """Compile one Triton kernel for sm_90 without a GPU and report what ptxas says of it: shared memory,
-registers, spills, and whether wgmma and cp.async were emitted (the mla_* offline_compile scripts)."""
+registers, spills, and whether wgmma, cp.async and TMA were emitted (the mla_* offline_compile scripts)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     from triton.compiler import ASTSource
 
     sig = {**sig, **{k: "constexpr" for k in consts}}
-    aligned = [fn.arg_names.index(n) for n, t in sig.items() if t not in ("constexpr", "fp32")]
+    aligned = [fn.arg_names.index(n) for n, t in sig.items()
+               if t not in ("constexpr", "fp32") and not t.startswith("tensordesc")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     try:
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
@@ -36,4 +37,5 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return {"knobs": knobs, "smem": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill_st_ld": [int(spills.group(1)), int(spills.group(2))] if spills else None,
-            "wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async" in ptx}
+            "wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async" in ptx,
+            "tma": "cp.async.bulk.tensor" in ptx}

@@ -1,119 +1,138 @@
 """Starting kernel for mla_prefill: flash-style causal attention over the shared latent cache (Triton).
 
-Grid (cdiv(H, BLOCK_H) * SPLIT_DV, cdiv(N, BLOCK_M)): a program owns BLOCK_M consecutive queries of
-BLOCK_H consecutive heads (and one 1/SPLIT_DV slice of the DL output columns). Every head reads the same
-cache rows under the same causal mask (it depends on the query position only), so the program stacks its
-queries x heads into R = BLOCK_M * BLOCK_H rows of one score tile, query fastest (row r = query
-r % BLOCK_M of head r // BLOCK_M; in offline sm_90 compiles this spilled less than head fastest), masks
-each row by its own query position, and loads each cache tile once for all BLOCK_H heads. BLOCK_H = 1 is
-the one-head-per-program kernel (same PTX as before the knob existed). Heads beyond H (H not a multiple of
-BLOCK_H, e.g. the H = 2 CPU shape with BLOCK_H = 4) are masked on load and store; EVEN_H, a compile-time
-flag, drops that mask when BLOCK_H divides H (H = 64). The head-block index varies fastest, so the programs
-running together read the same cache rows (L2 reuse); query blocks are issued last-first (the causal work
-of block m grows with m, so the long ones start first).
+Grid (cdiv(H, BLOCK_H), cdiv(N, BLOCK_M)): a program owns BLOCK_M consecutive queries of BLOCK_H
+consecutive heads. Every head reads the same cache rows under the same causal mask (it depends on the query
+position only), so the program stacks its queries x heads into R = BLOCK_M * BLOCK_H rows of one score
+tile, query fastest (row r = query r % BLOCK_M of head h0 + r // BLOCK_M), masks each row by its own query
+position, and loads each cache tile once for all of them. The head-block index varies fastest, so the
+programs running together read the same cache rows (L2 reuse); query blocks are issued last-first (the
+causal work of block m grows with m, so the long ones start first and the short ones fill the tail).
 
-For each BLOCK_N-row tile of the cache below the block's diagonal: scores = q_lat @ tile_lat^T +
-q_rope @ tile_rope^T (bf16 tl.dot, fp32 accumulation, scaled into the log2 domain), online softmax in fp32,
-acc += P @ tile_lat[:, slice] (the same latent tile is the V operand). Tiles entirely below the diagonal
-run without a mask; only the tiles that cross it apply the causal mask; tiles above it are never visited.
+Per BLOCK_N-row cache tile, in the log2 domain (qk_scale = SCALE * log2(e)):
+    s   = q_lat @ tile_lat^T + q_rope @ tile_rope^T      two bf16 dots (512 + 64 wide), fp32 accumulator
+    m'  = max(m, rowmax(s) * qk_scale);  p = exp2(s * qk_scale - m');  alpha = exp2(m - m')
+    acc = tl.dot(p.to(bf16), tile_lat, acc * alpha)       the latent tile is also V; the dot accumulates
+                                                          into acc in place (no second R x 512 fp32 tile)
+    l   = l * alpha + rowsum(p)
+Tiles wholly at or below the block's first query run without any mask; only the tiles that cross the
+diagonal (ceil(BLOCK_M / BLOCK_N) + 1 at most) mask j > i; tiles above it are never visited. The
+diagonal loop also masks cache rows >= N (the tail tile); masked scores are -inf, and every row sees at
+least cache row 0, so m' is finite from the first tile on and exp2 never sees (-inf) - (-inf).
 
-SPLIT_DV = 2 halves the fp32 accumulator (R x 512 -> R x 256, register pressure) at the price of
-recomputing the scores in both programs (1.53x the FLOPs).
+Resources at the H200 shape (bf16 = 2 B; 227 KiB = 232448 B of shared memory per program, 64K registers):
+  q tile       R x 576 bf16 = 1152 * R B in shared memory, resident all loop long (72 KiB at R = 64);
+  cache tile   BLOCK_N x 576 bf16 per pipeline stage: 36 / 72 / 144 KiB at BLOCK_N 32 / 64 / 128;
+  accumulator  R x 512 fp32 in registers: 16 * R / num_warps per thread (R 64, 8 warps: 128 of 255);
+  scores       R x BLOCK_N fp32: R * BLOCK_N / (32 * num_warps) per thread (16 at R 64, BLOCK_N 64, 8 warps).
+So R = 64 at 8 warps (two warp groups, each holding 256 of the 512 output columns) is the one size whose
+accumulator fits beside the scores; the default (BLOCK_M 64, BLOCK_N 64, 2 stages) takes 72 + 2 x 72 =
+216 KiB. scripts/offline_compile_mla_prefill.py reports ptxas' registers, spills and shared memory.
 """
 
 import math
 
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
-KNOBS = {"BLOCK_H": 1, "BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_stages": 2, "num_warps": 8}
+KNOBS = {"BLOCK_H": 2, "BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "TMA": True, "num_stages": 2, "num_warps": 8}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see baselines/mla_decode/spec.py)
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _tile(acc, m_i, l_i, q_l, q_r, c_ptr, n0, N, qpos, stride_cs, qk_scale, dv0,
-          DL: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth, stride_cs, qk_scale,
+          DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr, BLOCK_N: tl.constexpr,
+          DIAGONAL: tl.constexpr, TMA: tl.constexpr):
     n = n0 + tl.arange(0, BLOCK_N)
-    dl = tl.arange(0, DL)
-    dr = tl.arange(0, DR)
-    if CAUSAL:  # the last diagonal tile may run past the cache
-        nmask = n < N
-        kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :], mask=nmask[:, None], other=0.0)
-        kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :], mask=nmask[:, None], other=0.0)
+    if TMA:  # rows past the cache come back as zeros
+        kv = kv_desc.load([n0, dv0])
+        kr = kr_desc.load([n0, DL])
+        if SPLIT_DV == 2:
+            kx = kv_desc.load([n0, DL // 2 - dv0])
     else:
-        kv = tl.load(c_ptr + n[:, None] * stride_cs + dl[None, :])
-        kr = tl.load(c_ptr + n[:, None] * stride_cs + DL + dr[None, :])
-    s = tl.dot(q_l, tl.trans(kv))
-    s = tl.dot(q_r, tl.trans(kr), s) * qk_scale
-    if CAUSAL:
+        row = c_ptr + n[:, None] * stride_cs
+        if DIAGONAL:  # the last diagonal tile may run past the cache
+            nmask = (n < N)[:, None]
+            kv = tl.load(row + own[None, :], mask=nmask, other=0.0)
+            kr = tl.load(row + DL + tl.arange(0, DR)[None, :], mask=nmask, other=0.0)
+            if SPLIT_DV == 2:
+                kx = tl.load(row + oth[None, :], mask=nmask, other=0.0)
+        else:
+            kv = tl.load(row + own[None, :])
+            kr = tl.load(row + DL + tl.arange(0, DR)[None, :])
+            if SPLIT_DV == 2:
+                kx = tl.load(row + oth[None, :])
+    s = tl.dot(q_o, tl.trans(kv))
+    if SPLIT_DV == 2:
+        s = tl.dot(q_x, tl.trans(kx), s)
+    s = tl.dot(q_r, tl.trans(kr), s)
+    if DIAGONAL:
         s = tl.where(n[None, :] <= qpos[:, None], s, float("-inf"))  # per row: its query position
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if DV == DL:
-        v = kv
-    elif CAUSAL:
-        v = tl.load(c_ptr + n[:, None] * stride_cs + dv0 + tl.arange(0, DV)[None, :], mask=nmask[:, None], other=0.0)
-    else:
-        v = tl.load(c_ptr + n[:, None] * stride_cs + dv0 + tl.arange(0, DV)[None, :])
-    acc = acc * alpha[:, None] + tl.dot(p.to(kv.dtype), v)
+    acc = tl.dot(p.to(kv.dtype), kv, acc * alpha[:, None])  # the rescaled acc is the dot's accumulator
     return acc, m_new, l_i
 
 
 @triton.jit
 def _mla_prefill_fwd(
-    q_ptr, c_ptr, o_ptr, N, H,
+    q_ptr, c_ptr, kv_desc, kr_desc, o_ptr, N, H,
     stride_qn, stride_qh, stride_cs, stride_on, stride_oh, qk_scale,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, EVEN_H: tl.constexpr,
+    TMA: tl.constexpr,
 ):
+    tl.static_assert(SPLIT_DV == 1 or SPLIT_DV == 2)
     DV: tl.constexpr = DL // SPLIT_DV
     R: tl.constexpr = BLOCK_M * BLOCK_H  # score-tile rows: BLOCK_M queries x BLOCK_H heads
-    pid_hd = tl.program_id(0)
-    hb = pid_hd // SPLIT_DV
-    dv0 = (pid_hd % SPLIT_DV) * DV
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
-    h0 = hb * BLOCK_H  # first head of the block
-    if BLOCK_H == 1:  # (spelled out so that the BLOCK_H = 1 kernel compiles exactly as before the knob)
-        qpos = pid_m * BLOCK_M + tl.arange(0, R)
-        hoff = tl.zeros([R], tl.int32)
-    else:  # row r: query r % BLOCK_M (its causal limit), head h0 + r // BLOCK_M
-        qpos = pid_m * BLOCK_M + tl.arange(0, R) % BLOCK_M
-        hoff = tl.arange(0, R) // BLOCK_M
-    if EVEN_H:  # H % BLOCK_H == 0 (always for BLOCK_H = 1): no head mask
+    h0 = (tl.program_id(0) // SPLIT_DV) * BLOCK_H  # first head of the block
+    dv0 = (tl.program_id(0) % SPLIT_DV) * DV  # first output column
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)  # the longest causal rows first
+    r = tl.arange(0, R)
+    qpos = pid_m * BLOCK_M + r % BLOCK_M
+    hoff = r // BLOCK_M
+    if EVEN_H:  # H % BLOCK_H == 0: no head mask
         rmask = qpos < N
     else:
         rmask = (qpos < N) & (h0 + hoff < H)
-    dl = tl.arange(0, DL)
-    dr = tl.arange(0, DR)
-    q_base = q_ptr + qpos[:, None] * stride_qn + h0 * stride_qh + hoff[:, None] * stride_qh
-    q_l = tl.load(q_base + dl[None, :], mask=rmask[:, None], other=0.0)
-    q_r = tl.load(q_base + DL + dr[None, :], mask=rmask[:, None], other=0.0)
+    own = dv0 + tl.arange(0, DV)  # this program's output columns: K for the scores and V
+    oth = (DV - dv0) + tl.arange(0, DV)  # SPLIT_DV 2: the other latent half (scores only)
+    q_row = q_ptr + qpos[:, None] * stride_qn + (h0 + hoff)[:, None] * stride_qh
+    q_o = tl.load(q_row + own[None, :], mask=rmask[:, None], other=0.0)
+    q_r = tl.load(q_row + DL + tl.arange(0, DR)[None, :], mask=rmask[:, None], other=0.0)
+    q_x = q_o
+    if SPLIT_DV == 2:
+        q_x = tl.load(q_row + oth[None, :], mask=rmask[:, None], other=0.0)
 
     m_i = tl.full([R], float("-inf"), tl.float32)
     l_i = tl.zeros([R], tl.float32)
     acc = tl.zeros([R, DV], tl.float32)
-    # tiles entirely at or below the first query of the block: no mask needed
+    # tiles entirely at or below the first query of the block: no mask
     lo = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
-    for n0 in range(0, lo, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q_l, q_r, c_ptr, n0, N, qpos, stride_cs, qk_scale, dv0,
-                              DL, DR, DV, BLOCK_N, False)
-    # tiles crossing the diagonal: mask j > i (also keeps j < N, since j <= i < N for stored rows);
-    # the block's query range, hence lo and hi, is the same for all BLOCK_H heads
+    for n0 in tl.range(0, lo, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth, stride_cs,
+                              qk_scale, DL, DR, SPLIT_DV, BLOCK_N, False, TMA)
+    # tiles crossing the diagonal: mask j > i (and j >= N: past the last query, so j > i already)
     hi = tl.minimum((pid_m + 1) * BLOCK_M, N)
-    for n0 in range(lo, hi, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q_l, q_r, c_ptr, n0, N, qpos, stride_cs, qk_scale, dv0,
-                              DL, DR, DV, BLOCK_N, True)
+    for n0 in tl.range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth, stride_cs,
+                              qk_scale, DL, DR, SPLIT_DV, BLOCK_N, True, TMA)
 
     acc = acc / l_i[:, None]
-    o_base = o_ptr + qpos[:, None] * stride_on + h0 * stride_oh + hoff[:, None] * stride_oh + dv0
-    tl.store(o_base + tl.arange(0, DV)[None, :], acc.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+    o_row = o_ptr + qpos[:, None] * stride_on + (h0 + hoff)[:, None] * stride_oh
+    tl.store(o_row + own[None, :], acc.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 LAUNCHED: dict = {}  # the last compiled kernel (register / spill / shared-memory reports)
+
+
+def descriptor_ok(t) -> bool:
+    """A tensor descriptor needs a 16-byte aligned base and row stride; any other cache goes by pointers."""
+    return t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
 
 
 def run(inputs, out):
@@ -125,8 +144,14 @@ def run(inputs, out):
     assert DL & (DL - 1) == 0 and DR & (DR - 1) == 0, "latent and rope widths must be powers of two"
     bm, bn, bh, sdv = KNOBS["BLOCK_M"], KNOBS["BLOCK_N"], KNOBS["BLOCK_H"], KNOBS["SPLIT_DV"]
     grid = (triton.cdiv(H, bh) * sdv, triton.cdiv(N, bm))
+    kv_desc = kr_desc = None
+    tma = KNOBS["TMA"] and descriptor_ok(cache)
+    if tma:
+        kv_desc = TensorDescriptor.from_tensor(cache, [bn, DL // sdv])
+        kr_desc = TensorDescriptor.from_tensor(cache, [bn, DR])
     LAUNCHED["fwd"] = _mla_prefill_fwd[grid](
-        q, cache, o, N, H, q.stride(0), q.stride(1), cache.stride(0), o.stride(0), o.stride(1),
+        q, cache, kv_desc, kr_desc, o, N, H, q.stride(0), q.stride(1), cache.stride(0), o.stride(0), o.stride(1),
         SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_H=bh, EVEN_H=H % bh == 0,
+        TMA=tma,
         num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
     )
