@@ -1,12 +1,12 @@
 """Compile the mla_prefill kernel for sm_90 without a GPU: shared memory, registers, spills (ptxas -v)
-and whether wgmma and cp.async were emitted. One JSON line per knob setting.
+and whether wgmma, cp.async and TMA were emitted. One JSON line per knob setting.
 
     python scripts/offline_compile_mla_prefill.py [--knobs JSON] ... [--space] [--out FILE]
 
 --knobs (repeatable): overrides of the template's defaults (`{}`: the defaults); default: the defaults
-and a few neighbours. --space: every setting of the knob space instead. The local Triton compiles (its
-version is printed); the GPU's Triton can differ. The figures in baselines/mla_prefill/knobs.py come from
-this script.
+and the neighbours that scripts/bench_mla_prefill.py times. --space: every setting of the knob space
+instead. The local Triton compiles (its version is printed); the GPU's Triton can differ. The figures in
+baselines/mla_prefill/kernel.py and knobs.py come from this script.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from offline_compile import compile_sm90  # noqa: E402
 
-NEIGHBOURS = [
-    {},
-    {"BLOCK_N": 32, "num_stages": 3},
-    {"BLOCK_N": 32, "num_stages": 4},
-    {"BLOCK_N": 128, "num_stages": 1},
-    {"BLOCK_H": 2, "BLOCK_M": 32},
-    {"num_stages": 1},
+NEIGHBOURS = [  # the settings scripts/bench_mla_prefill.py times, less the defaults
+    {"BLOCK_H": 1, "BLOCK_N": 64, "SPLIT_DV": 1, "TMA": False},  # the previous defaults
+    {"TMA": False},
+    {"BLOCK_N": 64, "num_stages": 1},
+    {"BLOCK_H": 4, "BLOCK_M": 32},
+    {"BLOCK_H": 1, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_H": 1, "SPLIT_DV": 1, "num_stages": 4},
 ]
 
 
@@ -37,14 +37,14 @@ def compile_one(fn, knobs: dict) -> dict:
     def desc(rows: int, cols: int) -> str:
         return f"tensordesc<bf16[{rows}, {cols}]>"
 
-    sig = {n: t for n, t in (("q_ptr", "*bf16"), ("c_ptr", "*bf16"), ("kv_desc", desc(knobs["BLOCK_N"], 512 // knobs["SPLIT_DV"])),
-                             ("kr_desc", desc(knobs["BLOCK_N"], 64)), ("o_ptr", "*bf16"), ("N", "i32"), ("H", "i32"),
-                             ("stride_qn", "i32"), ("stride_qh", "i32"), ("stride_cs", "i32"), ("stride_on", "i32"),
-                             ("stride_oh", "i32"), ("qk_scale", "fp32"))}
-    consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_M": knobs["BLOCK_M"], "BLOCK_N": knobs["BLOCK_N"],
-              "BLOCK_H": knobs["BLOCK_H"], "EVEN_H": True,
-              "TMA": knobs["TMA"]}
-    if not knobs["TMA"]:  # the launcher passes None: a constexpr
+    bn, dv = knobs["BLOCK_N"], 512 // knobs["SPLIT_DV"]
+    args = [("q_ptr", "*bf16"), ("c_ptr", "*bf16"), ("kv_desc", desc(bn, dv)), ("kr_desc", desc(bn, 64)),
+            ("o_ptr", "*bf16"), ("N", "i32"), ("H", "i32"), ("stride_qn", "i32"), ("stride_qh", "i32"),
+            ("stride_cs", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"), ("qk_scale", "fp32")]
+    sig = dict(args)
+    consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_M": knobs["BLOCK_M"], "BLOCK_N": bn,
+              "BLOCK_H": knobs["BLOCK_H"], "EVEN_H": True, "TMA": knobs["TMA"]}
+    if not knobs["TMA"]:  # the launcher passes None for the descriptors: constexprs
         sig.update(kv_desc="constexpr", kr_desc="constexpr")
         consts.update(kv_desc=None, kr_desc=None)
     return compile_sm90(fn, sig, consts, knobs)
@@ -66,7 +66,7 @@ def main() -> int:
         space = get_problem("mla_prefill").knob_space()
         settings = [dict(zip(space, values)) for values in itertools.product(*space.values())]
     else:
-        settings = [{**kernel.KNOBS, **json.loads(k)} for k in a.knobs] or [{**kernel.KNOBS, **n} for n in NEIGHBOURS]
+        settings = [{**kernel.KNOBS, **n} for n in [json.loads(k) for k in a.knobs] or [{}, *NEIGHBOURS]]
     rows = []
     for knobs in settings:
         row = compile_one(kernel._mla_prefill_fwd, knobs)

@@ -1,32 +1,50 @@
 """Starting kernel for mla_prefill: flash-style causal attention over the shared latent cache (Triton).
 
-Grid (cdiv(H, BLOCK_H), cdiv(N, BLOCK_M)): a program owns BLOCK_M consecutive queries of BLOCK_H
-consecutive heads. Every head reads the same cache rows under the same causal mask (it depends on the query
-position only), so the program stacks its queries x heads into R = BLOCK_M * BLOCK_H rows of one score
-tile, query fastest (row r = query r % BLOCK_M of head h0 + r // BLOCK_M), masks each row by its own query
-position, and loads each cache tile once for all of them. The head-block index varies fastest, so the
-programs running together read the same cache rows (L2 reuse); query blocks are issued last-first (the
-causal work of block m grows with m, so the long ones start first and the short ones fill the tail).
+Grid (cdiv(H, BLOCK_H) * SPLIT_DV, cdiv(N, BLOCK_M)): a program owns BLOCK_M consecutive queries of BLOCK_H
+consecutive heads and DV = DL / SPLIT_DV of the output columns. Every head reads the same cache rows under
+the same causal mask (it depends on the query position only), so the program stacks its queries x heads
+into R = BLOCK_M * BLOCK_H rows of one score tile, query fastest (row r = query r % BLOCK_M of head
+h0 + r // BLOCK_M), masks each row by its own query position, and loads each cache tile once for all of
+them. The head-block index varies fastest, so the programs running together read the same cache rows (L2
+reuse); query blocks are issued last-first (the causal work of block m grows with m, so the long ones
+start first and the short ones fill the tail).
 
 Per BLOCK_N-row cache tile, in the log2 domain (qk_scale = SCALE * log2(e)):
-    s   = q_lat @ tile_lat^T + q_rope @ tile_rope^T      two bf16 dots (512 + 64 wide), fp32 accumulator
+    s   = q_own @ own^T (+ q_oth @ oth^T) + q_rope @ rope^T   bf16 dots over the 512 latent columns (own
+                                                              and, with SPLIT_DV 2, other half) and the 64
+                                                              rope columns, fp32 accumulator
     m'  = max(m, rowmax(s) * qk_scale);  p = exp2(s * qk_scale - m');  alpha = exp2(m - m')
-    acc = tl.dot(p.to(bf16), tile_lat, acc * alpha)       the latent tile is also V; the dot accumulates
-                                                          into acc in place (no second R x 512 fp32 tile)
-    l   = l * alpha + rowsum(p)
-Tiles wholly at or below the block's first query run without any mask; only the tiles that cross the
-diagonal (ceil(BLOCK_M / BLOCK_N) + 1 at most) mask j > i; tiles above it are never visited. The
-diagonal loop also masks cache rows >= N (the tail tile); masked scores are -inf, and every row sees at
-least cache row 0, so m' is finite from the first tile on and exp2 never sees (-inf) - (-inf).
+    acc = tl.dot(p.to(bf16), own, acc * alpha)                the own latent columns are also V; the dot
+    l   = l * alpha + rowsum(p)                               accumulates into the rescaled acc in place
+A tile is 576 columns of shared memory whatever SPLIT_DV is (own + other + rope). Tiles wholly at or below
+the block's first query run without any mask; only the tiles that cross the diagonal (ceil(BLOCK_M /
+BLOCK_N) + 1 at most) mask j > i; tiles above it are never visited. Masked scores are -inf, and every row
+sees cache row 0 in its first tile, so m' is finite from then on and exp2 never sees (-inf) - (-inf).
+TMA: cache tiles by tensor descriptors (TMA copies into shared memory, no per-element addresses; rows
+past the cache come back as zeros); otherwise by pointers (cp.async, masked on the diagonal tiles).
 
-Resources at the H200 shape (bf16 = 2 B; 227 KiB = 232448 B of shared memory per program, 64K registers):
-  q tile       R x 576 bf16 = 1152 * R B in shared memory, resident all loop long (72 KiB at R = 64);
-  cache tile   BLOCK_N x 576 bf16 per pipeline stage: 36 / 72 / 144 KiB at BLOCK_N 32 / 64 / 128;
-  accumulator  R x 512 fp32 in registers: 16 * R / num_warps per thread (R 64, 8 warps: 128 of 255);
-  scores       R x BLOCK_N fp32: R * BLOCK_N / (32 * num_warps) per thread (16 at R 64, BLOCK_N 64, 8 warps).
-So R = 64 at 8 warps (two warp groups, each holding 256 of the 512 output columns) is the one size whose
-accumulator fits beside the scores; the default (BLOCK_M 64, BLOCK_N 64, 2 stages) takes 72 + 2 x 72 =
-216 KiB. scripts/offline_compile_mla_prefill.py reports ptxas' registers, spills and shared memory.
+Why 2 heads x 64 queries, SPLIT_DV 2 at 8 warps by default. Triton lays a dot whose result feeds another
+dot out with all warps along the rows, and a warp group's wgmma takes 64 rows, so with 8 warps (two warp
+groups):
+  * R = 64 (one head): both warp groups compute the same 64 x BLOCK_N scores, then each takes 256 output
+    columns: the scores' FLOPs twice per program;
+  * R = 128 with DV = 512: each warp group owns 64 rows and a 64 x 512 fp32 accumulator, 256 registers per
+    thread: it cannot fit;
+  * R = 128 with SPLIT_DV 2 (the default): each warp group owns 64 rows x 256 columns (128 accumulator
+    registers); the two column halves' programs each compute the scores.
+Either way the scores are computed twice: 2 * 576 + 512 = 1664 multiply-adds per causal pair and head
+against 1088, 1.53x the problem's FLOPs. The default trades the first layout's in-program duplication for
+two warp groups on different rows (their softmax and wgmma interleave) that share each cache tile.
+
+Resources (bf16 = 2 B; the H200 allows 227 KiB = 232448 B of shared memory per program, 64K registers):
+  q            R x 576 bf16 = 1152 * R B of shared memory, resident all loop long (144 KiB at R = 128);
+  cache tiles  BLOCK_N x 576 bf16 per pipeline stage: 36 / 72 KiB at BLOCK_N 32 / 64 (+1 KiB of barriers
+               with TMA);
+  accumulator  R x DV fp32 in registers: R * DV / (32 * num_warps) per thread (128 at R 128, DV 256, 8 warps);
+  scores       R x BLOCK_N fp32: R * BLOCK_N / (32 * num_warps) per thread (16 at the defaults).
+The defaults: 144 + 2 x 36 + 1 = 217 KiB (222208 B) of shared memory, 192 registers, no spills (offline
+sm_90 compile, Triton 3.9: scripts/offline_compile_mla_prefill.py); by pointers 225 registers. The
+previous layout (one head, SPLIT_DV 1, BLOCK_N 64, pointers) takes 255 registers and spills 72 B.
 """
 
 import math
@@ -114,13 +132,13 @@ def _mla_prefill_fwd(
     # tiles entirely at or below the first query of the block: no mask
     lo = (pid_m * BLOCK_M) // BLOCK_N * BLOCK_N
     for n0 in tl.range(0, lo, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth, stride_cs,
-                              qk_scale, DL, DR, SPLIT_DV, BLOCK_N, False, TMA)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth,
+                              stride_cs, qk_scale, DL, DR, SPLIT_DV, BLOCK_N, False, TMA)
     # tiles crossing the diagonal: mask j > i (and j >= N: past the last query, so j > i already)
     hi = tl.minimum((pid_m + 1) * BLOCK_M, N)
     for n0 in tl.range(lo, hi, BLOCK_N):
-        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth, stride_cs,
-                              qk_scale, DL, DR, SPLIT_DV, BLOCK_N, True, TMA)
+        acc, m_i, l_i = _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv0, own, oth,
+                              stride_cs, qk_scale, DL, DR, SPLIT_DV, BLOCK_N, True, TMA)
 
     acc = acc / l_i[:, None]
     o_row = o_ptr + qpos[:, None] * stride_on + (h0 + hoff)[:, None] * stride_oh
