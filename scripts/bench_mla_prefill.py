@@ -36,12 +36,12 @@ PREVIOUS = {"BLOCK_H": 1, "BLOCK_M": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "TMA": Fa
             "num_warps": 8}
 VARIANTS = [
     ["previous", PREVIOUS],  # one head, all 512 columns, 8 warps (both warp groups compute the scores)
-    ["default", {}],  # 2 heads x 64 queries, SPLIT_DV 2, 8 warps, BLOCK_N 32, 2 stages, tensor descriptors
-    ["default-ptr", {"TMA": False}],  # the same by pointers (cp.async)
+    ["default", {}],  # 2 heads x 64 queries, SPLIT_DV 2, 8 warps, BLOCK_N 32, 2 stages, by pointers
+    ["default-tma", {"TMA": True}],  # the same by tensor descriptors
     ["n64-s1", {"BLOCK_N": 64, "num_stages": 1}],  # 64-column score instructions, one stage (216 KiB)
     ["h4-m32", {"BLOCK_H": 4, "BLOCK_M": 32}],  # 4 heads x 32 queries: the same resources, a 32-row diagonal
-    ["w4-s1", {"BLOCK_H": 1, "num_warps": 4, "num_stages": 1}],  # 109 KiB, 220 registers: two programs per SM
-    ["dv1-n32-s4", {"BLOCK_H": 1, "SPLIT_DV": 1, "num_stages": 4}],  # the previous layout without spills
+    ["w4-s1-tma", {"BLOCK_H": 1, "num_warps": 4, "num_stages": 1, "TMA": True}],  # 110 KiB: 2 programs per SM
+    ["dv1-n32-s4-tma", {"BLOCK_H": 1, "SPLIT_DV": 1, "num_stages": 4, "TMA": True}],  # the previous layout
 ]
 
 

@@ -18,8 +18,7 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     from triton.compiler import ASTSource
 
     sig = {**sig, **{k: "constexpr" for k in consts}}
-    aligned = [fn.arg_names.index(n) for n, t in sig.items()
-               if t not in ("constexpr", "fp32") and not t.startswith("tensordesc")]
+    aligned = [fn.arg_names.index(n) for n, t in sig.items() if t not in ("constexpr", "fp32")]
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     try:
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),

@@ -24,29 +24,21 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from offline_compile import compile_sm90  # noqa: E402
 
 NEIGHBOURS = [  # the settings scripts/bench_mla_prefill.py times, less the defaults
-    {"BLOCK_H": 1, "BLOCK_N": 64, "SPLIT_DV": 1, "TMA": False},  # the previous defaults
-    {"TMA": False},
+    {"BLOCK_H": 1, "BLOCK_N": 64, "SPLIT_DV": 1},  # the previous defaults
+    {"TMA": True},
     {"BLOCK_N": 64, "num_stages": 1},
     {"BLOCK_H": 4, "BLOCK_M": 32},
-    {"BLOCK_H": 1, "num_warps": 4, "num_stages": 1},
-    {"BLOCK_H": 1, "SPLIT_DV": 1, "num_stages": 4},
+    {"BLOCK_H": 1, "num_warps": 4, "num_stages": 1, "TMA": True},
+    {"BLOCK_H": 1, "SPLIT_DV": 1, "num_stages": 4, "TMA": True},
 ]
 
 
 def compile_one(fn, knobs: dict) -> dict:
-    def desc(rows: int, cols: int) -> str:
-        return f"tensordesc<bf16[{rows}, {cols}]>"
-
-    bn, dv = knobs["BLOCK_N"], 512 // knobs["SPLIT_DV"]
-    args = [("q_ptr", "*bf16"), ("c_ptr", "*bf16"), ("kv_desc", desc(bn, dv)), ("kr_desc", desc(bn, 64)),
-            ("o_ptr", "*bf16"), ("N", "i32"), ("H", "i32"), ("stride_qn", "i32"), ("stride_qh", "i32"),
-            ("stride_cs", "i32"), ("stride_on", "i32"), ("stride_oh", "i32"), ("qk_scale", "fp32")]
-    sig = dict(args)
-    consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_M": knobs["BLOCK_M"], "BLOCK_N": bn,
-              "BLOCK_H": knobs["BLOCK_H"], "EVEN_H": True, "TMA": knobs["TMA"]}
-    if not knobs["TMA"]:  # the launcher passes None for the descriptors: constexprs
-        sig.update(kv_desc="constexpr", kr_desc="constexpr")
-        consts.update(kv_desc=None, kr_desc=None)
+    sig = {n: t for n, t in (("q_ptr", "*bf16"), ("c_ptr", "*bf16"), ("o_ptr", "*bf16"), ("N", "i32"), ("H", "i32"),
+                             ("stride_qn", "i32"), ("stride_qh", "i32"), ("stride_cs", "i32"), ("stride_on", "i32"),
+                             ("stride_oh", "i32"), ("qk_scale", "fp32"))}
+    consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_M": knobs["BLOCK_M"],
+              "BLOCK_N": knobs["BLOCK_N"], "BLOCK_H": knobs["BLOCK_H"], "EVEN_H": True, "TMA": knobs["TMA"]}
     return compile_sm90(fn, sig, consts, knobs)
 
 

@@ -20,8 +20,10 @@ A tile is 576 columns of shared memory whatever SPLIT_DV is (own + other + rope)
 the block's first query run without any mask; only the tiles that cross the diagonal (ceil(BLOCK_M /
 BLOCK_N) + 1 at most) mask j > i; tiles above it are never visited. Masked scores are -inf, and every row
 sees cache row 0 in its first tile, so m' is finite from then on and exp2 never sees (-inf) - (-inf).
-TMA: cache tiles by tensor descriptors (TMA copies into shared memory, no per-element addresses; rows
-past the cache come back as zeros); otherwise by pointers (cp.async, masked on the diagonal tiles).
+TMA: cache tiles by tensor descriptors that the kernel builds (TMA copies into shared memory, no
+per-element addresses; rows past the cache read as zeros; Triton takes 128 B of global scratch per
+descriptor and program from the allocator run() sets); otherwise by pointers (cp.async, masked on the
+diagonal tiles). A cache that is not 16-byte aligned goes by pointers whatever TMA says.
 
 Why 2 heads x 64 queries, SPLIT_DV 2 at 8 warps by default. Triton lays a dot whose result feeds another
 dot out with all warps along the rows, and a warp group's wgmma takes 64 rows, so with 8 warps (two warp
@@ -42,18 +44,19 @@ Resources (bf16 = 2 B; the H200 allows 227 KiB = 232448 B of shared memory per p
                with TMA);
   accumulator  R x DV fp32 in registers: R * DV / (32 * num_warps) per thread (128 at R 128, DV 256, 8 warps);
   scores       R x BLOCK_N fp32: R * BLOCK_N / (32 * num_warps) per thread (16 at the defaults).
-The defaults: 144 + 2 x 36 + 1 = 217 KiB (222208 B) of shared memory, 192 registers, no spills (offline
-sm_90 compile, Triton 3.9: scripts/offline_compile_mla_prefill.py); by pointers 225 registers. The
-previous layout (one head, SPLIT_DV 1, BLOCK_N 64, pointers) takes 255 registers and spills 72 B.
+Offline sm_90 compiles (Triton 3.9, scripts/offline_compile_mla_prefill.py): the defaults take 144 + 2 x 36
+= 216 KiB (221184 B) of shared memory and 225 registers, no spills (by TMA 222208 B, 228 registers); 4
+heads x 32 queries 196 registers. The one-head layout (SPLIT_DV 1, BLOCK_N 64, 8 warps) takes 255 registers
+and spills 72 B; 4 warps at R = 128 spill 3.8 KB.
 """
 
 import math
 
+import torch
 import triton
 import triton.language as tl
-from triton.tools.tensor_descriptor import TensorDescriptor
 
-KNOBS = {"BLOCK_H": 2, "BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "TMA": True, "num_stages": 2, "num_warps": 8}
+KNOBS = {"BLOCK_H": 2, "BLOCK_M": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "TMA": False, "num_stages": 2, "num_warps": 8}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see baselines/mla_decode/spec.py)
 LOG2E = 1.4426950408889634
@@ -98,7 +101,7 @@ def _tile(acc, m_i, l_i, q_o, q_x, q_r, c_ptr, kv_desc, kr_desc, n0, N, qpos, dv
 
 @triton.jit
 def _mla_prefill_fwd(
-    q_ptr, c_ptr, kv_desc, kr_desc, o_ptr, N, H,
+    q_ptr, c_ptr, o_ptr, N, H,
     stride_qn, stride_qh, stride_cs, stride_on, stride_oh, qk_scale,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, EVEN_H: tl.constexpr,
@@ -126,6 +129,14 @@ def _mla_prefill_fwd(
     if SPLIT_DV == 2:
         q_x = tl.load(q_row + oth[None, :], mask=rmask[:, None], other=0.0)
 
+    kv_desc = c_ptr  # (both unused by pointers)
+    kr_desc = c_ptr
+    if TMA:  # the latent halves and the rope columns of the cache, BLOCK_N rows at a time
+        kv_desc = tl.make_tensor_descriptor(c_ptr, shape=[N, DL + DR], strides=[stride_cs, 1],
+                                            block_shape=[BLOCK_N, DV])
+        kr_desc = tl.make_tensor_descriptor(c_ptr, shape=[N, DL + DR], strides=[stride_cs, 1],
+                                            block_shape=[BLOCK_N, DR])
+
     m_i = tl.full([R], float("-inf"), tl.float32)
     l_i = tl.zeros([R], tl.float32)
     acc = tl.zeros([R, DV], tl.float32)
@@ -149,8 +160,10 @@ LAUNCHED: dict = {}  # the last compiled kernel (register / spill / shared-memor
 
 
 def descriptor_ok(t) -> bool:
-    """A tensor descriptor needs a 16-byte aligned base and row stride; any other cache goes by pointers."""
-    return t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0
+    """A tensor descriptor needs a 16-byte aligned base and row stride; any other cache goes by pointers.
+    torch aligns allocations far past 16 B, so a contiguous cache of 16-byte rows is aligned unless it is
+    a view cut from a larger buffer at an odd element (not checked: candidates may not read data_ptr)."""
+    return t.is_contiguous() and t.stride(0) * t.element_size() % 16 == 0
 
 
 def run(inputs, out):
@@ -162,13 +175,14 @@ def run(inputs, out):
     assert DL & (DL - 1) == 0 and DR & (DR - 1) == 0, "latent and rope widths must be powers of two"
     bm, bn, bh, sdv = KNOBS["BLOCK_M"], KNOBS["BLOCK_N"], KNOBS["BLOCK_H"], KNOBS["SPLIT_DV"]
     grid = (triton.cdiv(H, bh) * sdv, triton.cdiv(N, bm))
-    kv_desc = kr_desc = None
     tma = KNOBS["TMA"] and descriptor_ok(cache)
-    if tma:
-        kv_desc = TensorDescriptor.from_tensor(cache, [bn, DL // sdv])
-        kr_desc = TensorDescriptor.from_tensor(cache, [bn, DR])
+    if tma:  # the kernel builds its descriptors in global scratch that Triton takes from this allocator
+        def scratch(size, alignment, stream):
+            return torch.empty(size, device=cache.device, dtype=torch.int8)
+
+        triton.set_allocator(scratch)
     LAUNCHED["fwd"] = _mla_prefill_fwd[grid](
-        q, cache, kv_desc, kr_desc, o, N, H, q.stride(0), q.stride(1), cache.stride(0), o.stride(0), o.stride(1),
+        q, cache, o, N, H, q.stride(0), q.stride(1), cache.stride(0), o.stride(0), o.stride(1),
         SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_M=bm, BLOCK_N=bn, BLOCK_H=bh, EVEN_H=H % bh == 0,
         TMA=tma,
         num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],

@@ -40,10 +40,10 @@ DECODE_KNOBS = [
     {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 16, "MIN_TILES": 2},  # splits of 2 tiles, the last one cut short
 ]
 PREFILL_KNOBS = [
-    {},  # the template's defaults: 2 heads x 64 queries, SPLIT_DV 2, tensor descriptors
-    {"TMA": False},  # the same by pointers (masked loads on the diagonal tail)
-    {"BLOCK_H": 1, "SPLIT_DV": 1, "BLOCK_N": 64, "TMA": False},  # one head, all 128 columns per program
-    {"BLOCK_H": 1, "SPLIT_DV": 1, "BLOCK_N": 64},  # BLOCK_N 64 > N - 32: the tail tile is past the cache
+    {},  # the template's defaults: 2 heads x 64 queries, SPLIT_DV 2, by pointers (masked diagonal tail)
+    {"TMA": True},  # the same by tensor descriptors (rows past the cache read as zeros)
+    {"BLOCK_H": 1, "SPLIT_DV": 1, "BLOCK_N": 64},  # one head, all 128 columns per program
+    {"BLOCK_H": 1, "SPLIT_DV": 1, "BLOCK_N": 64, "TMA": True},  # BLOCK_N 64 > N - 32: the tail tile is past N
     {"BLOCK_H": 1, "BLOCK_M": 32, "BLOCK_N": 64},  # BLOCK_N > BLOCK_M: the diagonal loop starts below
     {"BLOCK_H": 1, "BLOCK_M": 128, "BLOCK_N": 32},  # one query block holding all 48 queries
     {"BLOCK_H": 4, "BLOCK_M": 32, "SPLIT_DV": 1},  # H = 2 < BLOCK_H: half the rows are masked heads
@@ -53,12 +53,12 @@ PREFILL_KNOBS = [
 PREFILL_BLOCK_H_CASES = [
     (8, {"BLOCK_H": 1, "BLOCK_M": 32, "BLOCK_N": 32}),
     (8, {"BLOCK_H": 2}),  # the defaults: 4 head blocks x 2 column halves, one query block
-    (8, {"BLOCK_H": 2, "BLOCK_M": 32, "TMA": False}),
+    (8, {"BLOCK_H": 2, "BLOCK_M": 32, "TMA": True}),
     (8, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 32, "SPLIT_DV": 1}),  # 2 head blocks
     (8, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 64}),  # BLOCK_N > BLOCK_M
-    (8, {"BLOCK_H": 4, "BLOCK_M": 64, "BLOCK_N": 64, "TMA": False}),  # 256 score rows, one query block
+    (8, {"BLOCK_H": 4, "BLOCK_M": 64, "BLOCK_N": 64, "TMA": True}),  # 256 score rows, one query block
     (6, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 32}),  # 6 % 4 != 0: the second head block is half masked
-    (6, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 32, "TMA": False}),
+    (6, {"BLOCK_H": 4, "BLOCK_M": 32, "BLOCK_N": 32, "TMA": True}),
 ]
 
 _CHILD = textwrap.dedent(
@@ -358,8 +358,17 @@ def test_prefill_space():
     assert 2 * d * (rows + kn["num_stages"] * kn["BLOCK_N"]) + 1024 <= 232448
 
 
+@pytest.mark.parametrize("knobs", [{}, {"TMA": True}, {"SPLIT_DV": 1, "BLOCK_H": 1}])
+def test_prefill_template_passes_the_static_rules(knobs):
+    """The starting kernel is a candidate like any other: the harness's rules must accept it."""
+    from rules.check import check_source
+
+    r = check_source(PRE.render(knobs), "mla_prefill")
+    assert r.ok, r
+
+
 def test_prefill_kernel_reads_unaligned_cache_by_pointers():
-    """A cache whose rows are not 16-byte aligned cannot take a tensor descriptor: run() falls back."""
+    """A cache whose rows are not 16-byte aligned cannot take a tensor descriptor: run() goes by pointers."""
     code = textwrap.dedent(
         """
         import os, sys, json
@@ -369,6 +378,7 @@ def test_prefill_kernel_reads_unaligned_cache_by_pointers():
         from baselines.problem import rel_rms
         from baselines.registry import get_problem
         from baselines.mla_prefill import kernel
+        kernel.KNOBS["TMA"] = True
         prob = get_problem("mla_prefill")
         inp = prob.make_inputs(prob.cpu_shape, "unit", 3, "cpu", cpu=True)
         c = inp["kv_cache"]
