@@ -3,7 +3,7 @@ every distribution (NaN-poisoned outputs, two runs compared bit for bit), then t
 device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, median).
 
     python scripts/bench_mla_prefill.py [--variants JSON_LIST] [--previous FILE] [--reps 5]
-        [--time-dists unit] [--smoke] [--no-torch] [--budget-s 140]
+        [--time-dists unit] [--smoke] [--no-torch] [--budget-s 140] [--cpu]
 
 --variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the built-in
 list below (the earlier default, the present default and five neighbours). --previous FILE: a template
@@ -12,6 +12,7 @@ list below (the earlier default, the present default and five neighbours). --pre
 registers, spills and shared memory. Every variant is checked on every distribution; --time-dists says
 which are timed (a call is ~10 ms, its time does not depend on the distribution's scale). --budget-s: once
 this many seconds have passed, the variants not yet timed are reported as skipped (the bench stays bounded).
+--cpu: a dry run of the whole script on the cpu_shape under the Triton interpreter (wall times, no GPU).
 Prints a table: variant, distribution, rel-RMS error, NaN, deterministic, device ms (median, IQR); then each
 variant's worst timed distribution and its ratio to the first variant's. A variant that fails to compile or
 launch is reported and left out.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import tempfile
 import time
@@ -71,13 +73,20 @@ def load_variants(variants, template: str, previous: str | None, tmp) -> list:
     return out
 
 
+def wall_time_ms(call, sets: list, reps: int) -> dict:
+    """--cpu: median wall milliseconds of `call` over the sets (the interpreter: a check of the script, not a
+    measurement)."""
+    times = []
+    for i in range(reps):
+        t = time.perf_counter()
+        call(sets[i % len(sets)])
+        times.append(1e3 * (time.perf_counter() - t))
+    times.sort()
+    return {"ms": times[len(times) // 2], "iqr_ms": (times[len(times) // 4], times[(3 * len(times)) // 4]),
+            "mode": "wall", "copies": len(sets)}
+
+
 def main(argv=None) -> int:
-    import torch
-
-    from baselines.problem import rel_rms
-    from baselines.registry import get_problem
-    from gpu_worker.devicetime import graph_time_ms, rotated_copies
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=None)
     ap.add_argument("--previous", default=None)
@@ -86,31 +95,52 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--budget-s", type=float, default=140.0)
+    ap.add_argument("--cpu", action="store_true", help="the cpu_shape under the Triton interpreter (a dry run)")
     a = ap.parse_args(argv)
+    if a.cpu:
+        os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+    import torch
+
+    from baselines.problem import rel_rms
+    from baselines.registry import get_problem
+    from gpu_worker.devicetime import graph_time_ms, rotated_copies
+
     t0 = time.monotonic()
     variants = json.loads(a.variants) if a.variants else VARIANTS
     prob = get_problem("mla_prefill")
-    shape = prob.shapes[0]
-    props = torch.cuda.get_device_properties(0)
-    print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
-          f"torch {torch.__version__}, triton {__import__('triton').__version__}, {shape.name}", flush=True)
+    dev = "cpu" if a.cpu else "cuda"
+    shape = prob.cpu_shape if a.cpu else prob.shapes[0]
+    if a.cpu:
+        print(f"# CPU, Triton interpreter, torch {torch.__version__}, {shape.name}", flush=True)
+    else:
+        props = torch.cuda.get_device_properties(0)
+        print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
+              f"torch {torch.__version__}, triton {__import__('triton').__version__}, {shape.name}", flush=True)
     previous = Path(a.previous).read_text() if a.previous else None
     mods = load_variants(variants, prob.template(), previous, tempfile.mkdtemp())
     out_shape = (shape["N"], shape["H"], shape["DL"])
+    out_dtype = torch.float32 if a.cpu else torch.bfloat16
+
+    def sync():
+        if not a.cpu:
+            torch.cuda.synchronize()
+
+    def inputs(dist, seed):
+        return prob.make_inputs(shape, dist, seed, dev, cpu=a.cpu)
 
     def call(name, mod, inp):
         """One call into a fresh NaN-filled output; None (reported) when it does not compile or launch."""
-        out = torch.full(out_shape, float("nan"), device="cuda", dtype=torch.bfloat16)
+        out = torch.full(out_shape, float("nan"), device=dev, dtype=out_dtype)
         try:
             mod.run(inp, {"o": out})
-            torch.cuda.synchronize()
+            sync()
         except Exception as e:  # noqa: BLE001 - trusted bench code: report and go on
             print(f"{name}: FAILED {type(e).__name__}: {str(e)[:300]}", flush=True)
             return None
         return out
 
     if a.smoke:
-        inp = prob.make_inputs(shape, "unit", 1, "cuda")
+        inp = inputs("unit", 1)
         ref = prob.oracle(inp)["o"]
         for name, kn, mod in mods:
             t = time.monotonic()
@@ -126,7 +156,7 @@ def main(argv=None) -> int:
     # correctness on every distribution: fresh inputs, NaN-poisoned outputs, two runs bit-identical
     errs = {}
     for dist in prob.distributions:
-        inp = prob.make_inputs(shape, dist, 7, "cuda")
+        inp = inputs(dist, 7)
         ref = prob.oracle(inp)["o"]
         if not a.no_torch:
             errs["torch-ref", dist] = (rel_rms(ref, prob.baselines()["torch-ref"](inp)["o"]), False, True)
@@ -140,13 +170,12 @@ def main(argv=None) -> int:
             print(f"check {name:<14} {dist:<7} err {errs[name, dist][0]:.3e} nan {int(errs[name, dist][1])} "
                   f"det {int(errs[name, dist][2])} ({time.monotonic() - t0:.0f} s)", flush=True)
         del inp, ref
-        torch.cuda.empty_cache()
 
     rows = []
     for dist in a.time_dists.split(","):
-        sets = rotated_copies(lambda i: prob.make_inputs(shape, dist, 9000 + i, "cuda"))
-        sets = [{"inputs": s, "out": {"o": torch.empty(out_shape, device="cuda", dtype=torch.bfloat16)}}
-                for s in sets]
+        sets = [inputs(dist, 9000 + i) for i in range(2)] if a.cpu else rotated_copies(lambda i: inputs(dist, 9000 + i))
+        sets = [{"inputs": s, "out": {"o": torch.empty(out_shape, device=dev, dtype=out_dtype)}} for s in sets]
+        timer = wall_time_ms if a.cpu else graph_time_ms
         timed = [("torch-ref", prob.baselines()["torch-ref"])] if not a.no_torch else []
         timed += [(name, mod.run) for name, _kn, mod in mods]
         for name, fn in timed:
@@ -154,13 +183,14 @@ def main(argv=None) -> int:
                 print(f"{name} {dist}: skipped, past --budget-s {a.budget_s:.0f}", flush=True)
                 continue
             if name == "torch-ref":
-                t = graph_time_ms(lambda s: fn(s["inputs"]), sets, reps=a.reps)
+                t = timer(lambda s: fn(s["inputs"]), sets, reps=a.reps)
             else:
-                t = graph_time_ms(lambda s, fn=fn: fn(s["inputs"], s["out"]), sets, reps=a.reps)
+                t = timer(lambda s, fn=fn: fn(s["inputs"], s["out"]), sets, reps=a.reps)
             rows.append((name, dist, t))
             print(f"time {name:<14} {dist:<7} {t['ms']:.3f} ms ({time.monotonic() - t0:.0f} s)", flush=True)
         del sets
-        torch.cuda.empty_cache()
+        if not a.cpu:
+            torch.cuda.empty_cache()
 
     print(f"\n{'variant':<14} {'dist':<7} {'err':>9} {'nan':>4} {'det':>4} {'ms':>8} {'iqr ms':>15} mode")
     for name, dist, t in rows:

@@ -1,61 +1,43 @@
-"""scripts/bench_mla_prefill.py off the GPU: its built-in variants render, and each one is right under the
-Triton interpreter on the cpu_shape for every distribution (one subprocess: TRITON_INTERPRET must be set
-before triton is imported); a previous template gets only the knobs it has."""
+"""scripts/bench_mla_prefill.py off the GPU: the whole script as a dry run (--cpu: the cpu_shape under the
+Triton interpreter) checks and times every built-in variant; a previous template gets only its own knobs."""
 
 from __future__ import annotations
 
-import json
-import os
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
 
-_CHILD = textwrap.dedent(
-    """
-    import json, os, re, sys, tempfile
-    os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, sys.argv[1])
-    sys.path.insert(0, os.path.join(sys.argv[1], "scripts"))
-    import torch
-    import bench_mla_prefill as bench
-    from baselines.problem import rel_rms
-    from baselines.registry import get_problem
-    prob = get_problem("mla_prefill")
-    template = prob.template()
-    # a template without the TMA knob stands for an earlier kernel
-    previous = re.sub(r'"TMA": (True|False), ', "", template)
-    tmp = tempfile.mkdtemp()
-    mods = bench.load_variants(bench.VARIANTS, template, previous, tmp)
-    res = {"knobs": {name: kn for name, kn, _ in mods}, "runs": []}
-    for name, kn, mod in mods:
-        if name == "previous":
-            continue  # its KNOBS lack TMA, which run() reads
-        for seed, dist in enumerate(prob.distributions):
-            inp = prob.make_inputs(prob.cpu_shape, dist, 40 + seed, "cpu", cpu=True)
-            out = {"o": torch.full(prob.output_specs(prob.cpu_shape, cpu=True)["o"].shape, float("nan"))}
-            mod.run(inp, out)
-            res["runs"].append({"name": name, "dist": dist, "nan": bool(out["o"].isnan().any()),
-                                "err": rel_rms(prob.oracle(inp)["o"], out["o"])})
-    print(json.dumps(res))
-    """
-)
+import bench_mla_prefill as bench  # noqa: E402
 
 
-def test_built_in_variants_are_right_under_the_interpreter():
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT)], capture_output=True, text=True,
-                          env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+def test_dry_run_checks_and_times_every_variant():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_mla_prefill.py"), "--cpu", "--reps", "1"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_mla_prefill as bench
-
+    assert "FAILED" not in proc.stdout, proc.stdout
     names = [v[0] for v in bench.VARIANTS]
     assert names[0] == "previous" and "default" in names and len(set(names)) == len(names)
-    assert res["knobs"]["previous"] == {k: v for k, v in bench.PREVIOUS.items() if k != "TMA"}
-    assert res["knobs"]["default"] == {}
-    assert len(res["runs"]) == 3 * (len(names) - 1)
-    for r in res["runs"]:
-        assert not r["nan"] and r["err"] < 1e-5, r
+    # the table: variant, dist, rel-RMS error against the fp64 oracle, NaN, deterministic, ms, ...
+    rows = {m.group(1): m.groups()[1:] for m in
+            re.finditer(r"^(\S+)\s+unit\s+(\S+)\s+(\d)\s+(\d)\s+\d", proc.stdout, re.MULTILINE)}
+    assert set(rows) == {"torch-ref", *names}, proc.stdout
+    for name, (err, nan, det) in rows.items():
+        assert float(err) < 1e-5 and nan == "0" and det == "1", (name, err, nan, det)
+    checks = re.findall(r"^check (\S+)\s+(\S+)\s+err", proc.stdout, re.MULTILINE)
+    assert len(checks) == len(names) * 3  # every variant on every distribution
+
+
+def test_a_previous_template_gets_only_its_own_knobs(tmp_path):
+    from baselines.registry import get_problem
+
+    prob = get_problem("mla_prefill")
+    template = prob.template()
+    previous = re.sub(r'"TMA": (True|False), ', "", template)  # a template without the TMA knob
+    assert previous != template
+    mods = bench.load_variants(bench.VARIANTS[:2], template, previous, tmp_path)
+    assert mods[0][1] == {k: v for k, v in bench.PREVIOUS.items() if k != "TMA"}
+    assert "TMA" not in mods[0][2].KNOBS and mods[1][2].KNOBS == prob.default_knobs()
