@@ -117,6 +117,7 @@ def main(argv=None) -> int:
         print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
               f"torch {torch.__version__}, triton {__import__('triton').__version__}, {shape.name}", flush=True)
     previous = Path(a.previous).read_text() if a.previous else None
+    print(f"# previous: {a.previous if previous else 'the present template'} at {PREVIOUS}", flush=True)
     mods = load_variants(variants, prob.template(), previous, tempfile.mkdtemp())
     out_shape = (shape["N"], shape["H"], shape["DL"])
     out_dtype = torch.float32 if a.cpu else torch.bfloat16
