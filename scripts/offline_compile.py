@@ -1,5 +1,5 @@
 """Compile one Triton kernel for sm_90 without a GPU and report what ptxas says of it: shared memory,
-registers, spills, and whether wgmma and cp.async were emitted (the mla_* offline_compile scripts)."""
+registers, spills, and whether wgmma, cp.async and TMA were emitted (the mla_* offline_compile scripts)."""
 
 from __future__ import annotations
 
@@ -36,4 +36,5 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return {"knobs": knobs, "smem": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill_st_ld": [int(spills.group(1)), int(spills.group(2))] if spills else None,
-            "wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async" in ptx}
+            "wgmma": "wgmma.mma_async" in ptx, "cp_async": re.search(r"cp\.async\.c[ag]", ptx) is not None,
+            "tma": "cp.async.bulk.tensor" in ptx}
