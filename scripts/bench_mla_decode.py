@@ -25,6 +25,7 @@ import importlib.util
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,6 +39,9 @@ VARIANTS = [  # knob overrides of the template's defaults (the first: the earlie
     ["default", {}],  # the same with the split's rows prefetched into L2 before q loads
     ["n64-s2", {"BLOCK_N": 64, "num_stages": 2}],  # half the q re-reads per key, one tile in flight (from L2)
     ["two-per-sm", {"GRID": 256, "num_stages": 1}],  # 110 KB shared: two programs per SM, twice the splits
+    # Q4: two warp groups of 64 rows per program, half the tile reads from L2, 2 stages (q takes 147 KB);
+    # Q1 (64 rows): 64-row blocks at 8 warps, the score tile split across the warp groups
+    ["h128-w8-s2", {"BLOCK_H": 128, "num_warps": 8, "num_stages": 2}],
     ["fused", ONE_LAUNCH],  # one launch: partials, grid barrier, one-step reduction
     ["fused-n64-s2", {**ONE_LAUNCH, "BLOCK_N": 64, "num_stages": 2}],
 ]
@@ -113,6 +117,7 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
           f"torch {torch.__version__}, triton {__import__('triton').__version__}", flush=True)
+    t0 = time.monotonic()
     tmp = tempfile.mkdtemp()
     mods = [(v[0], v[1], load(prob, v[1], tmp, i, v[2] if len(v) > 2 else ())) for i, v in enumerate(variants)]
     shapes = [prob.shapes[i] for i in (a.only_shape or range(len(prob.shapes)))]
@@ -203,6 +208,7 @@ def main(argv=None) -> int:
             print(f"{name:<16} {sh:<17} {us:9.2f} {us / ref if ref else float('nan'):8.3f}")
     for name, t in floor.items():
         print(f"{name:<34} {1e3 * t['ms']:9.2f}")
+    print(f"# {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
 if __name__ == "__main__":

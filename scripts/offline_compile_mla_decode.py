@@ -5,8 +5,8 @@ whether wgmma was emitted, per knob setting. One JSON line per setting.
 
 --knobs (repeatable): a dict of BLOCK_H, BLOCK_N, SPLIT_DV, num_warps, num_stages, and optionally PREFETCH
 (default True) and FUSED (default False: the split kernel; True: the one-launch kernel, whose reduction
-tile is RED_R x RED_S x RED_D, default 1 x 64 x 256, Q1's with the defaults); the other knobs do not change
-the code. Default: the template's defaults and a few settings around them. The local Triton compiles (its
+tile is RED_R x RED_S x RED_D, default 1 x 64 x 256: Q1's with REDUCE_D 256 and COMBINE_TILE 16384); the
+other knobs do not change the code. Default: the template's defaults and a few settings around them. The local Triton compiles (its
 version is printed); the GPU's Triton can differ.
 """
 
@@ -29,10 +29,13 @@ DEFAULT = [
     {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 2},
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 1},  # 2 programs per SM
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 4},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_H": 128, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
     {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 2},
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "FUSED": True},
+    {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 2, "FUSED": True},
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "FUSED": True,
-     "RED_R": 2, "RED_S": 16, "RED_D": 512},  # Q4's reduction tile
+     "RED_R": 4, "RED_S": 16, "RED_D": 256},  # Q4's reduction tile with REDUCE_D 256, COMBINE_TILE 16384
 ]
 COMMON = (("q_ptr", "*bf16"), ("c_ptr", "*bf16"))
 

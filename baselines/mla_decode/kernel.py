@@ -336,7 +336,9 @@ def run(inputs, out):
     even = S % split_len == 0
     pdt = torch.bfloat16 if KNOBS["PARTIAL_BF16"] and gpu and q.dtype == torch.bfloat16 else torch.float32
     po, plse = _scratch(q.device, M, splits, DL, pdt)
-    prefetch = bool(KNOBS["PREFETCH"]) and gpu  # inline PTX: compiled code only
+    # inline PTX, compiled code only; the bulk prefetch takes 16-byte aligned addresses and sizes
+    prefetch = (bool(KNOBS["PREFETCH"]) and gpu and cache.data_ptr() % 16 == 0
+                and cache.stride(0) * cache.element_size() % 16 == 0)
     if KNOBS["FUSED"]:
         nprog = row_blocks * sdv * splits
         red_d = min(DL, KNOBS["REDUCE_D"])
