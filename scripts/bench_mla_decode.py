@@ -28,6 +28,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import triton
+import triton.language as tl
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PREVIOUS = {"BLOCK_H": 64, "BLOCK_N": 32, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1,
@@ -61,30 +64,30 @@ def load(prob, knobs, tmp, i, patches=()):
     return mod
 
 
+@triton.jit
+def _empty_first(x_ptr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _empty_second(x_ptr):
+    tl.extra.cuda.gdc_wait()
+
+
 def launch_floor(reps: int) -> dict:
     """Device time of empty kernels replayed as CUDA graphs like the variants (gpu_worker.devicetime):
     one launch of 128 programs, and two with the second (256 programs) a PDL dependent of the first."""
     import torch
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _first(x_ptr, PDL: tl.constexpr):
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-
-    @triton.jit
-    def _second(x_ptr):
-        tl.extra.cuda.gdc_wait()
 
     x = torch.zeros(1, device="cuda")
 
     def one(_s):
-        _first[(128,)](x, PDL=False, num_warps=4)
+        _empty_first[(128,)](x, PDL=False, num_warps=4)
 
     def two(_s):
-        _first[(128,)](x, PDL=True, num_warps=4)
-        _second[(256,)](x, num_warps=4, launch_pdl=True)
+        _empty_first[(128,)](x, PDL=True, num_warps=4)
+        _empty_second[(256,)](x, num_warps=4, launch_pdl=True)
 
     return {"floor-1-launch": graph_time(one, reps), "floor-2-launch-pdl": graph_time(two, reps)}
 
