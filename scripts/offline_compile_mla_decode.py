@@ -31,6 +31,8 @@ DEFAULT = [
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 4},
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
     {"BLOCK_H": 128, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_H": 64, "BLOCK_N": 128, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 1},
+    {"BLOCK_H": 64, "BLOCK_N": 128, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 1},
     {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 2},
     {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "FUSED": True},
     {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 2, "FUSED": True},

@@ -131,14 +131,15 @@ def _attend_range(
 @triton.jit
 def _prefetch_l2(c_ptr, start, end, stride_cs, PF: tl.constexpr):
     """Bulk L2 prefetch of cache rows [start, end), one contiguous byte range: PF pieces of about
-    (end - start) / PF rows, one per thread (empty pieces skipped). Issued before q loads, so the range
-    streams from HBM while q does and the pipeline's tile copies find it in L2."""
+    (end - start) / PF rows, one per thread (empty pieces and addresses not 16-byte aligned skipped). Issued
+    before q loads, so the range streams from HBM while q does and the pipeline's tile copies find it in L2."""
     rows = tl.cdiv(end - start, PF)
     r0 = start + tl.arange(0, PF) * rows
     n = tl.maximum(tl.minimum(end - r0, rows), 0)
     nbytes = (n * stride_cs * (c_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
     tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "{ .reg .pred p; .reg .b64 a; and.b64 a, $1, 15; setp.eq.s64 p, a, 0; setp.ne.and.s32 p, $2, 0, p; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
         "=r,l,r", [c_ptr + r0.to(tl.int64) * stride_cs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
@@ -336,9 +337,9 @@ def run(inputs, out):
     even = S % split_len == 0
     pdt = torch.bfloat16 if KNOBS["PARTIAL_BF16"] and gpu and q.dtype == torch.bfloat16 else torch.float32
     po, plse = _scratch(q.device, M, splits, DL, pdt)
-    # inline PTX, compiled code only; the bulk prefetch takes 16-byte aligned addresses and sizes
-    prefetch = (bool(KNOBS["PREFETCH"]) and gpu and cache.data_ptr() % 16 == 0
-                and cache.stride(0) * cache.element_size() % 16 == 0)
+    # inline PTX, compiled code only; the bulk prefetch takes sizes of 16-byte multiples (and skips itself
+    # where the address is not 16-byte aligned)
+    prefetch = bool(KNOBS["PREFETCH"]) and gpu and cache.stride(0) * cache.element_size() % 16 == 0
     if KNOBS["FUSED"]:
         nprog = row_blocks * sdv * splits
         red_d = min(DL, KNOBS["REDUCE_D"])

@@ -14,9 +14,10 @@ dv part: cdiv(Q*H, BLOCK_H) * SPLIT_DV times.
 MIN_ROW_BLOCKS: when > 1, the row block shrinks (powers of two, >= 16) until there are at least this many
 (or it reaches 16): with BLOCK_H 32 and 4, Q1 (64 rows) runs 16-row blocks and Q4 (256 rows) 32-row ones.
 1 = BLOCK_H as given (never wider than the next power of two of Q*H).
-BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74 KB of shared memory per pipeline stage, plus
+BLOCK_N: cache rows per tile (BLOCK_N x 576 bf16 = 18/37/74/147 KB of shared memory per pipeline stage, plus
 the BLOCK_H x 576 q tile). It is also the width of the score instructions (q is re-read from shared
-memory by each): 64 is the widest that leaves room for two stages.
+memory by each): 64 is the widest that leaves room for two stages; 128 fits one stage (no tile in flight
+while one is computed: with PREFETCH it comes from L2), and needs 8 warps (at 4 warps it spills 1 KB).
 num_stages: shared-memory buffers per tile stream, num_stages - 1 tiles in flight while one is computed.
 GRID: target number of split-kernel programs (FUSED: at most the SM count); splits = GRID / (row blocks *
 SPLIT_DV), at most S / (MIN_TILES * BLOCK_N), rounded so every split is whole BLOCK_N tiles (so one
@@ -52,14 +53,15 @@ the knob product the rules test renders).
 
 Invalid or useless corners (the harness scores compile failures as failed candidates): over the H200's
 227 KB of shared memory (offline sm_90 compile, Triton 3.9, scripts/offline_compile_mla_decode.py):
-BLOCK_N 64 with num_stages >= 3 at BLOCK_H 64, and with num_stages 4 at any BLOCK_H; BLOCK_H 128 with
-BLOCK_N 64 at num_stages >= 2 and with BLOCK_N 32 at num_stages >= 3. BLOCK_H 64 with SPLIT_DV 1 and
+BLOCK_N 64 with num_stages >= 3 at BLOCK_H 64, and with num_stages 4 at any BLOCK_H; BLOCK_N 128 with
+num_stages >= 2, and with BLOCK_H 128; BLOCK_H 128 with BLOCK_N 64 at num_stages >= 2 and with BLOCK_N 32
+at num_stages >= 3. BLOCK_H 64 with SPLIT_DV 1 and
 num_warps 4, and BLOCK_H 128 with SPLIT_DV 1 or num_warps 4, compile but spill heavily (valid, slow).
 """
 
 SPACE = {
     "BLOCK_H": [16, 32, 64, 128],
-    "BLOCK_N": [16, 32, 64],
+    "BLOCK_N": [16, 32, 64, 128],
     "COMBINE_TILE": [2048, 4096, 8192, 16384],
     "FUSED": [False, True],
     "GRID": [64, 128, 256, 512],

@@ -59,7 +59,9 @@ REAL_KNOBS = [{}, {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4
               # one launch: Q1 3 splits x 2 halves, items of 16 rows x 4 splits (one masked) x 256 columns;
               # Q4 4 blocks x 2 halves x 1 split (GRID 8), items of 64 rows x 2 splits (one masked) x 128 columns
               {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384, "BLOCK_N": 64},
-              {"FUSED": True, "REDUCE_D": 128, "COMBINE_TILE": 16384, "BLOCK_N": 64, "GRID": 8}]
+              {"FUSED": True, "REDUCE_D": 128, "COMBINE_TILE": 16384, "BLOCK_N": 64, "GRID": 8},
+              # 128-key tiles: Q1 2 splits (the second a masked half tile), Q4 one masked tile per split
+              {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1}]
 
 
 @pytest.fixture(scope="module")
