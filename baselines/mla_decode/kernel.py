@@ -58,9 +58,9 @@ strided over the grid, RED_S splits per step (RED_S = COMBINE_TILE / REDUCE_D, a
 running max: a step loads its [RED_R, RED_S] lse and [RED_R, RED_S, REDUCE_D] partials together, so an item
 whose splits fit one step is one round trip to L2. RED_R: as many rows as the COMBINE_TILE holds, but no
 fewer items than programs. With REDUCE_D 256 and COMBINE_TILE 16384 every item is one step: Q1 (64 splits)
-one row x 256 columns per program, Q4 (16 splits) 4 rows x 256 columns per program. Off the GPU (the interpreter runs programs one after
-another, a spin would never end) and for a grid over the SM count, the last program to arrive reduces every
-item.
+one row x 256 columns per program, Q4 (16 splits) 4 rows x 256 columns per program. Off the GPU (the
+interpreter runs programs one after another, a spin would never end) and for a grid over the SM count, the
+last program to arrive reduces every item.
 """
 
 import math
