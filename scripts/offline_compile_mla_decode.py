@@ -6,8 +6,9 @@ whether wgmma was emitted, per knob setting. One JSON line per setting.
 --knobs (repeatable): a dict of BLOCK_H, BLOCK_N, SPLIT_DV, num_warps, num_stages, and optionally PREFETCH
 (default True) and FUSED (default False: the split kernel; True: the one-launch kernel, whose reduction
 tile is RED_R x RED_S x RED_D, default 1 x 64 x 256: Q1's with REDUCE_D 256 and COMBINE_TILE 16384); the
-other knobs do not change the code. Default: the template's defaults and a few settings around them. The local Triton compiles (its
-version is printed); the GPU's Triton can differ.
+other knobs do not change the code. Default: the template's defaults, the earlier ones (no PREFETCH) and
+the settings bench_mla_decode.py compares. The local Triton compiles (its version is printed); the GPU's
+Triton can differ.
 """
 
 from __future__ import annotations
