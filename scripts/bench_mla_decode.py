@@ -2,16 +2,20 @@
 every distribution (NaN-poisoned outputs, two runs compared bit for bit), then time them and torch-bmm by
 device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, together >= 2x L2, median).
 
-    python scripts/bench_mla_decode.py [--variants JSON_LIST] [--reps 200] [--smoke] [--only-shape 0]
-        [--dists unit,small] [--no-torch]
+    python scripts/bench_mla_decode.py [--variants JSON_LIST] [--reps 100] [--smoke] [--only-shape 0]
+        [--dists unit,small,peaked] [--time-dists unit] [--no-torch] [--no-floor]
 
 --variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the
-built-in list below (the earlier defaults, the present defaults and four other settings). --smoke: one call
-of each variant on each shape, with its registers, spills and shared memory (run it under `timeout` first: a
-broken grid barrier hangs, it does not fail).
+built-in list below (the earlier defaults written out in full, the present defaults and neighbours).
+--dists: the distributions checked for errors; --time-dists: those timed (each timed distribution adds
+one graph-timing pass per variant). --smoke: one call of each variant on each shape, with its registers,
+spills and shared memory (run it under `timeout` first: a broken grid barrier hangs, it does not fail).
+The launch floor (unless --no-floor): empty kernels timed the same way, one launch of 128 programs and two
+launches with the second a programmatic dependent (PDL) of the first: what the measurement charges any
+one- or two-kernel design before it does any work.
 Prints a table: variant, shape, distribution, rel-RMS error (kernel / torch-bmm), device µs (median, IQR);
-then per shape each variant's worst distribution and its ratio to the first variant's. A variant that fails
-to compile or launch is reported and left out.
+then per shape each variant's worst timed distribution and its ratio to the first variant's. A variant that
+fails to compile or launch is reported and left out.
 """
 
 from __future__ import annotations
@@ -21,17 +25,30 @@ import importlib.util
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+PREVIOUS = {"BLOCK_H": 64, "BLOCK_N": 32, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1,
+            "MIN_TILES": 1, "PARTIAL_BF16": True, "PDL": True, "PREFETCH": False, "REDUCE_D": 512, "SPLIT_DV": 2,
+            "num_stages": 4, "num_warps": 4}
+ONE_LAUNCH = {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384}  # one reduction round trip per program
 VARIANTS = [  # knob overrides of the template's defaults (the first: the earlier defaults, for comparison)
-    ["previous", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 64, "num_stages": 2, "MIN_TILES": 1, "FUSED": False}],
-    ["default", {}],  # 4 warps, SPLIT_DV 2, BLOCK_N 32, 4 stages: Q1 64 splits of 128 keys, Q4 16 of 512
-    ["dv2-n64-s2", {"BLOCK_N": 64, "num_stages": 2}],  # wider score instructions, fewer bytes in flight
-    ["dv2-fused", {"FUSED": True, "REDUCE_D": 256}],  # the same programs, combine behind the grid barrier
-    ["dv1-n32-s4-t4", {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 4}],
-    ["h128-dv2-n32", {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}],  # Q4: two warp groups of 64 rows
+    ["previous", PREVIOUS],  # two kernels, tiles streamed from HBM by the pipeline
+    ["default", {}],  # the same with the split's rows prefetched into L2 before q loads
+    ["n64-s2", {"BLOCK_N": 64, "num_stages": 2}],  # half the q re-reads per key, one tile in flight (from L2)
+    ["two-per-sm", {"GRID": 256, "num_stages": 1}],  # 110 KB shared: two programs per SM, twice the splits
+    # Q4: two warp groups of 64 rows per program, half the tile reads from L2, 2 stages (q takes 147 KB);
+    # Q1 (64 rows): 64-row blocks at 8 warps, the score tile split across the warp groups
+    ["h128-w8-s2", {"BLOCK_H": 128, "num_warps": 8, "num_stages": 2}],
+    # 128-key tiles (Q1: one per program), no pipeline: the tile comes from L2; 8 warps split the 64 x 128
+    # scores into two 64 x 64 halves (q read from shared memory a quarter as often per key as at BLOCK_N 32)
+    ["n128-w8-s1", {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1}],
+    ["fused", ONE_LAUNCH],  # one launch: partials, grid barrier, one-step reduction
 ]
 
 
@@ -49,6 +66,40 @@ def load(prob, knobs, tmp, i, patches=()):
     return mod
 
 
+@triton.jit
+def _empty_first(x_ptr, PDL: tl.constexpr):
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def _empty_second(x_ptr):
+    tl.extra.cuda.gdc_wait()
+
+
+def launch_floor(reps: int) -> dict:
+    """Device time of empty kernels replayed as CUDA graphs like the variants (gpu_worker.devicetime):
+    one launch of 128 programs, and two with the second (256 programs) a PDL dependent of the first."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+
+    def one(_s):
+        _empty_first[(128,)](x, PDL=False, num_warps=4)
+
+    def two(_s):
+        _empty_first[(128,)](x, PDL=True, num_warps=4)
+        _empty_second[(256,)](x, num_warps=4, launch_pdl=True)
+
+    return {"floor-1-launch": graph_time(one, reps), "floor-2-launch-pdl": graph_time(two, reps)}
+
+
+def graph_time(call, reps: int) -> dict:
+    from gpu_worker.devicetime import graph_time_ms
+
+    return graph_time_ms(call, [None, None], reps=reps)
+
+
 def main(argv=None) -> int:
     import torch
 
@@ -58,27 +109,33 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--variants", default=None)
-    ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--only-shape", type=int, action="append", default=[])
     ap.add_argument("--dists", default="unit,small,peaked")
+    ap.add_argument("--time-dists", default="unit")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-floor", action="store_true")
     a = ap.parse_args(argv)
     variants = json.loads(a.variants) if a.variants else VARIANTS
     prob = get_problem("mla_decode")
     props = torch.cuda.get_device_properties(0)
     print(f"# {props.name}, {props.multi_processor_count} SMs, L2 {props.L2_cache_size >> 20} MiB, "
           f"torch {torch.__version__}, triton {__import__('triton').__version__}", flush=True)
+    t0 = time.monotonic()
     tmp = tempfile.mkdtemp()
     mods = [(v[0], v[1], load(prob, v[1], tmp, i, v[2] if len(v) > 2 else ())) for i, v in enumerate(variants)]
     shapes = [prob.shapes[i] for i in (a.only_shape or range(len(prob.shapes)))]
+
+    def fresh_out(shape):
+        return torch.full((shape["Q"], shape["H"], shape["DL"]), float("nan"), device="cuda", dtype=torch.bfloat16)
+
     if a.smoke:
         for shape in shapes:
             inp = prob.make_inputs(shape, "unit", 1, "cuda")
             ref = prob.oracle(inp)["o"]
             for name, kn, mod in mods:
-                out = torch.full((shape["Q"], shape["H"], shape["DL"]), float("nan"), device="cuda",
-                                 dtype=torch.bfloat16)
+                out = fresh_out(shape)
                 try:  # a setting that does not compile or launch (e.g. over the shared memory) is reported
                     mod.run(inp, {"o": out})
                     torch.cuda.synchronize()
@@ -91,10 +148,14 @@ def main(argv=None) -> int:
                 print(f"smoke {name:<14} {shape.name:<16} err {rel_rms(ref, out):.3e} regs/spills/smem {info}",
                       flush=True)
         return 0
+    floor = {} if a.no_floor else launch_floor(a.reps)
+    for name, t in floor.items():
+        print(f"{name}: {1e3 * t['ms']:.2f} us", flush=True)
     base = prob.baselines()["torch-bmm"]
+    timed = a.time_dists.split(",")
     rows = []
     for shape in shapes:
-        for dist in a.dists.split(","):
+        for dist in dict.fromkeys(a.dists.split(",") + timed):
             # correctness: fresh inputs, NaN-poisoned outputs, two runs bit-identical
             inp = prob.make_inputs(shape, dist, 7, "cuda")
             ref = prob.oracle(inp)["o"]
@@ -104,8 +165,7 @@ def main(argv=None) -> int:
                 outs = []
                 try:  # a setting that does not compile or launch is reported and left out from here on
                     for _ in range(2):
-                        out = torch.full((shape["Q"], shape["H"], shape["DL"]), float("nan"), device="cuda",
-                                         dtype=torch.bfloat16)
+                        out = fresh_out(shape)
                         mod.run(inp, {"o": out})
                         outs.append(out)
                     torch.cuda.synchronize()
@@ -116,6 +176,10 @@ def main(argv=None) -> int:
                 nan = bool(torch.isnan(outs[0]).any())
                 same = bool(torch.equal(outs[0], outs[1]))
                 errs[name] = (rel_rms(ref, outs[0]), nan, same)
+            if dist not in timed:
+                rows.append(("torch-bmm", shape.name, dist, berr, False, True, None))
+                rows.extend((name, shape.name, dist, *errs[name], None) for name, _kn, _m in mods)
+                continue
             sets = rotated_copies(lambda i: prob.make_inputs(shape, dist, 9000 + i, "cuda"))
             sets = [{"inputs": s, "out": {"o": torch.empty((shape["Q"], shape["H"], shape["DL"]), device="cuda",
                                                             dtype=torch.bfloat16)}} for s in sets]
@@ -131,21 +195,26 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     print(f"\n{'variant':<16} {'shape':<17} {'dist':<7} {'err':>9} {'nan':>4} {'det':>4} {'us':>7} {'iqr us':>13} mode")
     for name, sh, dist, err, nan, same, t in rows:
+        if t is None:
+            print(f"{name:<16} {sh:<17} {dist:<7} {err:9.2e} {int(nan):>4} {int(same):>4} {'-':>7}")
+            continue
         lo, hi = t["iqr_ms"]
         print(f"{name:<16} {sh:<17} {dist:<7} {err:9.2e} {int(nan):>4} {int(same):>4} {1e3 * t['ms']:7.2f} "
               f"{1e3 * lo:6.2f}-{1e3 * hi:6.2f} {t['mode']}/{t['copies']}")
-    # per shape: each variant's worst distribution, and its ratio to the first variant's (the reference)
+    # per shape: each variant's worst timed distribution, and its ratio to the first variant's (the reference)
     print(f"\n{'variant':<16} {'shape':<17} {'worst us':>9} {'x first':>8}")
     for sh in dict.fromkeys(r[1] for r in rows):
         worst = {}
         for name, rsh, _d, _e, _n, _s, t in rows:
-            if rsh == sh:
+            if rsh == sh and t is not None:
                 worst[name] = max(worst.get(name, 0.0), 1e3 * t["ms"])
         ref = worst.get(variants[0][0])
         for name, us in worst.items():
             print(f"{name:<16} {sh:<17} {us:9.2f} {us / ref if ref else float('nan'):8.3f}")
+    for name, t in floor.items():
+        print(f"{name:<34} {1e3 * t['ms']:9.2f}")
+    print(f"# {time.monotonic() - t0:.0f} s", flush=True)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

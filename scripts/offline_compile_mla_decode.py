@@ -1,11 +1,14 @@
-"""Compile the mla_decode split kernel for sm_90 without a GPU: shared memory, registers, spills (ptxas -v)
-and whether wgmma was emitted, per knob setting. One JSON line per setting.
+"""Compile the mla_decode kernels for sm_90 without a GPU: shared memory, registers, spills (ptxas -v) and
+whether wgmma was emitted, per knob setting. One JSON line per setting.
 
     python scripts/offline_compile_mla_decode.py [--knobs JSON] ...
 
---knobs (repeatable): a dict of BLOCK_H, BLOCK_N, SPLIT_DV, num_warps, num_stages (the others do not change
-the split kernel's code); default: a few settings around the template's defaults. The local Triton compiles
-(its version is printed); the GPU's Triton can differ.
+--knobs (repeatable): a dict of BLOCK_H, BLOCK_N, SPLIT_DV, num_warps, num_stages, and optionally PREFETCH
+(default True) and FUSED (default False: the split kernel; True: the one-launch kernel, whose reduction
+tile is RED_R x RED_S x RED_D, default 1 x 64 x 256: Q1's with REDUCE_D 256 and COMBINE_TILE 16384); the
+other knobs do not change the code. Default: the template's defaults, the earlier ones (no PREFETCH) and
+the settings bench_mla_decode.py compares. The local Triton compiles (its version is printed); the GPU's
+Triton can differ.
 """
 
 from __future__ import annotations
@@ -22,22 +25,38 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from offline_compile import compile_sm90  # noqa: E402
 
 DEFAULT = [
-    {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 2},
-    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 3},
-    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 4},
-    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 3},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "PREFETCH": False},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4},
     {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 2},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 1},  # 2 programs per SM
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 4},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
     {"BLOCK_H": 128, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_H": 64, "BLOCK_N": 128, "SPLIT_DV": 2, "num_warps": 8, "num_stages": 1},
+    {"BLOCK_H": 64, "BLOCK_N": 128, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 1},
+    {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 1, "num_warps": 8, "num_stages": 2},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "FUSED": True},
+    {"BLOCK_H": 64, "BLOCK_N": 64, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 2, "FUSED": True},
+    {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "FUSED": True,
+     "RED_R": 4, "RED_S": 16, "RED_D": 256},  # Q4's reduction tile with REDUCE_D 256, COMBINE_TILE 16384
 ]
+COMMON = (("q_ptr", "*bf16"), ("c_ptr", "*bf16"))
 
 
-def compile_one(fn, knobs: dict) -> dict:
-    sig = {n: t for n, t in (("q_ptr", "*bf16"), ("c_ptr", "*bf16"), ("po_ptr", "*bf16"), ("plse_ptr", "*fp32"),
-                             ("M", "i32"), ("S", "i32"), ("split_len", "i32"), ("stride_qm", "i32"),
-                             ("stride_cs", "i32"), ("qk_scale", "fp32"))}
+def compile_one(kernel, knobs: dict) -> dict:
     consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_H": knobs["BLOCK_H"],
-              "BLOCK_N": knobs["BLOCK_N"], "EVEN": True, "PDL": True}
-    return compile_sm90(fn, sig, consts, knobs)
+              "BLOCK_N": knobs["BLOCK_N"], "EVEN": True, "PREFETCH": knobs.get("PREFETCH", True)}
+    if knobs.get("FUSED"):
+        sig = dict(COMMON + (("o_ptr", "*bf16"), ("po_ptr", "*bf16"), ("plse_ptr", "*fp32"), ("cnt_ptr", "*i64"),
+                             ("M", "i32"), ("S", "i32"), ("split_len", "i32"), ("num_splits", "i32"),
+                             ("stride_qm", "i32"), ("stride_cs", "i32"), ("stride_om", "i32"), ("qk_scale", "fp32")))
+        consts.update(BARRIER=True, RED_R=knobs.get("RED_R", 1), RED_S=knobs.get("RED_S", 64),
+                      RED_D=knobs.get("RED_D", 256))
+        return compile_sm90(kernel._mla_decode_fused, sig, consts, knobs)
+    sig = dict(COMMON + (("po_ptr", "*bf16"), ("plse_ptr", "*fp32"), ("M", "i32"), ("S", "i32"),
+                         ("split_len", "i32"), ("stride_qm", "i32"), ("stride_cs", "i32"), ("qk_scale", "fp32")))
+    consts["PDL"] = True
+    return compile_sm90(kernel._mla_decode_split, sig, consts, knobs)
 
 
 def main() -> int:
@@ -50,7 +69,7 @@ def main() -> int:
     a = ap.parse_args()
     print(f"# triton {triton.__version__}", flush=True)
     for knobs in [json.loads(k) for k in a.knobs] or DEFAULT:
-        print(json.dumps(compile_one(kernel._mla_decode_split, knobs)), flush=True)
+        print(json.dumps(compile_one(kernel, knobs)), flush=True)
     return 0
 
 

@@ -17,6 +17,13 @@ of shared memory whatever SPLIT_DV is. Where every split is whole tiles inside t
 has no masks. A program writes its normalised partial acc / l (bf16 on the GPU) and its log2-sum-exp
 m + log2(l), laid out [split, row, DL] so that each program writes one contiguous block.
 
+PREFETCH (GPU only: inline PTX): before it loads q, each program asks L2 for its share of its split's
+rows (the split is one contiguous byte range; the row block x dv programs of a split each take 1 / their
+number) with `cp.async.bulk.prefetch.L2`, so the whole cache streams from HBM from the first instruction
+on, while q loads. Without it the compiled code loads q (global -> registers -> shared memory) before the
+pipeline's first tile copies are issued (sm_90 PTX, Triton 3.9), so the first tiles' HBM latency follows
+q's, and with num_stages - 1 tiles in flight a program's later tiles wait a second HBM round trip.
+
 Why SPLIT_DV 2 with 4 warps by default: a warp group's wgmma takes 64 rows, and a 64 x 512 fp32 accumulator
 does not fit 4 warps' registers, while with 8 warps Triton (3.9, offline sm_90 compile) lays the 64-row
 score tile over both warp groups and computes it twice, at half the instruction width (each instruction
@@ -46,11 +53,14 @@ splits contiguous) with the lse [row, split]. Then every program adds 1 to an in
 this launch's arrivals are complete: the counter only grows (each launch adds exactly nprog, one counter per
 grid size), so launch k waits for (k + 1) * nprog and nothing is ever reset. The wait needs every program
 resident at once: the grid is capped at the SM count (one program per SM always fits) and a larger grid
-falls back to the path below. Phase 2: each program reduces (row, REDUCE_D columns) items, strided over the
-grid: the row's max lse in one load, then sum_s 2^(lse_s - max) * part_s over [RED_S, REDUCE_D] tiles
-summed elementwise and across the split axis once per item (RED_S = COMBINE_TILE / REDUCE_D, at most the
-splits). Off the GPU (the interpreter runs programs one after another, a spin would never end) and for a
-grid over the SM count, the last program to arrive reduces every item.
+falls back to the path below. Phase 2: each program reduces items of RED_R rows x REDUCE_D columns,
+strided over the grid, RED_S splits per step (RED_S = COMBINE_TILE / REDUCE_D, at most the splits) with a
+running max: a step loads its [RED_R, RED_S] lse and [RED_R, RED_S, REDUCE_D] partials together, so an item
+whose splits fit one step is one round trip to L2. RED_R: as many rows as the COMBINE_TILE holds, but no
+fewer items than programs. With REDUCE_D 256 and COMBINE_TILE 16384 every item is one step: Q1 (64 splits)
+one row x 256 columns per program, Q4 (16 splits) 4 rows x 256 columns per program. Off the GPU (the
+interpreter runs programs one after another, a spin would never end) and for a grid over the SM count, the
+last program to arrive reduces every item.
 """
 
 import math
@@ -59,7 +69,7 @@ import torch
 import triton
 import triton.language as tl
 
-KNOBS = {"BLOCK_H": 64, "BLOCK_N": 32, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1, "MIN_TILES": 1, "PARTIAL_BF16": True, "PDL": True, "REDUCE_D": 512, "SPLIT_DV": 2, "num_stages": 4, "num_warps": 4}
+KNOBS = {"BLOCK_H": 64, "BLOCK_N": 32, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1, "MIN_TILES": 1, "PARTIAL_BF16": True, "PDL": True, "PREFETCH": True, "REDUCE_D": 512, "SPLIT_DV": 2, "num_stages": 4, "num_warps": 4}
 
 SCALE = 1.0 / math.sqrt(192.0)  # fixed by the problem (see spec.py)
 LOG2E = 1.4426950408889634
@@ -119,11 +129,47 @@ def _attend_range(
 
 
 @triton.jit
+def _prefetch_l2(c_ptr, start, end, stride_cs, PF: tl.constexpr):
+    """Bulk L2 prefetch of cache rows [start, end), one contiguous byte range: PF pieces of about
+    (end - start) / PF rows, one per thread (empty pieces and addresses not 16-byte aligned skipped). Issued
+    before q loads, so the range streams from HBM while q does and the pipeline's tile copies find it in L2."""
+    rows = tl.cdiv(end - start, PF)
+    r0 = start + tl.arange(0, PF) * rows
+    n = tl.maximum(tl.minimum(end - r0, rows), 0)
+    nbytes = (n * stride_cs * (c_ptr.dtype.element_ty.primitive_bitwidth // 8)).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b64 a; and.b64 a, $1, 15; setp.eq.s64 p, a, 0; setp.ne.and.s32 p, $2, 0, p; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [c_ptr + r0.to(tl.int64) * stride_cs, nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _split_partial(
+    q_ptr, c_ptr, rows, rmask, dv0, start, end, share_idx, n_share, stride_qm, stride_cs, qk_scale,
+    DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN: tl.constexpr, PREFETCH: tl.constexpr,
+):
+    """One split program's normalised partial acc / l [BLOCK_H, DL / SPLIT_DV] and log2-sum-exp m + log2(l)
+    (-inf for an empty split). With PREFETCH the n_share programs reading this split first ask L2 for one
+    n_share-th of its rows each (share share_idx)."""
+    if PREFETCH:
+        share = tl.cdiv(end - start, n_share)
+        p0 = start + share_idx * share
+        _prefetch_l2(c_ptr, p0, tl.minimum(p0 + share, end), stride_cs, 128)
+    acc, m_i, l_i = _attend_range(q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
+                                  DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN)
+    nonempty = l_i > 0.0
+    l_safe = tl.where(nonempty, l_i, 1.0)
+    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    return acc / l_safe[:, None], lse
+
+
+@triton.jit
 def _mla_decode_split(
     q_ptr, c_ptr, po_ptr, plse_ptr,
     M, S, split_len, stride_qm, stride_cs, qk_scale,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     DV: tl.constexpr = DL // SPLIT_DV
     pid_h = tl.program_id(0) // SPLIT_DV
@@ -133,13 +179,8 @@ def _mla_decode_split(
     rmask = rows < M
     start = pid_s * split_len
     end = tl.minimum(start + split_len, S)
-    acc, m_i, l_i = _attend_range(q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
-                                  DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN)
-
-    nonempty = l_i > 0.0
-    l_safe = tl.where(nonempty, l_i, 1.0)
-    part = acc / l_safe[:, None]
-    lse = tl.where(nonempty, m_i + tl.log2(l_safe), float("-inf"))
+    part, lse = _split_partial(q_ptr, c_ptr, rows, rmask, dv0, start, end, tl.program_id(0), tl.num_programs(0),
+                               stride_qm, stride_cs, qk_scale, DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN, PREFETCH)
     dv = dv0 + tl.arange(0, DV)
     po = po_ptr + (pid_s * M + rows[:, None]) * DL + dv[None, :]
     tl.store(po, part.to(po_ptr.dtype.element_ty), mask=rmask[:, None])
@@ -176,7 +217,8 @@ def _mla_decode_fused(
     q_ptr, c_ptr, o_ptr, po_ptr, plse_ptr, cnt_ptr,
     M, S, split_len, num_splits, stride_qm, stride_cs, stride_om, qk_scale,
     DL: tl.constexpr, DR: tl.constexpr, SPLIT_DV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN: tl.constexpr, BARRIER: tl.constexpr, RED_S: tl.constexpr, RED_D: tl.constexpr, LSE_S: tl.constexpr,
+    EVEN: tl.constexpr, PREFETCH: tl.constexpr, BARRIER: tl.constexpr,
+    RED_R: tl.constexpr, RED_S: tl.constexpr, RED_D: tl.constexpr,
 ):
     DV: tl.constexpr = DL // SPLIT_DV
     pid = tl.program_id(0)
@@ -188,25 +230,23 @@ def _mla_decode_fused(
     rows = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     rmask = rows < M
 
-    # ---- phase 1: this program's split of the cache, online softmax (log2 domain) ----
+    # ---- phase 1: this program's split of the cache ----
     start = pid_s * split_len
     end = tl.minimum(start + split_len, S)
-    acc, m_i, l_i = _attend_range(q_ptr, c_ptr, rows, rmask, dv0, start, end, stride_qm, stride_cs, qk_scale,
-                                  DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN)
+    part, lse = _split_partial(q_ptr, c_ptr, rows, rmask, dv0, start, end, pid % inner, inner, stride_qm,
+                               stride_cs, qk_scale, DL, DR, SPLIT_DV, BLOCK_H, BLOCK_N, EVEN, PREFETCH)
     dv = dv0 + tl.arange(0, DV)
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # every split holds >= 1 cache row: l_i > 0 for real rows
-    part = acc / l_safe[:, None]
     # partials laid out [row, split, DL]: one row's splits are contiguous for the reduction below
     tl.store(po_ptr + (rows[:, None] * num_splits + pid_s) * DL + dv[None, :], part.to(po_ptr.dtype.element_ty),
              mask=rmask[:, None])
     if dv0 == 0:
-        tl.store(plse_ptr + rows * num_splits + pid_s, m_i + tl.log2(l_safe), mask=rmask)
+        tl.store(plse_ptr + rows * num_splits + pid_s, lse, mask=rmask)
 
     # ---- arrival: every thread's stores, then one release of them (the counter only ever grows) ----
     tl.debug_barrier()
     ticket = tl.atomic_add(cnt_ptr, 1, sem="acq_rel")
     n_chunks: tl.constexpr = DL // RED_D
-    n_items = M * n_chunks
+    n_items = tl.cdiv(M, RED_R) * n_chunks
     if BARRIER:  # every program is resident (grid <= SMs): wait for this launch's nprog arrivals
         target = (ticket // nprog + 1) * nprog
         seen = tl.atomic_add(cnt_ptr, 0, sem="acquire")
@@ -219,27 +259,32 @@ def _mla_decode_fused(
         first = tl.where(ticket % nprog == nprog - 1, 0, n_items)
         step = 1
 
-    # ---- phase 2: o[row, chunk] = sum_s 2^(lse_s - max lse) * part_s / sum_s 2^(lse_s - max lse), one
-    # (row, RED_D columns) item at a time. The row's max lse in one load; then the sums run elementwise over
-    # [RED_S, RED_D] tiles and cross the split axis (and so the warps) once per item.
+    # ---- phase 2: o[rows, cols] = sum_s 2^(lse_s - mx) * part_s / sum_s 2^(lse_s - mx), one item of RED_R rows
+    # x RED_D columns at a time, RED_S splits per step with a running max: each step's lse and partial loads
+    # are issued together, so an item whose splits fit one step costs one round trip to L2.
     for it in range(first, n_items, step):
-        row = it // n_chunks
+        r = (it // n_chunks) * RED_R + tl.arange(0, RED_R)
+        rm = r < M
         d = (it % n_chunks) * RED_D + tl.arange(0, RED_D)
-        sa = tl.arange(0, LSE_S)
-        mx = tl.max(tl.load(plse_ptr + row * num_splits + sa, mask=sa < num_splits, other=float("-inf")), 0)
-        wsum = tl.zeros([RED_S], tl.float32)
-        o2 = tl.zeros([RED_S, RED_D], tl.float32)
+        mx = tl.full([RED_R], float("-inf"), tl.float32)
+        wsum = tl.zeros([RED_R], tl.float32)
+        o2 = tl.zeros([RED_R, RED_D], tl.float32)
         for s0 in range(0, num_splits, RED_S):
             sp = s0 + tl.arange(0, RED_S)
             smask = sp < num_splits
-            lse = tl.load(plse_ptr + row * num_splits + sp, mask=smask, other=float("-inf"))
-            part_c = tl.load(po_ptr + (row * num_splits + sp[:, None]) * DL + d[None, :], mask=smask[:, None],
-                             other=0.0)
-            w = tl.exp2(lse - mx)
-            wsum += w
-            o2 += part_c.to(tl.float32) * w[:, None]
-        o = tl.sum(o2, 0) / tl.sum(wsum, 0)
-        tl.store(o_ptr + row * stride_om + d, o.to(o_ptr.dtype.element_ty))
+            lse_t = tl.load(plse_ptr + r[:, None] * num_splits + sp[None, :], mask=rm[:, None] & smask[None, :],
+                            other=float("-inf"))
+            part_t = tl.load(po_ptr + (r[:, None, None] * num_splits + sp[None, :, None]) * DL + d[None, None, :],
+                             mask=(rm[:, None] & smask[None, :])[:, :, None], other=0.0)
+            lse_t = tl.where(rm[:, None], lse_t, 0.0)  # rows past M: finite weights, never stored
+            m_new = tl.maximum(mx, tl.max(lse_t, 1))  # finite: split 0 is never empty
+            alpha = tl.exp2(mx - m_new)  # 0 on the first step
+            w = tl.exp2(lse_t - m_new[:, None])
+            wsum = wsum * alpha + tl.sum(w, 1)
+            o2 = o2 * alpha[:, None] + tl.sum(part_t.to(tl.float32) * w[:, :, None], 1)
+            mx = m_new
+        o = o2 / wsum[:, None]
+        tl.store(o_ptr + r[:, None] * stride_om + d[None, :], o.to(o_ptr.dtype.element_ty), mask=rm[:, None])
 
 
 _SCRATCH: dict = {}
@@ -292,21 +337,28 @@ def run(inputs, out):
     even = S % split_len == 0
     pdt = torch.bfloat16 if KNOBS["PARTIAL_BF16"] and gpu and q.dtype == torch.bfloat16 else torch.float32
     po, plse = _scratch(q.device, M, splits, DL, pdt)
+    # inline PTX, compiled code only; the bulk prefetch takes sizes of 16-byte multiples (and skips itself
+    # where the address is not 16-byte aligned)
+    prefetch = bool(KNOBS["PREFETCH"]) and gpu and cache.stride(0) * cache.element_size() % 16 == 0
     if KNOBS["FUSED"]:
         nprog = row_blocks * sdv * splits
         red_d = min(DL, KNOBS["REDUCE_D"])
         red_s = max(2, min(triton.next_power_of_2(splits), KNOBS["COMBINE_TILE"] // red_d))
+        # rows per reduction item: as many as the tile holds, but no fewer items than programs
+        red_r = max(1, min(KNOBS["COMBINE_TILE"] // (red_s * red_d), M * (DL // red_d) // nprog,
+                           triton.next_power_of_2(M)))
+        red_r = 1 << (red_r.bit_length() - 1)
         LAUNCHED["fused"] = _mla_decode_fused[(nprog,)](
             q, cache, o, po, plse, _counter(q.device, nprog), M, S, split_len, splits, D, cache.stride(0), DL,
-            SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even,
-            BARRIER=gpu and nprog <= grid, RED_S=red_s, RED_D=red_d, LSE_S=triton.next_power_of_2(splits),
+            SCALE * LOG2E, DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even, PREFETCH=prefetch,
+            BARRIER=gpu and nprog <= grid, RED_R=red_r, RED_S=red_s, RED_D=red_d,
             num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
         )
         return
     pdl = bool(KNOBS["PDL"]) and gpu
     LAUNCHED["partial"] = _mla_decode_split[(row_blocks * sdv, splits)](
         q, cache, po, plse, M, S, split_len, D, cache.stride(0), SCALE * LOG2E,
-        DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even, PDL=pdl,
+        DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=even, PDL=pdl, PREFETCH=prefetch,
         num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
     )
     block_s = triton.next_power_of_2(splits)

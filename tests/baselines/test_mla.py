@@ -38,6 +38,11 @@ DECODE_KNOBS = [
     {"BLOCK_H": 64, "BLOCK_N": 32, "GRID": 3, "PDL": True},  # PDL is ignored off the GPU
     {"BLOCK_H": 16, "BLOCK_N": 32, "GRID": 8, "SPLIT_DV": 2, "PARTIAL_BF16": True, "COMBINE_TILE": 2048},
     {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 16, "MIN_TILES": 2},  # splits of 2 tiles, the last one cut short
+    {"GRID": 256, "num_stages": 1, "BLOCK_N": 16},  # two-per-SM setting: 7 splits of one tile, the last masked
+    # one launch, one-step reduction: 4 splits (the last masked) x 2 halves, one item per row (8 programs)
+    {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384},
+    # the same with 2 splits: items of 2 rows x 2 splits x 128 columns (4 programs, 4 items)
+    {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384, "BLOCK_N": 64, "num_stages": 2, "PREFETCH": False},
 ]
 PREFILL_KNOBS = [
     {},  # the template's defaults: 2 heads x 64 queries, SPLIT_DV 2, by pointers (masked diagonal tail)

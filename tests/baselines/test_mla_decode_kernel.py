@@ -1,6 +1,7 @@
 """mla_decode starting kernel under the Triton interpreter on shapes the cpu_shape does not reach (whole
-tiles, partly masked row blocks, the primary shapes' head count and widths with a short cache), and the
-fused one-launch design (knob FUSED) against the fp64 oracle on the cpu_shape for every distribution.
+tiles, partly masked row blocks and reduction items, the primary shapes' head count and widths with a short
+cache), and the fused one-launch design (knob FUSED) against the fp64 oracle on the cpu_shape for every
+distribution.
 
 The cpu_shape (S = 100) never divides into whole tiles, so the unmasked hot loop (EVEN) runs only here:
 S = 128 with several row blocks (M = 32 rows with BLOCK_H 16) and with one partly masked row block
@@ -32,7 +33,12 @@ EVEN_KNOBS = [
 ODD_ROWS_SHAPE = {"Q": 3, "H": 8, "S": 128, "DL": 128, "DR": 16}  # M = 24: a row block partly masked
 ODD_ROWS_KNOBS = [{"BLOCK_H": 32, "BLOCK_N": 32, "GRID": 4}, {"BLOCK_H": 16, "BLOCK_N": 64, "GRID": 64},
                   {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "REDUCE_D": 512},
-                  {"BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "MIN_TILES": 8, "SPLIT_DV": 1}]
+                  {"BLOCK_H": 16, "BLOCK_N": 16, "GRID": 64, "MIN_TILES": 8, "SPLIT_DV": 1},
+                  # fused, 2 splits: items of 16 rows, the second item's last 8 rows masked
+                  {"FUSED": True, "BLOCK_H": 32, "BLOCK_N": 64, "GRID": 2, "SPLIT_DV": 1, "REDUCE_D": 64,
+                   "COMBINE_TILE": 4096},
+                  # fused, 4 splits reduced 2 per step (the running max carried across steps)
+                  {"FUSED": True, "BLOCK_H": 16, "BLOCK_N": 32, "GRID": 16, "REDUCE_D": 128, "COMBINE_TILE": 256}]
 
 # the fused design on the cpu_shape (S = 100: the last split masked; Q*H = 8 rows), every distribution
 FUSED_KNOBS = [
@@ -49,7 +55,13 @@ DISTS = list(get_problem("mla_decode").distributions)
 # S = 100 leaves the last split masked
 REAL_DIMS = [{"Q": q, "H": 64, "S": s, "DL": 512, "DR": 64} for q, s in ((1, 192), (4, 100))]
 REAL_KNOBS = [{}, {"SPLIT_DV": 1, "num_warps": 8, "BLOCK_N": 32, "num_stages": 4, "MIN_TILES": 2},
-              {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32}]  # Q4: two 128-row blocks
+              {"BLOCK_H": 128, "num_warps": 8, "BLOCK_N": 32},  # Q4: two 128-row blocks
+              # one launch: Q1 3 splits x 2 halves, items of 16 rows x 4 splits (one masked) x 256 columns;
+              # Q4 4 blocks x 2 halves x 1 split (GRID 8), items of 64 rows x 2 splits (one masked) x 128 columns
+              {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384, "BLOCK_N": 64},
+              {"FUSED": True, "REDUCE_D": 128, "COMBINE_TILE": 16384, "BLOCK_N": 64, "GRID": 8},
+              # 128-key tiles: Q1 2 splits (the second a masked half tile), Q4 one masked tile per split
+              {"BLOCK_N": 128, "num_warps": 8, "num_stages": 1}]
 
 
 @pytest.fixture(scope="module")
