@@ -31,9 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEVICE = "cuda"
 
 VARIANTS = [  # knob overrides of the template's defaults
-    ["default", {}],  # two sub-chunks a step, padded rows, BV 32, mixed-precision prep
-    ["prep-bf16", {"PREP_DOT": "input"}],  # every prep product in bf16: 168 registers against 220
-    ["sub1", {"SUB": 1}],  # one sub-chunk a step: twice the steps, no in-step coupling
+    ["default", {}],  # two sub-chunks a step, padded rows, BV 32, mixed-precision prep at <= 168 registers
+    ["prep-bf16", {"PREP_DOT": "input"}],  # every prep product in bf16
+    ["prep-regs-free", {"maxnreg_prep": 0}],  # the prep at ptxas's own register count (178: two programs an SM)
+    ["sub1", {"SUB": 1, "maxnreg_prep": 128}],  # one sub-chunk a step: twice the steps, no in-step coupling;
+    # its prep needs 128 registers (four programs an SM)
     ["split-rows", {"ROWS": "split"}],  # Y split into 16-row blocks instead of padded operands
     ["bv16", {"BV": 16}],  # 256 state programs at H32
     ["bv64", {"BV": 64}],  # 64 state programs at H32, half the L2 re-reads

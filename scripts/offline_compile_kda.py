@@ -24,7 +24,7 @@ from offline_compile import compile_sm90  # noqa: E402
 
 DEFAULT = [
     {},
-    {"SUB": 1},
+    {"SUB": 1, "maxnreg_prep": 128},
     {"BV": 16},
     {"BV": 64},
     {"PREP_DOT": "input"},
@@ -32,6 +32,8 @@ DEFAULT = [
     {"num_warps_prep": 2},
     {"num_stages": 3},
     {"SUB": 1, "BV": 16, "num_warps_state": 2},
+    {"maxnreg_prep": 0},
+    {"maxnreg_prep": 128},
     {"ROWS": "split"},
     {"ROWS": "split", "SUB": 1},
 ]
@@ -43,7 +45,8 @@ def compile_intra(kernel, kn: dict) -> dict:
            "wq_ptr": "*bf16", "uo_ptr": "*bf16", "kg_ptr": "*bf16", "mn_ptr": "*bf16", "gl_ptr": "*fp32",
            "T": "i32", "H": "i32", "NS": "i32", "scale": "fp32"}
     consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "CLAMP": kernel.CLAMP, "PREP_DOT": kn["PREP_DOT"]}
-    return compile_sm90(kernel._kda_intra, sig, consts, {"num_warps": kn["num_warps_prep"], "num_stages": 1})
+    return compile_sm90(kernel._kda_intra, sig, consts, {"num_warps": kn["num_warps_prep"], "num_stages": 1,
+                                                           "maxnreg": kn["maxnreg_prep"]})
 
 
 def compile_recur(kernel, kn: dict) -> dict:

@@ -46,7 +46,7 @@ import triton
 import triton.language as tl
 
 # The default knobs (knobs.py says what each one does).
-KNOBS = {"BV": 32, "PREP_DOT": "mixed", "ROWS": "pad", "SUB": 2, "num_stages": 2, "num_warps_prep": 4, "num_warps_state": 4}
+KNOBS = {"BV": 32, "PREP_DOT": "mixed", "ROWS": "pad", "SUB": 2, "maxnreg_prep": 168, "num_stages": 2, "num_warps_prep": 4, "num_warps_state": 4}
 
 C = 16                      # rows of a sub-chunk
 CLAMP = 170.0 / (C - 1)     # bounds every factor of the diagonal-block products by e^85
@@ -66,13 +66,17 @@ def _double(X, L, ri, B: tl.constexpr, SP: tl.constexpr, ST: tl.constexpr):
 
 
 @triton.jit
-def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, s, T, H, scale,
+def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H, scale,
+             sc_kg, sc_wq,
              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, CLAMP: tl.constexpr,
-             AT: tl.constexpr, WT: tl.constexpr, SP: tl.constexpr, ST: tl.constexpr):
-    """The local WY form of sub-chunk s: (w, -q', u, ou, kg, GL), fp32."""
+             AT: tl.constexpr, WT: tl.constexpr, SP: tl.constexpr):
+    """The local WY form of sub-chunk s, stored as soon as each part is ready (so few tiles are live at once)
+    at index si of the intermediates: wq = (w, -q') * sc_wq, uo = (u, ou), kg * sc_kg (sc_*: [K] decays by
+    which the step scales them). Returns the unscaled (w, -q') and GL, fp32."""
     ri = tl.arange(0, C)
     rk = tl.arange(0, K)
     rv = tl.arange(0, V)
+    ST = wq_ptr.dtype.element_ty
     t = s * C + ri
     valid = t < T
     m = valid[:, None]
@@ -81,17 +85,19 @@ def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, s, T, H, scale,
     in_k = row[:, None] * K + rk[None, :]
     g = tl.load(g_ptr + in_k, mask=m, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + in_k, mask=m, other=0.0).to(tl.float32)
-    q = tl.load(q_ptr + in_k, mask=m, other=0.0).to(tl.float32) * scale
     G = tl.cumsum(g, axis=0)                                          # <= 0, non-increasing
     GL = tl.min(G, axis=0)                                            # last row (padded rows carry g = 0)
+    kd = ri[:, None] * K + rk[None, :]
+    tl.store(kg_ptr + si * (C * K) + kd, (k * tl.exp(GL[None, :] - G) * sc_kg[None, :]).to(ST))
 
     # A_qk and L from one factored product each, the anchor at the midpoint of a clamped cumsum
     Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
     E = Gc - 0.5 * (tl.max(Gc, axis=0) + tl.min(Gc, axis=0))[None, :]
     Fq = tl.exp(E)
     kb = tl.trans((k * tl.exp(-E)).to(AT))
-    a_qk = tl.where(ri[:, None] >= ri[None, :], tl.dot((q * Fq).to(AT), kb), 0.0)
     L = tl.where(ri[:, None] > ri[None, :], tl.dot((k * Fq).to(AT), kb), 0.0) * beta[:, None]
+    q = tl.load(q_ptr + in_k, mask=m, other=0.0).to(tl.float32) * scale
+    a_qk = tl.where(ri[:, None] >= ri[None, :], tl.dot((q * Fq).to(AT), kb), 0.0)
 
     # X = (I + L)^-1 by block doubling from the 2 x 2 blocks
     pair = ((ri[:, None] // 2) == (ri[None, :] // 2)) & (ri[:, None] > ri[None, :])
@@ -100,31 +106,21 @@ def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, s, T, H, scale,
     X = _double(X, L, ri, 4, SP, ST)
     X = _double(X, L, ri, 8, SP, ST)
     Xd = X.to(WT)
+    ad = a_qk.to(WT)
 
-    eG = tl.exp(G)
-    w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
+    vd = ri[:, None] * V + rv[None, :]
+    uo = uo_ptr + si * (2 * C * V) + vd
     v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m, other=0.0).to(tl.float32)
     u = tl.dot(Xd, (v * beta[:, None]).to(WT))
-    ad = a_qk.to(WT)
-    nq = tl.dot(ad, w.to(WT)) - q * eG                                 # -q'
-    ou = tl.dot(ad, u.to(WT))
-    kg = k * tl.exp(GL[None, :] - G)
-    return w, nq, u, ou, kg, GL
-
-
-@triton.jit
-def _store_wu(wq_ptr, uo_ptr, s, w, nq, u, ou, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr):
-    """Sub-chunk s's rows of wq [.., 2, C, K] and uo [.., 2, C, V]."""
-    ri = tl.arange(0, C)
-    rk = tl.arange(0, K)
-    rv = tl.arange(0, V)
-    ST = wq_ptr.dtype.element_ty
-    wq = wq_ptr + s * (2 * C * K) + ri[:, None] * K + rk[None, :]
-    tl.store(wq, w.to(ST))
-    tl.store(wq + C * K, nq.to(ST))
-    uo = uo_ptr + s * (2 * C * V) + ri[:, None] * V + rv[None, :]
     tl.store(uo, u.to(ST))
-    tl.store(uo + C * V, ou.to(ST))
+    tl.store(uo + C * V, tl.dot(ad, u.to(WT)).to(ST))                # ou = A_qk u
+    eG = tl.exp(G)
+    w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
+    nq = tl.dot(ad, w.to(WT)) - q * eG                                 # -q'
+    wq = wq_ptr + si * (2 * C * K) + kd
+    tl.store(wq, (w * sc_wq[None, :]).to(ST))
+    tl.store(wq + C * K, (nq * sc_wq[None, :]).to(ST))
+    return w, nq, GL
 
 
 @triton.jit
@@ -146,39 +142,35 @@ def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     rk = tl.arange(0, K)
     step = bh * NS + s // SUB
     si = bh * NS * SUB + s                                            # its index in the intermediates
-    w, nq, u, ou, kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, b, h, s, T, H, scale,
-                                    K, V, C, CLAMP, AT, WT, SP, ST)
-    kg_out = kg_ptr + si * (C * K) + ri[:, None] * K + rk[None, :]
     if SUB == 1:
-        _store_wu(wq_ptr, uo_ptr, si, w, nq, u, ou, K, V, C)
-        tl.store(kg_out, kg.to(ST))
+        ones = tl.full([K], 1.0, tl.float32)
+        w, nq, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H,
+                             scale, ones, ones, K, V, C, CLAMP, AT, WT, SP)
         tl.store(gl_ptr + step * K + rk, tl.exp(GL))
     else:
-        # one program per sub-chunk (two per step): each reads what it needs of its partner's k and g
-        # again (neighbouring programs, so mostly from L2) instead of holding two sub-chunks' tiles
-        if s % 2 == 0:
-            # first of the step: kg decays on through the second sub-chunk, by e^{its GL}
-            t2 = (s + 1) * C + ri
-            in2 = ((b * T + t2) * H + h)[:, None] * K + rk[None, :]
-            GL2 = tl.sum(tl.load(g_ptr + in2, mask=(t2 < T)[:, None], other=0.0).to(tl.float32), axis=0)
-            _store_wu(wq_ptr, uo_ptr, si, w, nq, u, ou, K, V, C)
-            tl.store(kg_out, (kg * tl.exp(GL2)[None, :]).to(ST))
-        else:
-            # second: the coupling to the first through kg_a (its local kg), recomputed from its k and g
-            t1 = (s - 1) * C + ri
-            in1 = ((b * T + t1) * H + h)[:, None] * K + rk[None, :]
-            m1 = (t1 < T)[:, None]
-            G1 = tl.cumsum(tl.load(g_ptr + in1, mask=m1, other=0.0).to(tl.float32), axis=0)
-            GL1 = tl.min(G1, axis=0)
-            kg1 = tl.load(k_ptr + in1, mask=m1, other=0.0).to(tl.float32) * tl.exp(GL1[None, :] - G1)
-            kgt = tl.trans(kg1.to(WT))
+        # one program per sub-chunk (two per step); the partner p is the other sub-chunk of the step, whose
+        # k and g this program reads again (a neighbouring program's, so mostly from L2)
+        first = s % 2 == 0
+        p = s + 1 - 2 * (s % 2)
+        tp = p * C + ri
+        in_p = ((b * T + tp) * H + h)[:, None] * K + rk[None, :]
+        m_p = (tp < T)[:, None]
+        GLp = tl.sum(tl.load(g_ptr + in_p, mask=m_p, other=0.0).to(tl.float32), axis=0)
+        glp = tl.exp(GLp)
+        # the first's kg decays on through the second; the second's w and q' start after the first's decay
+        sc_kg = tl.where(first, glp, 1.0)
+        sc_wq = tl.where(first, 1.0, glp)
+        w, nq, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H,
+                             scale, sc_kg, sc_wq, K, V, C, CLAMP, AT, WT, SP)
+        if not first:
+            # the coupling to the first through its local kg, recomputed from its k and g
+            Gp = tl.cumsum(tl.load(g_ptr + in_p, mask=m_p, other=0.0).to(tl.float32), axis=0)
+            kgp = tl.load(k_ptr + in_p, mask=m_p, other=0.0).to(tl.float32) * tl.exp(GLp[None, :] - Gp)
+            kgt = tl.trans(kgp.to(WT))
             mn = mn_ptr + step * (2 * C * C) + ri[:, None] * C + ri[None, :]
             tl.store(mn, tl.dot(w.to(WT), kgt).to(ST))                # M = w_b kg_a^T
             tl.store(mn + C * C, tl.dot(nq.to(WT), kgt).to(ST))       # -N = -q'_b kg_a^T
-            gl1 = tl.exp(GL1)[None, :]
-            _store_wu(wq_ptr, uo_ptr, si, w * gl1, nq * gl1, u, ou, K, V, C)
-            tl.store(kg_out, kg.to(ST))
-            tl.store(gl_ptr + step * K + rk, tl.exp(GL1 + GL))
+            tl.store(gl_ptr + step * K + rk, tl.exp(GLp + GL))
 
 
 @triton.jit
@@ -282,7 +274,8 @@ def forward(inputs, out, prep=True, state=True):
         LAUNCHED["intra"] = _kda_intra[(NS * SUB, B * H)](
             q, k, v, g, beta, wq, uo, kg, mn, gl, T, H, NS, K ** -0.5,
             K=K, V=V, C=C, SUB=SUB, CLAMP=CLAMP, PREP_DOT=KNOBS["PREP_DOT"],
-            num_warps=KNOBS["num_warps_prep"], num_stages=1)
+            num_warps=KNOBS["num_warps_prep"], num_stages=1,
+            **({"maxnreg": KNOBS["maxnreg_prep"]} if KNOBS["maxnreg_prep"] else {}))
     if state:
         LAUNCHED["recur"] = _kda_recur[(triton.cdiv(V, BV), B * H)](
             wq, uo, kg, mn, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,

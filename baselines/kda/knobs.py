@@ -9,6 +9,8 @@ ROWS     how the state pass separates the rows of Y = uo - wq S (v_new and o of 
          "split" splits Y into [16, BV] blocks (tl.split) and joins v_new again for the update
 PREP_DOT operands of the prep's products: "input" (the input dtype: bf16 on the GPU), "mixed" (A products in
          the input dtype; solve, w, u, q', ou, M, N in fp32/tf32), "tf32" (all fp32/tf32)
+maxnreg_prep registers per thread the prep may use (0: as ptxas chooses): 168 fits three 4-warp programs on an
+         SM, 128 four; below the kernel's natural count ptxas spills
 num_warps_prep / num_warps_state   warps per program of each launch
 num_stages   software pipelining of the state pass's loads
 """
@@ -18,6 +20,7 @@ SPACE = {
     "BV": [16, 32, 64, 128],
     "ROWS": ["pad", "split"],
     "PREP_DOT": ["input", "mixed", "tf32"],
+    "maxnreg_prep": [0, 128, 168],
     "num_warps_prep": [2, 4, 8],
     "num_warps_state": [2, 4, 8],
     "num_stages": [1, 2, 3, 4],

@@ -178,14 +178,16 @@ def test_knob_space_renders():
 
 
 # the default (two sub-chunks a step, padded rows, mixed precision), one sub-chunk a step, the split rows, the
-# other operand precisions, V blocks below V (BV 16 at D 32: two programs per head), other launch settings
+# other operand precisions, V blocks below V (BV 16 at D 32: two programs per head), other launch settings (the
+# register cap is no-op under the interpreter: there only its launch path is tried)
 COMBOS = [
     {},
     {"SUB": 1},
     {"ROWS": "split"},
     {"ROWS": "split", "SUB": 1, "PREP_DOT": "input"},
     {"PREP_DOT": "tf32", "BV": 16, "num_stages": 3},
-    {"PREP_DOT": "input", "SUB": 1, "BV": 16, "num_warps_prep": 8, "num_warps_state": 2, "num_stages": 1},
+    {"PREP_DOT": "input", "SUB": 1, "BV": 16, "maxnreg_prep": 0, "num_warps_prep": 8, "num_warps_state": 2,
+     "num_stages": 1},
 ]
 
 
