@@ -31,11 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 DEVICE = "cuda"
 
 VARIANTS = [  # knob overrides of the template's defaults
-    ["default", {}],  # two sub-chunks a step, padded rows, BV 32, mixed-precision prep at <= 168 registers
-    ["prep-bf16", {"PREP_DOT": "input"}],  # every prep product in bf16
-    ["prep-regs-free", {"maxnreg_prep": 0}],  # the prep at ptxas's own register count (178: two programs an SM)
+    ["default", {}],  # two sub-chunks a step coupled in the prep, padded rows, BV 32, mixed-precision prep
+    ["prep-w8", {"num_warps_prep": 8, "maxnreg_prep": 168}],  # the same prep at 8 warps, 168 registers
+    ["couple-state", {"COUPLE": "state", "maxnreg_prep": 168}],  # the coupling as a third product in the state
+    # pass; its prep one sub-chunk a program at 168 registers (three programs an SM)
     ["sub1", {"SUB": 1, "maxnreg_prep": 128}],  # one sub-chunk a step: twice the steps, no in-step coupling;
-    # its prep needs 128 registers (four programs an SM)
+    # its prep at 128 registers (four programs an SM)
+    ["prep-bf16", {"PREP_DOT": "input"}],  # every prep product in bf16
     ["split-rows", {"ROWS": "split"}],  # Y split into 16-row blocks instead of padded operands
     ["bv16", {"BV": 16}],  # 256 state programs at H32
     ["bv64", {"BV": 64}],  # 64 state programs at H32, half the L2 re-reads

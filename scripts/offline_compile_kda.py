@@ -4,8 +4,8 @@ JSON line per kernel and setting.
 
     python scripts/offline_compile_kda.py [--knobs JSON] ...
 
---knobs (repeatable): knob overrides of the template's defaults (SUB, BV, PREP_DOT, num_warps_prep,
-num_warps_state, num_stages); default: the defaults and a few settings around them. The local Triton compiles
+--knobs (repeatable): knob overrides of the template's defaults; default: the defaults and the settings
+scripts/bench_kda.py times. The local Triton compiles
 (its version is printed); the GPU's Triton can differ.
 """
 
@@ -24,18 +24,18 @@ from offline_compile import compile_sm90  # noqa: E402
 
 DEFAULT = [
     {},
+    {"num_warps_prep": 8, "maxnreg_prep": 168},
+    {"maxnreg_prep": 168},
+    {"COUPLE": "state", "maxnreg_prep": 168},
+    {"COUPLE": "state"},
     {"SUB": 1, "maxnreg_prep": 128},
+    {"PREP_DOT": "input"},
+    {"ROWS": "split"},
+    {"ROWS": "split", "COUPLE": "state"},
     {"BV": 16},
     {"BV": 64},
-    {"PREP_DOT": "input"},
-    {"num_warps_prep": 8},
-    {"num_warps_prep": 2},
     {"num_stages": 3},
-    {"SUB": 1, "BV": 16, "num_warps_state": 2},
-    {"maxnreg_prep": 0},
-    {"maxnreg_prep": 128},
-    {"ROWS": "split"},
-    {"ROWS": "split", "SUB": 1},
+    {"SUB": 1, "BV": 16, "num_warps_state": 2, "maxnreg_prep": 128},
 ]
 D = 128
 
@@ -44,7 +44,8 @@ def compile_intra(kernel, kn: dict) -> dict:
     sig = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "g_ptr": "*fp32", "beta_ptr": "*bf16",
            "wq_ptr": "*bf16", "uo_ptr": "*bf16", "kg_ptr": "*bf16", "mn_ptr": "*bf16", "gl_ptr": "*fp32",
            "T": "i32", "H": "i32", "NS": "i32", "scale": "fp32"}
-    consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "CLAMP": kernel.CLAMP, "PREP_DOT": kn["PREP_DOT"]}
+    consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "CLAMP": kernel.CLAMP, "PREP_DOT": kn["PREP_DOT"],
+              "COUPLE": kn["COUPLE"] if kn["SUB"] == 2 else "state"}
     return compile_sm90(kernel._kda_intra, sig, consts, {"num_warps": kn["num_warps_prep"], "num_stages": 1,
                                                            "maxnreg": kn["maxnreg_prep"]})
 
@@ -53,6 +54,7 @@ def compile_recur(kernel, kn: dict) -> dict:
     sig = {"wq_ptr": "*bf16", "uo_ptr": "*bf16", "kg_ptr": "*bf16", "mn_ptr": "*bf16", "gl_ptr": "*fp32",
            "o_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", "T": "i32", "H": "i32", "NS": "i32"}
     consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "BV": min(kn["BV"], D), "ROWS": kn["ROWS"],
+              "COUPLED": kn["COUPLE"] == "prep" and kn["SUB"] == 2,
               "HAS_H0": False,
               "HAS_HT": False}
     return compile_sm90(kernel._kda_recur, sig, consts,

@@ -23,13 +23,16 @@ state pass advances at once). Per sub-chunk, from [16, K] tiles (no spills at K 
     v_new_b = u_b - (w_b e^{GL_a}) S - M v_new_a ,  M = w_b kg_a^T
     o_b     = (q'_b e^{GL_a}) S + ou_b + N v_new_a ,  N = q'_b kg_a^T
     S      <- e^{GL_a + GL_b} S + (kg_a e^{GL_b})^T v_new_a + kg_b^T v_new_b
-  so the program computes M and N (both factors bounded: local quantities) and stores b's operands scaled.
+  (M and N are products of local, bounded quantities). COUPLE = "prep": one program per step folds the
+  coupling into b's operands, v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S and o_b alike, so the state
+  pass has no in-step product; COUPLE = "state": one program per sub-chunk (the second reads the first's k
+  and g again, from L2) stores M and N, and the state pass applies them to v_new_a.
   Stores, all in the input dtype except gl (fp32), laid out [B*H, sub-chunk, ...] so one step is contiguous:
-    wq [.., 2, 16, K] = w, -q' ; uo [.., 2, 16, V] = u, ou ; kg [.., 16, K] ; mn [step, 32, 16] = M, -N ;
-    gl [step, K] = e^{GL of the step}.
+    wq [.., 2, 16, K] = w, -q' ; uo [.., 2, 16, V] = u, ou ; kg [.., 16, K] ; gl [step, K] = e^{GL of the
+    step} ; with COUPLE "state" mn [step, 32, 16] = M, -N.
 Launch 2, `_kda_recur`, grid (V/BV, B*H), sequential over steps with the fp32 state S [K, BV] in registers:
     Y = uo - wq S   (one [32 SUB, K] x [K, BV] product: rows v_new and o of each sub-chunk)
-    SUB = 2: Y_b -= [M; -N] v_new_a   (one [32, 16] x [16, BV] product)
+    COUPLE "state": Y_b -= [M; -N] v_new_a   (one [32, 16] x [16, BV] product)
     store o ;  S <- gl S + kg^T v_new
   The state never leaves the chip; only o (and the final state) are written.
 Bytes at B1 T8192 H32 D128 per token-head: launch 1 reads q, k, v (bf16), g (fp32), beta: 1282 B, writes
@@ -46,7 +49,7 @@ import triton
 import triton.language as tl
 
 # The default knobs (knobs.py says what each one does).
-KNOBS = {"BV": 32, "PREP_DOT": "mixed", "ROWS": "pad", "SUB": 2, "maxnreg_prep": 168, "num_stages": 2, "num_warps_prep": 4, "num_warps_state": 4}
+KNOBS = {"BV": 32, "COUPLE": "prep", "PREP_DOT": "mixed", "ROWS": "pad", "SUB": 2, "maxnreg_prep": 0, "num_stages": 2, "num_warps_prep": 4, "num_warps_state": 4}
 
 C = 16                      # rows of a sub-chunk
 CLAMP = 170.0 / (C - 1)     # bounds every factor of the diagonal-block products by e^85
@@ -69,10 +72,10 @@ def _double(X, L, ri, B: tl.constexpr, SP: tl.constexpr, ST: tl.constexpr):
 def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H, scale,
              sc_kg, sc_wq,
              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, CLAMP: tl.constexpr,
-             AT: tl.constexpr, WT: tl.constexpr, SP: tl.constexpr):
+             AT: tl.constexpr, WT: tl.constexpr, SP: tl.constexpr, STORE_WU: tl.constexpr):
     """The local WY form of sub-chunk s, stored as soon as each part is ready (so few tiles are live at once)
-    at index si of the intermediates: wq = (w, -q') * sc_wq, uo = (u, ou), kg * sc_kg (sc_*: [K] decays by
-    which the step scales them). Returns the unscaled (w, -q') and GL, fp32."""
+    at index si of the intermediates: kg * sc_kg, and with STORE_WU wq = (w, -q') * sc_wq and uo = (u, ou)
+    (sc_*: [K] decays by which the step scales them). Returns the unscaled (w, -q', u, ou, kg, GL), fp32."""
     ri = tl.arange(0, C)
     rk = tl.arange(0, K)
     rv = tl.arange(0, V)
@@ -88,7 +91,8 @@ def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
     G = tl.cumsum(g, axis=0)                                          # <= 0, non-increasing
     GL = tl.min(G, axis=0)                                            # last row (padded rows carry g = 0)
     kd = ri[:, None] * K + rk[None, :]
-    tl.store(kg_ptr + si * (C * K) + kd, (k * tl.exp(GL[None, :] - G) * sc_kg[None, :]).to(ST))
+    kg = k * tl.exp(GL[None, :] - G)
+    tl.store(kg_ptr + si * (C * K) + kd, (kg * sc_kg[None, :]).to(ST))
 
     # A_qk and L from one factored product each, the anchor at the midpoint of a clamped cumsum
     Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
@@ -112,15 +116,18 @@ def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
     uo = uo_ptr + si * (2 * C * V) + vd
     v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m, other=0.0).to(tl.float32)
     u = tl.dot(Xd, (v * beta[:, None]).to(WT))
-    tl.store(uo, u.to(ST))
-    tl.store(uo + C * V, tl.dot(ad, u.to(WT)).to(ST))                # ou = A_qk u
+    ou = tl.dot(ad, u.to(WT))                                          # A_qk u
+    if STORE_WU:
+        tl.store(uo, u.to(ST))
+        tl.store(uo + C * V, ou.to(ST))
     eG = tl.exp(G)
     w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
     nq = tl.dot(ad, w.to(WT)) - q * eG                                 # -q'
-    wq = wq_ptr + si * (2 * C * K) + kd
-    tl.store(wq, (w * sc_wq[None, :]).to(ST))
-    tl.store(wq + C * K, (nq * sc_wq[None, :]).to(ST))
-    return w, nq, GL
+    if STORE_WU:
+        wq = wq_ptr + si * (2 * C * K) + kd
+        tl.store(wq, (w * sc_wq[None, :]).to(ST))
+        tl.store(wq + C * K, (nq * sc_wq[None, :]).to(ST))
+    return w, nq, u, ou, kg, GL
 
 
 @triton.jit
@@ -128,8 +135,8 @@ def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr,
                T, H, NS, scale,
                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, CLAMP: tl.constexpr,
-               PREP_DOT: tl.constexpr):
-    s = tl.program_id(0)                                              # sub-chunk
+               PREP_DOT: tl.constexpr, COUPLE: tl.constexpr):
+    s = tl.program_id(0)                                              # sub-chunk (COUPLE "prep": step)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -144,9 +151,39 @@ def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
     si = bh * NS * SUB + s                                            # its index in the intermediates
     if SUB == 1:
         ones = tl.full([K], 1.0, tl.float32)
-        w, nq, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H,
-                             scale, ones, ones, K, V, C, CLAMP, AT, WT, SP)
+        _w, _nq, _u, _ou, _kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
+                                             s, si, T, H, scale, ones, ones, K, V, C, CLAMP, AT, WT, SP, True)
         tl.store(gl_ptr + step * K + rk, tl.exp(GL))
+    elif COUPLE == "prep":
+        # one program per step: the second sub-chunk's rows come out coupled to the first's, so the state
+        # pass needs no in-step product (v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S, o_b alike)
+        step = bh * NS + s
+        sa = step * 2
+        t2 = (2 * s + 1) * C + ri
+        m2 = (t2 < T)[:, None]
+        in2 = ((b * T + t2) * H + h)[:, None] * K + rk[None, :]
+        GL2 = tl.sum(tl.load(g_ptr + in2, mask=m2, other=0.0).to(tl.float32), axis=0)
+        ones = tl.full([K], 1.0, tl.float32)
+        wa, _nqa, ua, _oua, kga, GLa = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b,
+                                                h, 2 * s, sa, T, H, scale, tl.exp(GL2), ones,
+                                                K, V, C, CLAMP, AT, WT, SP, True)
+        wb, nqb, ub, oub, _kgb, GLb = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b,
+                                               h, 2 * s + 1, sa + 1, T, H, scale, ones, ones,
+                                               K, V, C, CLAMP, AT, WT, SP, False)
+        kgt = tl.trans(kga.to(WT))
+        m_ba = tl.dot(wb.to(WT), kgt).to(WT)                          # M = w_b kg_a^T
+        nn_ba = tl.dot(nqb.to(WT), kgt).to(WT)                        # -N = -q'_b kg_a^T
+        gla = tl.exp(GLa)[None, :]
+        wa = wa.to(WT)
+        ua = ua.to(WT)
+        rv = tl.arange(0, V)
+        wq = wq_ptr + (sa + 1) * (2 * C * K) + ri[:, None] * K + rk[None, :]
+        tl.store(wq, (wb * gla - tl.dot(m_ba, wa)).to(ST))
+        tl.store(wq + C * K, (nqb * gla - tl.dot(nn_ba, wa)).to(ST))
+        uo = uo_ptr + (sa + 1) * (2 * C * V) + ri[:, None] * V + rv[None, :]
+        tl.store(uo, (ub - tl.dot(m_ba, ua)).to(ST))
+        tl.store(uo + C * V, (oub - tl.dot(nn_ba, ua)).to(ST))
+        tl.store(gl_ptr + step * K + rk, tl.exp(GLa + GLb))
     else:
         # one program per sub-chunk (two per step); the partner p is the other sub-chunk of the step, whose
         # k and g this program reads again (a neighbouring program's, so mostly from L2)
@@ -160,8 +197,8 @@ def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
         # the first's kg decays on through the second; the second's w and q' start after the first's decay
         sc_kg = tl.where(first, glp, 1.0)
         sc_wq = tl.where(first, 1.0, glp)
-        w, nq, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H,
-                             scale, sc_kg, sc_wq, K, V, C, CLAMP, AT, WT, SP)
+        w, nq, _u, _ou, _kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
+                                           s, si, T, H, scale, sc_kg, sc_wq, K, V, C, CLAMP, AT, WT, SP, True)
         if not first:
             # the coupling to the first through its local kg, recomputed from its k and g
             Gp = tl.cumsum(tl.load(g_ptr + in_p, mask=m_p, other=0.0).to(tl.float32), axis=0)
@@ -183,7 +220,7 @@ def _rows2(Y, C: tl.constexpr, BV: tl.constexpr):
 def _kda_recur(wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
                T, H, NS,
                K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, BV: tl.constexpr,
-               ROWS: tl.constexpr, HAS_H0: tl.constexpr, HAS_HT: tl.constexpr):
+               ROWS: tl.constexpr, COUPLED: tl.constexpr, HAS_H0: tl.constexpr, HAS_HT: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -215,7 +252,7 @@ def _kda_recur(wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
             kg = tl.load(kg_ptr + step * (C * SUB * K) + (sub_r * C + ir)[:, None] * K + rk[None, :],
                          mask=is_v[:, None], other=0.0)
             Y = uo - tl.dot(wq, S.to(DT))                             # rows: v_new, o per sub-chunk
-            if SUB == 2:
+            if SUB == 2 and not COUPLED:
                 mn = tl.load(mn_ptr + step * (2 * C * C) + (rr - 2 * C)[:, None] * C + rr[None, :],
                              mask=(rr >= 2 * C)[:, None] & (rr < C)[None, :], other=0.0)
                 Y = Y - tl.dot(mn, Y.to(DT))                          # b's rows -= [M; -N] v_new_a
@@ -237,10 +274,11 @@ def _kda_recur(wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
                 VN, O = tl.split(tl.permute(tl.reshape(Y, (2, 2, C, BV)), (2, 3, 0, 1)))
                 va, vnb = tl.split(VN)
                 oa, ob = tl.split(O)
-                mn = tl.load(mn_ptr + step * (2 * C * C) + tl.arange(0, 2 * C)[:, None] * C + rc[None, :])
-                xm, xn = _rows2(tl.dot(mn, va.to(DT)), C, BV)         # M v_new_a, -N v_new_a
-                vnb = vnb - xm
-                ob = ob - xn
+                if not COUPLED:
+                    mn = tl.load(mn_ptr + step * (2 * C * C) + tl.arange(0, 2 * C)[:, None] * C + rc[None, :])
+                    xm, xn = _rows2(tl.dot(mn, va.to(DT)), C, BV)     # M v_new_a, -N v_new_a
+                    vnb = vnb - xm
+                    ob = ob - xn
                 tl.store(o_ptr + o_row, oa.to(OT), mask=(t < T)[:, None])
                 tl.store(o_ptr + o_row + C * H * V, ob.to(OT), mask=(t + C < T)[:, None])
                 vn = tl.reshape(tl.permute(tl.join(va, vnb), (2, 0, 1)), (2 * C, BV))
@@ -268,18 +306,19 @@ def forward(inputs, out, prep=True, state=True):
     wq = torch.empty(B * H, NS * SUB, 2, C, K, dtype=dt, device=dev)
     uo = torch.empty(B * H, NS * SUB, 2, C, V, dtype=dt, device=dev)
     kg = torch.empty(B * H, NS * SUB, C, K, dtype=dt, device=dev)
-    mn = torch.empty(B * H, NS, 2, C, C, dtype=dt, device=dev) if SUB == 2 else kg
+    COUPLE = KNOBS["COUPLE"] if SUB == 2 else "state"
+    mn = torch.empty(B * H, NS, 2, C, C, dtype=dt, device=dev) if COUPLE == "state" and SUB == 2 else kg
     gl = torch.empty(B * H, NS, K, dtype=torch.float32, device=dev)
     if prep:
-        LAUNCHED["intra"] = _kda_intra[(NS * SUB, B * H)](
+        LAUNCHED["intra"] = _kda_intra[(NS if COUPLE == "prep" else NS * SUB, B * H)](
             q, k, v, g, beta, wq, uo, kg, mn, gl, T, H, NS, K ** -0.5,
-            K=K, V=V, C=C, SUB=SUB, CLAMP=CLAMP, PREP_DOT=KNOBS["PREP_DOT"],
+            K=K, V=V, C=C, SUB=SUB, CLAMP=CLAMP, PREP_DOT=KNOBS["PREP_DOT"], COUPLE=COUPLE,
             num_warps=KNOBS["num_warps_prep"], num_stages=1,
             **({"maxnreg": KNOBS["maxnreg_prep"]} if KNOBS["maxnreg_prep"] else {}))
     if state:
         LAUNCHED["recur"] = _kda_recur[(triton.cdiv(V, BV), B * H)](
             wq, uo, kg, mn, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
-            T, H, NS, K=K, V=V, C=C, SUB=SUB, BV=BV, ROWS=KNOBS["ROWS"], HAS_H0=h0 is not None, HAS_HT=ht is not None,
+            T, H, NS, K=K, V=V, C=C, SUB=SUB, BV=BV, ROWS=KNOBS["ROWS"], COUPLED=COUPLE == "prep", HAS_H0=h0 is not None, HAS_HT=ht is not None,
             num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
 
 

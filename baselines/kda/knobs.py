@@ -2,6 +2,9 @@
 SUB      16-row sub-chunks per step of the sequential state pass: 1 (a step is one [32, K] x [K, BV] product
          and the update) or 2 (half the steps; each adds the in-step coupling, a [32, 16] x [16, BV] product,
          and the prep computes it from both sub-chunks)
+COUPLE   where the in-step coupling of SUB 2 goes: "prep" (one program per step folds it into the second
+         sub-chunk's operands: the state pass's chain is two products a step) or "state" (one program per
+         sub-chunk stores [M; -N], which the state pass applies to v_new_a: a third product on its chain)
 BV       V block of the state pass (clamped to V; grid = V/BV * B*H programs); each program re-reads the
          step's K-wide operands (wq, kg), so a small BV buys programs with L2 traffic
 ROWS     how the state pass separates the rows of Y = uo - wq S (v_new and o of each sub-chunk): "pad" keeps
@@ -9,8 +12,9 @@ ROWS     how the state pass separates the rows of Y = uo - wq S (v_new and o of 
          "split" splits Y into [16, BV] blocks (tl.split) and joins v_new again for the update
 PREP_DOT operands of the prep's products: "input" (the input dtype: bf16 on the GPU), "mixed" (A products in
          the input dtype; solve, w, u, q', ou, M, N in fp32/tf32), "tf32" (all fp32/tf32)
-maxnreg_prep registers per thread the prep may use (0: as ptxas chooses): 168 fits three 4-warp programs on an
-         SM, 128 four; below the kernel's natural count ptxas spills
+maxnreg_prep registers per thread the prep may use (0: as ptxas chooses, 218 at COUPLE prep, 178 at COUPLE
+         state, 128 at SUB 1, K = 128, 4 warps): 168 fits three 4-warp programs on an SM, 128 four; below the
+         natural count ptxas spills
 num_warps_prep / num_warps_state   warps per program of each launch
 num_stages   software pipelining of the state pass's loads
 """
@@ -18,9 +22,10 @@ num_stages   software pipelining of the state pass's loads
 SPACE = {
     "SUB": [1, 2],
     "BV": [16, 32, 64, 128],
+    "COUPLE": ["prep", "state"],
     "ROWS": ["pad", "split"],
     "PREP_DOT": ["input", "mixed", "tf32"],
-    "maxnreg_prep": [0, 128, 168],
+    "maxnreg_prep": [0, 128, 168, 224],
     "num_warps_prep": [2, 4, 8],
     "num_warps_state": [2, 4, 8],
     "num_stages": [1, 2, 3, 4],

@@ -177,13 +177,16 @@ def test_knob_space_renders():
             P.render({name: v})
 
 
-# the default (two sub-chunks a step, padded rows, mixed precision), one sub-chunk a step, the split rows, the
+# the default (two sub-chunks a step coupled in the prep, padded rows, mixed precision), the coupling in the
+# state pass, one sub-chunk a step, the split rows, the
 # other operand precisions, V blocks below V (BV 16 at D 32: two programs per head), other launch settings (the
 # register cap is no-op under the interpreter: there only its launch path is tried)
 COMBOS = [
     {},
+    {"COUPLE": "state", "maxnreg_prep": 168},
     {"SUB": 1},
     {"ROWS": "split"},
+    {"ROWS": "split", "COUPLE": "state"},
     {"ROWS": "split", "SUB": 1, "PREP_DOT": "input"},
     {"PREP_DOT": "tf32", "BV": 16, "num_stages": 3},
     {"PREP_DOT": "input", "SUB": 1, "BV": 16, "maxnreg_prep": 0, "num_warps_prep": 8, "num_warps_state": 2,
@@ -209,7 +212,8 @@ def test_kernel_interpreter_cpu_shape(knobs, dist, tmp_path):
         assert err <= P.tolerance_floor
 
 
-@pytest.mark.parametrize("knobs", [{}, {"SUB": 1}, {"ROWS": "split"}], ids=knob_id)
+@pytest.mark.parametrize("knobs", [{}, {"COUPLE": "state"}, {"SUB": 1}, {"ROWS": "split", "COUPLE": "state"}],
+                         ids=knob_id)
 @pytest.mark.parametrize("T", [1, 17, 33, 130])
 @pytest.mark.parametrize("dist", P.distributions)
 def test_kernel_interpreter_lengths(T, dist, knobs, tmp_path):
@@ -224,7 +228,8 @@ def test_kernel_interpreter_lengths(T, dist, knobs, tmp_path):
         assert rel_rms(ref[n], out[n]) < 1e-5, n
 
 
-@pytest.mark.parametrize("knobs", [{"BV": 16}, {"BV": 16, "SUB": 1, "ROWS": "split"}], ids=knob_id)
+@pytest.mark.parametrize("knobs", [{"BV": 16}, {"BV": 16, "COUPLE": "state"}, {"BV": 16, "SUB": 1, "ROWS": "split"}],
+                         ids=knob_id)
 @pytest.mark.parametrize("dist", P.distributions)
 def test_kernel_interpreter_v_blocks_batch_heads(knobs, dist, tmp_path):
     """Four V blocks per head, two batches of three heads: every program reads its own head's intermediates
@@ -262,7 +267,7 @@ def extreme_gates(kind: str, shape: Shape, seed: int) -> torch.Tensor:
 # term: ~1e-5 at steep gates, invisible at bf16 precision). Under bursts the limit is fp32's cumsum itself: G
 # reaches ~1e3 nats inside a sub-chunk, so a nearly flat difference G_i - G_j is known to ulp(1e3) ~ 6e-5 (any
 # fp32 chunk-local cumsum shares this; the oracle's cumsum is fp64).
-EXTREME = [(kn, kind, bound) for kn in ({}, {"SUB": 1}, {"ROWS": "split"})
+EXTREME = [(kn, kind, bound) for kn in ({}, {"COUPLE": "state"}, {"SUB": 1})
            for kind, bound in (("span200", 1e-6), ("span340", 1e-6), ("steep", 3e-5), ("bursts", 1e-4))]
 
 
