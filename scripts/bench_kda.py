@@ -35,6 +35,8 @@ VARIANTS = [  # knob overrides of the template's defaults
     ["prep-w8", {"num_warps_prep": 8, "maxnreg_prep": 168}],  # the same prep at 8 warps, 168 registers
     ["couple-state", {"COUPLE": "state", "maxnreg_prep": 168}],  # the coupling as a third product in the state
     # pass; its prep one sub-chunk a program at 168 registers (three programs an SM)
+    ["sub4", {"SUB": 4, "num_warps_prep": 8}],  # 64-row steps: a quarter of the state pass's steps; its prep
+    # one program per step at 8 warps (222 registers)
     ["sub1", {"SUB": 1, "maxnreg_prep": 128}],  # one sub-chunk a step: twice the steps, no in-step coupling;
     # its prep at 128 registers (four programs an SM)
     ["prep-bf16", {"PREP_DOT": "input"}],  # every prep product in bf16

@@ -29,6 +29,8 @@ DEFAULT = [
     {"COUPLE": "state", "maxnreg_prep": 168},
     {"COUPLE": "state"},
     {"SUB": 1, "maxnreg_prep": 128},
+    {"SUB": 4, "num_warps_prep": 8},
+    {"SUB": 4},
     {"PREP_DOT": "input"},
     {"ROWS": "split"},
     {"ROWS": "split", "COUPLE": "state"},
@@ -45,7 +47,7 @@ def compile_intra(kernel, kn: dict) -> dict:
            "wq_ptr": "*bf16", "uo_ptr": "*bf16", "kg_ptr": "*bf16", "mn_ptr": "*bf16", "gl_ptr": "*fp32",
            "T": "i32", "H": "i32", "NS": "i32", "scale": "fp32"}
     consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "CLAMP": kernel.CLAMP, "PREP_DOT": kn["PREP_DOT"],
-              "COUPLE": kn["COUPLE"] if kn["SUB"] == 2 else "state"}
+              "COUPLE": kn["COUPLE"] if kn["SUB"] > 1 else "state"}
     return compile_sm90(kernel._kda_intra, sig, consts, {"num_warps": kn["num_warps_prep"], "num_stages": 1,
                                                            "maxnreg": kn["maxnreg_prep"]})
 
@@ -54,7 +56,7 @@ def compile_recur(kernel, kn: dict) -> dict:
     sig = {"wq_ptr": "*bf16", "uo_ptr": "*bf16", "kg_ptr": "*bf16", "mn_ptr": "*bf16", "gl_ptr": "*fp32",
            "o_ptr": "*bf16", "h0_ptr": "*fp32", "ht_ptr": "*fp32", "T": "i32", "H": "i32", "NS": "i32"}
     consts = {"K": D, "V": D, "C": kernel.C, "SUB": kn["SUB"], "BV": min(kn["BV"], D), "ROWS": kn["ROWS"],
-              "COUPLED": kn["COUPLE"] == "prep" and kn["SUB"] == 2,
+              "COUPLED": kn["COUPLE"] == "prep" and kn["SUB"] > 1,
               "HAS_H0": False,
               "HAS_HT": False}
     return compile_sm90(kernel._kda_recur, sig, consts,

@@ -26,7 +26,9 @@ state pass advances at once). Per sub-chunk, from [16, K] tiles (no spills at K 
   (M and N are products of local, bounded quantities). COUPLE = "prep": one program per step folds the
   coupling into b's operands, v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S and o_b alike, so the state
   pass has no in-step product; COUPLE = "state": one program per sub-chunk (the second reads the first's k
-  and g again, from L2) stores M and N, and the state pass applies them to v_new_a.
+  and g again, from L2) stores M and N, and the state pass applies them to v_new_a. SUB = 4 (COUPLE "prep"
+  only) is the same fold by block forward substitution over the step's four sub-chunks, each coupled to the
+  coupled rows the program stored for the earlier ones (read back after a barrier).
   Stores, all in the input dtype except gl (fp32), laid out [B*H, sub-chunk, ...] so one step is contiguous:
     wq [.., 2, 16, K] = w, -q' ; uo [.., 2, 16, V] = u, ou ; kg [.., 16, K] ; gl [step, K] = e^{GL of the
     step} ; with COUPLE "state" mn [step, 32, 16] = M, -N.
@@ -131,6 +133,24 @@ def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
 
 
 @triton.jit
+def _gsum(g_ptr, b, h, s, T, H, K: tl.constexpr, C: tl.constexpr):
+    """GL of sub-chunk s: the sum of its g, [K] (0 past T)."""
+    t = s * C + tl.arange(0, C)
+    off = ((b * T + t) * H + h)[:, None] * K + tl.arange(0, K)[None, :]
+    return tl.sum(tl.load(g_ptr + off, mask=(t < T)[:, None], other=0.0).to(tl.float32), axis=0)
+
+
+@triton.jit
+def _kg_local(k_ptr, g_ptr, b, h, s, T, H, K: tl.constexpr, C: tl.constexpr):
+    """kg = k e^{GL - G} of sub-chunk s, fp32 [C, K], from its k and g read again."""
+    t = s * C + tl.arange(0, C)
+    off = ((b * T + t) * H + h)[:, None] * K + tl.arange(0, K)[None, :]
+    m = (t < T)[:, None]
+    G = tl.cumsum(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32), axis=0)
+    return tl.load(k_ptr + off, mask=m, other=0.0).to(tl.float32) * tl.exp(tl.min(G, axis=0)[None, :] - G)
+
+
+@triton.jit
 def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
                wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr,
                T, H, NS, scale,
@@ -154,6 +174,54 @@ def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
         _w, _nq, _u, _ou, _kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
                                              s, si, T, H, scale, ones, ones, K, V, C, CLAMP, AT, WT, SP, True)
         tl.store(gl_ptr + step * K + rk, tl.exp(GL))
+    elif COUPLE == "prep" and SUB > 2:
+        # one program per step, sub-chunk j after sub-chunk j - 1, each coupled to every earlier one i by
+        # block forward substitution on the stored (coupled) rows of i, with P_j the decay from the step's start:
+        #   W_j = w_j e^{P_j} - sum_i M_ji W_i,  U_j = u_j - sum_i M_ji U_i,  M_ji = (w_j e^{P_j - P_i+1}) kg_i^T
+        # and -Q_j, O_j alike with -q'_j; kg_j decays to the step's end. Every factor is <= 1.
+        step = bh * NS + s
+        s0 = s * SUB
+        sa = step * SUB
+        rv = tl.arange(0, V)
+        ones = tl.full([K], 1.0, tl.float32)
+        GLall = tl.zeros([K], dtype=tl.float32)
+        for c in tl.static_range(SUB):
+            GLall += _gsum(g_ptr, b, h, s0 + c, T, H, K, C)
+        P = tl.zeros([K], dtype=tl.float32)
+        for j in tl.static_range(SUB):
+            GLj = _gsum(g_ptr, b, h, s0 + j, T, H, K, C)
+            w, nq, u, ou, _kg, _GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
+                                              s0 + j, sa + j, T, H, scale, tl.exp(GLall - P - GLj), ones,
+                                              K, V, C, CLAMP, AT, WT, SP, j == 0)
+            if j > 0:
+                eP = tl.exp(P)[None, :]
+                Wj = w * eP
+                Qj = nq * eP
+                Uj = u
+                Oj = ou
+                D = tl.zeros([K], dtype=tl.float32)                   # decay from the end of i to the start of j
+                for r in range(j):                                    # a loop, not unrolled: few live tiles
+                    i = j - 1 - r
+                    f = tl.exp(D)[None, :]
+                    kgt = tl.trans(_kg_local(k_ptr, g_ptr, b, h, s0 + i, T, H, K, C).to(WT))
+                    m_ji = tl.dot((w * f).to(WT), kgt).to(WT)
+                    n_ji = tl.dot((nq * f).to(WT), kgt).to(WT)
+                    Wi = tl.load(wq_ptr + (sa + i) * (2 * C * K) + ri[:, None] * K + rk[None, :]).to(WT)
+                    Ui = tl.load(uo_ptr + (sa + i) * (2 * C * V) + ri[:, None] * V + rv[None, :]).to(WT)
+                    Wj -= tl.dot(m_ji, Wi)
+                    Qj -= tl.dot(n_ji, Wi)
+                    Uj -= tl.dot(m_ji, Ui)
+                    Oj -= tl.dot(n_ji, Ui)
+                    D += _gsum(g_ptr, b, h, s0 + i, T, H, K, C)
+                wq = wq_ptr + (sa + j) * (2 * C * K) + ri[:, None] * K + rk[None, :]
+                tl.store(wq, Wj.to(ST))
+                tl.store(wq + C * K, Qj.to(ST))
+                uo = uo_ptr + (sa + j) * (2 * C * V) + ri[:, None] * V + rv[None, :]
+                tl.store(uo, Uj.to(ST))
+                tl.store(uo + C * V, Oj.to(ST))
+            tl.debug_barrier()                                        # j's rows visible to the later ones' loads
+            P += GLj
+        tl.store(gl_ptr + step * K + rk, tl.exp(GLall))
     elif COUPLE == "prep":
         # one program per step: the second sub-chunk's rows come out coupled to the first's, so the state
         # pass needs no in-step product (v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S, o_b alike)
@@ -296,8 +364,8 @@ def forward(inputs, out, prep=True, state=True):
     B, T, H, K = q.shape
     V = v.shape[-1]
     SUB = KNOBS["SUB"]
-    if SUB not in (1, 2):
-        raise ValueError(f"SUB={SUB} must be 1 or 2")
+    if SUB not in (1, 2, 4) or (SUB == 4 and (KNOBS["COUPLE"], KNOBS["ROWS"]) != ("prep", "pad")):
+        raise ValueError(f"SUB={SUB} must be 1, 2 or 4, and 4 needs COUPLE prep and ROWS pad")
     BV = min(KNOBS["BV"], V)
     NS = triton.cdiv(T, C * SUB)                                      # steps of the state pass
     dt = q.dtype
@@ -306,8 +374,8 @@ def forward(inputs, out, prep=True, state=True):
     wq = torch.empty(B * H, NS * SUB, 2, C, K, dtype=dt, device=dev)
     uo = torch.empty(B * H, NS * SUB, 2, C, V, dtype=dt, device=dev)
     kg = torch.empty(B * H, NS * SUB, C, K, dtype=dt, device=dev)
-    COUPLE = KNOBS["COUPLE"] if SUB == 2 else "state"
-    mn = torch.empty(B * H, NS, 2, C, C, dtype=dt, device=dev) if COUPLE == "state" and SUB == 2 else kg
+    COUPLE = KNOBS["COUPLE"] if SUB > 1 else "state"
+    mn = torch.empty(B * H, NS, 2, C, C, dtype=dt, device=dev) if COUPLE == "state" and SUB > 1 else kg
     gl = torch.empty(B * H, NS, K, dtype=torch.float32, device=dev)
     if prep:
         LAUNCHED["intra"] = _kda_intra[(NS if COUPLE == "prep" else NS * SUB, B * H)](

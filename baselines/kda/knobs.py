@@ -1,7 +1,9 @@
-"""Search space of the KDA template (baselines/kda/kernel.py). Every combination is valid.
+"""Search space of the KDA template (baselines/kda/kernel.py). Every combination is valid except SUB 4 with
+COUPLE state or ROWS split, for which forward() raises ValueError.
 SUB      16-row sub-chunks per step of the sequential state pass: 1 (a step is one [32, K] x [K, BV] product
-         and the update) or 2 (half the steps; each adds the in-step coupling, a [32, 16] x [16, BV] product,
-         and the prep computes it from both sub-chunks)
+         and the update), 2 (half the steps; the sub-chunks of a step are coupled, see COUPLE) or 4 (a quarter;
+         COUPLE prep and ROWS pad only, its prep spill-free at 8 warps); a step's state-pass product has
+         32 SUB rows
 COUPLE   where the in-step coupling of SUB 2 goes: "prep" (one program per step folds it into the second
          sub-chunk's operands: the state pass's chain is two products a step) or "state" (one program per
          sub-chunk stores [M; -N], which the state pass applies to v_new_a: a third product on its chain)
@@ -20,7 +22,7 @@ num_stages   software pipelining of the state pass's loads
 """
 
 SPACE = {
-    "SUB": [1, 2],
+    "SUB": [1, 2, 4],
     "BV": [16, 32, 64, 128],
     "COUPLE": ["prep", "state"],
     "ROWS": ["pad", "split"],

@@ -187,6 +187,7 @@ COMBOS = [
     {"SUB": 1},
     {"ROWS": "split"},
     {"ROWS": "split", "COUPLE": "state"},
+    {"SUB": 4, "num_warps_prep": 8},
     {"ROWS": "split", "SUB": 1, "PREP_DOT": "input"},
     {"PREP_DOT": "tf32", "BV": 16, "num_stages": 3},
     {"PREP_DOT": "input", "SUB": 1, "BV": 16, "maxnreg_prep": 0, "num_warps_prep": 8, "num_warps_state": 2,
@@ -212,13 +213,13 @@ def test_kernel_interpreter_cpu_shape(knobs, dist, tmp_path):
         assert err <= P.tolerance_floor
 
 
-@pytest.mark.parametrize("knobs", [{}, {"COUPLE": "state"}, {"SUB": 1}, {"ROWS": "split", "COUPLE": "state"}],
-                         ids=knob_id)
+@pytest.mark.parametrize("knobs", [{}, {"COUPLE": "state"}, {"SUB": 1}, {"SUB": 4},
+                                   {"ROWS": "split", "COUPLE": "state"}], ids=knob_id)
 @pytest.mark.parametrize("T", [1, 17, 33, 130])
 @pytest.mark.parametrize("dist", P.distributions)
 def test_kernel_interpreter_lengths(T, dist, knobs, tmp_path):
     """Lengths that leave no full sub-chunk, a partial one, a partial step (33 = two sub-chunks and a row) and
-    several steps; a state at odd T."""
+    several steps (130 at SUB 4: two steps and a third of one row); a state at odd T."""
     mod = load_kernel(knobs, tmp_path)
     sh = shp(B=2, T=T, H=1, D=16, state=T % 2)
     x = P.make_inputs(sh, dist, seed=T, device="cpu", cpu=True)
@@ -228,8 +229,8 @@ def test_kernel_interpreter_lengths(T, dist, knobs, tmp_path):
         assert rel_rms(ref[n], out[n]) < 1e-5, n
 
 
-@pytest.mark.parametrize("knobs", [{"BV": 16}, {"BV": 16, "COUPLE": "state"}, {"BV": 16, "SUB": 1, "ROWS": "split"}],
-                         ids=knob_id)
+@pytest.mark.parametrize("knobs", [{"BV": 16}, {"BV": 16, "COUPLE": "state"}, {"BV": 16, "SUB": 4},
+                                   {"BV": 16, "SUB": 1, "ROWS": "split"}], ids=knob_id)
 @pytest.mark.parametrize("dist", P.distributions)
 def test_kernel_interpreter_v_blocks_batch_heads(knobs, dist, tmp_path):
     """Four V blocks per head, two batches of three heads: every program reads its own head's intermediates
@@ -267,7 +268,7 @@ def extreme_gates(kind: str, shape: Shape, seed: int) -> torch.Tensor:
 # term: ~1e-5 at steep gates, invisible at bf16 precision). Under bursts the limit is fp32's cumsum itself: G
 # reaches ~1e3 nats inside a sub-chunk, so a nearly flat difference G_i - G_j is known to ulp(1e3) ~ 6e-5 (any
 # fp32 chunk-local cumsum shares this; the oracle's cumsum is fp64).
-EXTREME = [(kn, kind, bound) for kn in ({}, {"COUPLE": "state"}, {"SUB": 1})
+EXTREME = [(kn, kind, bound) for kn in ({}, {"COUPLE": "state"}, {"SUB": 1}, {"SUB": 4})
            for kind, bound in (("span200", 1e-6), ("span340", 1e-6), ("steep", 3e-5), ("bursts", 1e-4))]
 
 
@@ -303,8 +304,9 @@ def test_strong_gates_break_a_naive_factorisation():
 
 def test_invalid_knobs_raise(tmp_path):
     x = P.make_inputs(P.cpu_shape, "mild", seed=0, device="cpu", cpu=True)
-    with pytest.raises(ValueError):
-        run_candidate(load_kernel({"SUB": 3}, tmp_path), P.cpu_shape, x)
+    for knobs in ({"SUB": 3}, {"SUB": 4, "COUPLE": "state"}, {"SUB": 4, "ROWS": "split"}):
+        with pytest.raises(ValueError):
+            run_candidate(load_kernel(knobs, tmp_path), P.cpu_shape, x)
 
 
 # --- GPU ---------------------------------------------------------------------------------------------
