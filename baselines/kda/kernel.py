@@ -386,7 +386,8 @@ def forward(inputs, out, prep=True, state=True):
     if state:
         LAUNCHED["recur"] = _kda_recur[(triton.cdiv(V, BV), B * H)](
             wq, uo, kg, mn, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
-            T, H, NS, K=K, V=V, C=C, SUB=SUB, BV=BV, ROWS=KNOBS["ROWS"], COUPLED=COUPLE == "prep", HAS_H0=h0 is not None, HAS_HT=ht is not None,
+            T, H, NS, K=K, V=V, C=C, SUB=SUB, BV=BV, ROWS=KNOBS["ROWS"], COUPLED=COUPLE == "prep",
+            HAS_H0=h0 is not None, HAS_HT=ht is not None,
             num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
 
 
