@@ -10,8 +10,9 @@ The read-out is folded into the operands the state multiplies:
     o = q' S + ou,  q' = qs e^G - A_qk w,  ou = A_qk u
 so one product [w; -q'] S gives both v_new and o, and o is off the state's dependency chain.
 
-Launch 1, `_kda_intra`, grid (steps, B*H), every step in parallel. A step is SUB sub-chunks (the rows the
-state pass advances at once). Per sub-chunk, from [16, K] tiles (no spills at K = 128, 4 warps):
+Launch 1, `_kda_intra`, grid (steps, B*H) (COUPLE "state": sub-chunks), all in parallel. A step is SUB
+sub-chunks (the rows the state pass advances at once). Per sub-chunk, from [16, K] tiles (no spills at K = 128:
+scripts/offline_compile_kda.py reports registers per setting):
   * A_qk and L as one tensor-core product each, e^{G_i - G_j} = e^{E_i} e^{-E_j} with E a clamped cumsum
     (steps max(g, -CLAMP)) less the midpoint of its range: |E| <= 15 CLAMP / 2 = 85, so no factor overflows
     fp32 (bf16 has the same range) under any gate. A pair with a step below -CLAMP between them has a true
@@ -38,7 +39,7 @@ Launch 2, `_kda_recur`, grid (V/BV, B*H), sequential over steps with the fp32 st
     store o ;  S <- gl S + kg^T v_new
   The state never leaves the chip; only o (and the final state) are written.
 Bytes at B1 T8192 H32 D128 per token-head: launch 1 reads q, k, v (bf16), g (fp32), beta: 1282 B, writes
-w, q', kg, u, ou (bf16) and M, N: ~1.3 kB; launch 2 reads those back (the K-wide wq and kg once per V block,
+w, q', kg, u, ou (bf16): ~1.3 kB; launch 2 reads those back (the K-wide wq and kg once per V block,
 from L2 after the first) and writes o. Tensor-core inputs are the input dtype (bf16 on the GPU, fp32 under the
 interpreter) with fp32 accumulation, except the solve, w, u, q', ou, M and N when PREP_DOT asks for tf32.
 Tail sub-chunks (T not a multiple of 16 SUB) load zeros past T: g = 0 there, so G stays at the last valid row
