@@ -22,7 +22,8 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     try:
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]})
+                           options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"],
+                                    **({"maxnreg": knobs["maxnreg"]} if knobs.get("maxnreg") else {})})
     except Exception as e:  # noqa: BLE001 - over the shared-memory limit and the like: a row of its own
         return {"knobs": knobs, "error": f"{type(e).__name__}: {e}"[:200]}
     ptx = k.asm["ptx"]
