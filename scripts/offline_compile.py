@@ -1,5 +1,5 @@
 """Compile one Triton kernel for sm_90 without a GPU and report what ptxas says of it: shared memory,
-registers, spills, and whether wgmma, cp.async and TMA were emitted (the mla_* offline_compile scripts)."""
+registers, spills, and whether wgmma and cp.async were emitted (the mla_* offline_compile scripts)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     attrs = {(i,): [["tt.divisibility", 16]] for i in aligned}
     try:
         k = triton.compile(ASTSource(fn, sig, consts, attrs), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"],
-                                    **({"maxnreg": knobs["maxnreg"]} if knobs.get("maxnreg") else {})})
+                           options={"num_warps": knobs["num_warps"], "num_stages": knobs["num_stages"]})
     except Exception as e:  # noqa: BLE001 - over the shared-memory limit and the like: a row of its own
         return {"knobs": knobs, "error": f"{type(e).__name__}: {e}"[:200]}
     ptx = k.asm["ptx"]
@@ -37,5 +36,4 @@ def compile_sm90(fn, sig: dict, consts: dict, knobs: dict) -> dict:
     spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     return {"knobs": knobs, "smem": k.metadata.shared, "regs": int(regs.group(1)) if regs else None,
             "spill_st_ld": [int(spills.group(1)), int(spills.group(2))] if spills else None,
-            "wgmma": "wgmma.mma_async" in ptx, "cp_async": re.search(r"cp\.async\.c[ag]", ptx) is not None,
-            "tma": "cp.async.bulk.tensor" in ptx}
+            "wgmma": "wgmma.mma_async" in ptx, "cp_async": "cp.async" in ptx}

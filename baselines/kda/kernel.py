@@ -1,49 +1,45 @@
-"""Starting kernel for KDA forward: 16-row sub-chunks, two launches, one path for every gate, written from the
-math (docs/problems.md).
+"""Starting kernel for KDA forward: chunked Triton, two launches, written from the math (docs/problems.md).
 
-Notation per (batch, head) and 16-row sub-chunk: G = cumsum of g within the sub-chunk (so no exponent grows with
-T), GL = its last row, qs = scale q. The local WY form of one sub-chunk:
-    A_qk[i,j] = sum_d qs_id k_jd e^{G_id - G_jd} (j <= i) ;  L[i,j] = beta_i sum_d k_id k_jd e^{G_id - G_jd} (j < i)
-    X = (I + L)^-1 ;  w = X (beta k e^G) ;  u = X (beta v) ;  kg = k e^{GL - G}
-With S the state entering the sub-chunk: v_new = u - w S, o = qs e^G S + A_qk v_new, S <- e^{GL} S + kg^T v_new.
-The read-out is folded into the operands the state multiplies:
-    o = q' S + ou,  q' = qs e^G - A_qk w,  ou = A_qk u
-so one product [w; -q'] S gives both v_new and o, and o is off the state's dependency chain.
-
-Launch 1, `_kda_intra`, grid (steps, B*H) (COUPLE "state": sub-chunks), all in parallel. A step is SUB
-sub-chunks (the rows the state pass advances at once). Per sub-chunk, from [16, K] tiles (no spills at K = 128:
-scripts/offline_compile_kda.py reports registers per setting):
-  * A_qk and L as one tensor-core product each, e^{G_i - G_j} = e^{E_i} e^{-E_j} with E a clamped cumsum
-    (steps max(g, -CLAMP)) less the midpoint of its range: |E| <= 15 CLAMP / 2 = 85, so no factor overflows
-    fp32 (bf16 has the same range) under any gate. A pair with a step below -CLAMP between them has a true
-    decay < e^-CLAMP and so has its clamped one: the clamp changes each term by < e^-11.3 = 1.2e-5, far under
-    bf16 rounding. Upper-triangle entries of the products may be inf: tl.where discards them after the dot.
-  * X by exact block doubling, X_2b = X_b - X_b L_b X_b from the 2 x 2 blocks (3 levels of two products).
-  * w, u, q', ou and kg as above (every exponent <= 0).
-  With SUB = 2 the second sub-chunk b also couples to the first, a, within the step:
-    v_new_b = u_b - (w_b e^{GL_a}) S - M v_new_a ,  M = w_b kg_a^T
-    o_b     = (q'_b e^{GL_a}) S + ou_b + N v_new_a ,  N = q'_b kg_a^T
-    S      <- e^{GL_a + GL_b} S + (kg_a e^{GL_b})^T v_new_a + kg_b^T v_new_b
-  (M and N are products of local, bounded quantities). COUPLE = "prep": one program per step folds the
-  coupling into b's operands, v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S and o_b alike, so the state
-  pass has no in-step product; COUPLE = "state": one program per sub-chunk (the second reads the first's k
-  and g again, from L2) stores M and N, and the state pass applies them to v_new_a. SUB = 4 (COUPLE "prep"
-  only) is the same fold by block forward substitution over the step's four sub-chunks, each coupled to the
-  coupled rows the program stored for the earlier ones (read back after a barrier).
-  Stores, all in the input dtype except gl (fp32), laid out [B*H, sub-chunk, ...] so one step is contiguous:
-    wq [.., 2, 16, K] = w, -q' ; uo [.., 2, 16, V] = u, ou ; kg [.., 16, K] ; gl [step, K] = e^{GL of the
-    step} ; with COUPLE "state" mn [step, 32, 16] = M, -N.
-Launch 2, `_kda_recur`, grid (V/BV, B*H), sequential over steps with the fp32 state S [K, BV] in registers:
-    Y = uo - wq S   (one [32 SUB, K] x [K, BV] product: rows v_new and o of each sub-chunk)
-    COUPLE "state": Y_b -= [M; -N] v_new_a   (one [32, 16] x [16, BV] product)
-    store o ;  S <- gl S + kg^T v_new
-  The state never leaves the chip; only o (and the final state) are written.
-Bytes at B1 T8192 H32 D128 per token-head: launch 1 reads q, k, v (bf16), g (fp32), beta: 1282 B, writes
-w, q', kg, u, ou (bf16): ~1.3 kB; launch 2 reads those back (the K-wide wq and kg once per V block,
-from L2 after the first) and writes o. Tensor-core inputs are the input dtype (bf16 on the GPU, fp32 under the
-interpreter) with fp32 accumulation, except the solve, w, u, q', ou, M and N when PREP_DOT asks for tf32.
-Tail sub-chunks (T not a multiple of 16 SUB) load zeros past T: g = 0 there, so G stays at the last valid row
-and every padded row of w, q', u, ou and kg is zero; o stores are masked.
+Launch 1, `_kda_prep`, one program per (chunk, batch*head), all chunks in parallel. With G = chunk-local cumsum
+of g (so no exponent grows with T):
+    A_qk[i,j] = sum_d (scale q_id) k_jd e^{G_id - G_jd}  (j <= i)
+    A_kk[i,j] = beta_i sum_d k_id k_jd e^{G_id - G_jd}   (j < i)
+    X = (I + A_kk)^-1 ;  w = X (beta * k * e^G) ;  u = X (beta * v)
+  and stores w, u, qg = scale q e^G, kg = k e^{G_last - G}, A_qk and e^{G_last} (all exponents <= 0).
+  The pairwise decays are never formed per pair: every block of A is a tensor-core product of two factored
+  operands, e^{G_i - G_j} = e^{G_i - c} e^{c - G_j}, with an anchor c per channel chosen so that neither
+  factor overflows fp32 (bf16 has the same range):
+  * FAST (taken per chunk when the chunk's decay span max_d (G_0d - G_{C-1,d}) <= BOUND): c = the midpoint of
+    the chunk's G range, so both factors are <= e^{span/2}; the whole lower triangle is one product.
+  * otherwise, a split into blocks of BD rows:
+    - pairs in different blocks, by binary levels: at level h (h = C/2, ..., BD) the pairs with i in the upper
+      and j in the lower half of the same 2h-row block use c = G at the lower half's last row, so both
+      factors are <= 1 (they can only underflow, and only where the true product is smaller still);
+    - pairs inside one BD-row block: c = the midpoint of the block's range of a *clamped* cumsum, built from
+      steps max(g, -CLAMP) and restarted at each block. A pair separated by a step below -CLAMP has a true
+      decay < e^-CLAMP, and its clamped decay is < e^-CLAMP as well, so the clamp changes A by < e^-CLAMP per
+      channel, while it bounds every factor by e^{(BD-1) CLAMP / 2} = e^85 (CLAMP = 170 / (BD-1): 11 nats
+      for BD = 16, a change < 2e-5 per term, far under bf16 rounding; 24 nats for BD = 8, < 4e-11).
+    Upper-triangle and cross-block entries of a product may be inf or NaN: they are discarded with tl.where
+    after the dot, never multiplied by a 0 mask.
+  With BK = K the program loads each input tile once and keeps it on chip (one pass); with BK < K, A is summed
+  over K blocks of BK channels (the cumsum is per channel) and w re-reads k and g, which bounds register use.
+  The unit lower-triangular solve by exact block doubling: with X_b the inverse of the b x b diagonal blocks
+  and L_b the part of L = diag(beta) A_kk between the two halves of each 2b-block,
+  X_2b = X_b - X_b L_b X_b (the 2x2 block inverse, no series); X_2 = I - L_1, then log2(C) - 1 levels of
+  two products: 8 dependent [C, C] products at C = 32 where forward substitution needs C - 1 reduction steps.
+With PREP = "halves" at C = 32, launch 1 is `_kda_prep_halves` instead: the same outputs from 16-row halves on one
+  path for every gate (its docstring says how).
+Launch 2, `_kda_state`, one program per (V block, batch*head), sequential over chunks, fp32 state S [K, BV]:
+    v_new = u - w S ;  o = qg S + A_qk v_new ;  S <- diag(e^{G_last}) S + kg^T v_new
+Tensor-core inputs are the input dtype (bf16 on the GPU, fp32 under the interpreter) with fp32 accumulation,
+unless PREP_DOT / SOLVE_PREC ask for fp32 (tf32) operands in the prep.
+Cost model at B1 T8192 H32 D128, C = 32, per token-head: the prep reads q, k, v (bf16) and g (fp32), 1282 B,
+writes w, u, qg, kg (bf16) and A_qk, 1088 B; the state pass reads those back (the K-wide w, qg, kg once per
+V block, from L2) and writes o. HBM floor ~0.16 ms in all; the prep's tensor-core work is ~1.5 MFLOP per chunk
+(A: 2-4 [C, K, C] products, the solve: 8 [C, C, C], w and u: 2 [C, C, K]), so both launches are bound by
+latency and on-chip traffic rather than by HBM or FLOPs.
+Tail chunks (T not a multiple of C) load zeros past T (g = 0 there, so G stays at the last valid row).
 """
 
 
@@ -51,307 +47,329 @@ import torch
 import triton
 import triton.language as tl
 
-# The default knobs (knobs.py says what each one does).
-KNOBS = {"BV": 32, "COUPLE": "prep", "PREP_DOT": "mixed", "ROWS": "pad", "SUB": 2, "maxnreg_prep": 0, "num_stages": 2, "num_warps_prep": 4, "num_warps_state": 4}
-
-C = 16                      # rows of a sub-chunk
-CLAMP = 170.0 / (C - 1)     # bounds every factor of the diagonal-block products by e^85
-LAUNCHED: dict = {}         # the last compiled kernels (register / spill / shared-memory reports)
+# The default knobs: the fastest of the settings timed on an H200 (knobs.py says what each one does).
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "CHUNK": 32, "FAST": True, "PREP": "chunk", "PREP_DOT": "input", "SOLVE_PREC": "input", "num_stages": 3, "num_warps_prep": 4, "num_warps_state": 4}
 
 
 @triton.jit
-def _double(X, L, ri, B: tl.constexpr, SP: tl.constexpr, ST: tl.constexpr):
+def _level(G, q, k, ri, C: tl.constexpr, BK: tl.constexpr, HB: tl.constexpr, DT: tl.constexpr):
+    """A_qk and A_kk (before beta) for the pairs i in the upper, j in the lower half of each 2*HB-row
+    block, anchored at the lower half's last row: both factors are <= 1."""
+    NB: tl.constexpr = C // (2 * HB)
+    G3 = tl.reshape(G, (NB, 2 * HB, BK))
+    lower3 = (tl.arange(0, 2 * HB) < HB)[None, :, None]
+    ga = tl.min(tl.where(lower3, G3, float("inf")), axis=1)       # G is non-increasing: the last lower row
+    Ga = tl.reshape(tl.broadcast_to(ga[:, None, :], (NB, 2 * HB, BK)), (C, BK))
+    upper = ((ri % (2 * HB)) >= HB)[:, None]
+    F = tl.exp(tl.where(upper, G - Ga, Ga - G))                   # exponent <= 0 on every row
+    qa = tl.where(upper, q * F, 0.0).to(DT)
+    ka = tl.where(upper, k * F, 0.0).to(DT)
+    kb = tl.where(upper, 0.0, k * F).to(DT)
+    keep = ((ri[:, None] // (2 * HB)) == (ri[None, :] // (2 * HB))) & (ri[:, None] >= ri[None, :])
+    return (tl.where(keep, tl.dot(qa, tl.trans(kb)), 0.0),
+            tl.where(keep, tl.dot(ka, tl.trans(kb)), 0.0))
+
+
+@triton.jit
+def _double(X, L, ri, B: tl.constexpr, SOLVE_PREC: tl.constexpr, ST: tl.constexpr):
     """X_2B = X_B - X_B L_B X_B: from the inverses of the B x B diagonal blocks to those of the 2B x 2B ones."""
     sel = ((ri[:, None] // (2 * B)) == (ri[None, :] // (2 * B))) & ((ri[:, None] // B) != (ri[None, :] // B))
     Lb = tl.where(sel, L, 0.0)
-    if SP == "input":
+    if SOLVE_PREC == "input":
         Xh = X.to(ST)
         return X - tl.dot(tl.dot(Xh, Lb.to(ST)).to(ST), Xh)
     else:
-        return X - tl.dot(tl.dot(X, Lb, input_precision=SP), X, input_precision=SP)
+        return X - tl.dot(tl.dot(X, Lb, input_precision=SOLVE_PREC), X, input_precision=SOLVE_PREC)
 
 
 @triton.jit
-def _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h, s, si, T, H, scale,
-             sc_kg, sc_wq,
-             K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, CLAMP: tl.constexpr,
-             AT: tl.constexpr, WT: tl.constexpr, SP: tl.constexpr, STORE_WU: tl.constexpr):
-    """The local WY form of sub-chunk s, stored as soon as each part is ready (so few tiles are live at once)
-    at index si of the intermediates: kg * sc_kg, and with STORE_WU wq = (w, -q') * sc_wq and uo = (u, ou)
-    (sc_*: [K] decays by which the step scales them). Returns the unscaled (w, -q', u, ou, kg, GL), fp32."""
-    ri = tl.arange(0, C)
-    rk = tl.arange(0, K)
-    rv = tl.arange(0, V)
-    ST = wq_ptr.dtype.element_ty
-    t = s * C + ri
-    valid = t < T
-    m = valid[:, None]
-    row = (b * T + t) * H + h                                         # inputs [B, T, H, D]
-    beta = tl.load(beta_ptr + row, mask=valid, other=0.0).to(tl.float32)
-    in_k = row[:, None] * K + rk[None, :]
-    g = tl.load(g_ptr + in_k, mask=m, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + in_k, mask=m, other=0.0).to(tl.float32)
-    G = tl.cumsum(g, axis=0)                                          # <= 0, non-increasing
-    GL = tl.min(G, axis=0)                                            # last row (padded rows carry g = 0)
-    kd = ri[:, None] * K + rk[None, :]
-    kg = k * tl.exp(GL[None, :] - G)
-    tl.store(kg_ptr + si * (C * K) + kd, (kg * sc_kg[None, :]).to(ST))
+def _a_block(g, q, k, G, ri, C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr, CLAMP: tl.constexpr,
+             FAST: tl.constexpr, BOUND: tl.constexpr, DT: tl.constexpr):
+    """One K block's share of A_qk (j <= i) and A_kk (j < i, before beta), masked."""
+    NBD: tl.constexpr = C // BD
+    causal = ri[:, None] >= ri[None, :]
+    strict = ri[:, None] > ri[None, :]
+    same_bd = (ri[:, None] // BD) == (ri[None, :] // BD)
+    G0 = tl.max(G, axis=0)                                       # first row
+    GL = tl.min(G, axis=0)                                       # last row
+    use_fast = False
+    if FAST:
+        use_fast = tl.max(G0 - GL, axis=0) <= BOUND
+    if use_fast:
+        c = 0.5 * (G0 + GL)
+        Fq = tl.exp(G - c[None, :])                               # <= e^{span/2}
+        kb = (k * tl.exp(c[None, :] - G)).to(DT)
+        a_qk = tl.where(causal, tl.dot((q * Fq).to(DT), tl.trans(kb)), 0.0)
+        a_kk = tl.where(strict, tl.dot((k * Fq).to(DT), tl.trans(kb)), 0.0)
+    else:
+        # inside each BD-row block: clamped steps, cumsum restarted per block, anchored at the range midpoint
+        gc = tl.reshape(tl.maximum(g, -CLAMP), (NBD, BD, BK))
+        Gc = tl.cumsum(gc, axis=1)
+        cc = 0.5 * (tl.max(Gc, axis=1) + tl.min(Gc, axis=1))     # [NBD, BK]
+        E = tl.reshape(Gc - cc[:, None, :], (C, BK))              # |E| <= (BD-1) CLAMP / 2
+        Fq = tl.exp(E)
+        kb = (k * tl.exp(-E)).to(DT)
+        a_qk = tl.where(same_bd & causal, tl.dot((q * Fq).to(DT), tl.trans(kb)), 0.0)
+        a_kk = tl.where(same_bd & strict, tl.dot((k * Fq).to(DT), tl.trans(kb)), 0.0)
+        # pairs in different BD-row blocks, one binary level each
+        if C >= 64:
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 32, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+        if C >= 32:
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 16, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+        if BD <= 8:
+            s_qk, s_kk = _level(G, q, k, ri, C, BK, 8, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+    return a_qk, a_kk
 
-    # A_qk and L from one factored product each, the anchor at the midpoint of a clamped cumsum
-    Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
-    E = Gc - 0.5 * (tl.max(Gc, axis=0) + tl.min(Gc, axis=0))[None, :]
-    Fq = tl.exp(E)
-    kb = tl.trans((k * tl.exp(-E)).to(AT))
-    L = tl.where(ri[:, None] > ri[None, :], tl.dot((k * Fq).to(AT), kb), 0.0) * beta[:, None]
-    q = tl.load(q_ptr + in_k, mask=m, other=0.0).to(tl.float32) * scale
-    a_qk = tl.where(ri[:, None] >= ri[None, :], tl.dot((q * Fq).to(AT), kb), 0.0)
 
-    # X = (I + L)^-1 by block doubling from the 2 x 2 blocks
+@triton.jit
+def _solve(a_kk, beta, ri, C: tl.constexpr, SOLVE_PREC: tl.constexpr, ST: tl.constexpr):
+    """(I + diag(beta) A_kk)^-1 by block doubling (A_kk strictly lower)."""
+    L = a_kk * beta[:, None]
+    eye = ri[:, None] == ri[None, :]
     pair = ((ri[:, None] // 2) == (ri[None, :] // 2)) & (ri[:, None] > ri[None, :])
-    X = tl.where(ri[:, None] == ri[None, :], 1.0, 0.0) - tl.where(pair, L, 0.0)
-    X = _double(X, L, ri, 2, SP, ST)
-    X = _double(X, L, ri, 4, SP, ST)
-    X = _double(X, L, ri, 8, SP, ST)
-    Xd = X.to(WT)
-    ad = a_qk.to(WT)
-
-    vd = ri[:, None] * V + rv[None, :]
-    uo = uo_ptr + si * (2 * C * V) + vd
-    v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m, other=0.0).to(tl.float32)
-    u = tl.dot(Xd, (v * beta[:, None]).to(WT))
-    ou = tl.dot(ad, u.to(WT))                                          # A_qk u
-    if STORE_WU:
-        tl.store(uo, u.to(ST))
-        tl.store(uo + C * V, ou.to(ST))
-    eG = tl.exp(G)
-    w = tl.dot(Xd, (k * eG * beta[:, None]).to(WT))
-    nq = tl.dot(ad, w.to(WT)) - q * eG                                 # -q'
-    if STORE_WU:
-        wq = wq_ptr + si * (2 * C * K) + kd
-        tl.store(wq, (w * sc_wq[None, :]).to(ST))
-        tl.store(wq + C * K, (nq * sc_wq[None, :]).to(ST))
-    return w, nq, u, ou, kg, GL
+    X = tl.where(eye, 1.0, 0.0) - tl.where(pair, L, 0.0)
+    if C >= 4:
+        X = _double(X, L, ri, 2, SOLVE_PREC, ST)
+    if C >= 8:
+        X = _double(X, L, ri, 4, SOLVE_PREC, ST)
+    if C >= 16:
+        X = _double(X, L, ri, 8, SOLVE_PREC, ST)
+    if C >= 32:
+        X = _double(X, L, ri, 16, SOLVE_PREC, ST)
+    if C >= 64:
+        X = _double(X, L, ri, 32, SOLVE_PREC, ST)
+    return X
 
 
 @triton.jit
-def _gsum(g_ptr, b, h, s, T, H, K: tl.constexpr, C: tl.constexpr):
-    """GL of sub-chunk s: the sum of its g, [K] (0 past T)."""
-    t = s * C + tl.arange(0, C)
-    off = ((b * T + t) * H + h)[:, None] * K + tl.arange(0, K)[None, :]
-    return tl.sum(tl.load(g_ptr + off, mask=(t < T)[:, None], other=0.0).to(tl.float32), axis=0)
-
-
-@triton.jit
-def _kg_local(k_ptr, g_ptr, b, h, s, T, H, K: tl.constexpr, C: tl.constexpr):
-    """kg = k e^{GL - G} of sub-chunk s, fp32 [C, K], from its k and g read again."""
-    t = s * C + tl.arange(0, C)
-    off = ((b * T + t) * H + h)[:, None] * K + tl.arange(0, K)[None, :]
-    m = (t < T)[:, None]
-    G = tl.cumsum(tl.load(g_ptr + off, mask=m, other=0.0).to(tl.float32), axis=0)
-    return tl.load(k_ptr + off, mask=m, other=0.0).to(tl.float32) * tl.exp(tl.min(G, axis=0)[None, :] - G)
-
-
-@triton.jit
-def _kda_intra(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
-               wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr,
-               T, H, NS, scale,
-               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, CLAMP: tl.constexpr,
-               PREP_DOT: tl.constexpr, COUPLE: tl.constexpr):
-    s = tl.program_id(0)                                              # sub-chunk (COUPLE "prep": step)
+def _kda_prep(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+              w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
+              T, H, NT, scale,
+              K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, BD: tl.constexpr,
+              CLAMP: tl.constexpr, FAST: tl.constexpr, BOUND: tl.constexpr, SOLVE_PREC: tl.constexpr,
+              PREP_DOT: tl.constexpr):
+    n = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    ST: tl.constexpr = wq_ptr.dtype.element_ty
-    # operand dtypes: the A products (AT); the solve, w, u and the folds (WT, SP): input dtype or fp32 (tf32)
-    AT: tl.constexpr = tl.float32 if PREP_DOT == "tf32" else ST
+    ST: tl.constexpr = w_ptr.dtype.element_ty
+    # tensor-core operand dtypes of the A products (DT) and of w, u = X (...) (WT): the input dtype or fp32 (tf32)
+    DT: tl.constexpr = tl.float32 if PREP_DOT == "tf32" else ST
     WT: tl.constexpr = tl.float32 if PREP_DOT != "input" else ST
-    SP: tl.constexpr = "tf32" if PREP_DOT != "input" else "input"
+
     ri = tl.arange(0, C)
-    rk = tl.arange(0, K)
-    step = bh * NS + s // SUB
-    si = bh * NS * SUB + s                                            # its index in the intermediates
-    if SUB == 1:
-        ones = tl.full([K], 1.0, tl.float32)
-        _w, _nq, _u, _ou, _kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
-                                             s, si, T, H, scale, ones, ones, K, V, C, CLAMP, AT, WT, SP, True)
-        tl.store(gl_ptr + step * K + rk, tl.exp(GL))
-    elif COUPLE == "prep" and SUB > 2:
-        # one program per step, sub-chunk j after sub-chunk j - 1, each coupled to every earlier one i by
-        # block forward substitution on the stored (coupled) rows of i, with P_j the decay from the step's start:
-        #   W_j = w_j e^{P_j} - sum_i M_ji W_i,  U_j = u_j - sum_i M_ji U_i,  M_ji = (w_j e^{P_j - P_i+1}) kg_i^T
-        # and -Q_j, O_j alike with -q'_j; kg_j decays to the step's end. Every factor is <= 1.
-        step = bh * NS + s
-        s0 = s * SUB
-        sa = step * SUB
+    t = n * C + ri
+    valid = t < T
+    m_r = valid[:, None]
+    row = (b * T + t) * H + h          # inputs [B, T, H, D]
+    mid = bh * T + t                   # intermediates [B, H, T, D]
+    beta = tl.load(beta_ptr + row, mask=valid, other=0.0).to(tl.float32)
+
+    if BK == K:
+        # one pass: every input tile is loaded once and stays on chip
+        rk = tl.arange(0, K)
+        in_k = row[:, None] * K + rk[None, :]
+        g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+        q = tl.load(q_ptr + in_k, mask=m_r, other=0.0).to(tl.float32) * scale
+        k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+        G = tl.cumsum(g, axis=0)                                     # chunk-local, <= 0, non-increasing
+        GL = tl.min(G, axis=0)                                       # last row (padded rows carry g = 0)
+        mid_k = mid[:, None] * K + rk[None, :]
+        eG = tl.exp(G)
+        tl.store(qg_ptr + mid_k, (q * eG).to(ST), mask=m_r)
+        tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(ST), mask=m_r)
+        tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+        kw = (k * eG * beta[:, None]).to(WT)                         # what w needs, narrow through the solve
+        a_qk, a_kk = _a_block(g, q, k, G, ri, C, K, BD, CLAMP, FAST, BOUND, DT)
+        tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(ST), mask=m_r)
+        Xd = _solve(a_kk, beta, ri, C, SOLVE_PREC, ST).to(WT)
+        w = tl.dot(Xd, kw)
+        tl.store(w_ptr + mid_k, w.to(ST), mask=m_r)
         rv = tl.arange(0, V)
-        ones = tl.full([K], 1.0, tl.float32)
-        GLall = tl.zeros([K], dtype=tl.float32)
-        for c in tl.static_range(SUB):
-            GLall += _gsum(g_ptr, b, h, s0 + c, T, H, K, C)
-        P = tl.zeros([K], dtype=tl.float32)
-        for j in tl.static_range(SUB):
-            GLj = _gsum(g_ptr, b, h, s0 + j, T, H, K, C)
-            w, nq, u, ou, _kg, _GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
-                                              s0 + j, sa + j, T, H, scale, tl.exp(GLall - P - GLj), ones,
-                                              K, V, C, CLAMP, AT, WT, SP, j == 0)
-            if j > 0:
-                eP = tl.exp(P)[None, :]
-                Wj = w * eP
-                Qj = nq * eP
-                Uj = u
-                Oj = ou
-                D = tl.zeros([K], dtype=tl.float32)                   # decay from the end of i to the start of j
-                for r in range(j):                                    # a loop, not unrolled: few live tiles
-                    i = j - 1 - r
-                    f = tl.exp(D)[None, :]
-                    kgt = tl.trans(_kg_local(k_ptr, g_ptr, b, h, s0 + i, T, H, K, C).to(WT))
-                    m_ji = tl.dot((w * f).to(WT), kgt).to(WT)
-                    n_ji = tl.dot((nq * f).to(WT), kgt).to(WT)
-                    Wi = tl.load(wq_ptr + (sa + i) * (2 * C * K) + ri[:, None] * K + rk[None, :]).to(WT)
-                    Ui = tl.load(uo_ptr + (sa + i) * (2 * C * V) + ri[:, None] * V + rv[None, :]).to(WT)
-                    Wj -= tl.dot(m_ji, Wi)
-                    Qj -= tl.dot(n_ji, Wi)
-                    Uj -= tl.dot(m_ji, Ui)
-                    Oj -= tl.dot(n_ji, Ui)
-                    D += _gsum(g_ptr, b, h, s0 + i, T, H, K, C)
-                wq = wq_ptr + (sa + j) * (2 * C * K) + ri[:, None] * K + rk[None, :]
-                tl.store(wq, Wj.to(ST))
-                tl.store(wq + C * K, Qj.to(ST))
-                uo = uo_ptr + (sa + j) * (2 * C * V) + ri[:, None] * V + rv[None, :]
-                tl.store(uo, Uj.to(ST))
-                tl.store(uo + C * V, Oj.to(ST))
-            tl.debug_barrier()                                        # j's rows visible to the later ones' loads
-            P += GLj
-        tl.store(gl_ptr + step * K + rk, tl.exp(GLall))
-    elif COUPLE == "prep":
-        # one program per step: the second sub-chunk's rows come out coupled to the first's, so the state
-        # pass needs no in-step product (v_new_b = (u_b - M u_a) - (w_b e^{GL_a} - M w_a) S, o_b alike)
-        step = bh * NS + s
-        sa = step * 2
-        t2 = (2 * s + 1) * C + ri
-        m2 = (t2 < T)[:, None]
-        in2 = ((b * T + t2) * H + h)[:, None] * K + rk[None, :]
-        GL2 = tl.sum(tl.load(g_ptr + in2, mask=m2, other=0.0).to(tl.float32), axis=0)
-        ones = tl.full([K], 1.0, tl.float32)
-        wa, _nqa, ua, _oua, kga, GLa = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b,
-                                                h, 2 * s, sa, T, H, scale, tl.exp(GL2), ones,
-                                                K, V, C, CLAMP, AT, WT, SP, True)
-        wb, nqb, ub, oub, _kgb, GLb = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b,
-                                               h, 2 * s + 1, sa + 1, T, H, scale, ones, ones,
-                                               K, V, C, CLAMP, AT, WT, SP, False)
-        kgt = tl.trans(kga.to(WT))
-        m_ba = tl.dot(wb.to(WT), kgt).to(WT)                          # M = w_b kg_a^T
-        nn_ba = tl.dot(nqb.to(WT), kgt).to(WT)                        # -N = -q'_b kg_a^T
-        gla = tl.exp(GLa)[None, :]
-        wa = wa.to(WT)
-        ua = ua.to(WT)
-        rv = tl.arange(0, V)
-        wq = wq_ptr + (sa + 1) * (2 * C * K) + ri[:, None] * K + rk[None, :]
-        tl.store(wq, (wb * gla - tl.dot(m_ba, wa)).to(ST))
-        tl.store(wq + C * K, (nqb * gla - tl.dot(nn_ba, wa)).to(ST))
-        uo = uo_ptr + (sa + 1) * (2 * C * V) + ri[:, None] * V + rv[None, :]
-        tl.store(uo, (ub - tl.dot(m_ba, ua)).to(ST))
-        tl.store(uo + C * V, (oub - tl.dot(nn_ba, ua)).to(ST))
-        tl.store(gl_ptr + step * K + rk, tl.exp(GLa + GLb))
+        v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m_r, other=0.0).to(tl.float32)
+        u = tl.dot(Xd, (v * beta[:, None]).to(WT))
+        tl.store(u_ptr + mid[:, None] * V + rv[None, :], u.to(ST), mask=m_r)
     else:
-        # one program per sub-chunk (two per step); the partner p is the other sub-chunk of the step, whose
-        # k and g this program reads again (a neighbouring program's, so mostly from L2)
-        first = s % 2 == 0
-        p = s + 1 - 2 * (s % 2)
-        tp = p * C + ri
-        in_p = ((b * T + tp) * H + h)[:, None] * K + rk[None, :]
-        m_p = (tp < T)[:, None]
-        GLp = tl.sum(tl.load(g_ptr + in_p, mask=m_p, other=0.0).to(tl.float32), axis=0)
-        glp = tl.exp(GLp)
-        # the first's kg decays on through the second; the second's w and q' start after the first's decay
-        sc_kg = tl.where(first, glp, 1.0)
-        sc_wq = tl.where(first, 1.0, glp)
-        w, nq, _u, _ou, _kg, GL = _intra16(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, wq_ptr, uo_ptr, kg_ptr, b, h,
-                                           s, si, T, H, scale, sc_kg, sc_wq, K, V, C, CLAMP, AT, WT, SP, True)
-        if not first:
-            # the coupling to the first through its local kg, recomputed from its k and g
-            Gp = tl.cumsum(tl.load(g_ptr + in_p, mask=m_p, other=0.0).to(tl.float32), axis=0)
-            kgp = tl.load(k_ptr + in_p, mask=m_p, other=0.0).to(tl.float32) * tl.exp(GLp[None, :] - Gp)
-            kgt = tl.trans(kgp.to(WT))
-            mn = mn_ptr + step * (2 * C * C) + ri[:, None] * C + ri[None, :]
-            tl.store(mn, tl.dot(w.to(WT), kgt).to(ST))                # M = w_b kg_a^T
-            tl.store(mn + C * C, tl.dot(nq.to(WT), kgt).to(ST))       # -N = -q'_b kg_a^T
-            tl.store(gl_ptr + step * K + rk, tl.exp(GLp + GL))
+        # A is summed over K blocks (channels are independent, so is the cumsum); w re-reads k and g
+        a_qk = tl.zeros([C, C], dtype=tl.float32)
+        a_kk = tl.zeros([C, C], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            in_k = row[:, None] * K + rk[None, :]
+            g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            q = tl.load(q_ptr + in_k, mask=m_r, other=0.0).to(tl.float32) * scale
+            k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            G = tl.cumsum(g, axis=0)
+            GL = tl.min(G, axis=0)
+            mid_k = mid[:, None] * K + rk[None, :]
+            tl.store(qg_ptr + mid_k, (q * tl.exp(G)).to(ST), mask=m_r)
+            tl.store(kg_ptr + mid_k, (k * tl.exp(GL[None, :] - G)).to(ST), mask=m_r)
+            tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+            s_qk, s_kk = _a_block(g, q, k, G, ri, C, BK, BD, CLAMP, FAST, BOUND, DT)
+            a_qk += s_qk
+            a_kk += s_kk
+        tl.store(a_ptr + mid[:, None] * C + ri[None, :], a_qk.to(ST), mask=m_r)
+        Xd = _solve(a_kk, beta, ri, C, SOLVE_PREC, ST).to(WT)
+        for k0 in range(0, K, BK):
+            rk = k0 + tl.arange(0, BK)
+            in_k = row[:, None] * K + rk[None, :]
+            g = tl.load(g_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            k = tl.load(k_ptr + in_k, mask=m_r, other=0.0).to(tl.float32)
+            G = tl.cumsum(g, axis=0)
+            w = tl.dot(Xd, (k * tl.exp(G) * beta[:, None]).to(WT))
+            tl.store(w_ptr + mid[:, None] * K + rk[None, :], w.to(ST), mask=m_r)
+        for v0 in range(0, V, BK):
+            rv = v0 + tl.arange(0, BK)
+            v = tl.load(v_ptr + row[:, None] * V + rv[None, :], mask=m_r, other=0.0).to(tl.float32)
+            u = tl.dot(Xd, (v * beta[:, None]).to(WT))
+            tl.store(u_ptr + mid[:, None] * V + rv[None, :], u.to(ST), mask=m_r)
 
 
 @triton.jit
-def _rows2(Y, C: tl.constexpr, BV: tl.constexpr):
-    """[2C, BV] -> its two [C, BV] row blocks."""
-    return tl.split(tl.permute(tl.reshape(Y, (2, C, BV)), (1, 2, 0)))
+def _mid_clamped(g, CLAMP: tl.constexpr):
+    """Exponents for one row block's own pairs (rows along axis 0): the cumsum of steps max(g, -CLAMP), less
+    the midpoint of its range, so |E| <= (rows - 1) CLAMP / 2 and E_i - E_j = G_i - G_j unless a step below
+    -CLAMP lies between."""
+    Gc = tl.cumsum(tl.maximum(g, -CLAMP), axis=0)
+    return Gc - 0.5 * (tl.max(Gc, axis=0) + tl.min(Gc, axis=0))[None, :]
 
 
 @triton.jit
-def _kda_recur(wq_ptr, uo_ptr, kg_ptr, mn_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
-               T, H, NS,
-               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, SUB: tl.constexpr, BV: tl.constexpr,
-               ROWS: tl.constexpr, COUPLED: tl.constexpr, HAS_H0: tl.constexpr, HAS_HT: tl.constexpr):
+def _kda_prep_halves(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr,
+                     w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr,
+                     T, H, NT, scale,
+                     K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, CLAMP: tl.constexpr,
+                     SOLVE_PREC: tl.constexpr, PREP_DOT: tl.constexpr):
+    """The prep of a C = 32 chunk as two 16-row halves, lo (rows 0-15) and hi (16-31), with one path for
+    every gate: A's three nonzero 16 x 16 blocks are each one product, the diagonal ones anchored as
+    `_mid_clamped` says and hi x lo at lo's last row (both factors <= 1), so no chunk takes a slower path
+    and no product spends work on the upper triangle. The solve is block forward substitution:
+    w_lo = X_lo kw_lo, w_hi = X_hi (kw_hi - L_hi,lo w_lo), with X_lo, X_hi the 16 x 16 inverses."""
+    n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    HB: tl.constexpr = C // 2
+    ST: tl.constexpr = w_ptr.dtype.element_ty
+    DT: tl.constexpr = tl.float32 if PREP_DOT == "tf32" else ST
+    WT: tl.constexpr = tl.float32 if PREP_DOT != "input" else ST
+
+    ri = tl.arange(0, HB)
+    rk = tl.arange(0, K)
+    rv = tl.arange(0, V)
+    t_lo = n * C + ri
+    t_hi = t_lo + HB
+    m_lo = (t_lo < T)[:, None]
+    m_hi = (t_hi < T)[:, None]
+    row_lo = (b * T + t_lo) * H + h
+    row_hi = (b * T + t_hi) * H + h
+    mid_lo = bh * T + t_lo
+    mid_hi = bh * T + t_hi
+    beta_lo = tl.load(beta_ptr + row_lo, mask=t_lo < T, other=0.0).to(tl.float32)
+    beta_hi = tl.load(beta_ptr + row_hi, mask=t_hi < T, other=0.0).to(tl.float32)
+    g_lo = tl.load(g_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    g_hi = tl.load(g_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32)
+    q_lo = tl.load(q_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32) * scale
+    q_hi = tl.load(q_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32) * scale
+    k_lo = tl.load(k_ptr + row_lo[:, None] * K + rk[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    k_hi = tl.load(k_ptr + row_hi[:, None] * K + rk[None, :], mask=m_hi, other=0.0).to(tl.float32)
+
+    G_lo = tl.cumsum(g_lo, axis=0)                                   # chunk-local, <= 0, non-increasing
+    Ga = tl.min(G_lo, axis=0)                                        # lo's last row: the cross anchor
+    G_hi = Ga[None, :] + tl.cumsum(g_hi, axis=0)
+    GL = tl.min(G_hi, axis=0)                                        # the chunk's last row (padding: g = 0)
+    eG_lo = tl.exp(G_lo)
+    eG_hi = tl.exp(G_hi)
+    tl.store(qg_ptr + mid_lo[:, None] * K + rk[None, :], (q_lo * eG_lo).to(ST), mask=m_lo)
+    tl.store(qg_ptr + mid_hi[:, None] * K + rk[None, :], (q_hi * eG_hi).to(ST), mask=m_hi)
+    tl.store(kg_ptr + mid_lo[:, None] * K + rk[None, :], (k_lo * tl.exp(GL[None, :] - G_lo)).to(ST), mask=m_lo)
+    tl.store(kg_ptr + mid_hi[:, None] * K + rk[None, :], (k_hi * tl.exp(GL[None, :] - G_hi)).to(ST), mask=m_hi)
+    tl.store(gl_ptr + (bh * NT + n) * K + rk, tl.exp(GL))
+
+    causal = ri[:, None] >= ri[None, :]
+    strict = ri[:, None] > ri[None, :]
+    E_lo = _mid_clamped(g_lo, CLAMP)
+    E_hi = _mid_clamped(g_hi, CLAMP)
+    F_lo = tl.exp(E_lo)
+    F_hi = tl.exp(E_hi)
+    kb_lo = (k_lo * tl.exp(-E_lo)).to(DT)
+    kb_hi = (k_hi * tl.exp(-E_hi)).to(DT)
+    a_ll = tl.where(causal, tl.dot((q_lo * F_lo).to(DT), tl.trans(kb_lo)), 0.0)
+    a_hh = tl.where(causal, tl.dot((q_hi * F_hi).to(DT), tl.trans(kb_hi)), 0.0)
+    kk_ll = tl.where(strict, tl.dot((k_lo * F_lo).to(DT), tl.trans(kb_lo)), 0.0)
+    kk_hh = tl.where(strict, tl.dot((k_hi * F_hi).to(DT), tl.trans(kb_hi)), 0.0)
+    up = tl.exp(G_hi - Ga[None, :])                                  # <= 1
+    kx = (k_lo * tl.exp(Ga[None, :] - G_lo)).to(DT)                  # <= 1
+    a_hl = tl.dot((q_hi * up).to(DT), tl.trans(kx))
+    kk_hl = tl.dot((k_hi * up).to(DT), tl.trans(kx))
+
+    # A_qk as the state pass reads it, [C, C] per chunk, zero above the diagonal
+    zero = tl.zeros([HB, HB], dtype=tl.float32)
+    a_lo = a_ptr + mid_lo[:, None] * C + ri[None, :]
+    a_hi = a_ptr + mid_hi[:, None] * C + ri[None, :]
+    tl.store(a_lo, a_ll.to(ST), mask=m_lo)
+    tl.store(a_lo + HB, zero.to(ST), mask=m_lo)
+    tl.store(a_hi, a_hl.to(ST), mask=m_hi)
+    tl.store(a_hi + HB, a_hh.to(ST), mask=m_hi)
+
+    X_lo = _solve(kk_ll, beta_lo, ri, HB, SOLVE_PREC, ST).to(WT)
+    X_hi = _solve(kk_hh, beta_hi, ri, HB, SOLVE_PREC, ST).to(WT)
+    L_hl = (kk_hl * beta_hi[:, None]).to(WT)
+    w_lo = tl.dot(X_lo, (k_lo * eG_lo * beta_lo[:, None]).to(WT))
+    w_hi = tl.dot(X_hi, (k_hi * eG_hi * beta_hi[:, None] - tl.dot(L_hl, w_lo.to(WT))).to(WT))
+    tl.store(w_ptr + mid_lo[:, None] * K + rk[None, :], w_lo.to(ST), mask=m_lo)
+    tl.store(w_ptr + mid_hi[:, None] * K + rk[None, :], w_hi.to(ST), mask=m_hi)
+    v_lo = tl.load(v_ptr + row_lo[:, None] * V + rv[None, :], mask=m_lo, other=0.0).to(tl.float32)
+    v_hi = tl.load(v_ptr + row_hi[:, None] * V + rv[None, :], mask=m_hi, other=0.0).to(tl.float32)
+    u_lo = tl.dot(X_lo, (v_lo * beta_lo[:, None]).to(WT))
+    u_hi = tl.dot(X_hi, (v_hi * beta_hi[:, None] - tl.dot(L_hl, u_lo.to(WT))).to(WT))
+    tl.store(u_ptr + mid_lo[:, None] * V + rv[None, :], u_lo.to(ST), mask=m_lo)
+    tl.store(u_ptr + mid_hi[:, None] * V + rv[None, :], u_hi.to(ST), mask=m_hi)
+
+
+@triton.jit
+def _kda_state(w_ptr, u_ptr, qg_ptr, kg_ptr, a_ptr, gl_ptr, o_ptr, h0_ptr, ht_ptr,
+               T, H, NT,
+               K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BV: tl.constexpr,
+               HAS_H0: tl.constexpr, HAS_HT: tl.constexpr):
     vb = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
-    R: tl.constexpr = 2 * C * SUB                                     # rows of wq and uo per step
-    rr = tl.arange(0, R)
-    rs = tl.arange(0, C * SUB)
-    rc = tl.arange(0, C)
+    ri = tl.arange(0, C)
     rk = tl.arange(0, K)
     rv = vb * BV + tl.arange(0, BV)
-    DT = wq_ptr.dtype.element_ty
-    OT = o_ptr.dtype.element_ty
-    sub_r = rr // (2 * C)                                             # Y row -> sub-chunk, kind, row
-    is_v = ((rr // C) % 2) == 0
-    ir = rr % C
+    DT = w_ptr.dtype.element_ty
 
     s_off = bh * K * V + rk[:, None] * V + rv[None, :]
     if HAS_H0:
         S = tl.load(h0_ptr + s_off).to(tl.float32)
     else:
         S = tl.zeros([K, BV], dtype=tl.float32)
-    for n in range(NS):
-        step = bh * NS + n
-        wq = tl.load(wq_ptr + step * (R * K) + rr[:, None] * K + rk[None, :])
-        uo = tl.load(uo_ptr + step * (R * V) + rr[:, None] * V + rv[None, :]).to(tl.float32)
-        gl = tl.load(gl_ptr + step * K + rk)
-        if ROWS == "pad":
-            # Y's rows stay where they are: kg and [M; -N] are loaded zero-padded to act on the right rows
-            kg = tl.load(kg_ptr + step * (C * SUB * K) + (sub_r * C + ir)[:, None] * K + rk[None, :],
-                         mask=is_v[:, None], other=0.0)
-            Y = uo - tl.dot(wq, S.to(DT))                             # rows: v_new, o per sub-chunk
-            if SUB == 2 and not COUPLED:
-                mn = tl.load(mn_ptr + step * (2 * C * C) + (rr - 2 * C)[:, None] * C + rr[None, :],
-                             mask=(rr >= 2 * C)[:, None] & (rr < C)[None, :], other=0.0)
-                Y = Y - tl.dot(mn, Y.to(DT))                          # b's rows -= [M; -N] v_new_a
-            t = n * (C * SUB) + sub_r * C + ir
-            o_off = ((b * T + t) * H + h)[:, None] * V + rv[None, :]
-            tl.store(o_ptr + o_off, Y.to(OT), mask=((~is_v) & (t < T))[:, None])
-            vn = Y
-        else:
-            # Y split into [C, BV] row blocks
-            kg = tl.load(kg_ptr + step * (C * SUB * K) + rs[:, None] * K + rk[None, :])
-            Y = uo - tl.dot(wq, S.to(DT))
-            t = n * (C * SUB) + rc
-            o_row = ((b * T + t) * H + h)[:, None] * V + rv[None, :]
-            if SUB == 1:
-                vn, o = _rows2(Y, C, BV)
-                tl.store(o_ptr + o_row, o.to(OT), mask=(t < T)[:, None])
-            else:
-                # Y rows (sub-chunk, kind, row): v_new and o of sub-chunks a and b
-                VN, O = tl.split(tl.permute(tl.reshape(Y, (2, 2, C, BV)), (2, 3, 0, 1)))
-                va, vnb = tl.split(VN)
-                oa, ob = tl.split(O)
-                if not COUPLED:
-                    mn = tl.load(mn_ptr + step * (2 * C * C) + tl.arange(0, 2 * C)[:, None] * C + rc[None, :])
-                    xm, xn = _rows2(tl.dot(mn, va.to(DT)), C, BV)     # M v_new_a, -N v_new_a
-                    vnb = vnb - xm
-                    ob = ob - xn
-                tl.store(o_ptr + o_row, oa.to(OT), mask=(t < T)[:, None])
-                tl.store(o_ptr + o_row + C * H * V, ob.to(OT), mask=(t + C < T)[:, None])
-                vn = tl.reshape(tl.permute(tl.join(va, vnb), (2, 0, 1)), (2 * C, BV))
-        S = S * gl[:, None] + tl.dot(tl.trans(kg), vn.to(DT))
+    for n in range(NT):
+        t = n * C + ri
+        m = (t < T)[:, None]
+        mid_k = (bh * T + t)[:, None] * K + rk[None, :]
+        mid_v = (bh * T + t)[:, None] * V + rv[None, :]
+        w = tl.load(w_ptr + mid_k, mask=m, other=0.0)
+        qg = tl.load(qg_ptr + mid_k, mask=m, other=0.0)
+        kg = tl.load(kg_ptr + mid_k, mask=m, other=0.0)
+        u = tl.load(u_ptr + mid_v, mask=m, other=0.0).to(tl.float32)
+        a = tl.load(a_ptr + (bh * T + t)[:, None] * C + ri[None, :], mask=m, other=0.0)
+        gl = tl.load(gl_ptr + (bh * NT + n) * K + rk)
+        Sd = S.to(DT)
+        vn = u - tl.dot(w, Sd)
+        vnd = vn.to(DT)
+        o = tl.dot(qg, Sd) + tl.dot(a, vnd)
+        S = S * gl[:, None] + tl.dot(tl.trans(kg), vnd)
+        o_off = ((b * T + t) * H + h)[:, None] * V + rv[None, :]
+        tl.store(o_ptr + o_off, o.to(o_ptr.dtype.element_ty), mask=m)
     if HAS_HT:
         tl.store(ht_ptr + s_off, S)
 
@@ -364,31 +382,39 @@ def forward(inputs, out, prep=True, state=True):
     ht = out.get("final_state")
     B, T, H, K = q.shape
     V = v.shape[-1]
-    SUB = KNOBS["SUB"]
-    if SUB not in (1, 2, 4) or (SUB == 4 and (KNOBS["COUPLE"], KNOBS["ROWS"]) != ("prep", "pad")):
-        raise ValueError(f"SUB={SUB} must be 1, 2 or 4, and 4 needs COUPLE prep and ROWS pad")
+    C = KNOBS["CHUNK"]
+    BD = KNOBS["BD"]
+    if BD not in (8, 16) or BD > C:
+        raise ValueError(f"BD={BD} must be 8 or 16 and at most CHUNK={C}")
+    if KNOBS["BOUND"] > 170.0:
+        raise ValueError("BOUND > 170 lets a FAST factor e^{BOUND/2} overflow fp32")
     BV = min(KNOBS["BV"], V)
-    NS = triton.cdiv(T, C * SUB)                                      # steps of the state pass
+    NT = triton.cdiv(T, C)
+    scale = K ** -0.5
     dt = q.dtype
     dev = q.device
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    wq = torch.empty(B * H, NS * SUB, 2, C, K, dtype=dt, device=dev)
-    uo = torch.empty(B * H, NS * SUB, 2, C, V, dtype=dt, device=dev)
-    kg = torch.empty(B * H, NS * SUB, C, K, dtype=dt, device=dev)
-    COUPLE = KNOBS["COUPLE"] if SUB > 1 else "state"
-    mn = torch.empty(B * H, NS, 2, C, C, dtype=dt, device=dev) if COUPLE == "state" and SUB > 1 else kg
-    gl = torch.empty(B * H, NS, K, dtype=torch.float32, device=dev)
-    if prep:
-        LAUNCHED["intra"] = _kda_intra[(NS if COUPLE == "prep" else NS * SUB, B * H)](
-            q, k, v, g, beta, wq, uo, kg, mn, gl, T, H, NS, K ** -0.5,
-            K=K, V=V, C=C, SUB=SUB, CLAMP=CLAMP, PREP_DOT=KNOBS["PREP_DOT"], COUPLE=COUPLE,
-            num_warps=KNOBS["num_warps_prep"], num_stages=1,
-            **({"maxnreg": KNOBS["maxnreg_prep"]} if KNOBS["maxnreg_prep"] else {}))
+    w = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    qg = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    kg = torch.empty(B, H, T, K, dtype=dt, device=dev)
+    u = torch.empty(B, H, T, V, dtype=dt, device=dev)
+    a = torch.empty(B, H, T, C, dtype=dt, device=dev)
+    gl = torch.empty(B, H, NT, K, dtype=torch.float32, device=dev)
+    if prep and KNOBS["PREP"] == "halves" and C == 32:
+        _kda_prep_halves[(NT, B * H)](
+            q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
+            K=K, V=V, C=C, CLAMP=170.0 / (C // 2 - 1), SOLVE_PREC=KNOBS["SOLVE_PREC"], PREP_DOT=KNOBS["PREP_DOT"],
+            num_warps=KNOBS["num_warps_prep"], num_stages=1)
+    elif prep:
+        _kda_prep[(NT, B * H)](
+            q, k, v, g, beta, w, u, qg, kg, a, gl, T, H, NT, scale,
+            K=K, V=V, C=C, BK=min(KNOBS["BK"], K), BD=BD, CLAMP=170.0 / (BD - 1), FAST=KNOBS["FAST"],
+            BOUND=KNOBS["BOUND"], SOLVE_PREC=KNOBS["SOLVE_PREC"], PREP_DOT=KNOBS["PREP_DOT"], num_warps=KNOBS["num_warps_prep"],
+            num_stages=1)
     if state:
-        LAUNCHED["recur"] = _kda_recur[(triton.cdiv(V, BV), B * H)](
-            wq, uo, kg, mn, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
-            T, H, NS, K=K, V=V, C=C, SUB=SUB, BV=BV, ROWS=KNOBS["ROWS"], COUPLED=COUPLE == "prep",
-            HAS_H0=h0 is not None, HAS_HT=ht is not None,
+        _kda_state[(triton.cdiv(V, BV), B * H)](
+            w, u, qg, kg, a, gl, o, h0 if h0 is not None else gl, ht if ht is not None else gl,
+            T, H, NT, K=K, V=V, C=C, BV=BV, HAS_H0=h0 is not None, HAS_HT=ht is not None,
             num_warps=KNOBS["num_warps_state"], num_stages=KNOBS["num_stages"])
 
 

@@ -1,37 +1,39 @@
-"""Search space of the KDA template (baselines/kda/kernel.py). Every combination is valid except SUB 4 with
-COUPLE state or ROWS split, for which forward() raises ValueError, and SUB 4 with num_stages 4 (over the
-shared memory).
-SUB      16-row sub-chunks per step of the sequential state pass: 1 (a step is one [32, K] x [K, BV] product
-         and the update), 2 (half the steps; the sub-chunks of a step are coupled, see COUPLE) or 4 (a quarter;
-         COUPLE prep and ROWS pad only, its prep spill-free at 8 warps); a step's state-pass product has
-         32 SUB rows
-COUPLE   where the in-step coupling of SUB 2 goes (SUB 4: "prep" only): "prep" (one program per step folds
-         it into the second sub-chunk's operands: the state pass's chain is two products a step) or "state"
-         (one program per sub-chunk stores [M; -N], which the state pass applies to v_new_a: a third product
-         on its chain)
-BV       V block of the state pass (clamped to V; grid = V/BV * B*H programs); each program re-reads the
-         step's K-wide operands (wq, kg), so a small BV buys programs with L2 traffic
-ROWS     how the state pass separates the rows of Y = uo - wq S (v_new and o of each sub-chunk): "pad" keeps
-         Y whole and loads kg and [M; -N] zero-padded to Y's rows (wider products, no register shuffles);
-         "split" splits Y into [16, BV] blocks (tl.split) and joins v_new again for the update
-PREP_DOT operands of the prep's products: "input" (the input dtype: bf16 on the GPU), "mixed" (A products in
-         the input dtype; solve, w, u, q', ou, M, N in fp32/tf32), "tf32" (all fp32/tf32)
-maxnreg_prep registers per thread the prep may use (0: as ptxas chooses, 218 at COUPLE prep, 178 at COUPLE
-         state, 128 at SUB 1, K = 128, 4 warps): 168 fits three 4-warp programs on an SM, 128 four; below the
-         natural count ptxas spills
-num_warps_prep / num_warps_state   warps per program of each launch
-num_stages   software pipelining of the state pass's loads (shared memory per stage grows with SUB: at SUB 4,
-         4 stages need 299 KB and the launch raises OutOfResources; 3 stages fit with 225 KB)
+"""Search space of the KDA template (baselines/kda/kernel.py). Every combination is valid, except that BD may
+not exceed CHUNK (BD 16 with CHUNK 16 is fine); forward() raises ValueError for an invalid one.
+CHUNK    chunk length C: fewer, larger sequential steps in the state kernel against a larger prep (A, solve)
+BK       K (and V) block of the prep kernel: A is summed over K blocks, w and u are written by blocks
+BV       V-block of the sequential state kernel (clamped to V; grid = V/BV * B*H programs); each program
+         re-reads the chunk's K-wide operands (w, qg, kg), so a small BV buys programs with L2 traffic
+BD       rows of the diagonal blocks of A computed with the clamped, midpoint-anchored factorisation when a
+         chunk is not FAST: 8 (clamp 24 nats, exact to ~1e-11) or 16 (one binary level fewer, clamp 11 nats:
+         ~1e-5 change in A, invisible at bf16 precision)
+FAST     per-chunk fast path (one product for the whole chunk, anchored at the midpoint of its G range) when
+         the chunk's decay span <= BOUND; other chunks take the always-safe split (levels + diagonal blocks)
+PREP     "chunk": launch 1 as kernel.py describes it; "halves" (at CHUNK 32; other chunk sizes take "chunk"): the chunk as two
+         16-row halves, A's three nonzero 16 x 16 blocks one product each (diagonal blocks clamped and
+         midpoint-anchored, the cross block anchored at the lower half's last row), block forward
+         substitution for w and u; one path for every gate, so BK, BD, FAST and BOUND do not apply
+BOUND    span limit in nats for FAST; each factor is <= e^{BOUND/2}, so <= 170 keeps it finite in fp32/bf16
+PREP_DOT operands of the prep's products: "input" (the input dtype: bf16 on the GPU), "wu_tf32" (A in the input
+         dtype, w and u in fp32/tf32), "tf32" (all fp32/tf32: ~15% less error at bf16 inputs, ~20% slower prep)
+SOLVE_PREC  operands of the block-doubling solve: "input" (the input dtype) or fp32 at that tl.dot
+         input_precision ("tf32", "tf32x3", "ieee"); w is rounded to the input dtype afterwards either way
+num_warps_prep / num_warps_state / num_stages   launch settings (num_stages: the state kernel's pipelining;
+         at CHUNK 64, num_stages 4 exceeds shared memory and the launch raises OutOfResources, and num_stages 1
+         has died with an illegal memory access on an H200 while exact under the interpreter)
 """
 
 SPACE = {
-    "SUB": [1, 2, 4],
+    "CHUNK": [16, 32, 64],
+    "BK": [32, 64, 128],
     "BV": [16, 32, 64, 128],
-    "COUPLE": ["prep", "state"],
-    "ROWS": ["pad", "split"],
-    "PREP_DOT": ["input", "mixed", "tf32"],
-    "maxnreg_prep": [0, 128, 168, 224],
-    "num_warps_prep": [2, 4, 8],
+    "BD": [8, 16],
+    "FAST": [True, False],
+    "PREP": ["chunk", "halves"],
+    "BOUND": [40.0, 80.0, 160.0],
+    "PREP_DOT": ["input", "wu_tf32", "tf32"],
+    "SOLVE_PREC": ["input", "tf32", "tf32x3", "ieee"],
+    "num_warps_prep": [4, 8],
     "num_warps_state": [2, 4, 8],
     "num_stages": [1, 2, 3, 4],
 }
