@@ -6,7 +6,7 @@ device time (gpu_worker.devicetime: one CUDA graph per rotated input copy, toget
         [--dists unit,small,peaked] [--time-dists unit] [--no-torch] [--no-floor]
 
 --variants: a JSON list of [name, knob overrides(, [[old, new], ...] source patches)]; default: the
-built-in list below (the earlier defaults written out in full, the present defaults and neighbours).
+built-in list below (the defaults first, then PREFETCH, the one-launch design and neighbours).
 --dists: the distributions checked for errors; --time-dists: those timed (each timed distribution adds
 one graph-timing pass per variant). --smoke: one call of each variant on each shape, with its registers,
 spills and shared memory (run it under `timeout` first: a broken grid barrier hangs, it does not fail).
@@ -33,13 +33,10 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-PREVIOUS = {"BLOCK_H": 64, "BLOCK_N": 32, "COMBINE_TILE": 8192, "FUSED": False, "GRID": 128, "MIN_ROW_BLOCKS": 1,
-            "MIN_TILES": 1, "PARTIAL_BF16": True, "PDL": True, "PREFETCH": False, "REDUCE_D": 512, "SPLIT_DV": 2,
-            "num_stages": 4, "num_warps": 4}
 ONE_LAUNCH = {"FUSED": True, "REDUCE_D": 256, "COMBINE_TILE": 16384}  # one reduction round trip per program
-VARIANTS = [  # knob overrides of the template's defaults (the first: the earlier defaults, for comparison)
-    ["previous", PREVIOUS],  # two kernels, tiles streamed from HBM by the pipeline
-    ["default", {}],  # the same with the split's rows prefetched into L2 before q loads
+VARIANTS = [  # knob overrides of the template's defaults (the first: the defaults, which the others are compared to)
+    ["default", {}],  # two kernels, tiles streamed from HBM by the pipeline
+    ["prefetch", {"PREFETCH": True}],  # the split's rows prefetched into L2 before q loads
     ["n64-s2", {"BLOCK_N": 64, "num_stages": 2}],  # half the q re-reads per key, one tile in flight (from L2)
     ["two-per-sm", {"GRID": 256, "num_stages": 1}],  # 110 KB shared: two programs per SM, twice the splits
     # Q4: two warp groups of 64 rows per program, half the tile reads from L2, 2 stages (q takes 147 KB);
