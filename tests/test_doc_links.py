@@ -4,6 +4,7 @@ repository path or module that code, configuration, scripts and documentation na
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,21 @@ def test_relative_links_resolve_inside_the_repository(doc):
     assert not broken, f"{doc.relative_to(ROOT)} links to what is not in the repository: {broken}"
 
 
+def repository_files() -> list[Path]:
+    """The files the repository holds: tracked or not yet added, never what git ignores (a venv, a GPU
+    bundle, build outputs); without git, every file outside the usual ignored folders."""
+    try:
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+        return [ROOT / line for line in out.splitlines() if (ROOT / line).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in ROOT.rglob("*") if p.is_file()
+                and not {".git", ".venv", "node_modules", "__pycache__"} & set(p.relative_to(ROOT).parts)]
+
+
 #: the files that name repository paths in their text: code, configuration, scripts and documentation
-NAMING = sorted(p for p in ROOT.rglob("*")
-                if p.is_file() and (p.suffix in (".py", ".toml", ".yml", ".yaml", ".sh", ".md")
-                                    or p.name in ("Makefile", "Dockerfile"))
-                and not {".git", ".venv", "node_modules", "__pycache__"} & set(p.relative_to(ROOT).parts)
+NAMING = sorted(p for p in repository_files()
+                if (p.suffix in (".py", ".toml", ".yml", ".yaml", ".sh", ".md") or p.name in ("Makefile", "Dockerfile"))
                 and p != Path(__file__).resolve())
 #: the repository's top-level folders: a path that starts with one of them is read as a repository path
 TOP = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith("."))
