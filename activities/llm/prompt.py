@@ -89,9 +89,11 @@ def run_state(req: LlmTurnRequest) -> str:
                  "Baseline time: not measured yet (the first submission measures it).")
     if b:
         interp = " (interpreter timing on CPU, not GPU speed)" if b.interpreter else ""
+        worst = f" on {b.deciding_dist}, its worst input distribution" if b.deciding_dist else ""
         lines.append(f"Current best: {b.candidate_id} from iteration {b.iteration}: {b.speedup:.3f}x the "
-                     f"baseline, {b.time_ms:.4g} ms{interp}. A new best needs its whole 95% interval above "
-                     f"{b.speedup:.3f}x.")
+                     f"baseline{worst}, {b.time_ms:.4g} ms{interp}. A new best needs a worst speedup over the input "
+                     f"distributions above the best's with 95% confidence; being slower than the best on a "
+                     f"distribution that is not its worst is allowed.")
     else:
         lines.append("Current best: none yet: submit a correct kernel first.")
     left = []

@@ -41,11 +41,13 @@ def test_the_prompt_starts_the_same_every_turn_and_turn_one_has_code(store):
     assert "def run(" in first[1]["content"] and "# The starting kernel" in first[1]["content"]
     assert "Work at B1 T8192 H32 D128 (B=1, T=8192, H=32, D=128, state=0): 47.96 GFLOP" in first[1]["content"]
     best = BestRef(candidate_id="c" * 16, source_key=store.put_text(softmax_kernel(**LADDER[3])), speedup=1.2,
-                   time_ms=0.8, baseline_ms=0.96, iteration=4)
+                   time_ms=0.8, baseline_ms=0.96, iteration=4, deciding_dist="strong")
     later = build_messages(req(store, problem="kda", turn=9, used=Used(iterations=4, turns=8), best=best,
                                hints=["try BT=32"]), store)
     assert later[:2] == first[:2]  # system and the stable part: identical, so a provider can cache them
     assert "Current best: cccc" in later[-1]["content"] and "try BT=32" in later[-1]["content"]
+    # what a new best must beat: the worst speedup, and where the best has it
+    assert "1.200x the baseline on strong, its worst input distribution" in later[-1]["content"]
 
 
 def test_hints_are_new_in_the_prompt(store):
