@@ -55,7 +55,8 @@ def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> 
     recorded IterationRecord when acceptance is re-decided in order.
 
     The evidence is the head-to-head of the same benchmark (the best is timed interleaved with the
-    candidate): the interval of best time / candidate time lies above 1. Speedups from different
+    candidate): the interval of the candidate's worst speedup over the best's (best time / candidate
+    time on one distribution) lies above 1. Speedups from different
     benchmarks are not compared: a baseline's own time moves between benchmarks of one run by more than
     the differences a search has to resolve, so comparing them crowns slower kernels. Without a head-to-head
     against this very best (a result without vs_best_ci, or one timed against a best since replaced) the
