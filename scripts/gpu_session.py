@@ -142,6 +142,16 @@ def sample_smi(stop) -> None:
         stop.wait(1.0)
 
 
+def gpu_worker_env(device: int) -> dict:
+    """The environment of the GPU worker of CUDA device `device`: that device alone, and on a host with cores
+    to spare two cores of its own to time on (gpu_worker.scheduling.timing_cpus)."""
+    env = {"CUDA_VISIBLE_DEVICES": str(device)}
+    ncpu = os.cpu_count() or 0
+    if ncpu >= 16:
+        env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * device}-{ncpu - 1 - 2 * device}"
+    return env
+
+
 def iterations_to_raise(st: dict, wanted: int) -> int | None:
     """The iteration budget a resumed run gets, or None to leave it: a resumed run keeps the budget in its
     spec, so --iterations above it is sent as a budget change (otherwise a run resumed at 960 of 1000 with
@@ -255,10 +265,7 @@ def main() -> int:
         def gpu_worker(i: int) -> subprocess.Popen:
             d = devices[i]
             args = ["worker", "--role", "gpu", "--metrics-port", str(9100 + 10 * d)]
-            env = dict(gpu_env, CUDA_VISIBLE_DEVICES=str(d))
-            ncpu = os.cpu_count() or 0
-            if ncpu >= 16:  # each GPU worker times on two cores of its own (gpu_worker.scheduling.timing_cpus)
-                env["MARATHON_TIMING_CPUS"] = f"{ncpu - 2 - 2 * d}-{ncpu - 1 - 2 * d}"
+            env = dict(gpu_env, **gpu_worker_env(d))
             if a.split:
                 args += ["--gpu-queue", queues[i]]
                 env["MARATHON_WARM_PROBLEM"] = ",".join(groups[i])

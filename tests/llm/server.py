@@ -32,6 +32,7 @@ class Seen:
     at: float
     status: int = 0
     usage: dict | None = None  # what a 200 reply reported
+    served: float | None = None  # when the reply was written (time.monotonic(), as `at`)
 
 
 def completion(content: str | None = None, calls: list[tuple[str, dict | str]] = (), prompt_tokens: int = 100,
@@ -199,6 +200,8 @@ class ChatServer:
                         self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
+                    self.wfile.flush()
+                    seen.served = time.monotonic()
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (a timeout test)
 
