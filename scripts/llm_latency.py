@@ -51,7 +51,7 @@ from tests.llm.server import ChatServer, completion  # noqa: E402
 TARGET_VERDICT_S = 30.0
 TARGET_FIRST_S = 180.0
 STAGES = ("compile", "verify", "benchmark")
-RESERVE_S = 45.0  # of --budget-s, kept for stopping the processes and writing the results
+RESERVE_S = 30.0  # of --budget-s, kept for reading the history, stopping the processes and writing the results
 WALL = time.time() - time.monotonic()  # monotonic -> epoch seconds (the endpoint's times are monotonic)
 
 
