@@ -36,7 +36,7 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from rules.check import check_source
 from gpu_worker.sandbox import Rejection, Sandbox
-from gpu_worker.settings import GpuWorkerSettings, cuda_available  # noqa: F401 - re-exported
+from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStore
 from workflows.contracts import EvalRequest, ProfileReport
 

@@ -158,9 +158,9 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
     """`best`: {problem: [source keys of candidate kernels]}, each measured on every shape of the problem.
     `settings`: the GPU worker's (gpu_worker.settings; None: the defaults)."""
     from baselines.registry import get_problem
-    from gpu_worker.harness import Evaluator, cuda_available
+    from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
-    from gpu_worker.settings import GpuWorkerSettings
+    from gpu_worker.settings import GpuWorkerSettings, cuda_available
 
     settings = settings or GpuWorkerSettings()
 
