@@ -71,6 +71,13 @@ def improves_on(result: BenchReport | IterationRecord, best: BestRef | None) -> 
     return low > best.speedup
 
 
+def profile_with_verdict(outcome: str, interpreter: bool) -> bool:
+    """A submission's verdict brings the kernel's profile only when it crowned a new best: the profile is a
+    GPU pass of its own that a loser's answer would wait for, and the model asks for one with `profile`
+    whenever it wants it. The interpreter has no profiler."""
+    return outcome == "improved" and not interpreter
+
+
 def update_leaderboard(board: list[LeaderEntry], entry: LeaderEntry, k: int) -> list[LeaderEntry]:
     """Top-k by speedup, one entry per candidate (its latest measurement), ties broken by iteration."""
     rest = [e for e in board if e.candidate_id != entry.candidate_id]

@@ -40,6 +40,8 @@ IDLE_TURNS_EXHAUST = 6  # consecutive turns with nothing to execute: the model h
 MAX_STANDING_HINTS = 20  # hints in force at once (the oldest give way)
 
 _ANSWER_CHARS = 2500
+# a submission's answer brings the profile only for a new best (decisions.profile_with_verdict)
+PROFILE_BESTS_PATCH = "profile-new-bests-only"
 
 
 class Loop(Protocol):
@@ -213,9 +215,13 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
     profile = ""
-    if rec.outcome != "rejected" and not rec.interpreter:
+    bests_only = workflow.patched(PROFILE_BESTS_PATCH)
+    if (decisions.profile_with_verdict(rec.outcome, rec.interpreter) if bests_only
+            else rec.outcome != "rejected" and not rec.interpreter):
         profile = await _profile_line(wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id,
                                                       source_key=rec.source_key, shape=wf.spec.shape))
+    elif rec.outcome == "passed" and not rec.interpreter:
+        profile = f"\nIts profile: call `profile` with candidate_id {rec.candidate_id}."
     return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.{profile}")
 
 

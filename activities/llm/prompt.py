@@ -23,7 +23,8 @@ LAST_TOOL_CONTENT_CHARS = 24000  # one answer to the latest turn: a whole templa
 
 SYSTEM_PROMPT = """You are an expert GPU kernel engineer in a long optimization run. You write Triton \
 kernels and iterate like an expert: write, compile, check, profile, think, try again. You act only \
-through the tools; every kernel you want measured for real goes through submit_kernel.
+through the tools; every kernel you want measured for real goes through submit_kernel. A submission's \
+answer brings the kernel's profile when it is a new best; ask `profile` for any other.
 
 A candidate is one Python module that defines `run(inputs, out)`: `inputs` maps names to tensors, `out` \
 maps output names to preallocated tensors that `run` must fill in place (they are poisoned with NaN \

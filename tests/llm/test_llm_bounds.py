@@ -185,19 +185,23 @@ def gpu_profile(req: EvalRequest) -> ProfileReport:
 
 async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
     src0, src1 = softmax_kernel(**LADDER[0]), softmax_kernel(**LADDER[1])
-    script = TurnScript([turn(("benchmark", {"source": src0})), turn(submit(1)), turn(submit(2))])
+    script = TurnScript([turn(("benchmark", {"source": src0})), turn(submit(1)), turn(submit(0)), turn(submit(2))])
     gpu = [synthetic.compile_candidate, synthetic.verify_candidate, gpu_benchmark, gpu_profile]
     with ChatServer(script) as server:
         llm_env(server)
         async with workers(env.client, gpu):
-            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2}), "llm-prof")
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 3}), "llm-prof")
             res = await h.result()
         turns, compactions = server.turns(), server.compactions()
-    assert res.iterations == 2
+    assert res.iterations == 3
     (bench,) = tool_answers(turns[1])
     assert f"PROFILE-OF-{candidate_id(src0)}" in bench and "(ncu, memory-bound)" in bench
     (submitted,) = tool_answers(turns[2])
-    assert submitted.startswith("iteration 1: ") and f"PROFILE-OF-{candidate_id(src1)}" in submitted
+    assert submitted.startswith("iteration 1: improved") and f"PROFILE-OF-{candidate_id(src1)}" in submitted
+    # a submission that crowns nothing gets its verdict without waiting for a profile, and says how to ask
+    (slower,) = tool_answers(turns[3])
+    assert slower.startswith("iteration 2: passed") and "PROFILE-OF-" not in slower, slower
+    assert f"call `profile` with candidate_id {candidate_id(src0)}" in slower
     # the notebook's rewrite is given what the tools said, not only the submissions
     summary = prompt_text(compactions[-1])
     assert f"- turn 1 benchmark {candidate_id(src0)}: " in summary and f"PROFILE-OF-{candidate_id(src0)}" in summary

@@ -97,3 +97,10 @@ def test_default_compaction_interval_and_its_check():
     assert compaction_problem("search", 24, 24) is None
     assert "carrying the same ones into run after run" in compaction_problem("search", 24, 10)
     assert compaction_problem("llm", 24, 10) is None  # the llm policy runs one turn at a time
+
+
+def test_a_verdict_brings_the_profile_only_for_a_new_best():
+    assert decisions.profile_with_verdict("improved", interpreter=False)
+    assert not decisions.profile_with_verdict("passed", interpreter=False)
+    assert not decisions.profile_with_verdict("rejected", interpreter=False)
+    assert not decisions.profile_with_verdict("improved", interpreter=True)
