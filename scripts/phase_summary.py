@@ -165,8 +165,9 @@ def main(argv: list[str]) -> int:
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
-        if drains(rows):
-            print(drains(rows))
+        shared = drains(rows)
+        if shared:
+            print(shared)
         if a.concurrency:
             print(concurrency(rows, compacted=compactions(a.agent, a.run) if a.agent else None))
         if a.rate:
