@@ -17,6 +17,13 @@ with an earlier ticket waits; a timing block starts once no job with an earlier 
 runs. So a stream of jobs cannot starve a timing block (jobs that asked after it wait for it), and a
 stream of timing blocks cannot starve a job (blocks that asked after it wait for it).
 
+Timing windows: draining the device of jobs costs the rest of their turns, so once a timing block has it
+drained, the blocks waiting (and those arriving meanwhile) run back to back, oldest first, before jobs
+come back: one drain for several blocks. Invariant: a window takes a next block ahead of a job that asked
+before that block only while the window is younger than `window_s`; past that, blocks keep running in it
+only while no job that asked before them waits. So a job waits at most for one window's `window_s` (and the
+block under way then) plus the blocks that asked before it.
+
 Stages (`stage()`: a candidate's compile, verify or benchmark, from its first upload to its last
 comparison) are counted, not turns: they hold no device turn. A stage retried after running out of
 memory (`alone()` on its thread) waits until no other stage of ours runs, and no other stage starts
@@ -37,24 +44,29 @@ from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
 #: how long a waiter sleeps between looks: its heartbeat's period while it waits
 WAIT_S = 2.0
 DEVICE_JOBS = GpuWorkerSettings.model_fields["device_jobs"].default
+TIMING_WINDOW_S = GpuWorkerSettings.model_fields["timing_window_s"].default
 
 
 class DeviceOwner:
     """See the module's docstring. `busy_s`: time with any turn held (the union of jobs and timing
     blocks); `timed_s`: of which timing blocks; `closed_s`: time with a timing block waiting or running
-    (new jobs wait)."""
+    (new jobs wait); `blocks`: timing blocks run; `windows`: timing windows opened (drains of the jobs), so
+    `blocks / windows` is how many blocks shared a drain."""
 
     retries_alone = True  # a stage that ran out of memory beside others is run again alone (see alone)
 
-    def __init__(self, max_jobs: int | None = None):
-        """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); None takes its default."""
+    def __init__(self, max_jobs: int | None = None, window_s: float | None = None):
+        """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); `window_s`: their timing_window_s
+        (MARATHON_TIMING_WINDOW_S); None takes the default."""
         self.max_jobs = max(1, DEVICE_JOBS if max_jobs is None else max_jobs)
+        self.window_s = max(0.0, TIMING_WINDOW_S if window_s is None else window_s)
         self._cv = threading.Condition()
         self._tickets = itertools.count()
         self._jobs = 0  # untimed jobs on the device
         self._timing_on = False  # a timing block on the device
         self._timing_waiting: list[int] = []  # tickets of waiting timing blocks, oldest first
         self._jobs_waiting: set[int] = set()  # tickets of jobs waiting for the device
+        self._window_since: float | None = None  # when the open timing window's first block started
         self._stages = 0  # stages running
         self._alone_on = False  # a stage retried alone is running
         self._alone_waiting = 0
@@ -62,6 +74,8 @@ class DeviceOwner:
         self.busy_s = 0.0
         self.timed_s = 0.0
         self.closed_s = 0.0
+        self.blocks = 0
+        self.windows = 0
         self._busy_since: float | None = None
         self._closed_since: float | None = None
 
@@ -76,7 +90,7 @@ class DeviceOwner:
             dt, self._busy_since = now - self._busy_since, None
             self.busy_s += dt
             add_gpu_busy(dt)
-        closed = self._timing_on or bool(self._timing_waiting)
+        closed = self._timing_on or bool(self._timing_waiting) or self._window_since is not None
         if closed and self._closed_since is None:
             self._closed_since = now
         elif not closed and self._closed_since is not None:
@@ -85,12 +99,31 @@ class DeviceOwner:
             add_gpu_closed(dt)
 
     def _job_may_start(self, ticket: int) -> bool:
-        return (not self._timing_on and self._jobs < self.max_jobs
+        return (not self._timing_on and not self._window_open() and self._jobs < self.max_jobs
                 and not (self._timing_waiting and self._timing_waiting[0] < ticket))
 
     def _timing_may_start(self, ticket: int) -> bool:
-        return (not self._timing_on and self._jobs == 0 and self._timing_waiting[0] == ticket
-                and not any(j < ticket for j in self._jobs_waiting))
+        if self._timing_on or self._jobs or self._timing_waiting[0] != ticket:
+            return False
+        return self._window_open() or not any(j < ticket for j in self._jobs_waiting)
+
+    def _window_open(self) -> bool:
+        """Under _cv: whether the timing window stays open (see the module's docstring: it holds while a
+        block runs, or while the oldest waiting block may run next in it). Closing it lets the jobs back
+        and wakes them; it is looked at by every waiter, so the window's age is never missed."""
+        if self._window_since is None:
+            return False
+        if self._timing_on:
+            return True
+        if self._timing_waiting:
+            first = self._timing_waiting[0]
+            if (time.monotonic() - self._window_since < self.window_s
+                    or not any(j < first for j in self._jobs_waiting)):
+                return True
+        self._window_since = None
+        self._account()
+        self._cv.notify_all()
+        return False
 
     # --- untimed device jobs -------------------------------------------------------------------
     @contextlib.contextmanager
@@ -177,14 +210,23 @@ class DeviceOwner:
                     beat()
             except BaseException:  # cancelled while waiting: jobs behind it must not wait for nobody
                 self._timing_waiting.remove(ticket)
+                self._window_open()  # a window left with no block to run closes
                 self._account()
                 self._cv.notify_all()
                 raise
             self._timing_waiting.remove(ticket)
             self._timing_on = True
+            opened = self._window_since is None
+            if opened:
+                self._window_since = time.monotonic()
+                self.windows += 1
+            self.blocks += 1
             self._account()
         t = time.monotonic()
         add_phase("gpu-wait", t - t0)
+        add_phase("gpu-blocks", 1)
+        if opened:
+            add_phase("gpu-drains", 1)  # this block drained the device: the blocks after it in its window did not
         try:
             yield self
         finally:
@@ -194,6 +236,7 @@ class DeviceOwner:
             with self._cv:
                 self.timed_s += dt
                 self._timing_on = False
+                self._window_open()  # the next waiting block runs in this window, or the jobs come back
                 self._account()
                 self._cv.notify_all()
 

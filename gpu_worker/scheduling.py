@@ -209,17 +209,19 @@ class Scheduler:
     `for_worker(settings)`."""
 
     def __init__(self, spares: int = 1, keep: int = 16, cpus: tuple[set, set] | None = TIMING_CPUS,
-                 max_jobs: int | None = None):
+                 max_jobs: int | None = None, timing_window_s: float | None = None):
         self.spares = spares
         self.cpus = cpus  # (cores for timed work, cores for everything else), or None
-        self.owner = DeviceOwner(max_jobs)  # when this worker's work goes on the device (see DeviceOwner)
+        # when this worker's work goes on the device (see DeviceOwner)
+        self.owner = DeviceOwner(max_jobs, timing_window_s)
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
 
     @classmethod
     def under(cls, settings: GpuWorkerSettings, spares: int = 1, keep: int = 16) -> "Scheduler":
-        """A scheduler with the timing cores and device jobs of `settings`."""
-        return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs)
+        """A scheduler with the timing cores, device jobs and timing window of `settings`."""
+        return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs,
+                   timing_window_s=settings.timing_window_s)
 
     @classmethod
     def for_worker(cls, settings: GpuWorkerSettings) -> "Scheduler":

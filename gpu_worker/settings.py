@@ -79,6 +79,9 @@ class GpuWorkerSettings(BaseModel):
     device_jobs: int = _setting(
         4, "untimed device jobs (uploads, verification, comparisons) at once between timing blocks",
         "an integer >= 1", ge=1)
+    timing_window_s: float = _setting(
+        4.0, "once the device is drained for timing, waiting timing blocks run back to back for up to this "
+        "many seconds before jobs that asked earlier get the device again", "a number of seconds >= 0", ge=0)
     timing_cpus: int | tuple[int, ...] | None = _setting(
         None, "cores kept for timed processes: how many, or which (`30,31`, `28-29`)",
         "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)", shown_default="2 on hosts of 8 cores or more, else 0")

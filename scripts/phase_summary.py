@@ -7,7 +7,8 @@ writes). docs/results.md's search throughput is its output.
 after the log's first one (past warm-up); --rate prints the benchmarks finished per hour between the first
 and the last, with nvidia-smi's mean utilization and peak memory over that span from a gpu_session.py
 session.json, the host's CPU use and the share of time new untimed device jobs waited for timing (the
-device owner's closed time: marathon_gpu_closed_seconds_total)."""
+device owner's closed time: marathon_gpu_closed_seconds_total). Every view prints how many timing blocks
+shared one drain of the device (the phases gpu-blocks and gpu-drains)."""
 
 from __future__ import annotations
 
@@ -106,6 +107,18 @@ def summarize(rows: list[dict], top: int = 14) -> str:
     return "\n".join(out)
 
 
+def drains(rows: list[dict]) -> str:
+    """Timing blocks per drain: the device owner's `gpu-blocks` (one per timing block) over its `gpu-drains`
+    (one per block that drained the device of untimed jobs and opened a timing window), summed over the
+    activities' phases; empty when no activity ran a timing block."""
+    blocks = sum((d.get("phases") or {}).get("gpu-blocks", 0) for d in rows)
+    windows = sum((d.get("phases") or {}).get("gpu-drains", 0) for d in rows)
+    if not blocks:
+        return ""
+    return (f"timing blocks: {blocks:.0f} after {windows:.0f} drains, {blocks / windows:.2f} per drain" if windows
+            else f"timing blocks: {blocks:.0f}, their drains in activities left out")
+
+
 def compactions(path: str, run: str = "") -> list[float]:
     """When each compaction of the runs whose workflow id starts with `run` finished (epoch seconds), from
     the agent worker's log (`compacted` lines)."""
@@ -152,6 +165,9 @@ def main(argv: list[str]) -> int:
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
+        shared = drains(rows)
+        if shared:
+            print(shared)
         if a.concurrency:
             print(concurrency(rows, compacted=compactions(a.agent, a.run) if a.agent else None))
         if a.rate:

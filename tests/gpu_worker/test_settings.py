@@ -20,6 +20,7 @@ def test_defaults():
     s = GpuWorkerSettings.from_env({})
     assert s == GpuWorkerSettings()
     assert (s.device_jobs, s.seed_pool, s.prefetch_gb, s.sandbox_mem_gb, s.wall) == (4, 16, 0.5, 0.0, "on")
+    assert s.timing_window_s == 4.0
     assert (s.bench_blocks, s.bench_reps, s.bench_block_ms, s.bench_total_ms) == (5, 20, 100.0, 500.0)
     assert not s.force_interpreter and s.timing_cpus is None and s.gpu_workdir is None
     assert s.warm_problem == "" and s.warm_shape is None
@@ -55,6 +56,7 @@ def test_values_parse_to_their_types():
 BAD = [
     ("MARATHON_DEVICE_JOBS", "abc", "an integer >= 1"),
     ("MARATHON_DEVICE_JOBS", "0", "an integer >= 1"),
+    ("MARATHON_TIMING_WINDOW_S", "-1", "a number of seconds >= 0"),
     ("MARATHON_WALL", "maybe", "on, landlock, seccomp or off"),
     ("MARATHON_GPU_CONCURRENCY", "eight", "an integer >= 1"),
     ("MARATHON_SPARES", "-1", "an integer >= 0"),
@@ -111,11 +113,12 @@ def test_the_worker_builds_its_evaluator_from_the_settings(monkeypatch):
     a.set_evaluator(None)
     s = GpuWorkerSettings.from_env({"MARATHON_FORCE_INTERPRETER": "1", "MARATHON_SPARES": "0",
                                     "MARATHON_DEVICE_JOBS": "3", "MARATHON_GPU_CONCURRENCY": "5",
-                                    "MARATHON_SEED_POOL": "7"})
+                                    "MARATHON_SEED_POOL": "7", "MARATHON_TIMING_WINDOW_S": "1.5"})
     ev = a.evaluator(s)
     try:
         assert ev.interpreter and ev.settings.gpu_selftest is False and ev.settings.oracle_cache_gb == 2.0
         assert ev.sched.spares == 0 and ev.owner.max_jobs == 3 and ev.loaded.limit == 10
+        assert ev.owner.window_s == 1.5
         assert ev.settings.seed_pool == 7 and a.evaluator() is ev
     finally:
         ev.close()
