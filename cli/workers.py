@@ -75,6 +75,12 @@ async def cmd_worker(args) -> int:
     for t in done:
         if t is not waiter and t.exception():
             raise t.exception()
+    if args.role in ("gpu", "all"):
+        from gpu_worker.activities import selftest_gate
+
+        gate = selftest_gate()
+        if gate is not None and gate.settled and not gate.passed:
+            return 1  # the self-test's failure stopped the workers; its line is in the log
     return 0
 
 

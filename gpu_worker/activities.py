@@ -4,7 +4,10 @@ Each harness step runs on a thread of its own while the activity thread heartbea
 device step never misses a heartbeat and a cancellation reaches only the waiting activity thread (the
 harness step ends by its own time limits). Rejections are data (ok=False, stage, reason, log_key); only
 infrastructure failures raise: an unreadable/unwritable artifact store becomes a non-retryable
-ApplicationError.
+ApplicationError; a failed self-test a retryable one (type SelfTestFailed), which another worker can take.
+
+Timing waits for the start-up self-test (`set_selftest_gate`): a benchmark or profile taken while the canaries
+still run heartbeats until their verdict; compiles and verifications do not wait.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from temporalio.exceptions import ApplicationError
 from gpu_worker.harness import Evaluator
 from gpu_worker.phases import phases_begin, phases_end
 from gpu_worker.scheduling import Scheduler
+from gpu_worker.selftest_gate import SelfTestGate
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStoreError
 from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport
@@ -29,6 +33,10 @@ from workflows.metrics import observe_report
 _EV = None
 _EV_LOCK = threading.Lock()
 _OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_workers), named in compile reports
+_GATE: SelfTestGate | None = None  # the start-up self-test that timing waits for; None: nothing waits
+#: a benchmark waits this long for the self-test's verdict: below its 20-minute start-to-close timeout, so a
+#: self-test that never ends fails the wait as infrastructure instead of timing the activity out
+SELFTEST_WAIT_S = 15 * 60
 
 
 def evaluator(settings: GpuWorkerSettings | None = None):
@@ -59,6 +67,37 @@ def set_worker_queue(queue: str | None) -> None:
     _OWN_QUEUE = queue
 
 
+def set_selftest_gate(gate: SelfTestGate | None) -> None:
+    """The start-up self-test running in the background (worker.build_gpu_workers): timing waits for it."""
+    global _GATE
+    _GATE = gate
+
+
+def selftest_gate() -> SelfTestGate | None:
+    return _GATE
+
+
+def selftest_refusal(problems: list[str]) -> ApplicationError:
+    """Retryable: the work is sound, this worker is not; a retry goes to a worker that passed its self-test."""
+    return ApplicationError("GPU worker self-test failed; this worker judges nothing more: " + "; ".join(problems),
+                            type="SelfTestFailed")
+
+
+def _await_selftest() -> None:
+    """Before anything timed: the start-up self-test's verdict, heartbeating while it is pending."""
+    gate = _GATE
+    if gate is None or gate.passed:
+        return
+    t0 = time.monotonic()
+    try:
+        passed = gate.wait(SELFTEST_WAIT_S, _heartbeat())
+    except TimeoutError as e:
+        raise ApplicationError(str(e), type="SelfTestPending") from e
+    if not passed:
+        raise selftest_refusal(gate.problems)
+    activity_logger().info("selftest-wait", seconds=round(time.monotonic() - t0, 3))
+
+
 def _heartbeat():
     last = [0.0]
 
@@ -79,8 +118,7 @@ def _guarded(fn, *args):
     ev = evaluator()
     st = ev.selftest_result
     if st is not None and not st.get("ok"):
-        raise ApplicationError("GPU worker self-test failed; refusing work: " + "; ".join(st.get("problems", [])),
-                               type="SelfTestFailed", non_retryable=True)
+        raise selftest_refusal(st.get("problems", []))
     try:
         return fn(ev, *args)
     except ArtifactStoreError as e:
@@ -134,11 +172,13 @@ def verify_candidate(req: EvalRequest) -> VerifyReport:
 
 @activity.defn(name="benchmark_candidate")
 def benchmark_candidate(req: BenchRequest) -> BenchReport:
+    _await_selftest()
     return _beating("benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
 
 
 @activity.defn(name="profile_candidate")
 def profile_candidate(req: EvalRequest) -> ProfileReport:
+    _await_selftest()
     return _guarded(lambda ev, r: ev.profile(r, _heartbeat()), req)
 
 

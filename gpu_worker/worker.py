@@ -9,12 +9,16 @@ nothing else of the worker's on the device, untimed jobs (uploads, verification,
 
 Settings: the evaluator's (gpu_worker.settings, parsed from the environment once, when it is built).
 
-Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run before
-the worker is built; if they fail, this raises and no worker is built, and activities refuse work.
+Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run in the
+background while the worker already serves; benchmarks and profiles wait for their verdict
+(gpu_worker.activities.set_selftest_gate), compiles and verifications do not. If they fail, the worker logs
+the canaries' problems, refuses all work (retryable, so other workers take it) and shuts its Temporal
+workers down.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import threading
@@ -26,6 +30,7 @@ from temporalio.worker import Worker
 
 from gpu_worker import activities as a
 from gpu_worker.activities import evaluator
+from gpu_worker.selftest_gate import SelfTestGate
 from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
@@ -69,8 +74,27 @@ def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thr
     return t
 
 
-class SelfTestFailed(RuntimeError):
-    pass
+def selftest_in_background(ev, gate: SelfTestGate, on_failure) -> threading.Thread:
+    """Run the canaries (Evaluator.selftest) in a thread and settle `gate` with their result; on a failure,
+    print one line naming the canaries' problems and call `on_failure`. The evaluator's result is set before
+    the gate settles, so no activity starts on a failed worker once a waiting benchmark has been refused."""
+    def run():
+        t0 = time.monotonic()
+        try:
+            res = ev.selftest()
+        except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
+            res = ev.selftest_result = {"ok": False, "problems": [f"the self-test raised {type(e).__name__}: {e}"]}
+        if res.get("ok"):
+            print(f"GPU worker self-test passed in {time.monotonic() - t0:.1f} s", flush=True)
+            gate.settle(res)
+            return
+        print("GPU worker self-test failed, refusing to serve: " + "; ".join(res.get("problems") or []), flush=True)
+        gate.settle(res)
+        on_failure()
+
+    t = threading.Thread(target=run, name="gpu-selftest", daemon=True)
+    t.start()
+    return t
 
 
 def own_queue(task_queue: str) -> str:
@@ -86,10 +110,8 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     print(host_summary(settings.wall), flush=True)
     if selftest is None:
         selftest = settings.gpu_selftest
-    if selftest:
-        res = ev.selftest()
-        if not res["ok"]:
-            raise SelfTestFailed("GPU worker self-test failed, refusing to serve: " + "; ".join(res["problems"]))
+    gate = SelfTestGate() if selftest else None
+    a.set_selftest_gate(gate)
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
     # (FLA autotunes), so that no candidate's verification pays for a first oracle
     warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape))
@@ -98,6 +120,21 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     a.set_worker_queue(own)
     # `n` slots on each: new candidates enter by the shared queue, those already loaded here go on by their
     # own, so a worker busy with its candidates' later stages never starves them by taking new compiles
-    return [Worker(client, task_queue=q, activities=gpu_activities(),
-                   activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
-                   max_concurrent_activities=n) for q in (task_queue, own)]
+    workers = [Worker(client, task_queue=q, activities=gpu_activities(),
+                      activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
+                      max_concurrent_activities=n) for q in (task_queue, own)]
+    if gate is not None:
+        selftest_in_background(ev, gate, shutdown_from_thread(workers))
+    return workers
+
+
+def shutdown_from_thread(workers: list[Worker]):
+    """A callable, for another thread, that shuts `workers` down on the event loop running now (the one that
+    builds and runs them): they stop polling, and their queues' work goes to the other workers."""
+    loop = asyncio.get_running_loop()
+    pending: list[asyncio.Future] = []  # the loop holds tasks weakly
+
+    def shut():
+        pending.append(asyncio.gather(*(w.shutdown() for w in workers)))
+
+    return lambda: loop.call_soon_threadsafe(shut)

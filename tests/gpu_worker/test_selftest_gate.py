@@ -1,0 +1,112 @@
+"""Timing waits for the start-up self-test (gpu_worker.selftest_gate, gpu_worker.activities._await_selftest):
+compiles and verifications are served while it runs, a benchmark heartbeats until its verdict and then times
+or, after a failure, raises a retryable SelfTestFailed (infrastructure, never a report against the
+candidate). The self-test's outcome is set by hand here; the canaries themselves are test_activities'."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpu_worker.selftest_gate import SelfTestGate
+from tests.gpu_worker.harnesses import canary, req
+
+FAILED = {"ok": False, "problems": ["the wrong canary passed verification"]}
+
+
+def test_the_gate_heartbeats_until_its_verdict():
+    gate = SelfTestGate()
+    beats = []
+    with pytest.raises(TimeoutError, match="no verdict within 1.5 s"):
+        gate.wait(1.5, lambda: beats.append(time.monotonic()))
+    assert beats and not gate.settled and not gate.passed
+    threading.Timer(1.2, gate.settle, args=({"ok": True, "problems": []},)).start()
+    assert gate.wait(30, lambda: beats.append(time.monotonic())) is True
+    assert gate.passed and gate.problems == [] and len(beats) >= 2
+    failed = SelfTestGate()
+    failed.settle(FAILED)
+    assert failed.wait(0.1) is False and not failed.passed and failed.problems == FAILED["problems"]
+
+
+class _Benchmark:
+    """benchmark_candidate in Temporal's activity environment on a thread of its own, its heartbeats counted."""
+
+    def __init__(self, r):
+        from temporalio.testing import ActivityEnvironment
+
+        from gpu_worker import activities as acts
+
+        self.beats, self.result, self.error = 0, None, None
+        env = ActivityEnvironment()
+        env.on_heartbeat = lambda *_: setattr(self, "beats", self.beats + 1)
+
+        def run():
+            try:
+                self.result = env.run(acts.benchmark_candidate, r.bench())
+            except BaseException as e:  # noqa: BLE001 - inspected by the test
+                self.error = e
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def until_beating(self, n: int = 2, within: float = 30):
+        deadline = time.monotonic() + within
+        while self.beats < n and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert self.beats >= n and self.thread.is_alive(), (self.beats, self.error)
+
+
+@pytest.fixture
+def gated(ev, monkeypatch):
+    """A pending self-test on the interpreter's evaluator, whose benchmarks are counted as they start."""
+    from gpu_worker import activities as acts
+
+    started = []
+    real = ev.benchmark
+    monkeypatch.setattr(ev, "benchmark", lambda r, hb=None: (started.append(r.candidate_id), real(r, hb))[1])
+    acts.set_evaluator(ev)
+    gate = SelfTestGate()
+    acts.set_selftest_gate(gate)
+    yield gate, started
+    acts.set_selftest_gate(None)
+
+
+def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(gated, store):
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+
+    gate, started = gated
+    r = req(store, canary("fast"))
+    bench = _Benchmark(r)
+    bench.until_beating()
+    # the self-test still runs: compile and verification go on, the benchmark keeps waiting
+    env = ActivityEnvironment()
+    assert env.run(acts.compile_candidate, r).ok and env.run(acts.verify_candidate, r).ok
+    assert bench.thread.is_alive() and bench.result is None and started == []
+    gate.settle({"ok": True, "problems": []})
+    bench.thread.join(600)
+    assert bench.error is None and bench.result is not None and bench.result.ok, (bench.error, bench.result)
+    assert started == [r.candidate_id]
+
+
+def test_a_failed_selftest_fails_the_waiting_benchmark_as_infrastructure(gated, store):
+    from temporalio.exceptions import ApplicationError
+
+    gate, started = gated
+    r = req(store, canary("slow"))
+    bench = _Benchmark(r)
+    bench.until_beating()
+    gate.settle(FAILED)
+    bench.thread.join(30)
+    assert not bench.thread.is_alive() and bench.result is None
+    err = bench.error
+    # retryable: a retry goes to another worker; a report would have been a verdict on the candidate
+    assert isinstance(err, ApplicationError) and err.type == "SelfTestFailed" and not err.non_retryable
+    assert "the wrong canary passed verification" in str(err)
+    later = _Benchmark(r)  # and so does every benchmark after it, at once
+    later.thread.join(30)
+    assert isinstance(later.error, ApplicationError) and later.error.type == "SelfTestFailed" and later.beats == 0
+    assert started == []  # nothing was timed
