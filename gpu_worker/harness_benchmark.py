@@ -208,7 +208,9 @@ class BenchmarkStage:
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
         with self._with_ref(ref_lock):
-            self._ref_do(ref, hb, prep, self.timeouts["load"])
+            ref_pre = self._ref_do(ref, hb, prep, self.timeouts["load"])
+        if ref_pre.timing.get("flush-on-stream"):
+            _add_phase("ref.prepare.flush-on-stream", 1)
         timed_children = [cand, ref, best]
         with self._with_ref(ref_lock, timing=True):
             g0 = time.monotonic()

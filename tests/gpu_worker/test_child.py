@@ -75,3 +75,20 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
             assert os.sched_getaffinity(sb.proc.pid) == set(TIMING_CPUS[1])
     finally:
         sb.close()
+
+
+def test_a_flush_that_did_not_capture_is_named_in_the_prepare_reply(tmp_path):
+    """A child's own output goes nowhere: an L2 flush left on the stream (it delays the timed graph behind
+    it) is named in the timing-set preparation's reply, which the worker writes to its phase log."""
+    import torch
+
+    from gpu_worker import child
+
+    s = child.Server(str(tmp_path), "reference")
+    s.cmd_setup("softmax", None)
+    dist = s.problem.distributions[0]
+    assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing  # no CUDA: no flush
+    s.cuda, s.flush = True, torch.zeros(4)  # as on a GPU where the flush's capture failed
+    assert s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing["flush-on-stream"] == 1
+    s.flush_graph = object()  # captured
+    assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing
