@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 ENV_PREFIX = "MARATHON_"
 
 #: the channels above: set by the worker for its children, read by the children, never user settings
-INTERNAL_CHANNELS = ("MARATHON_CHILD_SETTINGS", "MARATHON_CHILD_LIMITS", "MARATHON_GUARD_FD", "MARATHON_INPUT_BANK")
 CHILD_SETTINGS = "MARATHON_CHILD_SETTINGS"
+INTERNAL_CHANNELS = (CHILD_SETTINGS, "MARATHON_CHILD_LIMITS", "MARATHON_GUARD_FD", "MARATHON_INPUT_BANK")
 
 #: field -> (default on CUDA, default under the interpreter)
 DEVICE_DEFAULTS: dict[str, tuple[Any, Any]] = {

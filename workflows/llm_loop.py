@@ -215,9 +215,11 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
     profile = ""
-    bests_only = workflow.patched(PROFILE_BESTS_PATCH)
-    if (decisions.profile_with_verdict(rec.outcome, rec.interpreter) if bests_only
-            else rec.outcome != "rejected" and not rec.interpreter):
+    if workflow.patched(PROFILE_BESTS_PATCH):
+        with_profile = decisions.profile_with_verdict(rec.outcome, rec.interpreter)
+    else:  # histories recorded before: every timed submission's answer brought one
+        with_profile = rec.outcome != "rejected" and not rec.interpreter
+    if with_profile:
         profile = await _profile_line(wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id,
                                                       source_key=rec.source_key, shape=wf.spec.shape))
     elif rec.outcome == "passed" and not rec.interpreter:

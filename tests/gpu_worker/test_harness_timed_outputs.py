@@ -8,20 +8,22 @@ from tests.gpu_worker.harnesses import canary, kernel, req
 from workflows.contracts import BenchRequest
 
 
-def test_work_skipped_while_timed_is_rejected(judge, store):
-    r = req(store, kernel("timed_skip"))
+def _benchmark_after_verify(judge, store, name: str):
+    """The kernel `name` compiled, verified (right while it is checked) and then benchmarked."""
+    r = req(store, kernel(name))
     assert judge.compile(r).ok
-    assert judge.verify(r).ok  # right while it is checked
-    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    assert judge.verify(r).ok
+    return judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+
+
+def test_work_skipped_while_timed_is_rejected(judge, store):
+    b = _benchmark_after_verify(judge, store, "timed_skip")
     assert not b.ok and b.stage == "benchmark", b
     assert b.reason.startswith("timed-output"), b.reason
 
 
 def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(judge, store):
-    r = req(store, kernel("timed_skip_some"))
-    assert judge.compile(r).ok
-    assert judge.verify(r).ok  # right while it is checked
-    b = judge.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+    b = _benchmark_after_verify(judge, store, "timed_skip_some")
     assert not b.ok and b.stage == "benchmark", b
     assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
 
