@@ -48,3 +48,22 @@ def test_file_problem_candidate_verifies_and_benchmarks_on_the_gpu(ev, name):
     b = ev.benchmark(r.bench())
     assert b.ok, b.reason
     assert b.baseline_name == "eager" and b.time_ms > 0 and b.baseline_ms > 0
+
+
+def test_a_kernel_ignoring_the_models_affine_parameters_is_rejected_on_the_gpu(ev):
+    """LayerNorm's weight and bias are drawn per case at the file's GPU size too: a kernel that leaves
+    either out (right only for nn.LayerNorm's starting weight 1 and bias 0) fails verification."""
+    from workflows.contracts import EvalRequest
+
+    key = "file:" + ev.store.put_bytes((FILES / "layernorm.py").read_bytes())
+    good = (FILES / "layernorm_kernel.py").read_text()
+
+    def request(src: str) -> EvalRequest:
+        return EvalRequest(problem=key, candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                           source_key=ev.store.put_text(src))
+
+    v = ev.verify(request(good))
+    assert v.ok and not v.interpreter, v.reason
+    for plain in ("d * r * w", "d * r + b", "d * r"):
+        w = ev.verify(request(good.replace("d * r * w + b", plain)))
+        assert not w.ok and w.stage == "verify" and w.reason.startswith("wrong"), (plain, w.reason)
