@@ -76,10 +76,9 @@ async def cmd_worker(args) -> int:
         if t is not waiter and t.exception():
             raise t.exception()
     if args.role in ("gpu", "all"):
-        from gpu_worker.activities import selftest_gate
+        from gpu_worker.activities import evaluator, selftest_awaited
 
-        gate = selftest_gate()
-        if gate is not None and gate.settled and not gate.passed:
+        if selftest_awaited() and evaluator().selftest_verdict.failed:
             return 1  # the self-test's failure stopped the workers; its line is in the log
     return 0
 

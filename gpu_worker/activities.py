@@ -6,8 +6,9 @@ harness step ends by its own time limits). Rejections are data (ok=False, stage,
 infrastructure failures raise: an unreadable/unwritable artifact store becomes a non-retryable
 ApplicationError; a failed self-test a retryable one (type SelfTestFailed), which another worker can take.
 
-Timing waits for the start-up self-test (`set_selftest_gate`): a benchmark or profile taken while the canaries
-still run heartbeats until their verdict; compiles and verifications do not wait.
+The self-test's verdict has one holder, the evaluator's `selftest_verdict` (settled by Evaluator.selftest):
+after a failed verdict every activity refuses. While a start-up self-test runs (`set_selftest_awaited`), a
+benchmark or profile heartbeats until its verdict; compiles and verifications do not wait.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from temporalio.exceptions import ApplicationError
 from gpu_worker.harness import Evaluator
 from gpu_worker.phases import phases_begin, phases_end
 from gpu_worker.scheduling import Scheduler
-from gpu_worker.selftest_gate import SelfTestGate
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStoreError
 from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport
@@ -33,7 +33,7 @@ from workflows.metrics import observe_report
 _EV = None
 _EV_LOCK = threading.Lock()
 _OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_workers), named in compile reports
-_GATE: SelfTestGate | None = None  # the start-up self-test that timing waits for; None: nothing waits
+_SELFTEST_AWAITED = False  # a start-up self-test runs: timing waits for the evaluator's verdict
 #: a benchmark waits this long for the self-test's verdict: below its 20-minute start-to-close timeout, so a
 #: self-test that never ends fails the wait as infrastructure instead of timing the activity out
 SELFTEST_WAIT_S = 15 * 60
@@ -67,14 +67,15 @@ def set_worker_queue(queue: str | None) -> None:
     _OWN_QUEUE = queue
 
 
-def set_selftest_gate(gate: SelfTestGate | None) -> None:
-    """The start-up self-test running in the background (worker.build_gpu_workers): timing waits for it."""
-    global _GATE
-    _GATE = gate
+def set_selftest_awaited(awaited: bool) -> None:
+    """Whether the worker started a self-test in the background (worker.build_gpu_workers): if so, timing
+    waits for the evaluator's verdict; if not, a verdict that never comes holds nothing up."""
+    global _SELFTEST_AWAITED
+    _SELFTEST_AWAITED = awaited
 
 
-def selftest_gate() -> SelfTestGate | None:
-    return _GATE
+def selftest_awaited() -> bool:
+    return _SELFTEST_AWAITED
 
 
 def selftest_refusal(problems: list[str]) -> ApplicationError:
@@ -85,16 +86,18 @@ def selftest_refusal(problems: list[str]) -> ApplicationError:
 
 def _await_selftest() -> None:
     """Before anything timed: the start-up self-test's verdict, heartbeating while it is pending."""
-    gate = _GATE
-    if gate is None or gate.passed:
+    if not _SELFTEST_AWAITED:
+        return
+    verdict = evaluator().selftest_verdict
+    if verdict.passed:
         return
     t0 = time.monotonic()
     try:
-        passed = gate.wait(SELFTEST_WAIT_S, _heartbeat())
+        passed = verdict.wait(SELFTEST_WAIT_S, _heartbeat())
     except TimeoutError as e:
         raise ApplicationError(str(e), type="SelfTestPending") from e
     if not passed:
-        raise selftest_refusal(gate.problems)
+        raise selftest_refusal(verdict.problems)
     activity_logger().info("selftest-wait", seconds=round(time.monotonic() - t0, 3))
 
 
@@ -116,9 +119,9 @@ def _heartbeat():
 
 def _guarded(fn, *args):
     ev = evaluator()
-    st = ev.selftest_result
-    if st is not None and not st.get("ok"):
-        raise selftest_refusal(st.get("problems", []))
+    verdict = ev.selftest_verdict
+    if verdict.failed:
+        raise selftest_refusal(verdict.problems)
     try:
         return fn(ev, *args)
     except ArtifactStoreError as e:
@@ -184,8 +187,8 @@ def profile_candidate(req: EvalRequest) -> ProfileReport:
 
 @activity.defn(name="gpu_selftest")
 def gpu_selftest() -> dict:
-    """Canary self-test on demand. Returns the classification; a failure also makes the worker refuse
-    further work until a later self-test passes."""
+    """Canary self-test on demand. Returns the classification and settles the evaluator's verdict with it:
+    a failure makes the worker refuse further work until a later self-test passes."""
     ev = evaluator()
     try:
         return ev.selftest(_heartbeat())

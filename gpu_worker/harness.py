@@ -36,6 +36,7 @@ from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from rules.check import check_source
 from gpu_worker.sandbox import Rejection, Sandbox
+from gpu_worker.selftest_verdict import SelfTestVerdict
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStore
 from workflows.contracts import EvalRequest, ProfileReport
@@ -78,7 +79,9 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         scale = 1.0 if self.cuda else 3.0
         self.timeouts = {"load": 120 * scale, "compile": 300 * scale, "verify": 300 * scale, "time": 300 * scale,
                          "reference": 600 * scale, "profile": 300 * scale, **(timeouts or {})}
-        self.selftest_result: dict | None = None
+        # the one holder of this worker's self-test verdict: the activities refuse work after a failure, and
+        # timed work waits on it while a start-up self-test runs (gpu_worker.activities)
+        self.selftest_verdict = SelfTestVerdict()
         # the timing values' seeds: drawn when the worker starts, from a space too large to precompute
         self.timing_seed = 1 << 20 | secrets.randbits(40)
         self._secret = random.SystemRandom()  # random shapes and their seeds: nothing the candidate can replay
@@ -208,7 +211,11 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
 
     # --- self-test -------------------------------------------------------------------------------
     def selftest(self, hb: Heartbeat = None) -> dict:
+        """Run the canaries (gpu_worker.canaries) and settle `selftest_verdict` with their result, replacing
+        any earlier one: a pass lifts a refusal, a failure imposes one. A self-test that raises settles
+        nothing."""
         from gpu_worker.canaries import run_canaries
 
-        self.selftest_result = run_canaries(self, hb)
-        return self.selftest_result
+        result = run_canaries(self, hb)
+        self.selftest_verdict.settle(result)
+        return result

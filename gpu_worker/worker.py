@@ -10,10 +10,10 @@ nothing else of the worker's on the device, untimed jobs (uploads, verification,
 Settings: the evaluator's (gpu_worker.settings, parsed from the environment once, when it is built).
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run in the
-background while the worker already serves; benchmarks and profiles wait for their verdict
-(gpu_worker.activities.set_selftest_gate), compiles and verifications do not. If they fail, the worker logs
-the canaries' problems, refuses all work (retryable, so other workers take it) and shuts its Temporal
-workers down.
+background while the worker already serves; benchmarks and profiles wait for their verdict, held by the
+evaluator (Evaluator.selftest_verdict; gpu_worker.activities.set_selftest_awaited), compiles and
+verifications do not. If they fail, the worker logs the canaries' problems, refuses all work (retryable, so
+other workers take it) and shuts its Temporal workers down.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ from temporalio.worker import Worker
 
 from gpu_worker import activities as a
 from gpu_worker.activities import evaluator
-from gpu_worker.selftest_gate import SelfTestGate
 from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
@@ -74,22 +73,21 @@ def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thr
     return t
 
 
-def selftest_in_background(ev, gate: SelfTestGate, on_failure) -> threading.Thread:
-    """Run the canaries (Evaluator.selftest) in a thread and settle `gate` with their result; on a failure,
-    print one line naming the canaries' problems and call `on_failure`. The evaluator's result is set before
-    the gate settles, so no activity starts on a failed worker once a waiting benchmark has been refused."""
+def selftest_in_background(ev, on_failure) -> threading.Thread:
+    """Run the canaries (Evaluator.selftest, which settles the evaluator's verdict) in a thread; a self-test
+    that raises settles the verdict as failed here. On a failure, print one line naming the canaries'
+    problems and call `on_failure`."""
     def run():
         t0 = time.monotonic()
         try:
             res = ev.selftest()
         except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
-            res = ev.selftest_result = {"ok": False, "problems": [f"the self-test raised {type(e).__name__}: {e}"]}
+            res = {"ok": False, "problems": [f"the self-test raised {type(e).__name__}: {e}"]}
+            ev.selftest_verdict.settle(res)
         if res.get("ok"):
             print(f"GPU worker self-test passed in {time.monotonic() - t0:.1f} s", flush=True)
-            gate.settle(res)
             return
         print("GPU worker self-test failed, refusing to serve: " + "; ".join(res.get("problems") or []), flush=True)
-        gate.settle(res)
         on_failure()
 
     t = threading.Thread(target=run, name="gpu-selftest", daemon=True)
@@ -110,8 +108,7 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     print(host_summary(settings.wall), flush=True)
     if selftest is None:
         selftest = settings.gpu_selftest
-    gate = SelfTestGate() if selftest else None
-    a.set_selftest_gate(gate)
+    a.set_selftest_awaited(bool(selftest))
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
     # (FLA autotunes), so that no candidate's verification pays for a first oracle
     warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape))
@@ -123,8 +120,8 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     workers = [Worker(client, task_queue=q, activities=gpu_activities(),
                       activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
                       max_concurrent_activities=n) for q in (task_queue, own)]
-    if gate is not None:
-        selftest_in_background(ev, gate, shutdown_from_thread(workers))
+    if selftest:
+        selftest_in_background(ev, shutdown_from_thread(workers))
     return workers
 
 

@@ -45,27 +45,36 @@ def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
     assert ei.value.non_retryable and "not writable" in str(ei.value)
 
 
-def test_selftest_canaries_and_refusal(ev):
+def test_selftest_canaries_and_refusal(ev, store, monkeypatch):
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
     from gpu_worker import activities as acts
+    from gpu_worker.selftest_verdict import SelfTestVerdict
 
+    monkeypatch.setattr(ev, "selftest_verdict", SelfTestVerdict())  # the module's evaluator keeps its own
     acts.set_evaluator(ev)
-    res = ActivityEnvironment().run(acts.gpu_selftest)
+    env = ActivityEnvironment()
+    res = env.run(acts.gpu_selftest)
     assert res["ok"], res
     assert res["canaries"]["slow"]["verify_ok"] and res["canaries"]["fast"]["verify_ok"]
     assert not res["canaries"]["wrong"]["verify_ok"] and not res["canaries"]["cheat"]["verify_ok"]
-    # a failed self-test makes the worker refuse work
-    ev.selftest_result = {"ok": False, "problems": ["the wrong canary passed verification"]}
-    try:
-        with pytest.raises(ApplicationError) as ei:
-            ActivityEnvironment().run(acts.compile_candidate, EvalRequest(problem="softmax", candidate_id="c",
-                                                                          source_key="0" * 64))
-        # retryable: the work is sound and goes to another worker; this one takes nothing more
-        assert ei.value.type == "SelfTestFailed" and not ei.value.non_retryable and "self-test failed" in str(ei.value)
-    finally:
-        ev.selftest_result = res
+    assert ev.selftest_verdict.passed
+    # a later self-test that fails makes the worker refuse work; one after it that passes lifts the refusal
+    failed = {"ok": False, "problems": ["the wrong canary passed verification"]}
+    monkeypatch.setattr("gpu_worker.canaries.run_canaries", lambda e, hb=None: failed)
+    assert env.run(acts.gpu_selftest) == failed and ev.selftest_verdict.failed
+    r = req(store, canary("fast"))
+    with pytest.raises(ApplicationError) as ei:
+        env.run(acts.compile_candidate, EvalRequest(problem="softmax", candidate_id="c", source_key="0" * 64))
+    # retryable: the work is sound and goes to another worker; this one takes nothing more
+    assert ei.value.type == "SelfTestFailed" and not ei.value.non_retryable and "self-test failed" in str(ei.value)
+    assert "the wrong canary passed verification" in str(ei.value)
+    with pytest.raises(ApplicationError, match="self-test failed"):
+        env.run(acts.verify_candidate, r)
+    monkeypatch.setattr("gpu_worker.canaries.run_canaries", lambda e, hb=None: res)
+    assert env.run(acts.gpu_selftest)["ok"] and ev.selftest_verdict.passed
+    assert env.run(acts.compile_candidate, r).ok
 
 
 def test_worker_builds(ev):

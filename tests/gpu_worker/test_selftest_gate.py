@@ -1,7 +1,8 @@
-"""Timing waits for the start-up self-test (gpu_worker.selftest_gate, gpu_worker.activities._await_selftest):
-compiles and verifications are served while it runs, a benchmark heartbeats until its verdict and then times
-or, after a failure, raises a retryable SelfTestFailed (infrastructure, never a report against the
-candidate). The self-test's outcome is set by hand here; the canaries themselves are test_activities'."""
+"""Timing waits for the start-up self-test's verdict, held by the evaluator (gpu_worker.selftest_verdict,
+gpu_worker.activities._await_selftest): compiles and verifications are served while it runs, a benchmark
+heartbeats until its verdict and then times or, after a failure, raises a retryable SelfTestFailed
+(infrastructure, never a report against the candidate). The self-test's outcome is set by hand here; the
+canaries themselves are test_activities'."""
 
 from __future__ import annotations
 
@@ -10,24 +11,33 @@ import time
 
 import pytest
 
-from gpu_worker.selftest_gate import SelfTestGate
+from gpu_worker.selftest_verdict import SelfTestVerdict
 from tests.gpu_worker.harnesses import canary, req
 
 FAILED = {"ok": False, "problems": ["the wrong canary passed verification"]}
 
 
-def test_the_gate_heartbeats_until_its_verdict():
-    gate = SelfTestGate()
+def test_a_wait_heartbeats_until_the_verdict():
+    verdict = SelfTestVerdict()
     beats = []
     with pytest.raises(TimeoutError, match="no verdict within 1.5 s"):
-        gate.wait(1.5, lambda: beats.append(time.monotonic()))
-    assert beats and not gate.settled and not gate.passed
-    threading.Timer(1.2, gate.settle, args=({"ok": True, "problems": []},)).start()
-    assert gate.wait(30, lambda: beats.append(time.monotonic())) is True
-    assert gate.passed and gate.problems == [] and len(beats) >= 2
-    failed = SelfTestGate()
+        verdict.wait(1.5, lambda: beats.append(time.monotonic()))
+    assert beats and not verdict.settled and not verdict.passed and not verdict.failed
+    threading.Timer(1.2, verdict.settle, args=({"ok": True, "problems": []},)).start()
+    assert verdict.wait(30, lambda: beats.append(time.monotonic())) is True
+    assert verdict.passed and not verdict.failed and verdict.problems == [] and len(beats) >= 2
+    failed = SelfTestVerdict()
     failed.settle(FAILED)
-    assert failed.wait(0.1) is False and not failed.passed and failed.problems == FAILED["problems"]
+    assert failed.wait(0.1) is False and failed.failed and not failed.passed and failed.problems == FAILED["problems"]
+
+
+def test_a_later_verdict_replaces_the_earlier():
+    verdict = SelfTestVerdict()
+    verdict.settle(FAILED)
+    verdict.settle({"ok": True, "problems": []})
+    assert verdict.passed and not verdict.failed and verdict.problems == []
+    verdict.settle(FAILED)
+    assert verdict.failed and not verdict.passed and verdict.problems == FAILED["problems"]
 
 
 class _Benchmark:
@@ -60,17 +70,19 @@ class _Benchmark:
 
 @pytest.fixture
 def gated(ev, monkeypatch):
-    """A pending self-test on the interpreter's evaluator, whose benchmarks are counted as they start."""
+    """A start-up self-test awaited and still pending on the interpreter's evaluator, whose benchmarks are
+    counted as they start."""
     from gpu_worker import activities as acts
 
     started = []
     real = ev.benchmark
     monkeypatch.setattr(ev, "benchmark", lambda r, hb=None: (started.append(r.candidate_id), real(r, hb))[1])
+    verdict = SelfTestVerdict()
+    monkeypatch.setattr(ev, "selftest_verdict", verdict)
     acts.set_evaluator(ev)
-    gate = SelfTestGate()
-    acts.set_selftest_gate(gate)
-    yield gate, started
-    acts.set_selftest_gate(None)
+    acts.set_selftest_awaited(True)
+    yield verdict, started
+    acts.set_selftest_awaited(False)
 
 
 def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(gated, store):
@@ -78,7 +90,7 @@ def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(ga
 
     from gpu_worker import activities as acts
 
-    gate, started = gated
+    verdict, started = gated
     r = req(store, canary("fast"))
     bench = _Benchmark(r)
     bench.until_beating()
@@ -86,7 +98,7 @@ def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(ga
     env = ActivityEnvironment()
     assert env.run(acts.compile_candidate, r).ok and env.run(acts.verify_candidate, r).ok
     assert bench.thread.is_alive() and bench.result is None and started == []
-    gate.settle({"ok": True, "problems": []})
+    verdict.settle({"ok": True, "problems": []})
     bench.thread.join(600)
     assert bench.error is None and bench.result is not None and bench.result.ok, (bench.error, bench.result)
     assert started == [r.candidate_id]
@@ -95,11 +107,11 @@ def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(ga
 def test_a_failed_selftest_fails_the_waiting_benchmark_as_infrastructure(gated, store):
     from temporalio.exceptions import ApplicationError
 
-    gate, started = gated
+    verdict, started = gated
     r = req(store, canary("slow"))
     bench = _Benchmark(r)
     bench.until_beating()
-    gate.settle(FAILED)
+    verdict.settle(FAILED)
     bench.thread.join(30)
     assert not bench.thread.is_alive() and bench.result is None
     err = bench.error

@@ -3,7 +3,8 @@ candidate's EvaluateCandidate against the real GPU activities (Triton interprete
 compile and verification are served before the self-test's verdict, its benchmark heartbeats waiting for it;
 the self-test fails, the worker stops, and the benchmark's failure is infrastructure: the evaluation is taken
 up by another worker and recorded from there, never as a rejection. Only the canaries' outcome is set by
-hand (the canaries themselves: tests/gpu_worker/test_activities.py)."""
+hand, as run_canaries' result, which the evaluator's own self-test settles its verdict with (the canaries
+themselves: tests/gpu_worker/test_activities.py)."""
 
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ FAILED = {"ok": False, "problems": ["the wrong canary passed verification"]}
 
 
 @pytest.fixture
-def gpu_side(store):
-    """The interpreter's evaluator as the GPU worker's, its self-test held until the test gives its outcome."""
+def gpu_side(store, monkeypatch):
+    """The interpreter's evaluator as the GPU worker's, its canaries held until the test gives their outcome;
+    `runs` counts the self-tests started."""
     from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
@@ -33,17 +35,18 @@ def gpu_side(store):
     ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     outcome: dict = {}
     release = threading.Event()
+    runs: list[int] = []
 
-    def selftest(hb=None):
+    def held_canaries(evaluator, hb=None):
+        runs.append(1)
         release.wait(600)
-        ev.selftest_result = outcome
-        return outcome
+        return dict(outcome)
 
-    ev.selftest = selftest
+    monkeypatch.setattr("gpu_worker.canaries.run_canaries", held_canaries)
     a.set_evaluator(ev)
-    yield ev, outcome, release
+    yield ev, outcome, release, runs
     release.set()
-    a.set_selftest_gate(None)
+    a.set_selftest_awaited(False)
     a.set_worker_queue(None)
     a.set_evaluator(None)
     ev.close()
@@ -74,10 +77,11 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
     from gpu_worker.worker import build_gpu_workers
     from tests import evaluators
 
-    ev, outcome, release = gpu_side
+    ev, outcome, release, _ = gpu_side
     queue = f"selftest-bg-{uuid.uuid4().hex[:8]}"
     gpu = build_gpu_workers(env.client, task_queue=queue, selftest=True, max_concurrent=2)
-    gate = a.selftest_gate()
+    verdict = ev.selftest_verdict
+    assert a.selftest_awaited()
     runs = [asyncio.create_task(w.run()) for w in gpu]
     src = canary("fast")
     cand = Candidate(candidate_id=uuid.uuid4().hex[:16], source_key=store.put_text(src))
@@ -95,12 +99,12 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
 
             # compiled and verified (the benchmark is scheduled only after both passed), and heartbeating
             await _until(benchmark_waiting, 300, "the benchmark started and heartbeating")
-            assert not gate.settled and all(w.is_running for w in gpu)
+            assert not verdict.settled and all(w.is_running for w in gpu)
 
             outcome.update(FAILED)
             release.set()
             await asyncio.wait_for(asyncio.gather(*runs), 60)  # both of the worker's Temporal workers stop
-            assert not gate.passed and not any(w.is_running for w in gpu)
+            assert verdict.failed and not any(w.is_running for w in gpu)
             assert "GPU worker self-test failed, refusing to serve: the wrong canary passed verification" \
                 in capsys.readouterr().out
 
@@ -135,10 +139,8 @@ async def test_with_the_selftest_off_nothing_waits(env, gpu_side):
     from gpu_worker import activities as a
     from gpu_worker.worker import build_gpu_workers
 
-    ev, outcome, release = gpu_side
-    called = []
-    ev.selftest = lambda hb=None: called.append(1)
+    ev, outcome, release, runs = gpu_side
     build_gpu_workers(env.client, task_queue=f"selftest-off-{uuid.uuid4().hex[:8]}", selftest=False,
                       max_concurrent=1)
     await asyncio.sleep(0.5)
-    assert a.selftest_gate() is None and called == []
+    assert not a.selftest_awaited() and runs == [] and not ev.selftest_verdict.settled

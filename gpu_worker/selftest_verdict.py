@@ -1,5 +1,6 @@
-"""The start-up self-test's verdict, awaited by whatever times: the worker serves compiles and verifications
-while the canaries (gpu_worker.canaries) run beside them, and no timed figure is produced before they pass."""
+"""The GPU worker's self-test verdict, held by its Evaluator (`Evaluator.selftest_verdict`, settled by
+Evaluator.selftest) and read by the activities: after a failed verdict the worker refuses all work, and
+while a start-up self-test is still running its timed work waits here for the verdict."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import time
 from typing import Callable
 
 
-class SelfTestGate:
-    """Pending until `settle` gives it the self-test's result (run_canaries' dict: ok, problems)."""
+class SelfTestVerdict:
+    """Pending until `settle` gives it a self-test's result (run_canaries' dict: ok, problems); a later
+    `settle` replaces it, so a later pass lifts a refusal and a later failure imposes one."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
         self._result: dict = {}
 
     def settle(self, result: dict) -> None:
-        self._result = result
+        self._result = result  # one reference swapped: readers see the old result or the new, never a mix
         self._done.set()
 
     @property
@@ -26,6 +28,10 @@ class SelfTestGate:
     @property
     def passed(self) -> bool:
         return self._done.is_set() and bool(self._result.get("ok"))
+
+    @property
+    def failed(self) -> bool:
+        return self._done.is_set() and not self._result.get("ok")
 
     @property
     def problems(self) -> list[str]:
