@@ -59,7 +59,7 @@ async def _until(client, wid, pred, timeout=400):
     raise AssertionError(f"condition not reached within {timeout}s")
 
 
-async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float):
+async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, compact_every: int = 5):
     port = _free_port()
     address = f"127.0.0.1:{port}"
     server = DevServer(tmp_path / "temporal.db", port)
@@ -69,7 +69,7 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float):
     wid = "fault-run"
     try:
         # started with the plain temporal CLI, as a user would
-        spec = {"problem": "softmax", "budget": {"iterations": iterations}, "compact_every": 5,
+        spec = {"problem": "softmax", "budget": {"iterations": iterations}, "compact_every": compact_every,
                 "heartbeat_seconds": 3}
         subprocess.run([temporal_path(), "workflow", "start", "--address", address, "--type",
                         "KernelOptimization", "--task-queue", "marathon-agent", "--workflow-id", wid,
@@ -108,8 +108,8 @@ async def test_worker_kill_and_server_restart_lose_nothing(tmp_path, store):
 
 @pytest.mark.slow
 async def test_done_when_scenario_with_the_real_harness(tmp_path, store):
-    """The same scenario through the real harness: 6 softmax iterations (one compaction) under the Triton
-    interpreter on CPU, worker SIGKILLed and dev server restarted mid-run."""
-    res, recs = await _scenario(tmp_path, store, real=True, iterations=6, delay=0)
+    """The same scenario through the real harness: 4 softmax iterations (one compaction) under the Triton
+    interpreter on CPU, worker SIGKILLed in the first and dev server restarted in the second."""
+    res, recs = await _scenario(tmp_path, store, real=True, iterations=4, delay=0, compact_every=3)
     assert res.best is not None and res.best.interpreter
     assert any(r.outcome in ("passed", "improved") for r in recs)
