@@ -28,7 +28,7 @@ run: install
 	exit $$status
 
 test: install
-	$(PY) -m pytest -q -n 2 --durations=15
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15
 
 bench-overhead: install
 	$(PY) -m tests.bench_overhead
