@@ -86,6 +86,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         self.timing_seed = 1 << 20 | secrets.randbits(40)
         self._secret = random.SystemRandom()  # random shapes and their seeds: nothing the candidate can replay
         self._random_users: collections.Counter = collections.Counter()  # (problem, random shape) -> verifications
+        self._prepared_shapes: set[tuple[str, str]] = set()  # (problem, shape) prepared ahead for a best's checks
         self.static_rules = static_rules  # False only in tests of the run-time guard
         # last: a CUDA pool's background thread readies spares through _cuda_init, which needs the above
         self.pool = self.sched.pool(self.interpreter, ready=self._cuda_init if self.cuda else None,

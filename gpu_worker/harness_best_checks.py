@@ -1,9 +1,10 @@
 """The checks only a would-be best gets: verification at a random shape (`shape-specific`), and, in its
 fresh-process benchmark, the profiler (CUPTI) cross-check of the judged device time and of the kernels
-its work launched."""
+its work launched; and the preparation, ahead, of the listed shape its second verification goes to."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 from gpu_worker import protocol as msg
@@ -18,8 +19,49 @@ RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified s
 SHAPE_WRONG = ("wrong:", "non-finite:", "degenerate:", "nondeterministic:", "output-cache:", "late-write:")
 
 
+def shape_to_prepare(problem, verified, prepared: set) -> str | None:
+    """The listed shape a would-be best verified at `verified` is verified at next (the workflow takes the
+    first of the report's other_shapes), unless `prepared` already holds it: its reference is worth
+    preparing ahead, while the first candidates still compile and time."""
+    from gpu_worker.harness_verify import other_shapes
+
+    others = other_shapes(problem, verified)
+    if not others or (problem.name, others[0]) in prepared:
+        return None
+    return others[0]
+
+
 class BestOnlyChecks:
     """The Evaluator's checks of a would-be best (see the module's docstring)."""
+
+    def _prepare_next_shape(self, problem, verified, candidate_id: str) -> threading.Thread | None:
+        """After a problem's first passing verification: its next listed shape's reference child, baseline
+        and oracles for this candidate's cases, prepared in a background thread, once per worker and shape.
+        The baseline's first call there (FLA autotunes) and the oracles take about a minute of host and
+        device work that the first would-be best would otherwise wait for in its second verification; the
+        device jobs go through the owner like any other. A failure leaves the shape to that verification."""
+        with self._refs_lock:
+            self._prepared_shapes.add((problem.name, verified.name))  # its reference child serves it now
+            name = shape_to_prepare(problem, verified, self._prepared_shapes) if self.cuda else None
+            if name is None:
+                return None
+            self._prepared_shapes.add((problem.name, name))
+        shape = problem.shape_named(name)
+        cases = self.cases(problem, candidate_id)
+
+        def run():
+            t0 = time.monotonic()
+            try:
+                self.reference(problem, shape, cases, None)
+                print(f"prepared {problem.name} at {name} for a best's second verification in "
+                      f"{time.monotonic() - t0:.1f} s", flush=True)
+            except Exception as e:  # noqa: BLE001 - the verification that needs it prepares it again
+                print(f"preparing {problem.name} at {name} failed after {time.monotonic() - t0:.1f} s: "
+                      f"{type(e).__name__}: {e}", flush=True)
+
+        t = threading.Thread(target=run, name="prepare-next-shape", daemon=True)
+        t.start()
+        return t
 
     def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
         """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified

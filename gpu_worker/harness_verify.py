@@ -43,6 +43,7 @@ class VerifyStage:
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
             res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
+            self._prepare_next_shape(problem, shape, req.candidate_id)
             probe, drawn = self._verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
                 else ("", None)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],

@@ -60,6 +60,17 @@ def triton_cache_dir(workdir: Path | None = None) -> Path:
     return d
 
 
+def triton_env(role: str, tmp: str, workdir: Path | None = None) -> dict[str, str]:
+    """Where a child's Triton caches its compiled kernels. A candidate compiles into its own directory: the
+    OS wall lets it write nowhere else, and a shared cache it could write would let it plant a kernel binary
+    under another kernel's key. Trusted children share the host's cache, autotuning results included, so a
+    restarted worker finds the baseline's (FLA's) choices instead of timing every config again (about a
+    minute per shape on an H200)."""
+    if role == "candidate":
+        return {"TRITON_CACHE_DIR": os.path.join(tmp, "triton-cache"), "TRITON_CACHE_AUTOTUNING": "0"}
+    return {"TRITON_CACHE_DIR": str(triton_cache_dir(workdir)), "TRITON_CACHE_AUTOTUNING": "1"}
+
+
 def input_bank_dir(workdir: Path | None = None) -> Path:
     """Inputs the reference child generated, read by candidate children (see child_inputs)."""
     d = work_root(workdir) / "input-bank"
@@ -108,10 +119,7 @@ class Sandbox:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["TMPDIR"] = self.tmp
         env["TRITON_HOME"] = self.tmp
-        # a candidate compiles into its own directory: the OS wall lets it write nowhere else, and a shared
-        # cache it could write would let it plant a kernel binary under another kernel's key
-        env["TRITON_CACHE_DIR"] = (os.path.join(self.tmp, "triton-cache") if role == "candidate"
-                                   else str(triton_cache_dir(workdir)))
+        env.update(triton_env(role, self.tmp, workdir))
         # the internal channels to the child (gpu_worker.settings): not user settings
         if guard_w is not None:
             env["MARATHON_GUARD_FD"] = str(guard_w)

@@ -55,3 +55,29 @@ def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge,
     compiles = [h for c, h in calls if c == "compile"]
     assert compiles and not any(compiles), calls  # the random shape's child compiled, with no turn
     assert all(h for c, h in calls if c in ("prepare", "verify_case")), calls
+
+
+def test_the_next_listed_shape_is_prepared_once_after_a_first_verification(judge, monkeypatch):
+    # the first would-be best's second verification finds the shape's reference ready (FLA autotuned there)
+    from baselines.registry import get_problem
+    from gpu_worker.harness_best_checks import shape_to_prepare
+    from gpu_worker.harness_verify import other_shapes
+
+    p = get_problem("kda")
+    primary, nxt = p.shapes[0], other_shapes(p, p.shapes[0])[0]
+    assert shape_to_prepare(p, primary, set()) == nxt
+    assert shape_to_prepare(p, primary, {("kda", nxt)}) is None
+    assert shape_to_prepare(get_problem("mla_prefill"), get_problem("mla_prefill").shapes[0], set()) is None
+
+    if judge.interpreter:
+        assert judge._prepare_next_shape(p, primary, "c0") is None, "the CPU verifies at one shape"
+    calls = []
+    monkeypatch.setattr(judge, "cuda", True)
+    monkeypatch.setattr(judge, "_prepared_shapes", set())
+    monkeypatch.setattr(judge, "reference", lambda problem, shape, cases, hb: calls.append((shape.name, cases)))
+    t = judge._prepare_next_shape(p, primary, "c1")
+    t.join(10)
+    assert calls == [(nxt, judge.cases(p, "c1"))]
+    assert judge._prepare_next_shape(p, primary, "c2") is None, "once per worker and shape"
+    # a best verified at that shape next: the primary shape, serving already, is not prepared again
+    assert judge._prepare_next_shape(p, p.shape_named(nxt), "c1") is None and len(calls) == 1

@@ -78,3 +78,12 @@ def test_memory_limit_contained(store):
 def test_still_serving_after_failures(ev_raw, store):
     v = ev_raw.verify(req(store, canary("fast")))
     assert v.ok, v.reason
+
+
+def test_only_trusted_children_share_the_hosts_triton_cache_and_its_autotuning(tmp_path):
+    from gpu_worker.sandbox import triton_cache_dir, triton_env
+
+    cand = triton_env("candidate", str(tmp_path / "c"), tmp_path)
+    ref = triton_env("reference", str(tmp_path / "r"), tmp_path)
+    assert cand["TRITON_CACHE_DIR"].startswith(str(tmp_path / "c")) and cand["TRITON_CACHE_AUTOTUNING"] == "0"
+    assert ref == {"TRITON_CACHE_DIR": str(triton_cache_dir(tmp_path)), "TRITON_CACHE_AUTOTUNING": "1"}
