@@ -254,7 +254,8 @@ def markdown(res: dict) -> str:
 
     first = c.get("first_verdict_s")
     lines = [f"# Verdict latency: {res['problem']}, policy llm, {res['device']}", "",
-             f"Cold start: the workers and the run started, the first verdict {_f(first)} s later "
+             f"Cold start ({'a host that has served before: its GPU work directory kept' if res.get('gpu_workdir_kept') else 'the GPU work directory emptied'}): "
+             f"the workers and the run started, the first verdict {_f(first)} s later "
              f"(target <= {TARGET_FIRST_S:.0f} s: {met(first, TARGET_FIRST_S)}); the GPU worker polled at "
              f"{_f(c.get('gpu_worker_polling_s'))} s, the first model turn arrived at {_f(c.get('first_turn_s'))} s.",
              f"Verdicts after the first: median {_f(sorted(warm)[len(warm) // 2] if warm else None)} s, slowest "
@@ -311,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-workdir", default="",
                     help="the GPU worker's cache and input bank (emptied first; default /dev/shm/marathon-latency-gpu "
                          "where /dev/shm exists, else WORK/gpu-work)")
+    ap.add_argument("--keep-gpu-workdir", action="store_true",
+                    help="leave the GPU worker's directory as an earlier run left it: a worker restarted on a host "
+                         "that has served before (Triton's cache, the baseline's autotuning, the input bank)")
     ap.add_argument("--device", type=int, default=0, help="the CUDA device of the GPU worker")
     ap.add_argument("--port", type=int, default=7233, help="the dev server's port")
     ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU worker (default: none, as started "
@@ -329,15 +333,16 @@ def main(argv: list[str] | None = None) -> int:
     gpu_work = Path(a.gpu_workdir or ("/dev/shm/marathon-latency-gpu" if Path("/dev/shm").is_dir()
                                       else work / "gpu-work"))
     for d in (work, gpu_work):
-        shutil.rmtree(d, ignore_errors=True)
-        d.mkdir(parents=True)
+        if d != gpu_work or not a.keep_gpu_workdir:
+            shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     gs.WORK = work  # where gpu_session's helpers write the processes' logs
     os.environ.update(MARATHON_HOME=str(work / "home"), MARATHON_ARTIFACTS=str(work / "artifacts"),
                       MARATHON_GPU_WORKDIR=str(gpu_work), TEMPORAL_ADDRESS=f"127.0.0.1:{a.port}")
     res: dict = {"problem": problem, "device": device or "no CUDA: Triton interpreter", "budget_s": a.budget_s,
                  "run_id": None, "targets": {"verdict_s": TARGET_VERDICT_S, "first_verdict_s": TARGET_FIRST_S},
-                 "cold_start": {}, "submissions": []}
+                 "gpu_workdir_kept": a.keep_gpu_workdir, "cold_start": {}, "submissions": []}
     procs: dict[str, subprocess.Popen] = {}  # by log name, the dev server first
     marks: list = []
     t0 = None
