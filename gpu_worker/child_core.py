@@ -195,7 +195,15 @@ class ChildCore:
         if isinstance(e, guard.GuardViolation):
             kind = "violation"
         elif "out of memory" in low or "can't allocate memory" in low or type(e).__name__ == "OutOfMemoryError":
-            kind, fatal = "oom", True
+            # a candidate's context is never trusted again; the reference child's allocation failed beside
+            # the neighbours' memory, which leaves its context usable: it gives its cached blocks back and
+            # serves on (the harness retries the stage alone)
+            kind, fatal = "oom", self.role != "reference"
+            if not fatal:
+                try:
+                    self._release()
+                except Exception:  # noqa: BLE001 - a context that cannot free its cache is done after all
+                    fatal = True
         elif "illegal memory access" in low or "misaligned address" in low or "cuda error" in low \
                 or "illegal instruction" in low or "unspecified launch failure" in low:
             kind, fatal = "cuda-error", True

@@ -26,7 +26,7 @@ from typing import Callable
 from gpu_worker import protocol as msg
 from gpu_worker.harness_benchmark import BenchmarkStage
 from gpu_worker.harness_best_checks import BestOnlyChecks
-from gpu_worker.harness_children import EvaluatorChildren
+from gpu_worker.harness_children import EvaluatorChildren, ReferenceOutOfMemory
 from gpu_worker.harness_compile import CompileStage, shared_over_limit  # noqa: F401 - re-exported
 from gpu_worker.harness_serial import SerialScheduler
 from gpu_worker.harness_timed_outputs import TimedOutputChecks, _check_entries  # noqa: F401 - re-exported
@@ -144,17 +144,25 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         (DeviceOwner.alone: no other stage of ours runs meanwhile): beside up to 24 other candidates the memory may have been taken by the
         neighbours, and an innocent candidate must not be scored for it (on the H200 that was 9 of 49 prefill
         evaluations in one run). What fails alone is the candidate's.
-        The report says both: the retry's log starts with the first attempt's reason."""
-        first = attempt()
-        why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""
-        if not (self.cuda and self.owner.retries_alone and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
-            return first
+        The report says both: the retry's log starts with the first attempt's reason. The trusted reference
+        child running out of memory during the stage (ReferenceOutOfMemory) is retried alone the same way."""
+        retries = self.cuda and self.owner.retries_alone
+        try:
+            first = attempt()
+        except ReferenceOutOfMemory as e:
+            if not retries:
+                raise
+            first, why = None, str(e)
+        else:
+            why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""
+            if not (retries and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
+                return first
         _add_phase("retried-alone", 1)
         with self.owner.alone():
             rep = attempt()
-        extra = {"seconds": (first.seconds or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
+        extra = {"seconds": (getattr(first, "seconds", 0) or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
         if hasattr(rep, "gpu_seconds"):
-            extra["gpu_seconds"] = (first.gpu_seconds or 0) + (rep.gpu_seconds or 0)
+            extra["gpu_seconds"] = (getattr(first, "gpu_seconds", 0) or 0) + (rep.gpu_seconds or 0)
         note = f"first attempt beside other candidates: {why[:300]}; retried with the device to itself\n"
         extra["log_key"] = self._log(note + (self.store.get_text(rep.log_key) if rep.log_key else ""))
         return rep.model_copy(update=extra)

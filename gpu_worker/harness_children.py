@@ -16,6 +16,12 @@ from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
 
 
+class ReferenceOutOfMemory(RuntimeError):
+    """The trusted reference child ran out of device memory beside the candidates' children: not the
+    candidate's fault, and the child serves on. The stage is run again alone (Evaluator._retried_alone);
+    raised again there, it is the harness's error, which the activity's retry meets."""
+
+
 class EvaluatorChildren:
     """The Evaluator's access to its children, each command under its device turn."""
 
@@ -64,6 +70,8 @@ class EvaluatorChildren:
             # which the activity's retry meets with a new reference child, never the candidate's rejection
             raise RuntimeError(f"reference process {request.cmd} failed: {f}") from f
         _add_phase(f"ref.{request.cmd}", time.monotonic() - t)
+        if not r.ok and r.failure.kind == "oom":
+            raise ReferenceOutOfMemory(f"oom: the reference process's {request.cmd}: {r.failure.error[-300:]}")
         if not r.ok:
             raise RuntimeError(f"reference process {request.cmd} failed: {r.failure.kind}: {r.failure.error}\n"
                                f"{r.failure.traceback}")

@@ -92,3 +92,19 @@ def test_a_flush_that_did_not_capture_is_named_in_the_prepare_reply(tmp_path):
     assert s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing["flush-on-stream"] == 1
     s.flush_graph = object()  # captured
     assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing
+
+
+def test_an_out_of_memory_ends_a_candidate_child_but_not_the_reference_child(tmp_path):
+    # the candidate's context is never trusted again; the trusted child failed beside the neighbours' memory
+    from gpu_worker.child_core import ChildCore
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    for role, fatal in (("candidate", True), ("reference", False)):
+        core = ChildCore(str(tmp_path), role)
+        try:
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 MiB")
+        except OutOfMemoryError as e:
+            f = core.describe_failure(e)
+        assert f.kind == "oom" and f.fatal is fatal, (role, f)

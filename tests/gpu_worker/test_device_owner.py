@@ -402,3 +402,39 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
     calls.clear()
     assert not e._retried_alone(attempt("oom: x", ok)).ok and calls == [False]
     e.close()
+
+
+def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alone(tmp_path):
+    """The trusted reference child's allocation failing beside the candidates' memory is no candidate's
+    fault and no infrastructure failure: the stage runs again alone; failing alone too, it is the harness's."""
+    import pytest
+
+    from gpu_worker.harness_children import ReferenceOutOfMemory
+    from workflows.contracts import VerifyReport
+
+    e = _evaluator(tmp_path)
+    calls = []
+
+    def attempt(then):
+        def run():
+            calls.append(bool(getattr(e.owner._local, "alone", False)))
+            if len(calls) == 1 or then is None:
+                raise ReferenceOutOfMemory("oom: the reference process's compare_timed: CUDA out of memory")
+            return then
+        return run
+
+    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
+    rep = e._retried_alone(attempt(ok))
+    assert rep.ok and calls == [False, True] and rep.seconds == 3.0
+    assert e.store.get_text(rep.log_key).startswith(
+        "first attempt beside other candidates: oom: the reference process's compare_timed")
+    calls.clear()
+    with pytest.raises(ReferenceOutOfMemory):
+        e._retried_alone(attempt(None))
+    assert calls == [False, True]
+    e.cuda = False  # on the CPU nothing is retried: the error is the harness's at once
+    calls.clear()
+    with pytest.raises(ReferenceOutOfMemory):
+        e._retried_alone(attempt(ok))
+    assert calls == [False]
+    e.close()
