@@ -31,10 +31,12 @@ def other_shapes(problem, verified) -> list[str]:
 class VerifyStage:
     """The Evaluator's verify stage."""
 
-    def verify(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
-        return self._retried_alone(lambda: self._verify_once(req, hb))
+    def verify(self, req: EvalRequest, hb: Heartbeat = None, prepare_next: bool = True) -> VerifyReport:
+        """`prepare_next`: after the problem's first passing verification, prepare the shape a would-be best
+        is verified at next (_prepare_next_shape); the canaries, which crown nothing, do not."""
+        return self._retried_alone(lambda: self._verify_once(req, hb, prepare_next))
 
-    def _verify_once(self, req: EvalRequest, hb: Heartbeat = None) -> VerifyReport:
+    def _verify_once(self, req: EvalRequest, hb: Heartbeat = None, prepare_next: bool = True) -> VerifyReport:
         _waiting_heartbeat(hb)
         t0 = time.monotonic()
         source = self._source(req.source_key)
@@ -43,7 +45,8 @@ class VerifyStage:
             shape = self._shape(problem, req.shape)
             self._rules(source, req.problem)
             res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
-            self._prepare_next_shape(problem, shape, req.candidate_id)
+            if prepare_next:
+                self._prepare_next_shape(problem, shape, req.candidate_id)
             probe, drawn = self._verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
                 else ("", None)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],

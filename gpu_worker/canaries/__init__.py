@@ -32,7 +32,7 @@ def run_canaries(ev, hb=None) -> dict:
         cid = "canary-" + hashlib.sha256(src.encode()).hexdigest()[:10]
         req = EvalRequest(problem="softmax", candidate_id=cid, source_key=key)
         comp = ev.compile(req, hb)
-        ver = ev.verify(req, hb) if comp.ok else None
+        ver = ev.verify(req, hb, prepare_next=False) if comp.ok else None
         r = {"compile_ok": comp.ok, "verify_ok": bool(ver and ver.ok),
              "reason": (ver.reason if ver else comp.error)[:300], "rel_err": ver.rel_err if ver else None}
         if ev.cuda and ver is not None and ver.ok:
