@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import threading
 import time
+from typing import Callable
 
 from gpu_worker.phases import add_phase, beat
 from gpu_worker.settings import GpuWorkerSettings
@@ -242,15 +243,16 @@ class DeviceOwner:
 
     # --- stages and the retry alone --------------------------------------------------------------
     @contextlib.contextmanager
-    def alone(self):
+    def alone(self, on_start: Callable[[], None] | None = None):
         """The calling thread's stages run alone (see stage): for the retry of a stage that ran out of
-        device memory beside others (Evaluator._retried_alone)."""
-        before = getattr(self._local, "alone", False)
-        self._local.alone = True
+        device memory beside others (Evaluator._retried_alone). `on_start`: called once no other stage
+        runs, before the stage itself (the worker frees its idle children's memory there)."""
+        before = getattr(self._local, "alone", False), getattr(self._local, "on_alone", None)
+        self._local.alone, self._local.on_alone = True, on_start
         try:
             yield
         finally:
-            self._local.alone = before
+            self._local.alone, self._local.on_alone = before
 
     @contextlib.contextmanager
     def stage(self):
@@ -279,10 +281,13 @@ class DeviceOwner:
             self._stages += 1
             self._alone_on = alone
         add_phase("stage-wait", time.monotonic() - t0)
-        if alone:
-            add_phase("stage-alone", 1)
         self._local.stages = 1
         try:
+            if alone:
+                add_phase("stage-alone", 1)
+                on_start, self._local.on_alone = getattr(self._local, "on_alone", None), None
+                if on_start is not None:
+                    on_start()
             yield
         finally:
             self._local.stages = 0

@@ -158,7 +158,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
             if not (retries and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
                 return first
         _add_phase("retried-alone", 1)
-        with self.owner.alone():
+        with self.owner.alone(on_start=self._shed_idle_children):
             rep = attempt()
         extra = {"seconds": (getattr(first, "seconds", 0) or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
         if hasattr(rep, "gpu_seconds"):
@@ -166,6 +166,15 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         note = f"first attempt beside other candidates: {why[:300]}; retried with the device to itself\n"
         extra["log_key"] = self._log(note + (self.store.get_text(rep.log_key) if rep.log_key else ""))
         return rep.model_copy(update=extra)
+
+    def _shed_idle_children(self) -> None:
+        """Before a stage retried alone: the warm spares and the children kept between stages closed, so
+        that the memory they hold (on the H200, 84 processes once held all 140 GiB) is the stage's; they
+        are made again as needed."""
+        try:
+            _add_phase("shed-children", self.pool.shed() + self.loaded.shed())
+        except Exception as e:  # noqa: BLE001 - the retry runs anyway, beside what could not be closed
+            print(f"shedding idle children failed: {type(e).__name__}: {e}", flush=True)
 
     def _rules(self, source: str, problem: str):
         if not self.static_rules:

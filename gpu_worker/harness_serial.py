@@ -26,7 +26,7 @@ class NoOwner:
     def stage(self):
         return contextlib.nullcontext()
 
-    def alone(self):
+    def alone(self, on_start=None):
         return contextlib.nullcontext()
 
 
@@ -38,6 +38,9 @@ class FreshChildren:
 
     def acquire(self) -> Sandbox:
         return Sandbox("candidate", self.interpreter, settings=self.settings)
+
+    def shed(self) -> int:
+        return 0  # nothing idle is kept
 
     def close(self) -> None:
         pass

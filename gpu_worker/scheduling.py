@@ -94,12 +94,19 @@ class SandboxPool:
         threading.Thread(target=self.fill, daemon=True).start()
         return sb
 
-    def close(self) -> None:
+    def shed(self) -> int:
+        """Close the idle spares, freeing their memory for a stage retried alone; the next acquire starts
+        the pool filling again. Returns how many were closed."""
         with self._lock:
-            self._closed = True
             idle, self._idle = self._idle, []
         for s in idle:
             s.close()
+        return len(idle)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self.shed()
 
 
 class LoadedChildren:
@@ -158,11 +165,17 @@ class LoadedChildren:
     def __len__(self) -> int:
         return len(self._kept)
 
-    def close(self) -> None:
+    def shed(self) -> int:
+        """Close every kept child (their candidates load afresh at their next stage), freeing their memory
+        for a stage retried alone. Returns how many were closed."""
         with self._lock:
             kept, self._kept = self._kept, []
         for _, sb, _ in kept:
             sb.close()
+        return len(kept)
+
+    def close(self) -> None:
+        self.shed()
 
 
 def timing_cpus(spec: int | tuple[int, ...] | None = None) -> tuple[set, set] | None:

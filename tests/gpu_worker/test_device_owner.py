@@ -211,7 +211,8 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
             order.append(x)
 
     def stage(name, hold, alone=False):
-        ctx = owner.alone() if alone else _null()
+        # a stage retried alone starts by freeing the idle children's memory: once, with no other stage on
+        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner._stages - 1}")) if alone else _null()
         with ctx, owner.stage():
             note(name + "+")
             with owner.stage():  # a stage inside a stage of the same thread is part of it
@@ -230,7 +231,7 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
     first.__exit__(None, None, None)
     retry.join(5)
     late.join(5)
-    assert order == ["alone+", "alone-", "late+", "late-"]
+    assert order == ["shed beside 0", "alone+", "alone-", "late+", "late-"]
     assert owner._stages == 0 and not owner._alone_on and owner._alone_waiting == 0
     # an ordinary stage on this thread, with no retry about: no wait
     with owner.stage():
@@ -415,17 +416,31 @@ def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alo
     e = _evaluator(tmp_path)
     calls = []
 
+    class Kept:  # a child kept between a candidate's stages
+        closed = False
+
+        def alive(self):
+            return not self.closed
+
+        def close(self):
+            self.closed = True
+
+    kept = Kept()
+    e.loaded.put(("kda", "B1", "k"), kept)
+
     def attempt(then):
         def run():
-            calls.append(bool(getattr(e.owner._local, "alone", False)))
-            if len(calls) == 1 or then is None:
-                raise ReferenceOutOfMemory("oom: the reference process's compare_timed: CUDA out of memory")
-            return then
+            with e.owner.stage():
+                calls.append(bool(getattr(e.owner._local, "alone", False)))
+                if len(calls) == 1 or then is None:
+                    raise ReferenceOutOfMemory("oom: the reference process's compare_timed: CUDA out of memory")
+                return then
         return run
 
     ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
     rep = e._retried_alone(attempt(ok))
     assert rep.ok and calls == [False, True] and rep.seconds == 3.0
+    assert kept.closed and len(e.loaded) == 0, "the retry alone runs with the idle children's memory freed"
     assert e.store.get_text(rep.log_key).startswith(
         "first attempt beside other candidates: oom: the reference process's compare_timed")
     calls.clear()

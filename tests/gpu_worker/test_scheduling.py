@@ -105,7 +105,11 @@ def test_loaded_children_limit_and_age():
     d = Child()
     old.put("d", d)
     assert old.take("d") is None and d.closed  # too old
-    kept.put("e", Child())
+    e, f = Child(), Child()
+    kept.put("e", e)
+    kept.put("f", f)
+    assert kept.shed() == 2 and e.closed and f.closed and len(kept) == 0  # for a stage retried alone
+    kept.put("g", Child())  # and kept again after
     kept.close()
     assert len(kept) == 0
     # several children of one candidate (the best, in overlapping benchmarks), at most per_key of them
@@ -117,3 +121,24 @@ def test_loaded_children_limit_and_age():
     assert x1.closed and not x2.closed and not x3.closed and len(many) == 2
     got = {many.take("x"), many.take("x")}
     assert got == {x2, x3} and many.take("x") is None
+
+
+def test_shed_spares_are_made_again_at_the_next_acquire():
+    # a stage retried alone frees the spares' memory; the pool is not closed by it
+    import time as _t
+
+    from gpu_worker.scheduling import SandboxPool
+
+    pool = SandboxPool(interpreter=True, spares=1)
+    try:
+        spare = pool._idle[0]
+        assert pool.shed() == 1 and not spare.alive() and not pool._idle
+        sb = pool.acquire()
+        assert sb.alive() and sb is not spare
+        sb.close()
+        end = _t.monotonic() + 60
+        while not pool._idle and _t.monotonic() < end:
+            _t.sleep(0.2)
+        assert len(pool._idle) == 1, "the pool fills again after an acquire"
+    finally:
+        pool.close()
