@@ -10,6 +10,7 @@ import time
 from gpu_worker import protocol as msg
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
+from gpu_worker.harness_verify import other_shapes
 from gpu_worker.timing import crosscheck, foreign_kernels
 from workflows.contracts import EvalRequest
 
@@ -23,8 +24,6 @@ def shape_to_prepare(problem, verified, prepared: set) -> str | None:
     """The listed shape a would-be best verified at `verified` is verified at next (the workflow takes the
     first of the report's other_shapes), unless `prepared` already holds it: its reference is worth
     preparing ahead, while the first candidates still compile and time."""
-    from gpu_worker.harness_verify import other_shapes
-
     others = other_shapes(problem, verified)
     if not others or (problem.name, others[0]) in prepared:
         return None

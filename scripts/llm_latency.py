@@ -261,12 +261,14 @@ def markdown(res: dict) -> str:
             return TARGET_BEST_S
         return TARGET_RULES_S if r.get("stage") == "rules" else TARGET_VERDICT_S
 
-    judged = [(target(i, r), r.get("latency_s")) for i, r in enumerate(rows, 1) if i > 1]
+    targets = [target(i, r) for i, r in enumerate(rows, 1)]
+    judged = list(zip(targets[1:], (r.get("latency_s") for r in rows[1:])))
+    host = ("a host that has served before: its GPU work directory kept" if res.get("gpu_workdir_kept")
+            else "the GPU work directory emptied")
 
     first = c.get("first_verdict_s")
     lines = [f"# Verdict latency: {res['problem']}, policy llm, {res['device']}", "",
-             f"Cold start ({'a host that has served before: its GPU work directory kept' if res.get('gpu_workdir_kept') else 'the GPU work directory emptied'}): "
-             f"the workers and the run started, the first verdict {_f(first)} s later "
+             f"Cold start ({host}): the workers and the run started, the first verdict {_f(first)} s later "
              f"(target <= {TARGET_FIRST_S:.0f} s: {met(first, TARGET_FIRST_S)}); the GPU worker polled at "
              f"{_f(c.get('gpu_worker_polling_s'))} s, the first model turn arrived at {_f(c.get('first_turn_s'))} s.",
              f"Verdicts after the first: median {_f(sorted(warm)[len(warm) // 2] if warm else None)} s, slowest "
@@ -286,7 +288,7 @@ def markdown(res: dict) -> str:
             (f"{r['outcome']}" + (f" at {r['stage']}" if r.get("stage") else "") if r.get("outcome")
              else (r.get("answer") or "")[:60])
         g = r.get("gpu_seconds") or {}
-        t = target(i, r)
+        t = targets[i - 1]
         lines.append(f"| {i} | {r['label']} | {verdict} | {_f(r.get('latency_s'))} | {t:.0f}: "
                      f"{met(r.get('latency_s'), t)} | {_f(r.get('evaluation_s'))} | "
                      + " | ".join(_f(g.get(s)) for s in STAGES)
@@ -355,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(MARATHON_HOME=str(work / "home"), MARATHON_ARTIFACTS=str(work / "artifacts"),
                       MARATHON_GPU_WORKDIR=str(gpu_work), TEMPORAL_ADDRESS=f"127.0.0.1:{a.port}")
     res: dict = {"problem": problem, "device": device or "no CUDA: Triton interpreter", "budget_s": a.budget_s,
-                 "run_id": None, "targets": {"verdict_s": TARGET_VERDICT_S, "first_verdict_s": TARGET_FIRST_S},
+                 "run_id": None, "targets": {"verdict_s": TARGET_VERDICT_S, "best_verdict_s": TARGET_BEST_S,
+                                                 "rules_verdict_s": TARGET_RULES_S, "first_verdict_s": TARGET_FIRST_S},
                  "gpu_workdir_kept": a.keep_gpu_workdir, "cold_start": {}, "submissions": []}
     procs: dict[str, subprocess.Popen] = {}  # by log name, the dev server first
     marks: list = []
