@@ -20,13 +20,20 @@ def limit_reached(budget: Budget, used: Used) -> str | None:
     return None
 
 
+#: finished-but-unrecorded evaluations allowed behind the oldest, in populations: a candidacy's best-only
+#: checks hold the head of the record order for 30-100 s (more at a shape the worker has not served), and a
+#: KDA search on one H200 finishes about one evaluation in 3 s meanwhile; at 2 populations the worker ran dry
+BACKLOG_POPULATIONS = 4
+
+
 def slots_to_fill(budget: Budget, used: Used, population: int, in_flight: int, running: int) -> int:
     """How many new candidates a rolling step starts: enough to keep `population` evaluations running,
     never past what is left of the iteration budget (counting those already in flight), and at most
-    2 x population started-but-unrecorded (a slow oldest evaluation must not grow the backlog). A compaction
-    does not cap it: the evaluations under way go on into the next run (their results come by signal)."""
+    BACKLOG_POPULATIONS x population started-but-unrecorded (a slow oldest evaluation must not grow the
+    backlog without bound). A compaction does not cap it: the evaluations under way go on into the next run
+    (their results come by signal)."""
     n = population - running
-    n = min(n, 2 * population - in_flight)
+    n = min(n, BACKLOG_POPULATIONS * population - in_flight)
     if budget.iterations is not None:
         n = min(n, budget.iterations - used.iterations - in_flight)
     return max(0, n)

@@ -25,7 +25,12 @@ def test_rolling_slots_fill_the_population_within_budget():
     b, u = Budget(iterations=100), Used(iterations=10)
     assert f(b, u, 4, in_flight=0, running=0) == 4
     assert f(b, u, 4, 3, 1) == 3          # one running, two finished waiting: 3 to start
-    assert f(b, u, 4, 8, 0) == 0          # backlog of 2 x population finished-unrecorded
+    # behind a slow oldest evaluation (a candidacy's checks) the others go on finishing and starting ...
+    assert f(b, u, 4, 8, 4) == 0          # ... the population runs: nothing to start
+    assert f(b, u, 4, 8, 1) == 3          # 8 in flight, 1 running: refill to 4 running
+    k = decisions.BACKLOG_POPULATIONS
+    assert f(b, u, 4, 4 * k - 2, 1) == 2  # ... until the backlog reaches BACKLOG_POPULATIONS x population
+    assert f(b, u, 4, 4 * k, 0) == 0
     assert f(b, Used(iterations=98), 4, 1, 1) == 1  # iteration budget counts in-flight
     assert f(b, Used(iterations=100), 4, 0, 0) == 0
     assert f(Budget(iterations=None), u, 4, 2, 2) == 2
