@@ -52,16 +52,22 @@ class BenchmarkStage:
             per_dist, timed_jobs, prof = [], [], None
             try:
                 cand_key = self._child_key(req.problem, shape, req.source_key)
-                cand, _ = self._loaded_child(cand_key, source, problem, shape, hb)
+                cand, cand_loaded = self._loaded_child(cand_key, source, problem, shape, hb)
                 sbs.append(cand)
-                best = None
+                best = best_loaded = None
                 if best_source:
                     # the current best's child stays loaded from one benchmark to the next (the best
-                    # takes part in every one)
+                    # takes part in every one; benchmarks at once load children of their own)
                     best_key = self._child_key(req.problem, shape, req.best.source_key)
-                    best, _ = self._loaded_child(best_key, best_source, problem, shape, hb)
+                    best, best_loaded = self._loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
                 stage.enter_context(self._stage_turn())
+                # a child loaded now compiles first, outside any turn, as verification's does: else Triton
+                # compiles its kernels inside the timing set's upload job (KDA: about 8 s, every timing
+                # block waiting behind it)
+                for sb, loaded_now in ((cand, cand_loaded), (best, best_loaded)):
+                    if loaded_now is not None:
+                        self._compile_in(sb, problem, hb, "benchmark")
                 # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
                     receipt = self._ref_do(ref_sb, hb, msg.Receipt(), 60)
@@ -70,6 +76,7 @@ class BenchmarkStage:
                     fresh = self.pool.acquire()
                     sbs.append(fresh)
                     ld = self._load(fresh, source, problem, shape, hb)
+                    self._compile_in(fresh, problem, hb, "benchmark")
                 dists = list(problem.distributions)
                 decisive = decisive_dist(dists, req.best.deciding_dist if best is not None else None)
                 if decisive is not None:  # the distribution that can show a loser is timed first

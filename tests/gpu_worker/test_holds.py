@@ -134,3 +134,57 @@ def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     for k, w, when, depth in rec.events:  # every timed call ran inside a timing block
         if w == "time":
             assert any(t0 <= when <= t1 for t0, t1 in timed)
+
+
+def test_a_child_loaded_for_a_benchmark_compiles_before_its_upload(tmp_path, monkeypatch):
+    """The candidate's and the current best's children, loaded afresh for a benchmark (none kept from an
+    earlier stage), compile outside any turn before their timing sets are uploaded: on CUDA the upload job
+    loads the kernels, and a kernel not compiled yet would be compiled there, inside the turn."""
+    from gpu_worker import harness
+    from gpu_worker.canaries import canary_source
+    from gpu_worker.sandbox import Sandbox
+    from gpu_worker.scheduling import Scheduler
+    from workflows.artifacts import ArtifactStore
+    from workflows.contracts import BestRef
+
+    rec = RecordingOwner()
+    call = Sandbox.call
+    seen: dict[int, list[tuple[str, bool, int]]] = {}  # per child: (command, a timing set's upload, turns held)
+
+    def recorded_call(self, request, *a, **kw):
+        seen.setdefault(id(self), []).append(
+            (request.cmd, getattr(request, "rotate", None) is not None, rec.depth()))
+        return call(self, request, *a, **kw)
+
+    monkeypatch.setattr(Sandbox, "call", recorded_call)
+    store = ArtifactStore(tmp_path / "art")
+    e = harness.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    e._device_job, e._timing_block, e._with_ref = rec.job, rec.timing, rec.with_ref
+
+    def req(name):
+        src = canary_source(name)
+        return EvalRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                           source_key=store.put_text(src))
+
+    try:
+        fast, slow = req("fast"), req("slow")
+        assert e.compile(fast).ok
+        assert e.loaded.shed() == 1  # its child closed: the benchmark loads the best's and the candidate's
+        best = BestRef(candidate_id=fast.candidate_id, source_key=fast.source_key, speedup=1.0, time_ms=1.0,
+                       baseline_ms=1.0, iteration=1, interpreter=True)
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=slow.candidate_id,
+                                     source_key=slow.source_key, best=best))
+        assert b.ok, b.reason
+    finally:
+        e.close()
+
+    timed_children = [cmds for cmds in seen.values() if any(timing_set for _, timing_set, _ in cmds)]
+    assert len(timed_children) >= 3  # the candidate, the best, the reference
+    for cmds in timed_children:
+        names = [c for c, _, _ in cmds]
+        if "load" not in names:
+            continue  # the reference child: nothing of a candidate's to compile
+        first_upload = next(i for i, (_, timing_set, _) in enumerate(cmds) if timing_set)
+        compiles = [i for i, (c, _, depth) in enumerate(cmds) if c == "compile"]
+        assert compiles and compiles[0] < first_upload, names
+        assert all(cmds[i][2] == 0 for i in compiles), "compiled inside a device turn"
