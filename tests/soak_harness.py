@@ -1,0 +1,193 @@
+"""Harness soak (not a test): a softmax search through the real harness under the Triton interpreter for an
+hour, faults injected, sampling what a long run could leak.
+
+    python -m tests.soak_harness [--minutes 60] [--population 2] [--spares 2] [--out FILE]
+
+A dev server on a SQLite file; one worker process (the agent worker and the real GPU worker with its spares,
+tests/worker_proc.py --real). Injected: a candidate's sandbox child SIGKILLed every `--kill-child-every`
+minutes, the worker process SIGKILLed (its children left to notice) and restarted at 40% of the time, the dev
+server stopped for 5 s and restarted at 70%. Sampled every 20 s: sandbox child processes on the host, open
+files (the worker's and its children's), the worker's resident memory, the temp disk (the GPU work directory
+and the worker's temp directory), the run's iteration. Growth compares the medians of two windows, 15-38%
+of the time (after warm-up, before the worker's restart) and 85-100% (after both restarts)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tests.workflows.test_faults import DevServer, _free_port
+from workflows.client import connect
+from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, StopRequest
+from workflows.optimization import KernelOptimization
+
+CHILD = "gpu_worker.child"
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def sandbox_children() -> dict[int, str]:
+    """Every sandbox child on the host (orphans included), by pid: its role."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and CHILD in (argv := _cmdline(int(d.name))):
+            out[int(d.name)] = argv[-2] if argv[-1] == "" else argv[-1]
+    return out
+
+
+def open_files(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def disk_mb(*roots: Path) -> float:
+    total = 0
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+                except OSError:
+                    pass
+    return total / 2**20
+
+
+def start_worker(address: str, env: dict, log) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tests.worker_proc", address, "--real"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+async def iteration(client, wid: str) -> int | None:
+    try:
+        return (await client.get_workflow_handle(wid).query(KernelOptimization.status)).iteration
+    except Exception:  # noqa: BLE001 - the server restarting
+        return None
+
+
+async def main(a) -> int:
+    tmp = Path(tempfile.mkdtemp(prefix="soak-harness-"))
+    gpu_dir, worker_tmp = tmp / "gpu-work", tmp / "worker-tmp"
+    worker_tmp.mkdir()
+    env = {**os.environ, "MARATHON_ARTIFACTS": str(tmp / "artifacts"), "MARATHON_GPU_WORKDIR": str(gpu_dir),
+           "TMPDIR": str(worker_tmp), "MARATHON_SPARES": str(a.spares), "MARATHON_GPU_SELFTEST": "0"}
+    os.environ["MARATHON_ARTIFACTS"] = env["MARATHON_ARTIFACTS"]
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    server = DevServer(tmp / "temporal.db", port)
+    server.start()
+    log = open(tmp / "worker.log", "ab")
+    worker = start_worker(address, env, log)
+    client = await connect(address)
+    wid = "soak-harness"
+    await client.start_workflow(KernelOptimization.run, RunSpec(problem="softmax", budget={"iterations": 100000},
+                                                                population=a.population, heartbeat_seconds=5),
+                                id=wid, task_queue=AGENT_QUEUE)
+    t0, total = time.time(), a.minutes * 60
+    events, samples = [], []
+    restarted = server_restarted = False
+    next_kill = a.kill_child_every * 60
+    while (now := time.time() - t0) < total:
+        if not restarted and now >= 0.4 * total:
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.wait()
+            events.append(f"{now / 60:.1f} min: the worker process SIGKILLed and restarted")
+            worker, restarted = start_worker(address, env, log), True
+        elif restarted and not server_restarted and now >= 0.7 * total:
+            server.stop()
+            await asyncio.sleep(5)
+            server.start()
+            client = await connect(address)
+            events.append(f"{now / 60:.1f} min: the dev server stopped for 5 s and restarted on its SQLite file")
+            server_restarted = True
+        elif now >= next_kill:
+            cands = [p for p, role in sandbox_children().items() if role == "candidate"]
+            if cands:
+                os.kill(random.choice(cands), signal.SIGKILL)
+                events.append(f"{now / 60:.1f} min: a candidate's sandbox child SIGKILLed")
+            next_kill += a.kill_child_every * 60
+        kids = sandbox_children()
+        samples.append({"t": now, "iteration": await iteration(client, wid), "children": len(kids),
+                        "files": open_files(worker.pid) + sum(open_files(p) for p in kids),
+                        "worker_mb": rss_mb(worker.pid), "children_mb": sum(rss_mb(p) for p in kids),
+                        "disk_mb": disk_mb(gpu_dir, worker_tmp)})
+        print(samples[-1], flush=True)
+        await asyncio.sleep(a.sample_s)
+    await client.get_workflow_handle(wid).signal(KernelOptimization.stop, StopRequest(reason="soak done"))
+    res = await client.get_workflow_handle(wid, result_type=RunResult).result()
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    await asyncio.sleep(5)
+    left = sandbox_children()
+    server.stop()
+
+    def window(lo, hi, key):
+        vals = [s[key] for s in samples if lo * total <= s["t"] <= hi * total and s[key] is not None]
+        return statistics.median(vals) if vals else float("nan")
+
+    slack = {"children": 1, "files": 20, "worker_mb": 30, "children_mb": 300, "disk_mb": 100}
+    names = {"children": "sandbox child processes", "files": "open files (worker and children)",
+             "worker_mb": "worker resident memory (MB)", "children_mb": "children's resident memory (MB)",
+             "disk_mb": "temp disk (MB)"}
+    rows, grew = [], []
+    for k, name in names.items():
+        early, late = window(0.15, 0.38, k), window(0.85, 1.0, k)
+        g = late > 1.2 * early + slack[k]
+        grew += [name] if g else []
+        rows.append(f"| {name} | {early:.0f} | {late:.0f} | {max(s[k] for s in samples):.0f} | {'**yes**' if g else 'no'} |")
+    its = [s["iteration"] for s in samples if s["iteration"] is not None]
+    text = f"""# Harness soak: {a.minutes:g} minutes, faults injected
+
+Command: `python -m tests.soak_harness --minutes {a.minutes:g} --population {a.population} --spares {a.spares}`;
+{platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.
+
+Injected: {'; '.join(events)}.
+
+Run: {res.iterations} iterations recorded (the last sample {max(its) if its else '-'}), stopped by {res.stopped_by};
+sandbox children left 5 s after the worker's end: {len(left)}.
+
+| measure | 15-38% (median) | 85-100% (median) | max | grew |
+|---|---|---|---|---|
+""" + "\n".join(rows) + "\n"
+    if a.out:
+        Path(a.out).write_text(text)
+    print(text)
+    return 1 if grew or left else 0
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--minutes", type=float, default=60)
+    ap.add_argument("--population", type=int, default=2)
+    ap.add_argument("--spares", type=int, default=2)
+    ap.add_argument("--kill-child-every", type=float, default=7.0, help="minutes between candidate-child kills")
+    ap.add_argument("--sample-s", type=float, default=20.0)
+    ap.add_argument("--out", default=None, help="also write the Markdown here")
+    sys.exit(asyncio.run(main(ap.parse_args())))
