@@ -8,9 +8,9 @@ import threading
 import time
 
 from gpu_worker import protocol as msg
+from gpu_worker.harness_verify import other_shapes
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
-from gpu_worker.harness_verify import other_shapes
 from gpu_worker.timing import crosscheck, foreign_kernels
 from workflows.contracts import EvalRequest
 

@@ -20,14 +20,14 @@ import platform
 import random
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.workflows.test_faults import DevServer, _free_port
+from tests.soak import rss_mb
+from tests.workflows.test_faults import DevServer, _free_port, _worker
 from workflows.client import connect
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
@@ -58,16 +58,6 @@ def open_files(pid: int) -> int:
         return 0
 
 
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def disk_mb(*roots: Path) -> float:
     total = 0
     for root in roots:
@@ -78,11 +68,6 @@ def disk_mb(*roots: Path) -> float:
                 except OSError:
                     pass
     return total / 2**20
-
-
-def start_worker(address: str, env: dict, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.worker_proc", address, "--real"], env=env, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
 
 
 async def iteration(client, wid: str) -> int | None:
@@ -96,15 +81,15 @@ async def main(a) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="soak-harness-"))
     gpu_dir, worker_tmp = tmp / "gpu-work", tmp / "worker-tmp"
     worker_tmp.mkdir()
-    env = {**os.environ, "MARATHON_ARTIFACTS": str(tmp / "artifacts"), "MARATHON_GPU_WORKDIR": str(gpu_dir),
-           "TMPDIR": str(worker_tmp), "MARATHON_SPARES": str(a.spares), "MARATHON_GPU_SELFTEST": "0"}
-    os.environ["MARATHON_ARTIFACTS"] = env["MARATHON_ARTIFACTS"]
+    env = {"MARATHON_GPU_WORKDIR": str(gpu_dir), "TMPDIR": str(worker_tmp), "MARATHON_SPARES": str(a.spares),
+           "MARATHON_GPU_SELFTEST": "0"}  # the worker's alone: the dev server keeps its own temp directory
+    os.environ["MARATHON_ARTIFACTS"] = str(tmp / "artifacts")
     port = _free_port()
     address = f"127.0.0.1:{port}"
     server = DevServer(tmp / "temporal.db", port)
     server.start()
     log = open(tmp / "worker.log", "ab")
-    worker = start_worker(address, env, log)
+    worker = _worker(address, True, 0.0, log, env)
     client = await connect(address)
     wid = "soak-harness"
     await client.start_workflow(KernelOptimization.run, RunSpec(problem="softmax", budget={"iterations": 100000},
@@ -119,7 +104,7 @@ async def main(a) -> int:
             os.kill(worker.pid, signal.SIGKILL)
             worker.wait()
             events.append(f"{now / 60:.1f} min: the worker process SIGKILLed and restarted")
-            worker, restarted = start_worker(address, env, log), True
+            worker, restarted = _worker(address, True, 0.0, log, env), True
         elif restarted and not server_restarted and now >= 0.7 * total:
             server.stop()
             await asyncio.sleep(5)

@@ -21,8 +21,8 @@ def limit_reached(budget: Budget, used: Used) -> str | None:
 
 
 #: finished-but-unrecorded evaluations allowed behind the oldest, in populations: a candidacy's best-only
-#: checks hold the head of the record order for 30-100 s (more at a shape the worker has not served), and a
-#: KDA search on one H200 finishes about one evaluation in 3 s meanwhile; at 2 populations the worker ran dry
+#: checks hold the head of the record order for 30-100 s (more at a shape the worker has not served), while a
+#: KDA search on one H200 finishes an evaluation every 3-5 s; at 2 populations its worker ran dry (results.md)
 BACKLOG_POPULATIONS = 4
 
 

@@ -40,8 +40,9 @@ class DevServer:
         self.proc.wait(timeout=30)
 
 
-def _worker(address: str, real: bool, delay: float, log) -> subprocess.Popen:
-    env = {**os.environ, "MARATHON_TEST_DELAY_S": str(delay)}
+def _worker(address: str, real: bool, delay: float, log, env: dict | None = None) -> subprocess.Popen:
+    """`env`: more environment for the worker process alone."""
+    env = {**os.environ, **(env or {}), "MARATHON_TEST_DELAY_S": str(delay)}
     argv = [sys.executable, "-m", "tests.worker_proc", address] + (["--real"] if real else [])
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
