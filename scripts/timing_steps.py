@@ -13,6 +13,15 @@ Steps, each the work's CUDA graph replayed between two events with the host far 
   static+memset      two static sets, a one-element memset before each replay (stream work, no flush)
   static+graphflush  two static sets, the flush replayed as a graph
   harness            refill and poison, then the flush as a graph: what the harness does now
+  rotated+graphflush a graph per rotated input copy, the flush as a graph before each replay (the work's
+                     code evicted from L2, its inputs as cold as without it)
+  rotated+code       rotated copies, a kernel of ~64 KB of instructions and no data before each replay (the
+                     SMs' instruction caches refilled with other code, L2 untouched)
+  rotated+both       rotated copies, the code kernel then the flush as a graph
+  harness+code       the harness's steps with the code kernel ahead of the refill, where a timed repetition
+                     has the previous one's fingerprint and other kernels
+  harness+fingerprint the harness's steps after the reference role's fingerprint of an output (fp32 dot
+                     products onto a random vector, and the sum of squares)
 """
 
 from __future__ import annotations
@@ -26,6 +35,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+STEPS = ("rotated", "rotated+flush", "static+flush", "static+refill", "static+memset", "static+graphflush",
+         "harness", "rotated+graphflush", "rotated+code", "rotated+both", "harness+code", "harness+fingerprint")
+CODE_STEPS = 4096  # unrolled multiply-adds with distinct immediates: ~16 bytes of instructions each
+
+
+def _code_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def code_only(x_ptr, STEPS: tl.constexpr):
+        offs = tl.arange(0, 128)
+        x = tl.load(x_ptr + offs)
+        for i in tl.static_range(STEPS):
+            x = x * (1.0 + i * 1e-7) + i * 1e-5
+        tl.store(x_ptr + offs, x)
+
+    return code_only
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -36,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="JSON object of knob overrides: one more variant of the starting kernel (repeatable)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--steps", default=",".join(STEPS), help="comma-separated steps to time (default: all)")
     a = ap.parse_args(argv)
+    chosen = [x for x in a.steps.split(",") if x]
+    unknown = [x for x in chosen if x not in STEPS]
+    if unknown or not chosen:
+        ap.error(f"--steps: unknown {', '.join(unknown) or '(none given)'} (steps: {', '.join(STEPS)})")
 
     import torch
 
@@ -78,6 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     def stream_flush():
         torch.sum(flush, 0, out=sink)
 
+    code_only, code_buf = _code_kernel(), torch.zeros(128, device="cuda")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def code():  # every SM runs the whole instruction stream
+        code_only[(4 * sms,)](code_buf, STEPS=CODE_STEPS, num_warps=4)
+
+    code()
+    torch.cuda.synchronize()
+
     torch.cuda.synchronize()
     flush_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(flush_graph):
@@ -103,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             if v.is_floating_point():
                 v.fill_(float("nan"))
 
+    fp_vecs = {k: torch.randn(v.numel(), device="cuda") for k, v in static[0]["out"].items()}
+
+    def fingerprint(s):  # as the reference child's, after each repetition: dot products of the outputs
+        for k, v in s["out"].items():
+            part = v.reshape(-1).float()
+            torch.dot(part, fp_vecs[k]) + torch.dot(part, part)
+
     steps = {
         "rotated": (rotated, lambda s, i: None),
         "rotated+flush": (rotated, lambda s, i: stream_flush()),
@@ -111,7 +160,25 @@ def main(argv: list[str] | None = None) -> int:
         "static+memset": (static, lambda s, i: tiny.zero_()),
         "static+graphflush": (static, lambda s, i: flush_graph.replay()),
         "harness": (static, lambda s, i: (refill(s, i), flush_graph.replay())),
+        "rotated+graphflush": (rotated, lambda s, i: flush_graph.replay()),
+        "rotated+code": (rotated, lambda s, i: code()),
+        "rotated+both": (rotated, lambda s, i: (code(), flush_graph.replay())),
+        "harness+code": (static, lambda s, i: (code(), refill(s, i), flush_graph.replay())),
+        "harness+fingerprint": (static, lambda s, i: (fingerprint(s), refill(s, i), flush_graph.replay())),
     }
+
+    if a.steps:
+        unknown = sorted(set(a.steps.split(",")) - set(steps))
+        if unknown:
+            ap.error(f"--steps: unknown {', '.join(unknown)} (steps: {', '.join(steps)})")
+        fp_vecs = {k: torch.randn(v.numel(), device="cuda") for k, v in static[0]["out"].items()}
+
+    def fingerprint(s):  # as the reference child's, after each repetition: dot products of the outputs
+        for k, v in s["out"].items():
+            part = v.reshape(-1).float()
+            torch.dot(part, fp_vecs[k]) + torch.dot(part, part)
+
+    steps = {k: v for k, v in steps.items() if k in a.steps.split(",")}
 
     def median_us(call, sets, before) -> float:
         res = graph_time_ms(call, sets, reps=a.reps, before=lambda i: before(sets[i % len(sets)], i))
