@@ -39,3 +39,16 @@ def get_problem(name: str) -> Problem:
         return load_folder_key(name)
     check_problem_name(name)
     return importlib.import_module(f"baselines.{name}.spec").PROBLEM
+
+
+def problem_at(name: str, shape_index: int, distribution: str | None = None):
+    """(problem, shape, distribution) for a tool's arguments: shape by its index, the distribution by name
+    (default: the problem's first); ValueError (UnknownProblem for a name) with one clear message."""
+    check_problem_name(name)
+    p = get_problem(name)
+    if not 0 <= shape_index < len(p.shapes):
+        raise ValueError(f"--shape {shape_index}: {name} has shapes 0..{len(p.shapes) - 1}")
+    dist = distribution or p.distributions[0]
+    if dist not in p.distributions:
+        raise ValueError(f"--dist {dist}: {name}'s distributions are {', '.join(p.distributions)}")
+    return p, p.shapes[shape_index], dist

@@ -37,27 +37,21 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from baselines.registry import check_problem_name, get_problem
+    from baselines.registry import problem_at
     from gpu_worker import protocol
     from gpu_worker.child import Server, serve
 
     try:
-        check_problem_name(a.problem)
+        p, shape, dist = problem_at(a.problem, a.shape, a.dist)
     except ValueError as e:
         ap.error(str(e))
-    p = get_problem(a.problem)
-    if not 0 <= a.shape < len(p.shapes):
-        ap.error(f"--shape {a.shape}: {a.problem} has shapes 0..{len(p.shapes) - 1}")
-    dist = a.dist or p.distributions[0]
-    if dist not in p.distributions:
-        ap.error(f"--dist {dist}: {a.problem}'s distributions are {', '.join(p.distributions)}")
     cuda = torch.cuda.is_available()
-    shape = p.shapes[a.shape].name if cuda else None  # the CPU shape under the interpreter stand-in
+    shape_name = shape.name if cuda else None  # None: the CPU shape, under the interpreter stand-in
 
     with tempfile.TemporaryDirectory() as tmp:
         srv = Server(tmp, "reference")
         serve(srv, protocol.CudaInit())
-        setup = serve(srv, protocol.Setup(problem=a.problem, shape=shape))
+        setup = serve(srv, protocol.Setup(problem=a.problem, shape=shape_name))
         serve(srv, protocol.Prepare(rotate=2, pool=3, dist=dist, seed=1000))
         cap = serve(srv, protocol.Capture(dist=dist))
         mode = "cuda-graph" if cap.captured else "back-to-back"

@@ -73,21 +73,14 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from baselines.registry import check_problem_name, get_problem
+    from baselines.registry import problem_at
     from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
     from gpu_worker.timing_inputs import FreshValues
 
     try:
-        check_problem_name(a.problem)
+        p, shape, dist = problem_at(a.problem, a.shape, a.dist)
     except ValueError as e:
         ap.error(str(e))
-    p = get_problem(a.problem)
-    if not 0 <= a.shape < len(p.shapes):
-        ap.error(f"--shape {a.shape}: {a.problem} has shapes 0..{len(p.shapes) - 1}")
-    shape = p.shapes[a.shape]
-    dist = a.dist or p.distributions[0]
-    if dist not in p.distributions:
-        ap.error(f"--dist {dist}: {a.problem}'s distributions are {', '.join(p.distributions)}")
     variants = {"defaults": {}}
     for text in a.knobs:
         try:
