@@ -15,7 +15,7 @@ Steps, each the work's CUDA graph replayed between two events with the host far 
   harness            refill and poison, then the flush as a graph: what the harness does now
   rotated+graphflush a graph per rotated input copy, the flush as a graph before each replay (the work's
                      code evicted from L2, its inputs as cold as without it)
-  rotated+code       rotated copies, a kernel of ~64 KB of instructions and no data before each replay (the
+  rotated+code       rotated copies, a kernel of ~120 KB of instructions and no data before each replay (the
                      SMs' instruction caches refilled with other code, L2 untouched)
   rotated+both       rotated copies, the code kernel then the flush as a graph
   harness+code       the harness's steps with the code kernel ahead of the refill, where a timed repetition
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 STEPS = ("rotated", "rotated+flush", "static+flush", "static+refill", "static+memset", "static+graphflush",
          "harness", "rotated+graphflush", "rotated+code", "rotated+both", "harness+code", "harness+fingerprint")
-CODE_STEPS = 4096  # unrolled multiply-adds with distinct immediates: ~16 bytes of instructions each
+CODE_STEPS = 4096  # unrolled multiply-adds with distinct constants: ~30 bytes of instructions each (sm_90)
 
 
 def _code_kernel():
