@@ -23,7 +23,7 @@ from pathlib import Path
 
 from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
-from tests.workflows.test_faults import DevServer, _free_port, _until
+from tests.workflows.test_faults import DevServer, _free_port, _until, _worker
 from workflows.client import connect
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec
 from workflows.optimization import KernelOptimization
@@ -40,18 +40,21 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def start_server(tmp: Path) -> tuple[DevServer, str]:
+    """A dev server on tmp's SQLite file, this process's artifact store under tmp: (server, address)."""
+    os.environ["MARATHON_ARTIFACTS"] = str(tmp / "artifacts")
+    server = DevServer(tmp / "temporal.db", _free_port())
+    server.start()
+    return server, f"127.0.0.1:{server.port}"
+
+
 def start_worker(address: str, log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.worker_proc", address], stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return _worker(address, False, 0.0, log)  # the synthetic evaluator, no delay
 
 
 async def main(n: int, every: int, out: Path | None) -> None:
     tmp = Path(tempfile.mkdtemp())
-    os.environ["MARATHON_ARTIFACTS"] = str(tmp / "artifacts")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    server = DevServer(tmp / "temporal.db", port)
-    server.start()
+    server, address = start_server(tmp)
     log = open(tmp / "worker.log", "ab")
     worker = start_worker(address, log)
     events: list[str] = []

@@ -26,8 +26,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.soak import rss_mb
-from tests.workflows.test_faults import DevServer, _free_port, _worker
+from tests.soak import rss_mb, start_server
+from tests.workflows.test_faults import _worker
 from workflows.client import connect
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
@@ -83,11 +83,7 @@ async def main(a) -> int:
     worker_tmp.mkdir()
     env = {"MARATHON_GPU_WORKDIR": str(gpu_dir), "TMPDIR": str(worker_tmp), "MARATHON_SPARES": str(a.spares),
            "MARATHON_GPU_SELFTEST": "0"}  # the worker's alone: the dev server keeps its own temp directory
-    os.environ["MARATHON_ARTIFACTS"] = str(tmp / "artifacts")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    server = DevServer(tmp / "temporal.db", port)
-    server.start()
+    server, address = start_server(tmp)
     log = open(tmp / "worker.log", "ab")
     worker = _worker(address, True, 0.0, log, env)
     client = await connect(address)
