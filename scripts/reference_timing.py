@@ -3,10 +3,16 @@ the reference role), in this plain process: no sandbox, no worker, no other chil
 baseline figure, it says whether a difference lies in the timing code or in the process the worker runs it in.
 
     python scripts/reference_timing.py mla_decode [--shape 0] [--dist small] [--rounds 3] [--blocks 4] [--reps 20]
+                                      [--sandboxed]
+
+With --sandboxed the same requests go to a reference child the worker's way (gpu_worker.sandbox: its own
+process, environment and limits), so the process is the only difference from a plain run.
 
 Per round and variant: the median and minimum of `blocks` timed blocks, in microseconds. Variants: plain
 blocks; with the per-repetition fingerprints a benchmark asks for; on handed entries as the baseline's
-blocks get them; with one warm-up repetition instead of three.
+blocks get them; with one warm-up repetition instead of three; with the device-time floor a benchmark hands
+on (the fastest repetition so far, which sizes the device's wait before a block). Last, the kernels the
+baseline launched and their device time per call, by the profiler.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 VARIANTS = {"plain": {}, "fingerprint": {"check": True}, "entries+fingerprint": {"check": True, "entries": True},
-            "one warm-up": {"warm": 1}}
+            "one warm-up": {"warm": 1}, "floor": {"floor": True}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=4)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--sandboxed", action="store_true", help="ask a reference child in its sandbox, as the worker does")
     a = ap.parse_args(argv)
     if min(a.rounds, a.blocks, a.reps) < 1:
         ap.error("--rounds, --blocks and --reps must be at least 1")
@@ -40,45 +47,73 @@ def main(argv: list[str] | None = None) -> int:
     from baselines.registry import problem_at
     from gpu_worker import protocol
     from gpu_worker.child import Server, serve
+    from gpu_worker.sandbox import Sandbox
 
     try:
         p, shape, dist = problem_at(a.problem, a.shape, a.dist)
     except ValueError as e:
         ap.error(str(e))
     cuda = torch.cuda.is_available()
-    shape_name = shape.name if cuda else None  # None: the CPU shape, under the interpreter stand-in
 
     with tempfile.TemporaryDirectory() as tmp:
-        srv = Server(tmp, "reference")
-        serve(srv, protocol.CudaInit())
-        setup = serve(srv, protocol.Setup(problem=a.problem, shape=shape_name))
-        serve(srv, protocol.Prepare(rotate=2, pool=3, dist=dist, seed=1000))
-        cap = serve(srv, protocol.Capture(dist=dist))
-        mode = "cuda-graph" if cap.captured else "back-to-back"
-        print(f"{a.problem} {setup.shape} {dist}: {setup.baseline}, {mode}, reference role in this process "
-              f"({'CUDA' if cuda else 'CPU: times say nothing about speed'})", flush=True)
-        counter = [0]
+        if a.sandboxed:
+            child = Sandbox("reference", interpreter=not cuda)
 
-        def take(n: int) -> int:
-            counter[0] += n
-            return counter[0] - n
+            def ask(request):
+                reply = child.call(request, timeout=600)
+                if reply.failure is not None:
+                    raise SystemExit(f"the reference child failed {request.cmd}: {reply.failure}")
+                return reply.result
+        else:
+            child, srv = None, Server(tmp, "reference")
 
-        def block(warm: int = 3, check: bool = False, entries: bool = False) -> list:
-            kw = dict(reps=a.reps, warmup=warm, mode=mode, dist=dist, noise_seed=12345)
-            if entries:
-                kw.update(first=take(warm), entries=[take(1) for _ in range(a.reps)])
-            else:
-                kw["first"] = take(warm + a.reps)
-            if check:
-                kw["check_seed"] = 777
-            return serve(srv, protocol.Time(**kw)).times
-
-        for r in range(a.rounds):
-            for name, kw in VARIANTS.items():
-                times = [t for _ in range(a.blocks) for t in block(**kw)]
-                print(f"round {r} {name:<20} median {1e3 * statistics.median(times):8.2f} us  "
-                      f"min {1e3 * min(times):8.2f}", flush=True)
+            def ask(request):
+                return serve(srv, request)
+        try:
+            _run(a, ask, cuda, shape, dist, protocol)
+        finally:
+            if child is not None:
+                child.close(graceful=True)
     return 0
+
+
+def _run(a, ask, cuda: bool, shape, dist: str, protocol) -> None:
+    shape_name = shape.name if cuda else None  # None: the CPU shape, under the interpreter stand-in
+    ask(protocol.CudaInit())
+    setup = ask(protocol.Setup(problem=a.problem, shape=shape_name))
+    ask(protocol.Prepare(rotate=2, pool=3, dist=dist, seed=1000))
+    cap = ask(protocol.Capture(dist=dist))
+    mode = "cuda-graph" if cap.captured else "back-to-back"
+    where = "a sandboxed reference child" if a.sandboxed else "reference role in this process"
+    print(f"{a.problem} {setup.shape} {dist}: {setup.baseline}, {mode}, {where} "
+          f"({'CUDA' if cuda else 'CPU: times say nothing about speed'})", flush=True)
+    counter, fastest = [0], [0.0]
+
+    def take(n: int) -> int:
+        counter[0] += n
+        return counter[0] - n
+
+    def block(warm: int = 3, check: bool = False, entries: bool = False, floor: bool = False) -> list:
+        kw = dict(reps=a.reps, warmup=warm, mode=mode, dist=dist, noise_seed=12345,
+                  device_floor_ms=fastest[0] if floor else 0.0)
+        if entries:
+            kw.update(first=take(warm), entries=[take(1) for _ in range(a.reps)])
+        else:
+            kw["first"] = take(warm + a.reps)
+        if check:
+            kw["check_seed"] = 777
+        times = ask(protocol.Time(**kw)).times
+        fastest[0] = min(times) if not fastest[0] else min(fastest[0], *times)
+        return times
+
+    for r in range(a.rounds):
+        for name, kw in VARIANTS.items():
+            times = [t for _ in range(a.blocks) for t in block(**kw)]
+            print(f"round {r} {name:<20} median {1e3 * statistics.median(times):8.2f} us  "
+                  f"min {1e3 * min(times):8.2f}", flush=True)
+    prof = ask(protocol.Profile(reps=10, dist=dist, noise_seed=12345, first=take(22)))
+    print("kernels per call (profiler): " + (", ".join(f"{k} {1e3 * v:.2f} us" for k, v in prof.kernels.items())
+                                             or "none seen"), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,18 @@ def test_every_variant_is_timed_by_the_reference_roles_code():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert "torch-bmm" in lines[0] and "reference role" in lines[0], p.stdout
-    assert [ln.split()[2] for ln in lines[1:]] == ["plain", "fingerprint", "entries+fingerprint", "one"], p.stdout
+    assert lines[-1].startswith("kernels per call"), p.stdout
+    assert [ln.split()[2] for ln in lines[1:-1]] == ["plain", "fingerprint", "entries+fingerprint", "one",
+                                                   "floor"], p.stdout
+
+
+def test_sandboxed_the_same_requests_go_to_a_reference_child():
+    p = run("mla_decode", "--rounds", "1", "--blocks", "1", "--reps", "2", "--sandboxed",
+            env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert "torch-bmm" in lines[0] and "a sandboxed reference child" in lines[0], p.stdout
+    assert len(lines) == 7 and all("median" in ln for ln in lines[1:-1]), p.stdout
 
 
 def test_a_shape_out_of_range_is_one_clear_error():
