@@ -1,6 +1,8 @@
 """Time a problem's primary baseline with the reference child's own timing code (gpu_worker.child.Server in
-the reference role), in this plain process: no sandbox, no worker, no other child. Set against a benchmark's
-baseline figure, it says whether a difference lies in the timing code or in the process the worker runs it in.
+the reference role), in this plain process or a sandboxed child: no worker, no other child. Set against a
+benchmark's baseline figure, it says whether a difference lies in the timing code, the process the worker
+runs it in, or the device's state: beside another process launching GPU work, as a benchmark's other child
+is, a short baseline of several kernels reads faster (docs/results.md, Cross-examination).
 
     python scripts/reference_timing.py mla_decode [--shape 0] [--dist small] [--rounds 3] [--blocks 4] [--reps 20]
                                       [--sandboxed]
