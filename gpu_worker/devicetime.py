@@ -1,9 +1,9 @@
 """A device-time measurement apart from the harness's protocol: one CUDA graph per rotated copy of the
 inputs (enough copies to hold `cold_bytes()`, as much as the harness's L2 flush reads, so every replay
 reads memory as cold as a judged repetition does), replayed back to back with
-events around each replay. The work's instructions stay in the SMs' caches from one replay to the next,
-where a judged repetition's do not (the refill's kernels run in between): a kernel of tens of microseconds
-reads about a microsecond faster here. Trusted code only (baselines, the project's own kernels): it neither refills
+events around each replay. Nothing is written between replays, where a judged repetition follows the refill
+of its static buffers and the flush: a kernel of tens of microseconds reads about a microsecond faster here
+(docs/results.md, Cross-examination). Trusted code only (baselines, the project's own kernels): it neither refills
 inputs nor checks outputs. The scoreboard times secondary baselines with it, and
 scripts/device_time_check.py uses it to cross-examine the scoreboard in a process of its own."""
 

@@ -47,12 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from baselines.registry import problem_at
-    from gpu_worker import protocol
     from gpu_worker.child import Server, serve
     from gpu_worker.sandbox import Sandbox
 
     try:
-        p, shape, dist = problem_at(a.problem, a.shape, a.dist)
+        _, shape, dist = problem_at(a.problem, a.shape, a.dist)
     except ValueError as e:
         ap.error(str(e))
     cuda = torch.cuda.is_available()
@@ -72,14 +71,16 @@ def main(argv: list[str] | None = None) -> int:
             def ask(request):
                 return serve(srv, request)
         try:
-            _run(a, ask, cuda, shape, dist, protocol)
+            _run(a, ask, cuda, shape, dist)
         finally:
             if child is not None:
                 child.close(graceful=True)
     return 0
 
 
-def _run(a, ask, cuda: bool, shape, dist: str, protocol) -> None:
+def _run(a, ask, cuda: bool, shape, dist: str) -> None:
+    from gpu_worker import protocol
+
     shape_name = shape.name if cuda else None  # None: the CPU shape, under the interpreter stand-in
     ask(protocol.CudaInit())
     setup = ask(protocol.Setup(problem=a.problem, shape=shape_name))

@@ -112,8 +112,6 @@ def main(argv: list[str] | None = None) -> int:
 
     code()
     torch.cuda.synchronize()
-
-    torch.cuda.synchronize()
     flush_graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(flush_graph):
         stream_flush()
@@ -160,18 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         "harness+fingerprint": (static, lambda s, i: (fingerprint(s), refill(s, i), flush_graph.replay())),
     }
 
-    if a.steps:
-        unknown = sorted(set(a.steps.split(",")) - set(steps))
-        if unknown:
-            ap.error(f"--steps: unknown {', '.join(unknown)} (steps: {', '.join(steps)})")
-        fp_vecs = {k: torch.randn(v.numel(), device="cuda") for k, v in static[0]["out"].items()}
-
-    def fingerprint(s):  # as the reference child's, after each repetition: dot products of the outputs
-        for k, v in s["out"].items():
-            part = v.reshape(-1).float()
-            torch.dot(part, fp_vecs[k]) + torch.dot(part, part)
-
-    steps = {k: v for k, v in steps.items() if k in a.steps.split(",")}
+    steps = {k: v for k, v in steps.items() if k in chosen}
 
     def median_us(call, sets, before) -> float:
         res = graph_time_ms(call, sets, reps=a.reps, before=lambda i: before(sets[i % len(sets)], i))

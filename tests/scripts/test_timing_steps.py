@@ -36,4 +36,3 @@ def test_the_code_kernel_runs_under_the_interpreter(load_script, monkeypatch):
     # x -> x * (1 + i 1e-7) + i 1e-5 for i = 0, 1, 2
     expect = ((0 * 1.0 + 0.0) * (1 + 1e-7) + 1e-5) * (1 + 2e-7) + 2e-5
     assert torch.allclose(x, torch.full((128,), expect)), x[:4]
-
