@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -56,16 +56,26 @@ class ArtifactStore:
             return key
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=".tmp-")
+            # The temp file is named relative to its folder's descriptor, so that it is removed on failure
+            # wherever the folder went meanwhile (moved or replaced by a file: its old path no longer reaches it).
+            folder = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+                name = f".tmp-{secrets.token_hex(8)}"
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600, dir_fd=folder)
+                try:
+                    with os.fdopen(fd, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(dest.parent / name, dest)  # by path: the object must land where the store is
+                except BaseException:
+                    try:
+                        os.unlink(name, dir_fd=folder)
+                    except FileNotFoundError:
+                        pass
+                    raise
+            finally:
+                os.close(folder)
         except OSError as e:
             raise ArtifactStoreError(f"artifact store {self.root} is not writable: {e.strerror or e}") from e
         return key
