@@ -3,11 +3,12 @@ new design: each setting rendered from the template, checked against the fp64 or
 tolerance on every distribution, then timed beside the primary baseline.
 
     python scripts/time_knobs.py PROBLEM [--shape I] [--knobs JSON ...] [--knobs-file FILE]
-                                 [--baseline NAME] [--out FILE]
+                                 [--baseline NAME] [--template FILE] [--out FILE]
 
 `--knobs` (repeatable) and each line of `--knobs-file` override the template's defaults; with neither,
-the defaults alone. `--baseline` picks which of the problem's baselines the tolerance and the timing are
-taken against (default: the primary); each row carries that baseline's own error. Timing: gpu_worker.devicetime (one CUDA graph per rotated input copy, together more
+the defaults alone. `--template` renders another template of the problem instead of its kernel.py (a new
+design written beside the starting kernel, e.g. baselines/kda/scan_kernel.py), with that file's knobs.
+`--baseline` picks which of the problem's baselines the tolerance and the timing are taken against (default: the primary); each row carries that baseline's own error. Timing: gpu_worker.devicetime (one CUDA graph per rotated input copy, together more
 than the harness's L2 flush reads, replayed back to back), medians; trusted code only, as it neither refills inputs nor checks
 timed outputs (the harness does both when it judges a candidate). Without CUDA the settings are checked
 under the Triton interpreter on the CPU shape and not timed. One JSON line per setting and distribution,
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--knobs", action="append", default=[], help="JSON object of knob overrides")
     ap.add_argument("--knobs-file", help="one JSON object of knob overrides per line")
     ap.add_argument("--baseline", help="one of the problem's baselines (default: the primary)")
+    ap.add_argument("--template", help="a template file to render instead of the problem's kernel.py")
     ap.add_argument("--out", help="also write the JSON lines here")
     a = ap.parse_args(argv)
     cuda = os.environ.get("TRITON_INTERPRET") != "1" and _cuda()
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
     import torch
 
-    from baselines.problem import rel_rms
+    from baselines.problem import default_knobs, rel_rms, render
     from baselines.registry import check_problem_name, get_problem
 
     prob = get_problem(check_problem_name(a.problem))
@@ -67,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.baseline and a.baseline not in bases:
         ap.error(f"{prob.name} has the baselines {', '.join(bases)}, not {a.baseline!r}")
     base = (a.baseline, bases[a.baseline]) if a.baseline else next(iter(bases.items()))
+    template = Path(a.template).read_text() if a.template else prob.template()
     rows, lines = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, over in enumerate(settings(a)):
-            knobs = {**prob.default_knobs(), **over}
             try:
-                mod = load(prob.render(knobs), tmp, i)
+                mod = load(render(template, {**default_knobs(template), **over}), tmp, i)
             except Exception as e:  # noqa: BLE001 - an invalid setting is reported, the rest go on
                 rows.append({"knobs": over, "error": f"{type(e).__name__}: {e}"[:300]})
                 continue
