@@ -7,8 +7,10 @@ candidate and takes the next global iteration number; compile/check/benchmark/pr
 worker without recording an iteration; the reading tools call `llm_tool`. The answers wait in carried
 state (`pending_tool_results`) for the next turn, so a continue-as-new between turns loses nothing; the
 conversation itself lives in the artifact store and only its key is carried. So are what the run has
-learned about its endpoint (`llm_adapted`), the hints in force and the turns since the last recorded
-iteration, which `turns_per_iteration` bounds.
+learned about its endpoint (`llm_adapted`), the hints in force, the turns since the last recorded
+iteration, which `turns_per_iteration` bounds, and whether the model is getting anywhere
+(`llm_progress`: a call failing the same way again is answered with what to do instead, a stuck model is
+offered only submit_kernel, and stalled turns end the run as exhausted; workflows/llm_progress.py).
 
 Deterministic: no I/O here, only activity calls and arithmetic on state. The loop is handed in as `wf`
 and used through its public surface (`Loop`), so this module imports the workflow's module nowhere.
@@ -24,7 +26,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import decisions
+    from workflows import decisions, llm_progress
     from workflows.contracts import (
         AGENT_QUEUE, BenchReport, Candidate, CarriedState, CompileReport, EvalRequest,
         IterationRecord, LlmToolRequest, LlmTurnRequest, LlmTurnResult, Phase, ProfileReport, RunSpec,
@@ -36,12 +38,13 @@ with workflow.unsafe.imports_passed_through():
 # server errors (429s carry their own delay), none for client errors (they are non-retryable).
 TURN_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                          maximum_interval=timedelta(seconds=120), maximum_attempts=25)
-IDLE_TURNS_EXHAUST = 6  # consecutive turns with nothing to execute: the model has given up
 MAX_STANDING_HINTS = 20  # hints in force at once (the oldest give way)
 
 _ANSWER_CHARS = 2500
 # a submission's answer brings the profile only for a new best (decisions.profile_with_verdict)
 PROFILE_BESTS_PATCH = "profile-new-bests-only"
+# repeated failing calls answered without running them, narrowed turns, stalled turns ending the run
+PROGRESS_PATCH = "llm-progress"
 
 
 class Loop(Protocol):
@@ -51,7 +54,6 @@ class Loop(Protocol):
     st: CarriedState
     records: list[IterationRecord]  # this run's
     stop: StopRequest | None
-    llm_idle: int
     llm_stopped_by: str | None
 
     def set_phase(self, phase: Phase) -> None: ...
@@ -90,12 +92,16 @@ def _baseline_ms(wf: Loop) -> float | None:
 
 
 async def llm_step(wf: Loop) -> bool:
-    """One turn and its tool calls. True only when the model has stopped acting (several turns in a
-    row with no tool call and no code)."""
+    """One turn and its tool calls. True when the run should end: the model has stopped getting anywhere
+    (llm_progress: stalled turns), or the turn budget is spent."""
     wf.set_phase("proposing")
     hints, wf.st.hints = wf.st.hints, []
     pending = list(wf.st.pending_tool_results)
+    progress = wf.st.llm_progress
     turn = wf.st.used.turns + 1
+    guarded = workflow.patched(PROGRESS_PATCH)
+    submit_only = llm_progress.narrow_reason(progress, wf.st.turns_since_submission, wf.spec.turns_per_iteration) \
+        if guarded else ""
     req = LlmTurnRequest(
         workflow_id=workflow.info().workflow_id, problem=wf.spec.problem, shape=wf.spec.shape,
         model=wf.spec.model, turn=turn, iteration=wf.st.iteration, conversation_key=wf.st.conversation_key,
@@ -104,7 +110,9 @@ async def llm_step(wf: Loop) -> bool:
         hints=hints, tool_results=pending, context_tokens=wf.spec.context_tokens,
         ledger_key=wf.st.ledger_key, adapted=wf.st.llm_adapted, turns_per_iteration=wf.spec.turns_per_iteration,
         turns_since_submission=wf.st.turns_since_submission, standing_hints=wf.st.llm_hints,
-        device_facts=wf.st.device_facts)
+        device_facts=wf.st.device_facts, submit_only=submit_only)
+    if not progress.turns or progress.turns[-1].turn != turn:  # a retried turn keeps when it was first asked
+        llm_progress.turn_asked(progress, turn, workflow.now().timestamp(), bool(submit_only))
     try:
         res = await _turn(wf, req)
     except BaseException:
@@ -122,18 +130,22 @@ async def llm_step(wf: Loop) -> bool:
     u.tokens_out += res.tokens_out
     u.cost_usd += res.cost_usd
     u.tool_calls += len(res.tool_calls)
+    llm_progress.turn_replied(progress, turn, res.tokens_in, res.tokens_out, res.tool_calls, res.feedback)
     wf.publish()
 
-    if not res.tool_calls:
-        wf.llm_idle += 1
-        return wf.llm_idle >= IDLE_TURNS_EXHAUST or _turn_budget_spent(wf)
-    wf.llm_idle = 0
-
     iteration_before = wf.st.iteration
+    executed = False  # a call was run (not answered as a repeat of a failing one)
     results: list[ToolResult] = []
     try:
-        for call in res.tool_calls:
-            results.append(await _execute(wf, call))
+        for i, call in enumerate(res.tool_calls):
+            if guarded and llm_progress.is_repeat(progress, call):
+                result = _answer(call, llm_progress.repeat_answer(call, progress), error=True)
+            else:
+                result = await _execute(wf, call)
+                executed = True
+            llm_progress.note_result(progress, call, result)
+            llm_progress.call_answered(progress, turn, i, result)
+            results.append(result)
     except Paused as p:
         # Infrastructure failed under a tool: answer it and the rest, keep what ran, pause the run.
         done = {r.call_id for r in results}
@@ -145,8 +157,13 @@ async def llm_step(wf: Loop) -> bool:
         wf.st.pending_tool_results = results
         raise
     wf.st.pending_tool_results = results
-    if wf.st.iteration > iteration_before:
+    submitted = wf.st.iteration > iteration_before
+    if submitted:
         wf.st.turns_since_submission = 0
+    if llm_progress.note_turn(progress, submitted=submitted, executed=executed, submit_only=submit_only,
+                              had_calls=bool(res.tool_calls)) and (guarded or not res.tool_calls):
+        wf.llm_stopped_by = "exhausted"
+        return True
     return _turn_budget_spent(wf)
 
 
@@ -156,6 +173,8 @@ def _turn_budget_spent(wf: Loop) -> bool:
     if wf.st.turns_since_submission < wf.spec.turns_per_iteration:
         return False
     wf.llm_stopped_by = "turn-budget"
+    wf.st.llm_progress.stop_reason = (f"no new iteration recorded in {wf.st.turns_since_submission} model turns "
+                                      f"(turns_per_iteration {wf.spec.turns_per_iteration})")
     return True
 
 

@@ -64,7 +64,6 @@ class KernelOptimization:
         self.evaluations: dict[int, Evaluation] = {e.iteration: e for e in self.st.evaluations}
         self.st.evaluations = []
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
-        self.llm_idle = 0  # llm policy: consecutive turns with nothing to execute
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -342,7 +341,9 @@ class KernelOptimization:
                          stopped_by=stopped_by, runs=self.st.runs, used=self.st.used,
                          notebook_key=self.st.notebook_key, ledger_key=self.st.ledger_key,
                          reverified=reverified,
-                         stop_reason=self.stop.reason if self.stop and stopped_by == "stop-signal" else None)
+                         stop_reason=self.stop.reason if self.stop and stopped_by == "stop-signal" else
+                         (self.st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget")
+                         else None)
 
     async def _reverify_best(self) -> bool:
         b = self.st.best
@@ -437,7 +438,8 @@ class KernelOptimization:
                       notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
                       pending_hints=len(self.st.hints),
                       best_source_key=self.st.best.source_key if self.st.best else None,
-                      stop_reason=self.stop.reason if self.stop else None)
+                      stop_reason=self.stop.reason if self.stop else None,
+                      llm=self.st.llm_progress if self.spec.policy == "llm" else None)
 
     @workflow.query
     def leaderboard(self) -> list[LeaderEntry]:

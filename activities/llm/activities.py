@@ -16,10 +16,14 @@ from workflows.contracts import LlmToolRequest, LlmTurnRequest, LlmTurnResult, T
 from workflows.text import clip
 from activities.llm.calls import parse_calls
 from activities.llm.chat import chat
+from activities.llm.context import with_server_context
 from activities.llm.endpoint import Profile, cost, endpoint
-from activities.llm.prompt import build_messages, prompt_budget
+from activities.llm.prompt import fit_prompt
 from activities.llm.sources import FENCE
 from activities.llm.tools import READ_LINES_DEFAULT, TOOLS, text_tool_calls
+
+
+SUBMIT_TOOLS = [t for t in TOOLS if t["function"]["name"] == "submit_kernel"]
 
 
 def _store() -> ArtifactStore:
@@ -61,13 +65,15 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
     """One model turn: prompt -> reply -> tool calls. The prompt, the raw reply and the answers to the
     previous turn are appended to the conversation (a chain of turn records in the artifact store)."""
     store = _store()
-    ep = endpoint(req.model)
+    ep = with_server_context(endpoint(req.model))
     built: dict = {}
+    # a model stuck without submitting is offered the submission alone (workflows/llm_progress.py)
+    tools = SUBMIT_TOOLS if req.submit_only else TOOLS
 
     def build(s: Profile, shrink: int) -> list[dict]:
         mode = "text" if s.tool_mode == "text" else "native"
         try:
-            msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode))
+            msgs = fit_prompt(req, store, s, shrink, mode, tools)
         except ArtifactStoreError as e:
             raise _infra(e) from e
         built.update(messages=msgs, mode=mode)
@@ -77,14 +83,14 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
         seen = ledger_index(store, req.ledger_key)
     except ArtifactStoreError as e:
         raise _infra(e) from e
-    reply = chat(build, ep, TOOLS, adapted=req.adapted)
+    reply = chat(build, ep, tools, adapted=req.adapted)
     messages = built["messages"]
     try:
         prompt_key = store.put_json({"kind": "llm-prompt", "model": ep.model, "messages": messages,
-                                     "tools": [t["function"]["name"] for t in TOOLS] if reply.mode == "native" else [],
+                                     "tools": [t["function"]["name"] for t in tools] if reply.mode == "native" else [],
                                      "mode": reply.mode})
         try:
-            calls, feedback = parse_calls(reply, req.turn, req.problem, store, seen)
+            calls, feedback = parse_calls(reply, req.turn, req.problem, store, seen, req.submit_only)
         except ArtifactStoreError:
             raise
         except Exception as e:  # noqa: BLE001 - a paid reply is answered and counted, never a traceback

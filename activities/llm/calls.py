@@ -41,10 +41,11 @@ def _rules(source: str, problem: str) -> str | None:
 
 
 def parse_calls(reply: Reply, turn: int, problem: str, store: ArtifactStore,
-                seen: dict[str, str] | None = None) -> tuple[list[ToolCall], str]:
+                seen: dict[str, str] | None = None, submit_only: str = "") -> tuple[list[ToolCall], str]:
     """The reply's tool calls as ToolCalls (sources stored, arguments checked), or an implicit
     submission when the reply has code but no tool call, or feedback when it has neither. `seen` maps
-    candidate ids evaluated in earlier runs to what came of them: submitting one again is answered."""
+    candidate ids evaluated in earlier runs to what came of them: submitting one again is answered.
+    `submit_only` set (why): every tool but submit_kernel is answered as closed, not run."""
     out: list[ToolCall] = []
     cut = reply.finish_reason == "length"
     for i, tc in enumerate(reply.tool_calls):
@@ -57,6 +58,11 @@ def parse_calls(reply: Reply, turn: int, problem: str, store: ArtifactStore,
         if name not in TOOL_NAMES:
             out.append(ToolCall(call_id=cid, name=name or "?", error=f"unknown tool {name!r}; the tools "
                                 f"are: {', '.join(sorted(TOOL_NAMES))}"))
+            continue
+        if submit_only and name != "submit_kernel":
+            out.append(ToolCall(call_id=cid, name=name, error=f"not run: only submit_kernel is open now "
+                                f"({submit_only}); submit a complete module (`source`) with a `rationale`. The "
+                                f"other tools open again once a submission is recorded."))
             continue
         raw = tc["arguments"].strip() or "{}"
         try:

@@ -111,8 +111,8 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
         s = ep.settings(adapted)
         try:
             msgs = build(s, shrink)
-        except ContextTooSmall:
-            raise context_error(ep, s, adapted) from None
+        except ContextTooSmall as e:
+            raise context_error(ep, s, adapted, e.needed) from None
         kwargs = request_kwargs(ep, s, msgs, tools)
         t0 = time.monotonic()
         try:

@@ -46,6 +46,19 @@ PROFILES = {
     "llamacpp": Profile("llamacpp", reply_tokens=4096, merge_roles=True, context_tokens=16384),
 }
 
+REPLY_SHARE = 4  # in a known context a reply may take a quarter of it; the prompt needs the rest
+
+
+def fit_reply(s: Profile, fixed: bool) -> Profile:
+    """The reply cap within a known context: at most a quarter of it, so that a prompt keeps room and a
+    reply cut off at the cap still fits the next prompt. A cap MARATHON_LLM_MAX_TOKENS sets, or the
+    endpoint refused, stays as it is."""
+    if not s.context_tokens or fixed:
+        return s
+    cap = s.context_tokens // REPLY_SHARE
+    return replace(s, reply_tokens=cap) if s.reply_tokens is None or s.reply_tokens > cap else s
+
+
 PROFILE_ENV = {"token_param": "MARATHON_LLM_TOKEN_PARAM", "reply_tokens": "MARATHON_LLM_MAX_TOKENS",
                "temperature": "MARATHON_LLM_TEMPERATURE", "seed": "MARATHON_LLM_SEED",
                "reasoning_effort": "MARATHON_LLM_REASONING_EFFORT", "tool_mode": "MARATHON_LLM_TOOL_MODE",
@@ -104,9 +117,11 @@ class Endpoint:
     price_out: float = 0.0
 
     def settings(self, adapted: dict | None) -> Profile:
-        """The profile with what this run has learned from the endpoint applied."""
+        """The profile with what this run has learned from the endpoint applied, its reply cap within
+        a known context (fit_reply)."""
         known = {k: v for k, v in (adapted or {}).items() if k in Profile.__dataclass_fields__ and k != "name"}
-        return replace(self.profile, **known) if known else self.profile
+        s = replace(self.profile, **known) if known else self.profile
+        return fit_reply(s, "reply_tokens" in self.explicit or "reply_tokens" in known)
 
     def where(self) -> str:
         return f"model endpoint {self.base_url or 'api.openai.com'} (model {self.model})"

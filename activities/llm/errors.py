@@ -15,6 +15,7 @@ import email.utils
 import json
 import re
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 from temporalio.exceptions import ApplicationError
@@ -148,7 +149,11 @@ def diagnose(e: Exception) -> tuple[str, dict]:
 
 
 class ContextTooSmall(Exception):
-    """The endpoint refused the prompt as too long even at the smallest size it can be shrunk to."""
+    """The prompt cannot fit the endpoint's context even at its smallest; `needed`: the tokens it takes."""
+
+    def __init__(self, needed: int | None = None) -> None:
+        super().__init__(needed)
+        self.needed = needed
 
 
 def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) -> dict | None:
@@ -222,11 +227,10 @@ def describe_change(kind: str, info: dict, change: dict, s: Profile) -> str:
             else "the prompt exceeded the endpoint's context: shrinking it")
 
 
-def context_error(ep: Endpoint, s: Profile, adapted: dict) -> ApplicationError:
-    limit = adapted.get("context_tokens") or s.context_tokens
-    return ApplicationError(
-        f"{ep.where()}: the prompt does not fit the endpoint's context"
-        f"{f' ({limit} tokens)' if limit else ''} even shrunk to its smallest. Lower the run's context_tokens "
-        f"(`marathon budget ID --context-tokens N`), or a smaller MARATHON_LLM_MAX_TOKENS, or give the server a "
-        f"larger context (MARATHON_LLM_CONTEXT_TOKENS tells the worker its size), then `marathon resume`.",
-        type="LLMContextError", non_retryable=True)
+def context_error(ep: Endpoint, s: Profile, adapted: dict, needed: int | None = None) -> ApplicationError:
+    """The prompt does not fit: what would help (context.too_small), pausing the run."""
+    from activities.llm.context import too_small
+
+    known = s.context_tokens if not adapted.get("context_tokens") else adapted["context_tokens"]
+    return ApplicationError(too_small(ep, replace(s, context_tokens=known), needed), type="LLMContextError",
+                            non_retryable=True)

@@ -63,13 +63,25 @@ def short_diff(source: str, base: str | None) -> str:
     return f"; against the starting kernel:\n{shown}{more}\n"
 
 
+REPLY_CHARS = 2400  # a compacted turn's prose and unreadable arguments, at most
+
+
+def _cut(text: str, what: str) -> str:
+    if len(text) <= REPLY_CHARS:
+        return text
+    return text[:REPLY_CHARS] + f"...[{len(text) - REPLY_CHARS} more characters of this {what} not shown]"
+
+
 def _compact_source(args_json: str, call: dict | None, base: str | None = None) -> str:
     """A replayed call's arguments with its kernel source replaced by the candidate id and a short diff
-    against the starting kernel (older turns)."""
+    against the starting kernel (older turns); long arguments that are not JSON (a reply cut off at its
+    limit) as their start, in a JSON object."""
     try:
         args = json.loads(args_json)
     except json.JSONDecodeError:
-        return args_json
+        if len(args_json) <= REPLY_CHARS:
+            return args_json
+        return json.dumps({"unreadable_arguments": _cut(args_json, "call's arguments, which are not valid JSON")})
     if not isinstance(args, dict) or not isinstance(args.get("source"), str) or not call or not call.get("candidate_id"):
         return args_json
     src = args["source"]
@@ -89,14 +101,15 @@ def _compact_fences(content: str, base: str | None = None) -> str:
 
 
 def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactStore, limit: int,
-                   mode: str = "native", last_limit: int | None = None, base: str | None = None) -> list[list[dict]]:
+                   mode: str = "native", last_limit: int | None = None, base: str | None = None,
+                   latest_full: bool = True) -> list[list[dict]]:
     """Each past turn as a unit of messages: the assistant reply, then its answers (as tool messages,
     or in text mode one user message). Reasoning is never replayed; kernel sources are replayed in full
-    only for the latest turn, older ones by candidate id."""
+    only for the latest turn (not even there without latest_full), older ones by candidate id."""
     units = []
     for i, t in enumerate(turns):
-        latest = i == len(turns) - 1
-        lim = (last_limit or limit) if latest else limit
+        lim = (last_limit or limit) if i == len(turns) - 1 else limit
+        latest = i == len(turns) - 1 and latest_full
         answers = [ToolResult.model_validate(r) for r in turns[i + 1]["results"]] if i + 1 < len(turns) \
             else list(pending)
         by_id = {r.call_id: r for r in answers}
@@ -105,7 +118,7 @@ def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactS
         parsed = {c.get("call_id"): c for c in t.get("calls") or []}
         content = a.get("content") or ""
         if mode == "text":
-            body = content if latest else _compact_fences(content, base)
+            body = content if latest else _cut(_compact_fences(content, base), "reply")
             if calls and not a.get("calls_from_text"):
                 body += "".join(f"\nTOOL: {c['name']} " + (c["arguments"] if latest else
                                 _compact_source(c["arguments"], parsed.get(c["id"]), base)) for c in calls)
@@ -116,7 +129,8 @@ def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactS
         else:
             if a.get("calls_from_text"):
                 content = text_tool_calls(content)[1]
-            msg: dict = {"role": "assistant", "content": content if latest else _compact_fences(content, base)}
+            msg: dict = {"role": "assistant", "content": content if latest else _cut(_compact_fences(content, base),
+                                                                                      "reply")}
             if calls:
                 msg["tool_calls"] = [{"id": c["id"], "type": "function",
                                       "function": {"name": c["name"], "arguments": c["arguments"] if latest else

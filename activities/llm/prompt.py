@@ -7,11 +7,12 @@ from __future__ import annotations
 import difflib
 
 from baselines.registry import get_problem
+from rules.host_language import LANGUAGE_RULE
 from rules.torch_ops import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmTurnRequest
 from workflows.text import clip
-from activities.llm.endpoint import Profile
+from activities.llm.endpoint import REPLY_SHARE, Profile
 from activities.llm.errors import ContextTooSmall
 from activities.llm.history import history_units, load_turns, result_text
 from activities.llm.replies import estimate_tokens
@@ -34,8 +35,7 @@ Rules (the harness rejects a candidate that breaks one, naming the rule):
 - Triton only: no third-party kernel libraries (flash_attn, flashinfer, xformers, fla, liger, cutlass, \
 ...), no torch.ops / torch.compile / cuBLAS matmuls / the problem's own PyTorch op doing the work.
 - """ + TORCH_RULE + """
-- Allowed imports: torch, triton, triton.language, math, functools, typing, itertools, operator, \
-dataclasses, collections, enum. No os/sys/subprocess/threading/sockets, no exec/eval/getattr/open.
+- """ + LANGUAGE_RULE + """
 - No CUDA streams, events, graphs or synchronisation games with the timer; no try/except fallbacks; \
 no caching keyed by data_ptr/id/storage; no Tensor subclasses or __torch_function__ tricks.
 - Results must match the oracle within the problem's tolerance on every seed and input distribution.
@@ -212,6 +212,11 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         if left <= max(3, req.turns_per_iteration // 5):
             tail.append(f"Only {left} turn{'s' if left != 1 else ''} left to record a new submission: after "
                         f"{req.turns_per_iteration} turns without one the run stops. Submit a kernel now.")
+    if req.submit_only:
+        how = ("write `TOOL: submit_kernel rationale=\"...\"` with the complete module in a ```python block after it"
+               if mode == "text" else "call submit_kernel with the complete module in `source` and a `rationale`")
+        tail.append(f"Only submit_kernel is open this turn ({req.submit_only}): {how}. The other tools open "
+                    f"again once a submission is recorded.")
     if req.best:
         tail.append(f"Goal: beat {req.best.speedup:.3f}x (current best {req.best.candidate_id}) on "
                     f"{req.problem}. Decide your next step and {call}.")
@@ -220,7 +225,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
                     f"step and {call}.")
 
     def assemble(n_turns: int, diffs: bool, nb_chars: int | None, tool_limit: int, last_limit: int,
-                 with_template: bool, best_as_diff: bool = False) -> list[dict]:
+                 with_template: bool, best_as_diff: bool = False, latest_full: bool = True) -> list[dict]:
         # What stays the same from turn to turn comes first (system, objective, template, notebook), so a
         # provider's prompt cache covers it; what changes (state, kernels, submissions, hints) comes last.
         stable = [objective(req)]
@@ -241,7 +246,7 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
         if past_hints:
             state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
         msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
-        units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base)
+        units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base, latest_full)
         for u in units[len(units) - n_turns:] if n_turns else []:
             msgs += u
         if (not turns or not n_turns) and req.tool_results:  # answers whose turn is not shown: as text
@@ -253,32 +258,51 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     if budget is None:
         budget = req.context_tokens - (estimate_tokens(TOOLS) if mode != "text" else 0)
     big, small = LAST_TOOL_CONTENT_CHARS, TOOL_CONTENT_CHARS
-    # the template goes before the history's oldest turns do, but not before the latest two
+    # What always stays: the objective, the best kernel (else the starting kernel: the code to start from)
+    # and the latest turn with its answers and feedback. The template goes before the history's oldest
+    # turns do, but not before the latest two.
+    keep = req.best is None or not template
     plans = [(n, True, None, small, big, True) for n in range(len(turns), min(2, len(turns)) - 1, -1)]
-    plans += [(n, True, None, small, big, False) for n in range(len(turns), 0, -1)]
-    plans += [(1, False, None, small, big, False), (1, False, None, small, small, False)]
-    plans += [(1, False, c, small, small, False) for c in (8000, 4000, 2000, 800)]
-    plans += [(1, False, 800, 1500, 1500, False), (0, False, 400, 500, 500, False)]
-    plans += [(1, False, 800, 1500, 1500, False, True), (0, False, 400, 500, 500, False, True)]
+    plans += [(n, True, None, small, big, keep) for n in range(len(turns), 0, -1)]
+    plans += [(1, False, None, small, big, keep), (1, False, None, small, small, keep)]
+    plans += [(1, False, c, small, small, keep) for c in (8000, 4000, 2000, 800)]
+    plans += [(1, False, 800, 1500, 1500, keep), (1, False, 800, 1500, 1500, keep, False, False)]
+    plans += [(1, False, 800, 1500, 1500, keep, True, False), (1, False, 400, 500, 500, keep, True, False)]
     for plan in plans:
         msgs = assemble(*plan)
         if estimate_tokens(msgs) <= budget:
             return msgs
-    return msgs  # the smallest plan: the objective and the last step, whatever they cost
+    return msgs  # the smallest plan: what always stays, whatever it costs
 
 
-PROMPT_FLOOR_TOKENS = 1500  # below this a prompt cannot hold the objective and the last step
+CONTEXT_MARGIN = 256  # tokens of a known context left free: the chat template's own, the estimate's error
 
 
-def prompt_budget(req: LlmTurnRequest, s: Profile, shrink: int, mode: str) -> int:
+def prompt_budget(req: LlmTurnRequest, s: Profile, shrink: int, mode: str, tools: list[dict] = TOOLS) -> int:
     """Estimated tokens the turn's prompt may take: the run's context_tokens, within the endpoint's
     context less the reply cap when that is known, smaller at each shrink after a refusal."""
-    budget = req.context_tokens
-    if s.context_tokens:
-        budget = min(budget, s.context_tokens - (s.reply_tokens or s.context_tokens // 4) - 256)
+    budget = req.context_tokens - (estimate_tokens(tools) if mode != "text" else 0)
+    room = endpoint_room(s, 0, mode, tools)
+    return int((budget if room is None else min(budget, room)) * 0.6 ** shrink)
+
+
+def endpoint_room(s: Profile, shrink: int, mode: str, tools: list[dict] = TOOLS) -> int | None:
+    """Estimated tokens a prompt may take within the endpoint's known context (less the reply cap, the
+    tool schemas and a margin), smaller at each shrink; None when the context is unknown."""
+    if not s.context_tokens:
+        return None
+    room = s.context_tokens - (s.reply_tokens or s.context_tokens // REPLY_SHARE) - CONTEXT_MARGIN
     if mode != "text":
-        budget -= estimate_tokens(TOOLS)
-    budget = int(budget * 0.6 ** shrink)
-    if budget < PROMPT_FLOOR_TOKENS:
-        raise ContextTooSmall()
-    return budget
+        room -= estimate_tokens(tools)
+    return int(room * 0.6 ** shrink)
+
+
+def fit_prompt(req: LlmTurnRequest, store: ArtifactStore, s: Profile, shrink: int, mode: str,
+               tools: list[dict] = TOOLS) -> list[dict]:
+    """The turn's prompt within its budget. Raises ContextTooSmall (with the tokens it needs) when even
+    the smallest prompt, which keeps only what always stays, does not fit the endpoint's known context."""
+    msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode, tools))
+    room = endpoint_room(s, shrink, mode, tools)
+    if room is not None and estimate_tokens(msgs) > room:
+        raise ContextTooSmall(estimate_tokens(msgs) + (estimate_tokens(tools) if mode != "text" else 0))
+    return msgs

@@ -162,6 +162,7 @@ class Endpoint:
 class ChatServer:
     def __init__(self, respond, port: int = 0) -> None:
         self.respond = respond
+        self.info: dict[str, dict] = {}  # GET path -> JSON body (a server's /props, /v1/models); else 404
         self.seen: list[Seen] = []
         self.lock = threading.Lock()
         server = self
@@ -171,6 +172,15 @@ class ChatServer:
 
             def log_message(self, *a):  # quiet
                 pass
+
+            def do_GET(self):
+                body = server.info.get(self.path)
+                data = json.dumps(body if body is not None else {"error": f"no route {self.path}"}).encode()
+                self.send_response(200 if body is not None else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
             def do_POST(self):
                 n = int(self.headers.get("Content-Length") or 0)

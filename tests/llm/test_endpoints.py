@@ -222,7 +222,9 @@ def test_context_too_small_pauses_naming_context_tokens(store, llm_env):
         with pytest.raises(ApplicationError) as e:
             run_turn(turn_req())
     assert e.value.non_retryable and e.value.type == "LLMContextError"
-    assert "context_tokens" in e.value.message and "1200 tokens" in e.value.message
+    msg = e.value.message
+    assert "context of 1200 tokens" in msg and "--context-tokens" not in msg  # the run's cap would not help
+    assert "Start the server with a context of at least" in msg and "--n_ctx" in msg, msg
 
 
 def test_auth_and_quota_pause_with_the_remedy(store, llm_env):

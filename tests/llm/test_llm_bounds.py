@@ -103,7 +103,7 @@ async def test_a_context_too_small_pauses_naming_context_tokens(env, store, llm_
             h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 1}),
                             "llm-ctx")
             st = await until(lambda s: s.phase == "paused", h, timeout=30)
-            assert "context_tokens" in st.pause_reason and "1200 tokens" in st.pause_reason
+            assert "context of 1200 tokens" in st.pause_reason and "a context of at least" in st.pause_reason
             assert st.used.turns == 0
             with pytest.raises(WorkflowUpdateFailedError):
                 await h.execute_update(KernelOptimization.set_context_tokens, 10)

@@ -15,7 +15,8 @@ from workflows.contracts.harness import (BenchReport, BenchRequest, Candidate, C
                                          DeviceFacts, DistributionTiming, EvalRequest, EvaluateRequest,
                                          EvaluationResult, ProfileReport, Receipt, RuleReport, RuleRequest,
                                          VerifyReport)
-from workflows.contracts.llm import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall, ToolResult
+from workflows.contracts.llm import (CallView, LlmProgress, LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolCall,
+                                     ToolResult, TurnView)
 from workflows.contracts.records import BestRef, BestSummary, IterationRecord, LeaderEntry
 from workflows.contracts.run import CarriedState, Evaluation, Hint, RunResult, RunSpec, Status, StopRequest
 
@@ -28,6 +29,7 @@ __all__ = [
     "EvalRequest", "EvaluateRequest", "EvaluationResult", "ProfileReport", "Receipt", "RuleReport", "RuleRequest",
     "VerifyReport",
     "CompactRequest", "CompactResult", "Proposal", "ProposeRequest",
-    "LlmToolRequest", "LlmTurnRequest", "LlmTurnResult", "ToolCall", "ToolResult",
+    "CallView", "LlmProgress", "LlmToolRequest", "LlmTurnRequest", "LlmTurnResult", "ToolCall", "ToolResult",
+    "TurnView",
     "CarriedState", "Evaluation", "Hint", "RunResult", "RunSpec", "Status", "StopRequest",
 ]

@@ -60,6 +60,7 @@ class LlmTurnRequest(Strict):
     turns_since_submission: int = 0
     standing_hints: list[str] = Field(default_factory=list)  # shown before, in force until cleared
     device_facts: DeviceFacts | None = None
+    submit_only: str = ""  # set: only submit_kernel is offered this turn, and this says why
 
 
 class LlmTurnResult(Strict):
@@ -75,6 +76,41 @@ class LlmTurnResult(Strict):
     model: str = ""
     adapted: dict = Field(default_factory=dict)  # endpoint settings learned so far, kept for the run
     learned: list[str] = Field(default_factory=list)  # what this turn changed, one line each
+
+
+class CallView(Strict):
+    """One tool call of a turn as `status` and `watch` show it: its verdict once answered."""
+
+    name: str
+    verdict: str = ""  # empty while it runs
+    error: bool = False
+
+
+class TurnView(Strict):
+    """One model turn as `status` and `watch` show it, from the moment it is asked."""
+
+    turn: int
+    asked_at: float  # workflow time (epoch seconds) the turn was asked
+    replied: bool = False
+    tokens_in: int = 0
+    tokens_out: int = 0
+    submit_only: bool = False
+    calls: list[CallView] = Field(default_factory=list)
+    note: str = ""  # a reply with nothing to execute: what it was told
+
+
+class LlmProgress(Strict):
+    """llm policy: whether the model is getting anywhere (carried across continue-as-new). A call that
+    fails the same way again and again is answered with what to do instead; turns that bring nothing new
+    are `stalled` and end the run as exhausted (workflows/llm_progress.py decides)."""
+
+    failing_call: str = ""  # the signature of the latest call that failed
+    failing_times: int = 0  # how many times in a row that call was made and failed
+    failing_answer: str = ""  # what it was answered, trimmed
+    stalled: int = 0  # consecutive turns that brought nothing new
+    last_stall: str = ""  # what the latest stalled turn did, in words
+    stop_reason: str = ""  # set when the model's turns end the run: why, in words
+    turns: list[TurnView] = Field(default_factory=list)  # the latest few turns, the current one last
 
 
 class LlmToolRequest(Strict):

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from workflows.contracts.base import GPU_QUEUE, STATE_VERSION, Phase, Strict
 from workflows.contracts.budget import Budget, Used
 from workflows.contracts.harness import DeviceFacts
-from workflows.contracts.llm import ToolResult
+from workflows.contracts.llm import LlmProgress, ToolResult
 from workflows.contracts.records import BestRef, BestSummary, IterationRecord, LeaderEntry
 
 
@@ -72,6 +72,7 @@ class CarriedState(Strict):
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
     llm_hints: list[str] = Field(default_factory=list)  # llm: hints shown, in force until cleared
     device_facts: DeviceFacts | None = None  # from the latest benchmark on a GPU
+    llm_progress: LlmProgress = Field(default_factory=LlmProgress)  # llm: repeats, stalled turns, latest turns
 
 
 class RunSpec(Strict):
@@ -154,6 +155,7 @@ class Status(Strict):
     pending_hints: int = 0
     best_source_key: str | None = None  # the crowned best's kernel source in the artifact store
     stop_reason: str | None = None  # the stop signal's reason, once one has arrived
+    llm: LlmProgress | None = None  # llm policy: the latest turns with their calls and verdicts, stalled turns
 
 
 class RunResult(Strict):
@@ -169,4 +171,5 @@ class RunResult(Strict):
     notebook_key: str | None = None
     ledger_key: str | None = None
     reverified: bool | None = None
-    stop_reason: str | None = None  # the stop signal's reason when stopped_by is "stop-signal"
+    # the stop signal's reason when stopped_by is "stop-signal"; for exhausted and turn-budget, what the model did
+    stop_reason: str | None = None
