@@ -19,8 +19,10 @@ Launch 4, `_kda_scan_state`, one program per (segment, V block, batch*head): the
   pass from its segment's start state over its L chunks, writing o; the last segment writes the final state.
 Parallelism of the state work: NSEG * V/BV * B*H programs of L steps (launch 4) instead of V/BV * B*H of NT
 steps; the serial chain is L + (NSEG - 1) + L chunk steps instead of NT. The price: launch 2 redoes the
-step on K + V columns (4 C K (K + V) FLOPs per chunk of every segment but the last), about 1.3x the state
-pass's tensor-core work again (scan_reference.scan_flops counts it).
+step on K + V columns (4 C K (K + V) FLOPs per chunk of every segment but the last), 1.1x the state pass's
+tensor-core work again (scan_reference.scan_flops), and as many chunk steps again as the re-walk: with two
+programs per SM for each launch (ptxas, scripts/offline_compile_kda_scan.py), the latency model
+(scan_reference.step_rounds) puts the four launches' state work at 0.9x the serial pass's at 8 segments.
 Precision: the composed columns stay fp32 in registers and enter each product in the input dtype, as the
 starting kernel's state does; every transition is a contraction (its factors I - beta k k^T with |k| = 1,
 0 < beta < 1, and decays <= 1), so rounding in M_s or S_s does not grow along the walk.
@@ -34,9 +36,9 @@ import triton.language as tl
 
 # Prep knobs as the starting kernel's defaults; the scan's own: SEGMENTS (segments per sequence, at most
 # the number of chunks), BW (column block of the composition), SCAN_PREC (the walk's fp32 products).
-KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 16, "SOLVE_PREC": "input", "num_stages": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 8, "SOLVE_PREC": "input", "num_stages": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
 KNOB_SPACE = {
-    "SEGMENTS": [4, 8, 16, 32, 64],
+    "SEGMENTS": [2, 4, 8, 16, 32],
     "BW": [32, 64, 128],
     "BV": [16, 32, 64],
     "SCAN_PREC": ["tf32", "tf32x3", "ieee"],
@@ -376,7 +378,7 @@ def forward(inputs, out):
             num_warps=KNOBS["num_warps_compose"], num_stages=KNOBS["num_stages"])
     _kda_walk[(V // BV, B * H)](
         mn, h0 if h0 is not None else gl, starts, NSEG, K=K, V=V, BV=BV, HAS_H0=h0 is not None,
-        SCAN_PREC=KNOBS["SCAN_PREC"], num_warps=KNOBS["num_warps_walk"])
+        SCAN_PREC=KNOBS["SCAN_PREC"], num_warps=KNOBS["num_warps_walk"], num_stages=2)
     _kda_scan_state[(NSEG * (V // BV), B * H)](
         w, u, qg, kg, a, gl, o, starts, ht if ht is not None else gl,
         T, H, NT, L, NSEG, K=K, V=V, C=C, BV=BV, HAS_HT=ht is not None,

@@ -147,3 +147,28 @@ def scan_flops(B: int, T: int, H: int, K: int, V: int, chunk: int, segments: int
     walk = B * H * (len(bounds) - 1) * 2 * K * K * V
     return {"state_pass": float(state_pass), "compose": float(compose_f), "walk": float(walk),
             "segments": len(bounds), "chunks_per_segment": bounds[0][1] - bounds[0][0]}
+
+
+def step_rounds(B: int, T: int, H: int, V: int, chunk: int, segments: int, bv: int, bw: int, K: int,
+                slots_state: int, slots_compose: int, sms: int = 132) -> dict:
+    """A latency model of the state work, in rounds of one chunk step (multiply by the seconds one step
+    takes, measured: the serial pass's time / NT). A launch of P programs of S steps each, with `slots` =
+    programs an SM holds (ptxas' registers and shared memory) x sms, takes S * max(1, P / slots) rounds,
+    as long as a step's latency holds while the SM fills. serial: the starting kernel's pass (V / bv * B*H
+    programs of NT steps); compose: the non-trivial composing programs (segment 0's M blocks skipped, no h0);
+    scan_state: NSEG * V / bv * B*H programs of L steps; walk: NSEG - 1 rounds (steps of another kind)."""
+    NT = -(-T // chunk)
+    bounds = segment_bounds(NT, segments)
+    L = bounds[0][1] - bounds[0][0]
+    nseg = len(bounds)
+    heads = B * H
+
+    def rounds(programs, steps, slots):
+        return steps * max(1.0, programs / slots)
+
+    blocks = (K + V) // bw
+    composing = heads * ((nseg - 1) * blocks - (K // bw if nseg > 1 else 0))
+    return {"serial": rounds(V // bv * heads, NT, slots_state),
+            "compose": rounds(composing, L, slots_compose) if nseg > 1 else 0.0,
+            "scan_state": rounds(nseg * (V // bv) * heads, L, slots_state),
+            "walk": float(nseg - 1)}

@@ -212,3 +212,35 @@ def test_invalid_knobs_raise(tmp_path):
     for knobs in ({"BOUND": 1e9}, {"BD": 4}):
         with pytest.raises(ValueError):
             run(load(knobs, tmp_path), P.cpu_shape, x)
+
+
+def test_step_rounds_at_the_primary_shape():
+    """The latency model with ptxas' 2 programs per SM for both launches (BV 32, BW 64 at 4 warps):
+    the serial pass 256 rounds (128 programs, one wave); the scan 2048 x 16 / 264 re-walk rounds, the
+    compose's (15 x 4 - 2) x 32 programs x 16 / 264, and 15 walk steps."""
+    r = sr.step_rounds(1, 8192, 32, 128, chunk=32, segments=16, bv=32, bw=64, K=128, slots_state=264,
+                       slots_compose=264)
+    assert r["serial"] == 256
+    assert r["scan_state"] == pytest.approx(2048 * 16 / 264)
+    assert r["compose"] == pytest.approx(58 * 32 * 16 / 264)
+    assert r["walk"] == 15
+    assert r["scan_state"] + r["compose"] + r["walk"] == pytest.approx(251.6, abs=0.05)  # a wash against 256
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_gpu_primary_shape(tmp_path):
+    """Compiled on the device (a process of its own, the interpreter off): the defaults pass the harness's
+    tolerance against the fp64 oracle on every distribution at the primary shape; the times are printed."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "rows.jsonl"
+    p = subprocess.run([sys.executable, "scripts/time_knobs.py", "kda", "--template", str(KDA / "scan_kernel.py"),
+                        "--out", str(out)], capture_output=True, text=True, timeout=1200,
+                       cwd=KDA.parents[1], env={**os.environ, "TRITON_INTERPRET": "0"})
+    print(p.stdout[-3000:])
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = [json.loads(ln) for ln in out.read_text().splitlines()]
+    assert {r["dist"] for r in rows} == set(P.distributions) and all(r["ok"] for r in rows)
