@@ -503,8 +503,9 @@ class ModelNew(nn.Module):
 
 
 def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
-    """KernelBench's form: ModelNew with Model's constructor and forward; the case's parameters replace its
-    own (a ModelNew that kept its ones-initialised weight would fail), run(inputs, out) is derived."""
+    """KernelBench's form: ModelNew with Model's constructor and forward, turned into functions of a dict of
+    its fields (the candidate language has no classes); the case's parameters replace its own (a ModelNew
+    that kept its ones-initialised weight would fail), run(inputs, out) is derived."""
     from baselines.external.file import load_key
     from baselines.external.model_new import entry_source
     from rules.check import check_source
@@ -514,7 +515,9 @@ def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     plain = (FILES / "rmsnorm_kernel.py").read_text()
     assert entry_source(plain, p) == plain  # the entry-function form is left as it is
     src = entry_source(MODEL_NEW, p)
-    assert "def run(inputs, out):" in src and "class ModelNew:" in src and "super()" not in src
+    assert "def run(inputs, out):" in src and "class " not in src and "super()" not in src
+    assert "def modelnew_init(self, num_features: int, eps: float=1e-06):" in src
+    assert "self['weight'] = nn.Parameter(torch.ones(num_features))" in src and "self['eps']" in src
     assert "MARATHON_INIT_ARGS = {((256, 8192),): [8192], ((16, 200),): [200]}" in src
     assert check_source(src, key).ok  # the rules see what the harness runs
     v = ev.verify(_req(store, key, src))
@@ -533,4 +536,4 @@ def test_an_llm_submission_in_modelnew_form_is_stored_in_the_entry_form(harness)
                              1, key, store)
     assert call.error is None and call.rules_error is None, call
     src = store.get_text(call.source_key)
-    assert "def run(inputs, out):" in src and "class ModelNew:" in src
+    assert "def run(inputs, out):" in src and "def modelnew_forward(self, x):" in src and "class " not in src

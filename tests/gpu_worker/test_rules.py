@@ -70,6 +70,7 @@ def test_canaries_slow_fast_wrong_cheat_pass_static_rules():
     ("v = x._version", "output-cache"),
     ("k = id(x)", "output-cache"),
     ("class Lazy(torch.Tensor):\n    pass", "lazy-output"),
+    ("class Plain:\n    pass", "language"),
     ("try:\n    pass\nexcept Exception:\n    pass", "fallback"),
     ("def f():\n    global Z\n    Z = 1", "output-cache"),
     ("s = 'fla.ops.kda'", "forbidden-import"),
@@ -109,9 +110,9 @@ def test_rules_module_imports_no_torch():
     ("m = torch.sys.modules", "escape"),
     ("m = torch.cuda.os.system", "process"),
     ("m = torch.cuda.os", "escape"),
-    ("m = torch.nn.functional.importlib", "escape"),
+    ("m = torch.nn.functional.importlib", "library-kernel"),
     ("s = torch.multiprocessing.reductions", "process"),
-    ("s = torch.functional.subprocess", "process"),
+    ("s = torch.functional.subprocess", "library-kernel"),
     ("s = triton.language.core.socket", "network"),
     ("c = torch.ctypes", "escape"),
     ("c = torch._C", "escape"),
@@ -128,7 +129,7 @@ def test_rules_module_imports_no_torch():
     ("j = torch.cuda.memory.caching_allocator_alloc", "escape"),
     ("j = torch.cuda.nvtx.range_push", "escape"),
     ("j = torch.autograd.profiler", "escape"),
-    ("j = torch.nn.functional.np", "escape"),
+    ("j = torch.nn.functional.np", "library-kernel"),
     ("j = triton.runtime.driver", "escape"),
     ("from torch import jit", "escape"),
     ("from torch.cuda import memory", "escape"),
@@ -158,12 +159,12 @@ def test_rules_module_imports_no_torch():
     # members of allowed modules that evaluate strings or reach attributes by name
     ("import typing\nh = typing.get_type_hints(run)", "escape"),
     ("import operator\nh = operator.attrgetter('__class__')", "escape"),
-    ("import functools\n@functools.lru_cache\ndef f(x):\n    return x", "output-cache"),
-    ("from functools import cache", "output-cache"),
+    ("import functools\n@functools.lru_cache\ndef f(x):\n    return x", "escape"),
+    ("from functools import cache", "escape"),
     # hooks torch or the harness would call on the candidate's objects
     ("class Lazy:\n    def __torch_function__(self, func, types, args=(), kwargs=None):\n        pass", "lazy-output"),
     ("class Lazy:\n    __torch_dispatch__ = None", "lazy-output"),
-    ("class Late:\n    def __del__(self):\n        pass", "escape"),
+    ("class Late:\n    def __del__(self):\n        pass", "language"),
     ("def __getattr__(name):\n    return name", "escape"),
     ("from torch.overrides import TorchFunctionMode", "lazy-output"),
     ("import dataclasses\nC = dataclasses.make_dataclass('C', [], namespace={'__torch_function__': run})", "escape"),
@@ -193,9 +194,7 @@ def test_chains_builtins_and_modules_refused(code, rule):
     "from triton.language.extra import libdevice",
     "z = x.select(0, 1).chunk(2)",
     "import math\nr = math.sqrt(2.0)",
-    "import functools\ng = functools.partial(max, 0)",
     "def _helper(v):\n    return v\nq = _helper(1)",
-    "class Cfg:\n    def __init__(self, b):\n        self.b = b",
 ])
 def test_honest_constructs_pass(code):
     rep = check_source(src(code), "softmax")
@@ -235,54 +234,7 @@ def test_every_knob_setting_the_search_can_render_passes():
             assert ast.literal_eval(m.group(0).split("=", 1)[1].strip()) == dict(zip(names, combo)), (name, combo)
 
 
-def test_library_module_list_covers_the_installed_torch_and_triton():
-    """Every module-valued attribute of torch, Triton and the submodules candidates may use is either
-    open to candidates (ALLOWED_MODULES) or refused: a new torch that adds one fails here, not silently."""
-    import sys
-    import types
-
-    import importlib
-    import pkgutil
-
-    import torch
-    import triton
-    import triton.language  # noqa: F401
-
-    from rules.check import ALLOWED_MODULES, PURE_SEGMENTS
-
-    # every Triton module loaded, as a long run's compiles may load them: the check sees them all
-    for m in pkgutil.walk_packages(triton.__path__, "triton."):
-        try:
-            importlib.import_module(m.name)
-        except Exception:  # noqa: BLE001 - backends without their toolchain on this host
-            pass
-
-    unclassified = []
-    for root in sorted(ALLOWED_MODULES):
-        obj = sys.modules.get(root)
-        if obj is None:
-            continue
-        for attr in dir(obj):
-            if attr.startswith("_"):
-                continue
-            try:
-                v = getattr(obj, attr)
-            except Exception:  # noqa: BLE001 - lazily imported attributes that fail to import
-                continue
-            if not isinstance(v, types.ModuleType):
-                continue
-            path = f"{root}.{attr}"
-            if path in ALLOWED_MODULES or v.__name__ in ALLOWED_MODULES | PURE_SEGMENTS or attr in ("torch", "triton"):
-                continue  # the pure standard-library modules (math, functools, ...) reach nothing
-            alias = "torch" if root.startswith("torch") else "triton"
-            code = f"import {alias}\nq = {path}.anything\n\ndef run(inputs, out):\n    pass\n"
-            if check_source(code, "softmax").ok:
-                unclassified.append(path)
-    assert not unclassified, f"module attributes neither allowed nor refused: {unclassified}"
-    assert torch and triton
-
-
-# --- names bound to modules: followed like imports, and refused ----------------------------------------
+# --- a module bound to a name is refused, and so is what the name reaches, by its family -----------------
 
 @pytest.mark.parametrize("code,rule", [
     # a stream API reached through the name is named `stream`; the binding alone is an escape
@@ -309,11 +261,11 @@ def test_library_module_list_covers_the_installed_torch_and_triton():
     ("rt = triton.runtime", "escape"),
     ("t = triton\nd = t.runtime.driver", "escape"),
     ("tl2 = tl", "escape"),
-    ("import torch.nn.functional as F\nfs = [F]", "escape"),
+    ("import torch.nn.functional as F\nfs = [F]", "library-kernel"),
     ("c = torch.cuda\nc.synchronize = None", "timer"),
     ("n = torch.nn\nn.functional.relu(x)", "library-kernel"),
 ])
-def test_names_bound_to_modules_are_followed_and_refused(code, rule):
+def test_modules_bound_to_names_are_refused_with_what_they_reach(code, rule):
     rep = check_source(src(code), "softmax")
     assert not rep.ok, code
     assert rep.rule == rule, (code, rep)
@@ -377,9 +329,8 @@ def test_torch_that_computes_is_refused(code):
     "parts = x.split(2)\nfirst, *rest = x.unbind(0)\nz = x.narrow(0, 0, 1).squeeze(0)",
     "n = -torch.finfo(torch.float32).max",
     "p = torch.nn.Parameter(torch.ones(3), requires_grad=False)",
-    "s = set()\ns.add(1)\nl = [3, 1]\nl.sort()",
+    "s = set()\nl = [3, 1]\nl = sorted(l)",
     "import math\nr = math.exp(1.0) + math.log2(3.0)",
-    "import itertools\nr = list(itertools.repeat(1, 3))",
     "b = (300).bit_length()",
 ])
 def test_torch_that_allocates_views_copies_casts_and_fills_passes(code):
