@@ -299,7 +299,7 @@ class KernelOptimization:
         self.publish()
 
     # ---- compaction and the end ----------------------------------------------------------------
-    async def _compact(self, final: bool) -> None:
+    async def _compact(self, final: bool, stopped_by: str | None = None) -> None:
         self.set_phase("compacting")
         req = CompactRequest(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
                              policy=self.spec.policy, model=self.spec.model, run=self.st.runs,
@@ -307,7 +307,7 @@ class KernelOptimization:
                              notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
                              best=self.st.best, final=final, adapted=self.st.llm_adapted,
                              hints=self.st.llm_hints, conversation_key=self.st.conversation_key,
-                             tool_results=self.st.pending_tool_results)
+                             tool_results=self.st.pending_tool_results, stopped_by=stopped_by)
         while True:
             try:
                 res = await self.agent("compact_notebook", req, CompactResult, minutes=10)
@@ -330,7 +330,7 @@ class KernelOptimization:
             self.set_phase("reverifying")
             reverified = await self._reverify_best()
         if self.records or self.st.ledger_key is None:
-            await self._compact(final=True)
+            await self._compact(final=True, stopped_by=stopped_by)
         self._account_time()
         self.finished = True
         self.set_phase("done")

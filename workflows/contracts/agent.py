@@ -48,6 +48,7 @@ class CompactRequest(Strict):
     hints: list[str] = Field(default_factory=list)  # llm policy: operator hints in force, for the notebook
     conversation_key: str | None = None  # llm policy: the turns whose tool results the notebook sums up
     tool_results: list[ToolResult] = Field(default_factory=list)  # llm policy: answers to the latest turn
+    stopped_by: str | None = None  # the final compaction: why the run ends (a budget stop caps the rewrite)
 
 
 class CompactResult(Strict):
