@@ -273,3 +273,32 @@ def test_no_listed_attribute_reaches_a_module_frame_or_code_from_the_values_a_ca
                 continue
             assert not isinstance(got, bad), (type(v).__name__, name, type(got).__name__)
             assert not (isinstance(got, dict) and "__builtins__" in got), (type(v).__name__, name)
+
+
+@pytest.mark.parametrize("name,words", [
+    ("lang_format_frames", "attribute 'format'"),  # str.format's fields walk a running generator's frames
+    ("lang_descriptor", "builtin 'property'"),     # a property in a class body does the same when read
+])
+def test_whole_candidates_that_read_the_caller_s_frames_are_refused(name, words):
+    """Each is an honest softmax that also reads its callers' local variables (as text), which Python
+    allows: the language refuses the construct that would reach them."""
+    from pathlib import Path
+
+    rep = check_source((Path(__file__).parent / "kernels" / f"{name}.py").read_text(), "softmax")
+    assert not rep.ok and rep.rule == "escape" and words in rep.detail, (name, rep)
+
+
+def test_the_frame_reading_tricks_work_in_plain_python():
+    """What the rules refuse is a real route: the same code, run as Python, reads its caller's locals."""
+    def peek():
+        gen = ("{0.gi_frame.f_back.f_back.f_back.f_locals}".format(gen) for _ in (0,))
+        return next(gen)
+
+    def call():
+        return peek()
+
+    def harness():
+        noise_seed = 987654321  # noqa: F841 - what the candidate reads
+        return call()
+
+    assert "987654321" in harness()
