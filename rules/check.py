@@ -45,6 +45,7 @@ PROBLEM_OPS = {
 LIBRARY_STRINGS = ("fla.", "flash_attn", "flashinfer", "xformers", "vllm", "deep_gemm", "flash_mla", "liger_kernel",
                    "tilelang", "baselines.", "gpu_worker")
 BUILTIN_NAMES = frozenset(dir(builtins))
+ALL_BUILTINS = host.BUILTINS | host.ERRORS | tri.KERNEL_BUILTINS
 HOST_TREE = host.MODULE_MEMBERS
 KERNEL_TREE = tri.KERNEL_MODULE_MEMBERS
 
@@ -306,6 +307,10 @@ class _Walker:
             self.refuse(node, rule, f"binding {name!r} is not allowed (a hook Python, torch or the harness would call)")
         elif name in self.aliases and not importing:
             self.refuse(node, "escape", f"rebinding {name!r}, a name an import bound, is not allowed")
+        elif name in BUILTIN_NAMES and name not in ALL_BUILTINS and name_rule(name)[0] != "language":
+            # a refused builtin stays refused wherever it is named: `def f(getattr=getattr)` binds nothing
+            self.refuse(node, "escape", f"binding {name!r}, the name of a builtin outside the language, is not "
+                                        "allowed (name it otherwise)")
 
     # expressions -----------------------------------------------------------------------------------------
     def expr(self, node: ast.expr, kernel: bool):

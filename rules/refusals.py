@@ -59,7 +59,8 @@ ESCAPE_NAMES = frozenset({
     "backends", "fn", "src", "module", "frame", "load", "export", "package", "classes",
     "pre_hook", "post_hook", "ir_override", "repr", "launch_metadata", "format",
     "format_map", "reduce_ex", "core", "semantic", "standard", "extra", "gpu_worker", "activities", "workflows",
-    "baselines", "pkgutil", "module_from_spec", "module_finder", "is_pkg",
+    "baselines", "pkgutil", "module_from_spec", "module_finder", "is_pkg", "help", "license", "credits",
+    "copyright", "input", "exit", "quit",
 })
 STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) - {"math"}
 

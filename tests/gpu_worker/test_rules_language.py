@@ -162,6 +162,11 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("def __getattr__(name):\n    return name", "escape"),
     ("__getattr__ = run", "escape"),
     ("def f(__class__):\n    pass", "escape"),
+    # a refused builtin bound under its own name, so that a use of it would look like the candidate's
+    ("def f(getattr=getattr):\n    return getattr(run, 'x')", "escape"),
+    ("def f(g):\n    vars = g\n    return vars", "escape"),
+    ("for type in (1,):\n    pass", "escape"),
+    ("y = [help for help in ()]", "escape"),
     # frames: a generator's, a coroutine's, a traceback's, and what they lead to
     ("def g():\n    yield 1\nf = g().gi_frame.f_back.f_globals", "escape"),
     ("f = (i for i in ()).gi_frame", "escape"),
