@@ -12,6 +12,7 @@ from workflows.contracts import RunResult
 from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, used_text
 from cli.connection import connect_client, query_status, run_handle, status_or_result
 from cli.errors import UsageError
+from cli.llm_view import TurnPrinter, endpoint_trouble, turn_lines
 from cli.home import HOME
 
 
@@ -50,14 +51,27 @@ async def cmd_status(args) -> int:
     print(f"best: {fmt_best(st.best)}")
     print(f"budget: {budget_text(st.budget)}; used: {used_text(st.used, st.policy == 'llm')}")
     print(f"last: {fmt_last(st.last)}")
+    if st.llm is not None:  # the model's latest turn, and an endpoint failing it
+        for line in (turn_lines(st.llm.turns[-1]) if st.llm.turns else []):
+            print(line)
+        trouble = endpoint_trouble(await run_handle(client, args.id).describe(), _asked_at(st))
+        if trouble:
+            print(trouble)
     if (st.best and st.best.interpreter) or (st.last and st.last.interpreter):
         print(f"note: {INTERPRETER_NOTE}")
     return 0
 
 
+def _asked_at(st) -> float | None:
+    """When the turn the model has not answered yet was asked."""
+    turns = st.llm.turns if st.llm is not None else []
+    return turns[-1].asked_at if turns and not turns[-1].replied else None
+
+
 async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
-    """Print a table row whenever the iteration or phase changes; return the result at the end. While no
-    worker answers, one line on stderr says so and what starts one."""
+    """Print a table row whenever the iteration or phase changes, and for an llm run each model turn as it
+    happens (its tools, their verdicts, its tokens) and an endpoint failing a turn; return the result at
+    the end. While no worker answers, one line on stderr says so and what starts one."""
     from temporalio.client import WorkflowExecutionStatus
 
     from temporalio.service import RPCError
@@ -68,7 +82,7 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
     except RPCError as e:
         raise UsageError(f"no run {wid!r}: {e.message}")
     print(f"{'iter':>5} {'phase':<13} {'best':<58} last result", file=out)
-    seen, noted, waiting = None, False, None
+    seen, noted, waiting, turns, trouble = None, False, None, TurnPrinter(), None
     while True:
         desc = await h.describe()
         if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -91,6 +105,14 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             phase = "paused" if st.paused else st.phase
             print(f"{st.iteration:>5} {phase:<13} {fmt_best(st.best):<58} {fmt_last(st.last)}", file=out,
                   flush=True)
+        if st.llm is not None:
+            for line in turns.new_lines(st.llm.turns):
+                print(f"      {line}", file=out, flush=True)
+            now = endpoint_trouble(desc, _asked_at(st))
+            failed = now.rsplit("; attempt", 1)[0] if now else None  # the same while its next attempt runs
+            if failed and failed != trouble:  # once per failed attempt
+                print(f"      {now}", file=out, flush=True)
+            trouble = failed
         await asyncio.sleep(interval)
     return await h.result()
 

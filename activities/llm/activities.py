@@ -8,7 +8,7 @@ import difflib
 import threading
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
@@ -60,6 +60,19 @@ def ledger_index(store: ArtifactStore, ledger_key: str | None) -> dict[str, str]
     return out
 
 
+def _retry_quietly(e: ApplicationError, turn: int) -> ApplicationError:
+    """An endpoint failure that Temporal retries (down, timing out, 5xx, 429) is logged here in one line
+    per attempt, and raised as benign, so the worker does not print a traceback for each retry; one that
+    pauses the run is raised as it is."""
+    if e.non_retryable:
+        return e
+    attempt = activity.info().attempt
+    activity.logger.warning("llm turn %d, attempt %d failed; retried by Temporal: %s", turn, attempt,
+                            (e.message or type(e).__name__).splitlines()[0][:300])
+    return ApplicationError(e.message, *e.details, type=e.type, next_retry_delay=e.next_retry_delay,
+                            category=ApplicationErrorCategory.BENIGN)
+
+
 @activity.defn(name="llm_turn")
 def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
     """One model turn: prompt -> reply -> tool calls. The prompt, the raw reply and the answers to the
@@ -83,7 +96,10 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
         seen = ledger_index(store, req.ledger_key)
     except ArtifactStoreError as e:
         raise _infra(e) from e
-    reply = chat(build, ep, tools, adapted=req.adapted)
+    try:
+        reply = chat(build, ep, tools, adapted=req.adapted)
+    except ApplicationError as e:
+        raise _retry_quietly(e, req.turn) from None
     messages = built["messages"]
     try:
         prompt_key = store.put_json({"kind": "llm-prompt", "model": ep.model, "messages": messages,

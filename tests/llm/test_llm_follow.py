@@ -1,0 +1,71 @@
+"""A run one can follow: `watch` shows each model turn as it happens (tools, verdicts, tokens), and an
+endpoint that is down shows in `watch`, in `status` (since when, which attempt) and in one worker log line
+per retry instead of a traceback. Whole runs on the dev server against the scripted endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import re
+import sys
+
+from tests.llm.kernels import LADDER, softmax_kernel
+from tests.llm.script import TurnScript, turn
+from tests.llm.server import ChatServer
+from tests.workflows.helpers import start, workers
+from workflows.contracts import RunSpec
+
+
+def submit(i: int):
+    return ("submit_kernel", {"source": softmax_kernel(**LADDER[i]), "rationale": f"step {i}"})
+
+
+def slow(item, delay=0.4):
+    def f(body):
+        r = item(body)
+        r.delay = delay
+        return r
+    return f
+
+
+async def test_watch_status_and_the_log_follow_turns_and_an_endpoint_outage(env, store, llm_env, caplog):
+    from cli.query import watch
+
+    caplog.set_level(logging.DEBUG, logger="temporalio")
+    script = TurnScript([slow(turn(("read_baseline", {}), completion_tokens=41)), slow(turn(submit(0))),
+                         slow(turn(("compile", {}))), slow(turn(submit(1)))])
+    server = ChatServer(script)  # bound, not listening yet: the endpoint is down
+    llm_env(server)
+    out = io.StringIO()
+    async with workers(env.client):
+        h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2}), "llm-follow")
+        watching = asyncio.create_task(watch(env.client, h.id, interval=0.1, out=out))
+        await asyncio.sleep(4.5)  # attempts at 0, 1 and 3 s
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "cli", "status", h.id, "--address", env.client.service_client.config.target_host,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        status, err = await cli.communicate()
+        with server:
+            res = await h.result()
+            await watching
+    status = status.decode()
+    assert cli.returncode == 0, err.decode()
+    assert "turn 1: asked at" in status and "waiting for the model" in status, status
+    assert re.search(r"model endpoint unreachable since \d\d:\d\d:\d\d UTC: [3-9] attempts failed, the last with: "
+                     r"model endpoint .* connection failed: .*; attempt [4-9] of 25 at \d\d:", status), status
+    shown = out.getvalue()
+    for n in (1, 2, 3):  # one line per failed attempt
+        assert shown.count(f": {n} attempt{'s' if n > 1 else ''} failed, the last with: ") == 1, shown
+    # each turn as it happens: its tools and tokens, then each verdict
+    assert f"turn 1: read_baseline ({server.turns()[0].usage['prompt_tokens']:,} in / 41 out tokens)" in shown, shown
+    lines = shown.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "turn 1: read_baseline" in ln)
+    assert lines[first + 1].strip().startswith("read_baseline: ") and "characters" in lines[first + 1]
+    assert any(ln.strip().startswith("submit_kernel: iteration 1: ") for ln in lines), shown
+    assert any("compile: ERROR compile needs `source`" in ln for ln in lines), shown
+    assert res.iterations == 2
+    # the worker log: one line per failed attempt, no traceback
+    retries = [r for r in caplog.records if "retried by Temporal" in r.getMessage()]
+    assert len(retries) >= 3 and all("connection failed" in r.getMessage() for r in retries)
+    assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.INFO and "llm_turn" in str(r.__dict__))
