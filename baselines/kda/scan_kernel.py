@@ -20,9 +20,10 @@ Launch 4, `_kda_scan_state`, one program per (segment, V block, batch*head): the
 Parallelism of the state work: NSEG * V/BV * B*H programs of L steps (launch 4) instead of V/BV * B*H of NT
 steps; the serial chain is L + (NSEG - 1) + L chunk steps instead of NT. The price: launch 2 redoes the
 step on K + V columns (4 C K (K + V) FLOPs per chunk of every segment but the last), 1.1x the state pass's
-tensor-core work again (scan_reference.scan_flops), and as many chunk steps again as the re-walk: with two
-programs per SM for each launch (ptxas, scripts/offline_compile_kda_scan.py), the latency model
-(scan_reference.step_rounds) puts the four launches' state work at 0.9x the serial pass's at 8 segments.
+tensor-core work again (scan_reference.scan_flops), and as many chunk steps again as the re-walk. At the
+two programs per SM that ptxas' registers allow each launch (scripts/offline_compile_kda_scan.py), the
+latency model (scan_reference.step_rounds) puts the four launches at 1.0-1.06x the serial pass's rounds;
+at four per SM (<= 128 registers at 4 warps), 0.51x.
 Precision: the composed columns stay fp32 in registers and enter each product in the input dtype, as the
 starting kernel's state does; every transition is a contraction (its factors I - beta k k^T with |k| = 1,
 0 < beta < 1, and decays <= 1), so rounding in M_s or S_s does not grow along the walk.
@@ -36,7 +37,7 @@ import triton.language as tl
 
 # Prep knobs as the starting kernel's defaults; the scan's own: SEGMENTS (segments per sequence, at most
 # the number of chunks), BW (column block of the composition), SCAN_PREC (the walk's fp32 products).
-KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 8, "SOLVE_PREC": "input", "num_stages": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 4, "SOLVE_PREC": "input", "num_stages": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
 KNOB_SPACE = {
     "SEGMENTS": [2, 4, 8, 16, 32],
     "BW": [32, 64, 128],

@@ -153,9 +153,10 @@ def step_rounds(B: int, T: int, H: int, V: int, chunk: int, segments: int, bv: i
                 slots_state: int, slots_compose: int, sms: int = 132) -> dict:
     """A latency model of the state work, in rounds of one chunk step (multiply by the seconds one step
     takes, measured: the serial pass's time / NT). A launch of P programs of S steps each, with `slots` =
-    programs an SM holds (ptxas' registers and shared memory) x sms, takes S * max(1, P / slots) rounds,
-    as long as a step's latency holds while the SM fills. serial: the starting kernel's pass (V / bv * B*H
-    programs of NT steps); compose: the non-trivial composing programs (segment 0's M blocks skipped, no h0);
+    programs an SM holds (ptxas' registers and shared memory) x sms, takes S * ceil(P / slots) rounds: its
+    programs run in waves, and a launch ends with its last one (no overlap between launches). It assumes
+    a step's latency holds while the SM fills. serial: the starting kernel's pass (V / bv * B*H programs
+    of NT steps); compose: the non-trivial composing programs (segment 0's M blocks skipped, no h0);
     scan_state: NSEG * V / bv * B*H programs of L steps; walk: NSEG - 1 rounds (steps of another kind)."""
     NT = -(-T // chunk)
     bounds = segment_bounds(NT, segments)
@@ -164,7 +165,7 @@ def step_rounds(B: int, T: int, H: int, V: int, chunk: int, segments: int, bv: i
     heads = B * H
 
     def rounds(programs, steps, slots):
-        return steps * max(1.0, programs / slots)
+        return float(steps * -(-programs // slots))
 
     blocks = (K + V) // bw
     composing = heads * ((nseg - 1) * blocks - (K // bw if nseg > 1 else 0))
