@@ -5,6 +5,7 @@ from __future__ import annotations
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.chat import chat
+from activities.llm.context import context_fit, with_server_context
 from activities.llm.endpoint import PROFILE_ENV, endpoint, env_text
 from activities.llm.tools import tool_schema
 
@@ -15,10 +16,10 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     """One tiny request with the worker's configured endpoint and profile: what works, what was adapted
     (and the setting that makes it so from the start), what to change. (usable, report lines)."""
     try:
-        ep = endpoint(model, profile)
+        ep = with_server_context(endpoint(model, profile))
     except ApplicationError as e:
         return False, [f"configuration: {e.message}"]
-    p = ep.profile
+    p = ep.settings(None)  # the reply cap within a known context
     lines = [f"endpoint: {ep.base_url or 'https://api.openai.com/v1'}, model {ep.model}, profile {p.name}",
              f"settings: {p.token_param}={p.reply_tokens or '(not sent)'}, tool mode {p.tool_mode}, "
              f"merge roles {'on' if p.merge_roles else 'off'}, system role {'on' if p.system_role else 'off'}, "
@@ -57,7 +58,11 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
                      f"{ep.settings(a).reply_tokens})")
     if not reply.reasoning and not reply.content and not reply.tool_calls:
         lines.append("the reply was empty")
-    ok = bool(reply.tool_calls) and reply.finish_reason != "length"
+    small = context_fit(ep, ep.settings(a), reply.mode)  # a run's prompt and reply within a known context
+    if small:
+        lines.append(f"context: {small}")
+    ok = bool(reply.tool_calls) and reply.finish_reason != "length" and not small
     lines.append("OK: a run can use this endpoint" if ok else
+                 "NOT OK: a run's prompt does not fit the endpoint's context (above)" if small else
                  "NOT OK: the model did not call the tool; try another profile or model")
     return ok, lines

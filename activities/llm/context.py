@@ -102,13 +102,13 @@ def needed_context(prompt_tokens: int) -> int:
     return -(-n // 1024) * 1024
 
 
-def too_small(ep: Endpoint, s: Profile, needed: int | None) -> str:
+def too_small(ep: Endpoint, s: Profile, needed: int | None, then: str = ", then `marathon resume ID`") -> str:
     """What a prompt that cannot fit the endpoint's context needs, and what would actually help."""
     limit = s.context_tokens
     if not limit or not needed:
         return (f"{ep.where()}: the endpoint refused the prompt as too long even shrunk to its smallest, and "
                 f"did not say its context. Start the server with a larger context ({SERVER_CONTEXT_FLAGS}) and "
-                f"tell the agent worker its size with MARATHON_LLM_CONTEXT_TOKENS, then `marathon resume ID`.")
+                f"tell the agent worker its size with MARATHON_LLM_CONTEXT_TOKENS{then}.")
     from activities.llm.prompt import CONTEXT_MARGIN
 
     text = (f"{ep.where()}: the smallest prompt (the objective, the best or starting kernel, the last turn and "
@@ -122,5 +122,28 @@ def too_small(ep: Endpoint, s: Profile, needed: int | None) -> str:
     text += (f"the server with a context of at least {needed_context(needed)} tokens ({SERVER_CONTEXT_FLAGS})"
              + (" and set MARATHON_LLM_CONTEXT_TOKENS to match" if "context_tokens" in ep.explicit else
                 ": the worker reads it from a server that reports it, else set MARATHON_LLM_CONTEXT_TOKENS")
-             + ", then `marathon resume ID`.")
+             + f"{then}.")
     return text
+
+
+LAST_TURN_TOKENS = 600  # a later turn's prompt adds its last turn, compacted, over the first one's
+
+
+def context_fit(ep: Endpoint, s: Profile, mode: str) -> str | None:
+    """For `marathon llm-check`: None when a run's smallest prompt (softmax, the smallest problem: the
+    objective, the starting kernel, a compacted last turn) fits the known context beside the reply cap;
+    else what would help. None too when the context is unknown."""
+    from activities.llm.prompt import build_messages, endpoint_room
+    from activities.llm.replies import estimate_tokens
+    from activities.llm.tools import TOOLS
+    from workflows.contracts import Budget, LlmTurnRequest, Used
+
+    room = endpoint_room(s, 0, mode)
+    if room is None:
+        return None
+    req = LlmTurnRequest(workflow_id="llm-check", problem="softmax", turn=2, iteration=1, budget=Budget(),
+                         used=Used(turns=1))
+    need = estimate_tokens(build_messages(req, None, mode, budget=0)) + LAST_TURN_TOKENS
+    if need <= room:
+        return None
+    return too_small(ep, s, need + (estimate_tokens(TOOLS) if mode != "text" else 0), then="")

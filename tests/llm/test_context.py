@@ -122,3 +122,22 @@ def test_a_context_too_small_says_what_would_help_and_following_it_works(store, 
     assert "MARATHON_LLM_MAX_TOKENS" not in text  # a smaller reply cap would not make room here
     assert len(server.turns()) == 1 and res.tool_calls  # only the turn that fits was sent
     assert server.turns()[0].body["max_tokens"] == lower
+
+
+def test_llm_check_at_a_context_that_cannot_hold_the_prompt_is_not_ok(llm_env):
+    from activities.llm.check import llm_check
+
+    def respond(body, headers):
+        return completion(None, [("read_notebook", {})])
+
+    with ChatServer(respond) as server:
+        mp = llm_env(server)
+        mp.setenv("MARATHON_LLM_PROFILE", "llamacpp")
+        mp.setenv("MARATHON_LLM_CONTEXT_TOKENS", "2048")
+        small_ok, small = llm_check()
+        mp.setenv("MARATHON_LLM_CONTEXT_TOKENS", "8192")
+        ok, lines = llm_check()
+    text = "\n".join(small)
+    assert not small_ok and "NOT OK: a run's prompt does not fit the endpoint's context" in text, text
+    assert "context of 2048 tokens" in text and "a context of at least" in text and "max_tokens=512" in text
+    assert ok and "max_tokens=2048" in lines[1] and "OK: a run can use this endpoint" in lines[-1], lines
