@@ -36,8 +36,10 @@ import triton
 import triton.language as tl
 
 # Prep knobs as the starting kernel's defaults; the scan's own: SEGMENTS (segments per sequence, at most
-# the number of chunks), BW (column block of the composition), SCAN_PREC (the walk's fp32 products).
-KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 4, "SOLVE_PREC": "input", "num_stages": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
+# the number of chunks), BW (column block of the composition), SCAN_PREC (the walk's fp32 products),
+# num_stages (the re-walk's pipelining) and num_stages_compose: 1 trades the prefetch for registers (the
+# re-walk at 168 registers, 3 programs per SM; the compose at BW 32, 122 registers, 4 per SM).
+KNOBS = {"BD": 16, "BK": 128, "BOUND": 160.0, "BV": 32, "BW": 64, "CHUNK": 32, "FAST": True, "PREP_DOT": "input", "SCAN_PREC": "tf32x3", "SEGMENTS": 4, "SOLVE_PREC": "input", "num_stages": 3, "num_stages_compose": 3, "num_warps_compose": 4, "num_warps_prep": 4, "num_warps_state": 4, "num_warps_walk": 8}
 KNOB_SPACE = {
     "SEGMENTS": [2, 4, 8, 16, 32],
     "BW": [32, 64, 128],
@@ -48,7 +50,8 @@ KNOB_SPACE = {
     "num_warps_compose": [4, 8],
     "num_warps_walk": [4, 8],
     "num_warps_state": [2, 4, 8],
-    "num_stages": [2, 3, 4],
+    "num_stages": [1, 2, 3, 4],
+    "num_stages_compose": [1, 2, 3],
 }
 
 
@@ -376,7 +379,7 @@ def forward(inputs, out):
     if NSEG > 1:
         _kda_compose[((NSEG - 1) * ((K + V) // BW), B * H)](
             w, u, kg, gl, mn, T, NT, L, NSEG, K=K, V=V, C=C, BW=BW, SKIP_M0=h0 is None,
-            num_warps=KNOBS["num_warps_compose"], num_stages=KNOBS["num_stages"])
+            num_warps=KNOBS["num_warps_compose"], num_stages=KNOBS["num_stages_compose"])
     _kda_walk[(V // BV, B * H)](
         mn, h0 if h0 is not None else gl, starts, NSEG, K=K, V=V, BV=BV, HAS_H0=h0 is not None,
         SCAN_PREC=KNOBS["SCAN_PREC"], num_warps=KNOBS["num_warps_walk"], num_stages=2)
