@@ -40,6 +40,7 @@ class ChildInputs:
         """Cases' inputs into host memory now, from the bank or generated (and banked, by the reference):
         host work, which the worker asks for outside any device turn; the upload that follows takes them."""
         t0 = self.T["perf"]()
+        cases = self._stage_cached(cases)  # a reference reads its cached cases instead (child_reference)
         staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.T["perf"]() - t0, 4))

@@ -1,5 +1,6 @@
 """The reference child's commands (trusted code only): setup, the oracle and the baseline's own error per
-case, comparisons of candidates' output files with the oracle or the baseline, ceilings and receipts."""
+case, comparisons of candidates' output files with the oracle or the baseline, ceilings and receipts. The
+cases' values and the ceilings are kept on disk across restarts (gpu_worker.caches), checked on every read."""
 
 from __future__ import annotations
 
@@ -18,21 +19,68 @@ class ChildReference:
         p = self._setup_problem(problem, shape)
         bases = p.baselines()
         self.baseline_name, self.baseline = next(iter(bases.items()))
+        self._cached_cases: dict = {}  # (dist, seed) -> cached values read while staging, taken once
+        self.case_cache = self._case_cache()
         return protocol.SetUp(baseline=self.baseline_name, shape=self.shape.name, cuda=self.cuda)
+
+    def _case_cache(self):
+        """The cases' cache on disk (caches.ReferenceCaseCache), which a restarted worker's reference reads
+        instead of generating inputs, computing oracles and running the baseline again."""
+        import torch
+
+        from gpu_worker.caches import ReferenceCaseCache, cache_root, reference_key
+
+        device = torch.cuda.get_device_name(0) if self.cuda else "cpu"
+        base = reference_key(self.problem, self.shape, self.outputs, self.cpu_mode, self.bank_tag,
+                             self.baseline_name, device)
+        return ReferenceCaseCache(cache_root(self.settings), base, self.settings.oracle_disk_gb * (1 << 30))
+
+    def _stage_cached(self, cases: list) -> list:
+        """Of the cases a staging asks for, those still to generate: a reference case found in the cache
+        is read into host memory here instead (host work, outside any device turn), unless the input bank
+        lacks its inputs (then they are generated, and banked, for the candidates)."""
+        if self.role != "reference" or getattr(self, "case_cache", None) is None or not self.case_cache.enabled:
+            return cases
+        rest = []
+        self._cached_cases = {}  # replaced, as the staged inputs are: what no reference took is dropped
+        for dist, seed in cases:
+            bank = self._bank_path(dist, seed)
+            entry = None if bank and not os.path.exists(bank) else self.case_cache.get(dist, seed)
+            if entry is None:
+                rest.append((dist, seed))
+            else:
+                self._cached_cases[(dist, seed)] = entry
+        return rest
+
+    def _cached_case(self, dist: str, seed: int, baseline: bool) -> dict | None:
+        """A case's cached values (staged ahead, else read now), if they answer a request for them:
+        with `baseline`, only an entry that holds the baseline's error."""
+        if getattr(self, "case_cache", None) is None:
+            return None
+        entry = self._cached_cases.pop((dist, seed), None) or self.case_cache.get(dist, seed)
+        if entry is None or (baseline and entry.get("baseline_err") is None):
+            return None
+        return entry
 
     def _oracle(self, dist: str, seed: int, inputs: dict | None = None) -> dict:
         """The oracle's outputs for one case, kept on this child's device (LRU within the settings'
         oracle_cache_gb) so that every later candidate is compared there, in fp64, without the oracle
-        crossing a pipe."""
-        cache = self.oracles
+        crossing a pipe. One that left the device is read back from the cases' cache, else computed."""
         key = (dist, seed)
-        if key in cache:
-            cache.move_to_end(key)
-            return cache[key]
+        if key in self.oracles:
+            self.oracles.move_to_end(key)
+            return self.oracles[key]
+        entry = self._cached_case(dist, seed, baseline=False) if inputs is None else None
+        if entry is not None:
+            return self._keep_oracle(dist, seed, {k: self.T["to"](v, self.device) for k, v in entry["oracle"].items()})
         if inputs is None:
             inputs = self._inputs(dist, seed)
-        ref = {k: v.detach() for k, v in self.problem.oracle(inputs).items() if k in self.outputs}
-        cache[key] = ref
+        return self._keep_oracle(dist, seed, {k: v.detach() for k, v in self.problem.oracle(inputs).items()
+                                              if k in self.outputs})
+
+    def _keep_oracle(self, dist: str, seed: int, ref: dict) -> dict:
+        cache = self.oracles
+        cache[(dist, seed)] = ref
         limit = self.settings.oracle_cache_gb * (1 << 30)
 
         def nbytes():
@@ -50,6 +98,14 @@ class ChildReference:
         out = []
         for dist, seed in cases:
             t0 = time.perf_counter()
+            entry = self._cached_case(dist, seed, baseline)
+            if entry is not None:  # computed by an earlier reference child: only the upload of its oracle
+                self._keep_oracle(dist, seed, {k: self.T["to"](v, self.device) for k, v in entry["oracle"].items()})
+                self._sync()
+                err = entry["baseline_err"] if baseline else math.nan
+                out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=entry["hash"], baseline_err=err,
+                                                  timing={"cached": time.perf_counter() - t0}))
+                continue
             inputs = self._inputs(dist, seed)
             h = self._hash(inputs)
             self._sync()
@@ -61,6 +117,9 @@ class ChildReference:
             self._sync()
             t3 = time.perf_counter()
             errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
+            if getattr(self, "case_cache", None) is not None:  # copied off the device now, written on the cache's own thread
+                self.case_cache.put(dist, seed, h, max(errs) if baseline else None,
+                                    {k: self.T["to"](v, "cpu") for k, v in ref.items()})
             out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
                                               timing={"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}))
         return protocol.References(cases=out)
@@ -131,11 +190,31 @@ class ChildReference:
 
     def cmd_ceilings(self):
         """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)
-        and bf16 matmul rate. CUDA only."""
-        import torch
-
+        and bf16 matmul rate. CUDA only; read from the ceilings' cache where this GPU has been measured."""
         if not self.cuda:
             return protocol.Ceilings(bandwidth=None, flops=None)
+        cache, key = self._ceilings_cache()
+        found = cache.get_json(key)
+        if isinstance(found, dict) and isinstance(found.get("bandwidth"), float) and isinstance(found.get("flops"), float):
+            return protocol.Ceilings(**found)
+        ceil = self._measure_ceilings()
+        cache.put_json(key, ceil.model_dump())
+        return ceil
+
+    def _ceilings_cache(self):
+        """The ceilings' cache entry: per GPU model, host, torch and CUDA (a card's copy bandwidth and matmul
+        rate do not change between a worker's starts; a new driver or torch measures again)."""
+        import torch
+
+        from gpu_worker.caches import DiskCache, cache_root, host_key, versions
+
+        key = {"kind": "ceilings", "device": torch.cuda.get_device_name(0), **host_key(),
+               **{k: v for k, v in versions().items() if k in ("torch", "cuda")}}
+        return DiskCache(cache_root(self.settings), "ceilings"), key
+
+    def _measure_ceilings(self):
+        import torch
+
         n = 1 << 28  # 1 GiB of fp32
         a = torch.empty(n, dtype=torch.float32, device="cuda").normal_()
         b = torch.empty_like(a)

@@ -183,9 +183,14 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         if not rep.ok:
             raise Rejection("rules", f"{rep.rule}: {rep.detail}")
 
-    def warm(self, problem_name: str, shape_name: str | None = None, hb: Heartbeat = None) -> dict:
+    def warm(self, problem_name: str, shape_name: str | None = None, hb: Heartbeat = None,
+             light: bool = False) -> dict:
         """Worker start-up: measure the ceilings and compute the oracle bank for every (distribution, seed)
-        of the seed pool, so that no candidate's verification pays for a first oracle."""
+        of the seed pool, so that no candidate's verification pays for a first oracle. `light` (a shape
+        only a would-be best's checks visit): the reference child and one case per distribution, whose
+        baseline's first call autotunes (into Triton's cache), no ceilings, no timing sets."""
+        if light:
+            return self._warm_light(problem_name, shape_name, hb)
         _waiting_heartbeat(hb)
         t0 = time.monotonic()
         problem = self._problem(problem_name)
@@ -220,6 +225,38 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
                 "parts": {k: round(v, 1) for k, v in parts.items()}}
 
+    def _warm_light(self, problem_name: str, shape_name: str | None, hb: Heartbeat) -> dict:
+        t0 = time.monotonic()
+        problem = self._problem(problem_name)
+        shape = self._shape(problem, shape_name)
+        cases = [(d, 0) for d in problem.distributions]
+        # in a timing block, as the primary shape's bank: the baseline's autotuning is kept on disk, so it
+        # must not be measured beside other work
+        refs = self.reference(problem, shape, cases, hb, timing=bool(self.cuda))
+        return {"problem": problem_name, "shape": shape.name, "oracles": len(cases), "seconds": time.monotonic() - t0,
+                "parts": {"cached": sum(1 for r in refs if "cached" in r.timing)}}
+
+    def warm_shapes(self, problem_name: str, shapes: list[str], keep: str | None = None,
+                    hb: Heartbeat = None) -> list[dict]:
+        """Worker start-up (MARATHON_WARM_ALL_SHAPES): each of `shapes` warmed lightly (warm(light=True)),
+        then its reference child closed, all but `keep`'s (the shape a would-be best is verified at next,
+        whose child stays for it): what stays is on disk, in the caches, not on the device."""
+        out = []
+        for name in shapes:
+            out.append(self.warm(problem_name, name, hb, light=True))
+            if name != keep:
+                self.close_reference(problem_name, name)
+        return out
+
+    def close_reference(self, problem_name: str, shape_name: str) -> bool:
+        """Close the reference child of (problem, shape), if one runs; a later call starts another."""
+        with self._refs_lock:
+            entry = self._refs.pop((problem_name, shape_name), None)
+        if entry is not None:
+            with entry[1]:  # after the call it may be serving
+                entry[0].close(graceful=True)
+        return entry is not None
+
     # --- profile ---------------------------------------------------------------------------------
     def profile(self, req: EvalRequest, hb: Heartbeat = None) -> ProfileReport:
         _waiting_heartbeat(hb)
@@ -228,12 +265,18 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         return profile_candidate(self, req, hb)
 
     # --- self-test -------------------------------------------------------------------------------
-    def selftest(self, hb: Heartbeat = None) -> dict:
+    def selftest(self, hb: Heartbeat = None, reuse: bool = False) -> dict:
         """Run the canaries (gpu_worker.canaries) and settle `selftest_verdict` with their result, replacing
         any earlier one: a pass lifts a refusal, a failure imposes one. A self-test that raises settles
-        nothing."""
+        nothing. A pass is kept on disk (SelfTestRecord); with `reuse` (a worker's start) a kept pass of
+        this harness on this host and GPU model settles the verdict instead of the canaries."""
         from gpu_worker.canaries import run_canaries
+        from gpu_worker.selftest_verdict import SelfTestRecord
 
-        result = run_canaries(self, hb)
+        record = SelfTestRecord(self.settings, self.cuda)
+        result = record.load() if reuse else None
+        if result is None:
+            result = run_canaries(self, hb)
+            record.store(result)
         self.selftest_verdict.settle(result)
         return result

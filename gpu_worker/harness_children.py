@@ -175,12 +175,12 @@ class EvaluatorChildren:
         self._ask(sb, msg.WarmTriton(), self.timeouts["load"], "sandbox", hb)
 
     def _load(self, sb: Sandbox, source: str, problem, shape, hb) -> msg.Loaded:
-        from gpu_worker.sandbox import triton_cache_dir
+        from gpu_worker.caches import triton_cache_dir
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
         return self._ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
-                                      trusted_roots=[str(triton_cache_dir(self.settings.gpu_workdir))]),
+                                      trusted_roots=[str(triton_cache_dir(self.settings, self.cuda))]),
                          self.timeouts["load"], "compile", hb)
 
     def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, msg.Loaded | None]:

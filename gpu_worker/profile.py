@@ -41,7 +41,8 @@ def _parse_ncu_csv(text: str) -> list[dict]:
 
 def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str, str, str | None]:
     """Run the candidate under ncu in a fresh sandboxed process (gpu_worker.oneshot)."""
-    from gpu_worker.sandbox import triton_cache_dir, work_root
+    from gpu_worker.caches import triton_cache_dir
+    from gpu_worker.settings import work_root
 
     exe = shutil.which("ncu")
     if not exe or not kernels:
@@ -58,7 +59,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         cmd = [exe, "--clock-control", "none", "--section", "SpeedOfLight", "--section", "Occupancy",
                "--section", "LaunchStats", "--csv", "--page", "details", "-k", regex, "-c", "4",
                sys.executable, "-m", "gpu_worker.oneshot", job, req.problem, req.shape or "", tmp]
-        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(workdir)), TMPDIR=tmp, TRITON_HOME=tmp,
+        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(ev.settings, ev.cuda)), TMPDIR=tmp, TRITON_HOME=tmp,
                    PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, env=env,
                              start_new_session=True)

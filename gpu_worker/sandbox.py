@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 from gpu_worker import protocol
-from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings
+from gpu_worker.caches import triton_cache_dir
+from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings, work_root
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -47,28 +48,15 @@ class Rejection(Exception):
         self.stage, self.reason, self.log = stage, reason, log
 
 
-def work_root(workdir: Path | None = None) -> Path:
-    """The settings' gpu_workdir (MARATHON_GPU_WORKDIR), by default marathon-gpu-UID in the temp directory."""
-    root = Path(workdir or Path(tempfile.gettempdir()) / f"marathon-gpu-{os.getuid()}")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
-
-
-def triton_cache_dir(workdir: Path | None = None) -> Path:
-    d = work_root(workdir) / "triton-cache"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
-def triton_env(role: str, tmp: str, workdir: Path | None = None) -> dict[str, str]:
+def triton_env(role: str, tmp: str, settings: GpuWorkerSettings, cuda: bool) -> dict[str, str]:
     """Where a child's Triton caches its compiled kernels. A candidate compiles into its own directory: the
     OS wall lets it write nowhere else, and a shared cache it could write would let it plant a kernel binary
-    under another kernel's key. Trusted children share the host's cache, autotuning results included, so a
-    restarted worker finds the baseline's (FLA's) choices instead of timing every config again (about a
-    minute per shape on an H200)."""
+    under another kernel's key. Trusted children share the host's cache (caches.triton_cache_dir: under the
+    cache root, per GPU model), autotuning results included, so a restarted worker finds the baseline's
+    (FLA's) choices instead of timing every config again (about a minute per shape on an H200)."""
     if role == "candidate":
         return {"TRITON_CACHE_DIR": os.path.join(tmp, "triton-cache"), "TRITON_CACHE_AUTOTUNING": "0"}
-    return {"TRITON_CACHE_DIR": str(triton_cache_dir(workdir)), "TRITON_CACHE_AUTOTUNING": "1"}
+    return {"TRITON_CACHE_DIR": str(triton_cache_dir(settings, cuda)), "TRITON_CACHE_AUTOTUNING": "1"}
 
 
 def input_bank_dir(workdir: Path | None = None) -> Path:
@@ -119,7 +107,7 @@ class Sandbox:
         env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["TMPDIR"] = self.tmp
         env["TRITON_HOME"] = self.tmp
-        env.update(triton_env(role, self.tmp, workdir))
+        env.update(triton_env(role, self.tmp, self.settings, not interpreter))
         # the internal channels to the child (gpu_worker.settings): not user settings
         if guard_w is not None:
             env["MARATHON_GUARD_FD"] = str(guard_w)

@@ -22,7 +22,9 @@ child reads them at its start; users do not set them.
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -41,7 +43,12 @@ DEVICE_DEFAULTS: dict[str, tuple[Any, Any]] = {
     "spares": (4, 1),
     "oracle_cache_gb": (24.0, 2.0),
     "gpu_selftest": (True, False),
+    "oracle_disk_gb": (64.0, 1.0),
+    "warm_all_shapes": (True, False),
 }
+
+#: where the caches go when MARATHON_CACHE_DIR is unset (the CLI's home: cli.home)
+HOME_ENV = "MARATHON_HOME"
 
 _CORES = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*$")
 _FLAG = "1 or 0 (also true/false, yes/no, on/off)"
@@ -86,8 +93,14 @@ class GpuWorkerSettings(BaseModel):
         None, "cores kept for timed processes: how many, or which (`30,31`, `28-29`)",
         "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)", shown_default="2 on hosts of 8 cores or more, else 0")
     gpu_workdir: Path | None = _setting(
-        None, "sandbox scratch, the Triton cache and the input bank; keep it on local disk", "a directory path",
+        None, "sandbox scratch and the input bank; keep it on local disk", "a directory path",
         shown_default="`marathon-gpu-UID` in the temp directory")
+    cache_dir: Path | None = _setting(
+        None, "caches kept across restarts: oracles and baseline errors, ceilings, the self-test's verdict, "
+        "Triton's kernels and autotuning choices", "a directory path", shown_default="`cache` in `MARATHON_HOME`")
+    oracle_disk_gb: float | None = _setting(
+        None, "the oracle cache's size on disk (GiB); past it the least recently used entries go",
+        "a number of GiB >= 0", ge=0)
     sandbox_mem_gb: float = _setting(
         0.0, "host memory limit of each sandbox child in GiB; 0: half the host's memory, at most 32",
         "a number of GiB >= 0", ge=0)
@@ -105,6 +118,9 @@ class GpuWorkerSettings(BaseModel):
     warm_problem: str = _setting(
         "", "problems warmed at start (ceilings, oracle bank, the baseline's first call): `kda,mla_decode` or "
         "`problem:shape` entries", "comma-separated problem or problem:shape entries")
+    warm_all_shapes: bool | None = _setting(
+        None, "a warmed problem named without a shape warms its other listed shapes too (their reference, "
+        "the baseline's first call and its autotuning, one case per distribution)", _FLAG)
     warm_shape: str | None = _setting(
         None, "the shape warmed for `MARATHON_WARM_PROBLEM` entries that name none (default: the primary shape)",
         "a shape name")
@@ -162,6 +178,8 @@ class GpuWorkerSettings(BaseModel):
             value = environ.get(env_name(name))
             if value is not None and value.strip():
                 raw[name] = value.strip()
+        if "cache_dir" not in raw:  # the run's home, as the CLI's (cli.home) and the artifact store's
+            raw["cache_dir"] = str(Path((environ.get(HOME_ENV) or "").strip() or Path.home() / ".marathon") / "cache")
         try:
             return cls(**raw)
         except ValidationError as e:
@@ -187,6 +205,13 @@ class GpuWorkerSettings(BaseModel):
         """The worker's settings as a child receives them; defaults where the channel is absent (a child
         started by hand)."""
         return cls.model_validate_json(text) if text else cls()
+
+
+def work_root(workdir: Path | None = None) -> Path:
+    """The settings' gpu_workdir (MARATHON_GPU_WORKDIR), by default marathon-gpu-UID in the temp directory."""
+    root = Path(workdir or Path(tempfile.gettempdir()) / f"marathon-gpu-{os.getuid()}")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def cuda_available(settings: GpuWorkerSettings | None = None) -> bool:

@@ -51,11 +51,24 @@ def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, s
     return out
 
 
-def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thread:
+def other_listed_shapes(problem_name: str, primary: str) -> tuple[list[str], str | None]:
+    """A warmed problem's listed shapes besides `primary`, cheapest first, and the one among them whose
+    reference child stays up (a would-be best's second verification goes there: the first of them)."""
+    from baselines.registry import get_problem
+    from gpu_worker.harness_verify import other_shapes
+
+    problem = get_problem(problem_name)
+    others = other_shapes(problem, problem.shape_named(primary))
+    return others, (others[0] if others else None)
+
+
+def warm_in_background(ev, items: list[tuple[str, str | None]], all_shapes: bool = False) -> threading.Thread:
     """Warm the evaluator (Evaluator.warm, per problem and shape) in a thread while the worker already
     serves: warming takes minutes (KDA's oracle bank and FLA's first, autotuning call), and compiles can use
     the CPU cores meanwhile instead of waiting for the first poll. Verifications that come early wait for
-    the reference child as warming holds it, as they would for their own first oracle.
+    the reference child as warming holds it, as they would for their own first oracle. With `all_shapes`
+    (MARATHON_WARM_ALL_SHAPES), a problem named without a shape then warms its other listed shapes lightly
+    (Evaluator.warm_shapes). What a warm-up computes is kept in the caches, so a restarted worker's reads it.
     A failure is printed and leaves that problem cold: its first verification does the work instead."""
     def run():
         for name, shape in items:
@@ -64,6 +77,11 @@ def warm_in_background(ev, items: list[tuple[str, str | None]]) -> threading.Thr
                 r = ev.warm(name, shape)
                 print(f"warm {name}: {r.get('oracles')} oracles in {time.monotonic() - t0:.1f} s; parts (s): "
                       f"{r.get('parts')}", flush=True)
+                if all_shapes and shape is None:
+                    others, keep = other_listed_shapes(name, r["shape"])
+                    for w in ev.warm_shapes(name, others, keep):
+                        print(f"warm {name} at {w['shape']}: {w['oracles']} cases ({w['parts']['cached']} cached) "
+                              f"in {w['seconds']:.1f} s", flush=True)
             except Exception as e:  # noqa: BLE001 - a cold start is slower, not wrong
                 print(f"warm {name} failed after {time.monotonic() - t0:.1f} s, left cold: "
                       f"{type(e).__name__}: {e}", flush=True)
@@ -80,10 +98,14 @@ def selftest_in_background(ev, on_failure) -> threading.Thread:
     def run():
         t0 = time.monotonic()
         try:
-            res = ev.selftest()
+            res = ev.selftest(reuse=True)  # a pass kept from an earlier start of this harness here serves
         except Exception as e:  # noqa: BLE001 - a self-test that cannot run has not passed
             res = {"ok": False, "problems": [f"the self-test raised {type(e).__name__}: {e}"]}
             ev.selftest_verdict.settle(res)
+        if res.get("ok") and res.get("reused_from"):
+            print("GPU worker self-test: the pass of " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(
+                res["reused_from"])) + " reused (same harness, settings, versions, GPU and host)", flush=True)
+            return
         if res.get("ok"):
             print(f"GPU worker self-test passed in {time.monotonic() - t0:.1f} s", flush=True)
             return
@@ -111,7 +133,8 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     a.set_selftest_awaited(bool(selftest))
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
     # (FLA autotunes), so that no candidate's verification pays for a first oracle
-    warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape))
+    warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape),
+                       all_shapes=bool(settings.warm_all_shapes) and ev.cuda)
     n = max_concurrent or settings.gpu_concurrency
     own = own_queue(task_queue)
     a.set_worker_queue(own)

@@ -88,9 +88,14 @@ def test_still_serving_after_failures(ev_raw, store):
 
 
 def test_only_trusted_children_share_the_hosts_triton_cache_and_its_autotuning(tmp_path):
-    from gpu_worker.sandbox import triton_cache_dir, triton_env
+    from gpu_worker.caches import triton_cache_dir
+    from gpu_worker.sandbox import triton_env
+    from gpu_worker.settings import GpuWorkerSettings
 
-    cand = triton_env("candidate", str(tmp_path / "c"), tmp_path)
-    ref = triton_env("reference", str(tmp_path / "r"), tmp_path)
+    s = GpuWorkerSettings(cache_dir=tmp_path / "cache")
+    cand = triton_env("candidate", str(tmp_path / "c"), s, False)
+    ref = triton_env("reference", str(tmp_path / "r"), s, False)
     assert cand["TRITON_CACHE_DIR"].startswith(str(tmp_path / "c")) and cand["TRITON_CACHE_AUTOTUNING"] == "0"
-    assert ref == {"TRITON_CACHE_DIR": str(triton_cache_dir(tmp_path)), "TRITON_CACHE_AUTOTUNING": "1"}
+    assert ref == {"TRITON_CACHE_DIR": str(triton_cache_dir(s, False)), "TRITON_CACHE_AUTOTUNING": "1"}
+    # under the cache root, which survives restarts, one folder per GPU model
+    assert ref["TRITON_CACHE_DIR"] == str(tmp_path / "cache" / "triton" / "cpu")

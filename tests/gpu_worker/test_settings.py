@@ -17,8 +17,11 @@ GPU_WORKER = ROOT / "gpu_worker"
 
 
 def test_defaults():
-    s = GpuWorkerSettings.from_env({})
-    assert s == GpuWorkerSettings()
+    s = GpuWorkerSettings.from_env({"MARATHON_HOME": "/home/m"})
+    # the caches go to the run's home; a model built in code keeps them in its GPU work directory
+    assert s.cache_dir == Path("/home/m/cache") and GpuWorkerSettings().cache_dir is None
+    assert s.model_copy(update={"cache_dir": None}) == GpuWorkerSettings()
+    assert GpuWorkerSettings.from_env({}).cache_dir == Path.home() / ".marathon" / "cache"
     assert (s.device_jobs, s.seed_pool, s.prefetch_gb, s.sandbox_mem_gb, s.wall) == (4, 16, 0.5, 0.0, "on")
     assert s.timing_window_s == 4.0
     assert (s.bench_blocks, s.bench_reps, s.bench_block_ms, s.bench_total_ms) == (5, 20, 100.0, 500.0)
@@ -73,6 +76,8 @@ BAD = [
     ("MARATHON_BENCH_REPS", "0", "an integer >= 1"),
     ("MARATHON_BENCH_BLOCK_MS", "0", "a number of milliseconds > 0"),
     ("MARATHON_BENCH_TOTAL_MS", "fast", "a number of milliseconds > 0"),
+    ("MARATHON_ORACLE_DISK_GB", "-1", "a number of GiB >= 0"),
+    ("MARATHON_WARM_ALL_SHAPES", "all", "1 or 0"),
 ]
 
 
@@ -86,7 +91,8 @@ def test_a_bad_value_is_one_error_naming_the_variable(var, value, expected):
 
 def test_every_setting_with_a_range_is_covered_by_a_bad_value():
     checked = {var for var, _, _ in BAD}
-    free_text = {"MARATHON_GPU_WORKDIR", "MARATHON_WARM_PROBLEM", "MARATHON_WARM_SHAPE"}  # any text is a value
+    free_text = {"MARATHON_GPU_WORKDIR", "MARATHON_CACHE_DIR", "MARATHON_WARM_PROBLEM",
+                 "MARATHON_WARM_SHAPE"}  # any text is a value
     assert checked | free_text == {env_name(n) for n in GpuWorkerSettings.model_fields}
 
 
@@ -102,16 +108,18 @@ def test_forcing_the_interpreter_means_no_cuda():
 
 def test_the_settings_travel_to_a_child_unchanged():
     s = GpuWorkerSettings.from_env({"MARATHON_TIMING_CPUS": "28-29", "MARATHON_GPU_WORKDIR": "/w",
-                                    "MARATHON_WALL": "off"}).for_device(False)
+                                    "MARATHON_WALL": "off", "MARATHON_HOME": "/h"}).for_device(False)
+    assert s.cache_dir == Path("/h/cache")  # the child finds the worker's caches
     assert GpuWorkerSettings.from_child(s.to_child()) == s
     assert GpuWorkerSettings.from_child(None) == GpuWorkerSettings()
 
 
-def test_the_worker_builds_its_evaluator_from_the_settings(monkeypatch):
+def test_the_worker_builds_its_evaluator_from_the_settings(monkeypatch, tmp_path):
     from gpu_worker import activities as a
 
     a.set_evaluator(None)
     s = GpuWorkerSettings.from_env({"MARATHON_FORCE_INTERPRETER": "1", "MARATHON_SPARES": "0",
+                                    "MARATHON_CACHE_DIR": str(tmp_path / "cache"),
                                     "MARATHON_DEVICE_JOBS": "3", "MARATHON_GPU_CONCURRENCY": "5",
                                     "MARATHON_SEED_POOL": "7", "MARATHON_TIMING_WINDOW_S": "1.5"})
     ev = a.evaluator(s)

@@ -52,3 +52,15 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
         assert "warm softmax failed" in out and "no such shape" in out  # printed, not raised
     finally:
         ev.close()
+
+
+def test_the_other_listed_shapes_are_warmed_cheapest_first_and_the_next_ones_child_kept():
+    from baselines.registry import get_problem
+    from gpu_worker.harness_verify import other_shapes
+    from gpu_worker.worker import other_listed_shapes
+
+    kda = get_problem("kda")
+    primary = kda.shapes[0]
+    others, keep = other_listed_shapes("kda", primary.name)
+    assert others == other_shapes(kda, primary) and primary.name not in others
+    assert set(others) == {s.name for s in kda.shapes[1:]} and keep == others[0]
