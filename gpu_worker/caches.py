@@ -28,6 +28,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,12 @@ class DiskCache:
     def prune(self, max_bytes: float, keep: Path | None = None) -> int:
         """Remove the least recently used entries until the folder holds at most `max_bytes` (never `keep`,
         the entry just written). Returns how many were removed."""
+        for p in self.dir.glob(".tmp-*"):  # a writer killed mid-write (a child closed with its queue unwritten)
+            try:
+                if time.time() - p.stat().st_mtime > 3600:
+                    p.unlink()
+            except OSError:
+                pass
         entries = []
         for p in self.dir.glob("*.entry"):
             try:

@@ -43,7 +43,7 @@ DEVICE_DEFAULTS: dict[str, tuple[Any, Any]] = {
     "spares": (4, 1),
     "oracle_cache_gb": (24.0, 2.0),
     "gpu_selftest": (True, False),
-    "oracle_disk_gb": (64.0, 1.0),
+    "oracle_disk_gb": (32.0, 1.0),
     "warm_all_shapes": (True, False),
 }
 

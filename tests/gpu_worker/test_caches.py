@@ -257,3 +257,14 @@ def test_warming_other_shapes_leaves_their_children_closed_but_one(store, tmp_pa
         assert list(ev._refs) == [("softmax", p.cpu_shape.name)]
     finally:
         ev.close()
+
+
+def test_a_temp_file_left_by_a_killed_writer_is_removed_once_old(tmp_path):
+    c = DiskCache(tmp_path, "t", max_bytes=1 << 20)
+    c.dir.mkdir(parents=True)
+    old, new = c.dir / ".tmp-old", c.dir / ".tmp-new"
+    for p in (old, new):
+        p.write_bytes(b"partial")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    c.put(KEY, b"x")
+    assert not old.exists() and new.exists()  # a writer may still be busy with the recent one
