@@ -6,8 +6,9 @@ ROLE is `candidate` (untrusted code is loaded into it, one candidate per process
 The parent talks to the child through two pipes, in the typed messages of gpu_worker.protocol (plain
 pickled values); the child's own stdout/stderr go to TMPDIR/log.txt, so whatever the candidate prints
 cannot forge a reply. Everything the harness needs to time or hash (events, synchronize, perf_counter,
-sha256, Tensor methods) is captured *before* the candidate loads (child_core.ChildCore) and re-checked
-for identity after every call.
+sha256, Tensor methods) is captured *before* the candidate loads (child_core.ChildCore), and every slot the
+trusted code calls through is pinned then (gpu_worker.pins) and checked after every call of the candidate
+and after every command.
 
 This module is the process: its limits, its serving loop and the dispatch table (`COMMANDS`) from each
 request type to its handler. The handlers live by concern: child_core (context, memory, violations),
@@ -92,6 +93,9 @@ def main(argv: list[str]) -> int:
 
     server = Server(tmp, role, GpuWorkerSettings.from_child(settings))
     server.guard_fd = int(guard_fd) if guard_fd else None
+    # held in this frame from before any candidate exists: after every command the slots the trusted code
+    # calls are checked here too, by a check no candidate can rebind (gpu_worker.pins)
+    pins, check, handle = server.pins, server.pins.check, serve
     cout.send(protocol.Ready(ready=True, cuda=server.cuda, pid=os.getpid(),
                              import_s=time.perf_counter() - t0).model_dump())
     while True:
@@ -115,16 +119,20 @@ def main(argv: list[str]) -> int:
             return 0
         result, failure = None, None
         try:
-            result = serve(server, request)
+            result = handle(server, request)
         except Refused as e:
             failure = protocol.Failure(kind=e.kind, error=e.error)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
             failure = server.describe_failure(e)
+        violations = server.violations()
+        seen = {detail for _, detail in violations}
+        violations += [("escape", d) for d in (f"{pins.names.get(id(m), '?')}.{k} was rebound by the candidate"
+                                               for m, k in check()) if d not in seen]
         try:
-            cout.send(protocol.reply_to_wire(seq, result, failure, server.violations()))
+            cout.send(protocol.reply_to_wire(seq, result, failure, violations))
         except Exception as e:  # noqa: BLE001 - a reply that does not serialise
             cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(
-                kind="exception", error=f"reply could not be sent: {e}"), violations=server.violations()))
+                kind="exception", error=f"reply could not be sent: {e}"), violations=violations))
         if failure is not None and failure.fatal:
             return 3
 

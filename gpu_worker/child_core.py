@@ -5,12 +5,14 @@ serves, the violations it reports with every reply and how a failure is describe
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
+from gpu_worker.pins import Pins
 
 if TYPE_CHECKING:
     from gpu_worker.child_timing import TimingSet
@@ -66,6 +68,18 @@ def _unreaped_child() -> str | None:
     return f"pid {pid}, exit status {os.waitstatus_to_exitcode(status)}"
 
 
+def _torch_rewrap(torch):
+    """Whether a rebound slot holds its pinned function under torch's own lazy wrapper (torch._dynamo, first
+    imported by the interpreter during a call, wraps torch.manual_seed with torch._disable_dynamo)."""
+    wrapper = torch._disable_dynamo(_torch_rewrap) if hasattr(torch, "_disable_dynamo") else None
+    code = getattr(wrapper, "__code__", None)
+
+    def same(old, new) -> bool:
+        return code is not None and getattr(new, "__code__", None) is code and getattr(new, "__wrapped__", None) is old
+
+    return same
+
+
 class ChildCore:
     """The state every command of a child builds on, and the commands that make its context."""
 
@@ -102,6 +116,7 @@ class ChildCore:
         self.timing: dict[str, TimingSet] = {}  # distribution -> its timing set (see the timing section)
         self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
         self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random, see cmd_time
+        self.entry_keys: OrderedDict = OrderedDict()  # reference role: (noise seed, entry) -> a candidate's key
         self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
         self.flush = None
         self.flush_graph = None
@@ -140,6 +155,70 @@ class ChildCore:
                            (torch.cuda.CUDAGraph, "replay"), (torch.cuda.CUDAGraph, "capture_begin"),
                            (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda, "graph")]
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
+        self.T.update(threads=threading.enumerate, listdir=os.listdir)
+        self.pins = Pins(same=_torch_rewrap(torch))
+        if role == "candidate":
+            self._pin_trusted()
+            # torch's intra-op threads start at its first parallel op: here, not inside a call of the
+            # candidate, where new threads alive after the call are refused (after_candidate)
+            torch.ones(1 << 20).sum()
+
+    def _pin_trusted(self) -> None:
+        """Before any candidate exists here: what the trusted code calls (gpu_worker.pins), by identity."""
+        import multiprocessing.connection
+
+        import torch
+
+        from gpu_worker import guard, guard_torch, pins, timing_inputs, wall  # noqa: F401 - loaded to be pinned
+        from gpu_worker.child_timing import TimingSet
+
+        for m in pins.trusted_modules():
+            self.pins.add_module(m, shadowing=m.__name__.startswith("gpu_worker."))
+        for m in (torch, torch.cuda, torch.nn.functional):
+            self.pins.add_module(m)
+        for c in (type(self), torch.Tensor, torch.Generator, TimingSet, timing_inputs.FreshValues, guard.Seal,
+                  multiprocessing.connection.Connection):
+            self.pins.add_class(c)
+        if self.cuda:
+            for c in (torch.cuda.Event, torch.cuda.CUDAGraph, torch.cuda.Stream):
+                self.pins.add_class(c)
+        self.pins.add("T", self.T, list(self.T))
+        self.pins.add("server", vars(self), ["T", "pins", "watch", "saved", "timing"])
+
+    def candidate_threads(self) -> tuple:
+        """The threads alive now, Python's and the process's tasks: taken before a call of the candidate."""
+        return (frozenset(t.ident for t in self.T["threads"]()), frozenset(self.T["listdir"]("/proc/self/task")))
+
+    def after_candidate(self, threads: tuple) -> None:
+        """Right after every call of the candidate, before any trusted code runs on: a thread it started that
+        is still alive (work finished after the call returned is never timed nor checked), or a slot of the
+        trusted code rebound (gpu_worker.pins), is refused at once."""
+        now = self.candidate_threads()
+        started = (now[0] - threads[0], now[1] - threads[1])
+        if started[0] or started[1]:
+            self._refuse("lazy-output", f"the candidate left {len(started[0]) or len(started[1])} thread(s) of its "
+                         "own running after its call returned: work done after the call is never timed or checked")
+        changed = self.pins.changed()
+        if changed:
+            self._refuse(self._family_of_slots(changed), "rebound by the candidate: " + ", ".join(changed[:6]))
+
+    @staticmethod
+    def _family_of_slots(names: list) -> str:
+        timers = ("perf_counter", "synchronize", "Event", "record", "elapsed_time", "CUDAGraph", "_sleep",
+                  "replay", "capture_begin", "capture_end", "graph", "perf", "sync", "elapsed", "sleep")
+        return "timer" if any(n.rsplit(".", 1)[-1] in timers for n in names) else "escape"
+
+    def _refuse(self, rule: str, detail: str):
+        """A violation found by the child's own checks: reported at once on the guard's channel (when the
+        candidate is loaded), recorded, and raised."""
+        from gpu_worker import guard
+
+        seal = getattr(self, "seal", None)
+        if seal is not None:
+            seal.report(rule, detail)
+        else:
+            guard.VIOLATIONS.append((rule, detail))
+        raise guard.GuardViolation(rule, detail)
 
     def cmd_cuda_init(self):
         """Create this child's CUDA context. The worker asks for it in an untimed device job (a spare does
@@ -172,6 +251,8 @@ class ChildCore:
         seal = getattr(self, "seal", None)
         if seal is not None:
             out += [v for v in seal.broken() if v not in out]
+        out += [(self._family_of_slots([n]), f"{n} was rebound by the candidate") for n in self.pins.changed()
+                if (self._family_of_slots([n]), f"{n} was rebound by the candidate") not in out]
         started = _unreaped_child()
         if started:
             out.append(("process", f"the candidate started a process of its own ({started}); only Triton's "
@@ -253,4 +334,15 @@ class ChildCore:
         self.perturbed = p.perturbed
         self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
         self.bank_tag = self._generator_tag(p)
+        if self.role == "candidate":  # what derives the timed values, before the candidate loads
+            import sys
+
+            import baselines.perturb
+            import baselines.problem
+
+            for m in {sys.modules[type(p).__module__], baselines.perturb, baselines.problem}:
+                self.pins.add_module(m, shadowing=True)
+            self.pins.add_class(type(p))
+            self.pins.add("server", vars(self), ["problem", "shape", "make_inputs", "output_specs", "perturbed",
+                                                 "outputs"])
         return p

@@ -36,13 +36,16 @@ class ChildLoading:
 
         self.seal, self.wall = wall.enclose(self.tmp, list(write_roots), list(trusted_roots), self.cuda,
                                             getattr(self, "guard_fd", None), self.settings.wall)
+        self.pins.repin()  # the guard's own wrappers of torch's entries (guard_torch.seal_dispatch_entries)
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)
+        threads = self.candidate_threads()
         try:
             spec.loader.exec_module(mod)
         except OSError as e:
             self._refused_by_wall(e)
             raise
+        self.after_candidate(threads)
         guard.audit_modules(before)
         self.before_modules = before
         if not callable(getattr(mod, "run", None)):
@@ -65,9 +68,10 @@ class ChildLoading:
     def _call(self, inputs, outs, guarded: bool):
         from gpu_worker import guard
 
+        threads = self.candidate_threads()
         try:
             if guarded:
-                with guard.dispatch_guard():
+                with guard.dispatch_guard(outputs=outs):
                     self.module.run(inputs, outs)
             else:
                 self.module.run(inputs, outs)
@@ -75,6 +79,7 @@ class ChildLoading:
             self._refused_by_wall(e)
             raise
         self._sync()
+        self.after_candidate(threads)
         guard.audit_modules(self.before_modules)
         for rule, detail in self.seal.broken():  # a mode left on torch's stacks, a rewritten guard
             raise guard.GuardViolation(rule, detail)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpu_worker import protocol
-from gpu_worker.timing_inputs import FreshValues, check_entries
+from gpu_worker.timing_inputs import FreshValues, check_entries, check_keys, draw_key, entry_seed
 
 
 @dataclass
@@ -24,8 +24,8 @@ class TimingSet:
     # fingerprinted, whatever the candidate does to the dicts it is handed
     outs: list = field(default_factory=list)
 
-    def values(self, e: int, noise_seed: int) -> dict:
-        return self.fresh(self.pool, e, noise_seed)
+    def values(self, e: int, key: int) -> dict:
+        return self.fresh(self.pool, e, key)
 
 
 class ChildTiming:
@@ -59,8 +59,13 @@ class ChildTiming:
         sets = [({k: (self.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
         fresh = FreshValues(self.perturbed, dist, self.device, self.T["Generator"])
-        self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
-                                      outs=[dict(out) for _, out in sets])
+        ts = self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
+                                           outs=[dict(out) for _, out in sets])
+        if self.role == "candidate":  # what derives and holds the timed values, by identity (gpu_worker.pins)
+            self._pinned_timing = [(self.timing, [dist]), (vars(ts), ["key", "sets", "pool", "fresh", "outs"]),
+                                   (vars(fresh), ["perturbed", "dist", "gen"])]
+            for m, keys in self._pinned_timing:
+                self.pins.add("timing set", m, keys)
         if self.cuda and self.flush is None:
             from gpu_worker.devicetime import cold_bytes
 
@@ -70,7 +75,10 @@ class ChildTiming:
             self.flush_graph = self._capture_flush()
 
     def _drop_timing(self):
-        self.timing = {}
+        for m, keys in getattr(self, "_pinned_timing", ()):
+            self.pins.forget(m, keys)
+        self._pinned_timing = []
+        self.timing.clear()
 
     def _timing_set(self, dist: str | None, what: str) -> "TimingSet":
         dist = dist or self.problem.distributions[0]
@@ -85,11 +93,13 @@ class ChildTiming:
             # (its host cost is no device time)
             from gpu_worker.guard import dispatch_guard
 
-            run = self.module.run
+            run, threads, after = self.module.run, self.candidate_threads, self.after_candidate
 
             def run_guarded(inputs, out):
-                with dispatch_guard():
+                before = threads()
+                with dispatch_guard(outputs=out):
                     run(inputs, out)
+                after(before)  # no thread left running, no slot of the trusted code rebound
 
             return run_guarded
         base, last = self.baseline, self.base_outputs
@@ -137,11 +147,11 @@ class ChildTiming:
             self.T["sync"]()
             return None
 
-    def _before_rep(self, ts: "TimingSet", r: int, e: int, noise_seed: int, graph: bool = False) -> None:
+    def _before_rep(self, ts: "TimingSet", r: int, e: int, key: int, graph: bool = False) -> None:
         """Everything a repetition needs that is not timed, queued on the stream ahead of its events (and
-        outside any captured graph): entry e's values into static set r, its outputs poisoned, and the L2
-        flush last, launched the way the timed work is (`graph`: as a graph replay)."""
-        self._refill(ts.sets[r][0], ts.values(e, noise_seed))
+        outside any captured graph): entry e's values (drawn with `key`) into static set r, its outputs
+        poisoned, and the L2 flush last, launched the way the timed work is (`graph`: as a graph replay)."""
+        self._refill(ts.sets[r][0], ts.values(e, key))
         self._poison(ts.outs[r])
         if self.cuda:
             if graph and self.flush_graph is not None:
@@ -154,6 +164,8 @@ class ChildTiming:
         times graph replays only when every side of the comparison does)."""
         ts = self._timing_set(dist, "capture")
         ts.graphs = None
+        if self.role == "candidate":
+            self.pins.forget(vars(ts), ["graphs"])
         if not self.cuda:
             return protocol.Captured(captured=False, why="no CUDA device")
         import torch
@@ -181,6 +193,9 @@ class ChildTiming:
                 pass
             return protocol.Captured(captured=False, why=f"{type(e).__name__}: {str(e)[:300]}")
         ts.graphs = graphs
+        if self.role == "candidate":  # what a graph-mode block replays, by identity
+            self.pins.add("timing set", vars(ts), ["graphs"])
+            self._pinned_timing.append((vars(ts), ["graphs"]))
         return protocol.Captured(captured=True, why="")
 
     def _cycles_per_ms(self) -> float:
@@ -196,14 +211,17 @@ class ChildTiming:
         return self.sleep_rate
 
     def _baseline_at(self, ts: "TimingSet", e: int, noise_seed: int) -> dict:
-        """The baseline's outputs on entry e's values (each entry is met once: nothing is kept)."""
-        outs = {k: v.detach() for k, v in self.baseline(ts.values(int(e), noise_seed)).items()}
+        """The baseline's outputs on entry e's values (each entry is met once: nothing is kept): drawn with
+        the key the candidate's child reported for it when the baseline was timed on it, else the noise seed's."""
+        key = self.entry_keys.get((int(noise_seed), int(e)), None) or entry_seed(noise_seed, e)
+        outs = {k: v.detach() for k, v in self.baseline(ts.values(int(e), key)).items()}
         self._sync()
         return outs
 
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
                  dist: str | None = None, check_seed: int | None = None, device_floor_ms: float = 0.0,
-                 entries: list | None = None, noise_seed: int | None = None, first: int = 0):
+                 entries: list | None = None, noise_seed: int | None = None, first: int = 0,
+                 keys: list | None = None):
         """Time `reps` repetitions on the prepared timing set; returns per-repetition device milliseconds.
 
         CUDA: the device first waits (a spin kernel) long enough for the host to stay ahead of it through
@@ -213,26 +231,31 @@ class ChildTiming:
         Host time therefore never lies between a repetition's events. Without CUDA the same steps run
         eagerly around perf_counter (the interpreter stand-in: its times say nothing about speed).
 
-        Repetition i runs on entry first + i (the worker hands out each entry once per benchmark and side),
-        its values derived from `noise_seed` (gpu_worker.timing_inputs); given `entries`, the timed
-        repetitions run on those instead, after `warmup` from first on. Without a noise seed the child
-        draws one of its own (values no other process can derive: no comparison).
+        Repetition i runs on entry first + i (the worker hands out each entry once per benchmark and side);
+        given `entries`, the timed repetitions run on those instead, after `warmup` from first on. An
+        entry's values are a pool set perturbed by draws from its key (gpu_worker.timing_inputs). A
+        candidate's child draws each repetition's key from the OS just before its refill, after the call
+        before it returned, and reports the timed ones (`Timed.keys`): no value of a later call exists in
+        its process before that call. The reference child is given the candidate's keys with its entries,
+        else derives keys from the worker's `noise_seed` (without one: a seed of its own).
 
         With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
-        with the entry it ran on (the worker compares them with the baseline's on the same values).
-        With `check_seed` every repetition's outputs are also fingerprinted after its end event (outside the
-        timed interval, before the next refill): projected onto random vectors drawn from the seed. The
-        reference role is given the candidate's block's `entries` and times the baseline on those, in
-        that order, fingerprinting on the same vectors and adding each output's norm: the worker compares
-        the two call by call, and no baseline call is spent on the comparison alone."""
+        with the entry it ran on. With `check_seed` every repetition's outputs are also fingerprinted after
+        its end event (outside the timed interval, before the next refill): projected onto random vectors
+        drawn from the seed; the reference role adds each output's norm. The worker compares the two call
+        by call, and no baseline call is spent on the comparison alone.
+
+        What the loop needs is bound before it starts, in this frame, and every call of the candidate is
+        followed by its checks (ChildCore.after_candidate): the timers, the refill and the fingerprint
+        cannot be rebound under it, and the times and keys it records are tuples."""
         T = self.T
-        perf = T["perf"]
+        perf, urandom, record, sync = T["perf"], T["urandom"], T.get("record"), T.get("sync")
         ts = self._timing_set(dist, "time")
         if mode == "cuda-graph" and ts.graphs is None:
             raise ValueError("cuda-graph timing asked of a side that did not capture")
         fn = self._fn()
         rotate, warmup = len(ts.sets), max(warmup, 1)
-        noise_seed, first = self._noise(noise_seed, first, shared=entries is not None or check_seed is not None)
+        key_of = self._key_source(noise_seed, first, entries, keys, shared=entries is not None or check_seed is not None)
         warm = list(range(first, first + warmup))
         if entries is not None:
             entries = check_entries(entries, avoid=range(first, first + warmup))
@@ -241,25 +264,23 @@ class ChildTiming:
             raise ValueError(f"reps must be a positive int, got {reps!r}")
         else:
             entries = list(range(first + warmup, first + warmup + reps))
-        order = [(i % rotate, e) for i, e in enumerate(warm + entries)]
+        order = tuple((i % rotate, e) for i, e in enumerate(warm + entries))
         # every timed repetition ran on values its buffers never held (at capture they held a pool set
         # itself): a result fixed then, or cached per buffer or per content, cannot be right there
-        pick = int.from_bytes(T["urandom"](4), "little") % reps if keep_one else -1
+        pick = int.from_bytes(urandom(4), "little") % reps if keep_one else -1
+        graph = mode == "cuda-graph"
 
         def launch(r: int):
-            if mode == "cuda-graph":
+            if graph:
                 T["replay"](ts.graphs[r])
             else:
                 fn(*ts.sets[r])
-
-        def keep(i: int, r: int, j: int):
-            if i == pick:
-                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
 
         timed = order[warmup:]
         proj = self._projections(check_seed) if check_seed is not None else None
         reference = self.role == "reference"
         fps: list = []
+        used: tuple = ()  # each timed repetition's key, in order
 
         def check(r: int, into: list | None):
             if proj is not None:
@@ -271,55 +292,81 @@ class ChildTiming:
         host_rep_ms = 0.0
         for n, (r, j) in enumerate(order[:warmup]):
             if self.cuda and n == warmup - 1:
-                T["sync"]()
+                sync()
                 t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
-            self._before_rep(ts, r, j, noise_seed, graph=mode == "cuda-graph")
+            self._before_rep(ts, r, j, key_of(None, j), graph=graph)
             launch(r)
             check(r, None)  # queued like a timed repetition's, so the host's queueing time counts it
             if self.cuda and n == warmup - 1:
                 host_rep_ms = (perf() - t0) * 1e3
-        times = []
+        times: tuple = ()
         if not self.cuda:
             for i, (r, j) in enumerate(timed):
-                self._before_rep(ts, r, j, noise_seed)
+                key = key_of(i, j)
+                self._before_rep(ts, r, j, key)
                 t0 = perf()
                 launch(r)
-                times.append((perf() - t0) * 1e3)
-                keep(i, r, j)
+                times = times + ((perf() - t0) * 1e3,)
+                used = used + (key,)
+                if i == pick:
+                    self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
                 check(r, fps)
-            return protocol.Timed(times=times,
+            return protocol.Timed(times=list(times), keys=list(used),
                                   mode="interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
                                   checks=self._checks(timed, fps, proj, reference), check_names=list(proj or {}))
-        T["sync"]()
+        sync()
         from gpu_worker.timing import cushion_ms
 
-        starts = [T["Event"](enable_timing=True) for _ in timed]
-        ends = [T["Event"](enable_timing=True) for _ in timed]
+        starts = tuple(T["Event"](enable_timing=True) for _ in timed)
+        ends = tuple(T["Event"](enable_timing=True) for _ in timed)
         T["sleep"](int(cushion_ms(host_rep_ms, len(timed), device_floor_ms) * self._cycles_per_ms()))
         for i, (r, j) in enumerate(timed):
-            self._before_rep(ts, r, j, noise_seed, graph=mode == "cuda-graph")
-            T["record"](starts[i])
+            key = key_of(i, j)
+            self._before_rep(ts, r, j, key, graph=graph)
+            record(starts[i])
             launch(r)
-            T["record"](ends[i])
-            keep(i, r, j)
+            record(ends[i])
+            used = used + (key,)
+            if i == pick:
+                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
             check(r, fps)
-        T["sync"]()
-        times = [T["elapsed"](s, e) for s, e in zip(starts, ends)]
+        sync()
+        times = tuple(T["elapsed"](s, e) for s, e in zip(starts, ends))
         self.ran = True
-        return protocol.Timed(times=times, mode=mode, checks=self._checks(timed, fps, proj, reference),
-                              check_names=list(proj or {}))
+        return protocol.Timed(times=list(times), keys=list(used), mode=mode,
+                              checks=self._checks(timed, fps, proj, reference), check_names=list(proj or {}))
 
-    def _noise(self, noise_seed: int | None, first: int, shared: bool) -> tuple[int, int]:
-        """(noise seed, first entry): the worker's, or, where no other process needs the values (`shared`
-        false), a seed of this child's own drawn now."""
+    def _key_source(self, noise_seed: int | None, first: int, entries: list | None = None, keys: list | None = None,
+                    shared: bool = False):
+        """`key_of(i, entry)`: the key of timed repetition i (None: a warm-up) on `entry`. A candidate's
+        child draws each from the OS when asked (just before the repetition's refill) and is handed no
+        noise seed; the reference child takes the candidate's `keys` for the timed repetitions, else the
+        worker's noise seed's (entry_seed), else, where no other process needs the values (`shared`
+        false), a seed of its own drawn now."""
+        if type(first) is not int or first < 0:
+            raise ValueError(f"first must be a non-negative int, got {first!r}")
+        urandom = self.T["urandom"]
+        if self.role == "candidate":
+            if noise_seed is not None or keys is not None:
+                raise ValueError("a candidate's child draws every repetition's values itself: it is handed no "
+                                 "noise seed and no keys")
+            return lambda i, e, _draw=draw_key, _urandom=urandom: _draw(_urandom)
         if noise_seed is None:
             if shared:
                 raise ValueError("entries and check_seed need the benchmark's noise_seed: without it no other "
                                  "process derives the values a repetition ran on")
-            return int.from_bytes(self.T["urandom"](6), "little"), 0
-        if type(first) is not int or first < 0:
-            raise ValueError(f"first must be a non-negative int, got {first!r}")
-        return int(noise_seed), first
+            noise_seed = draw_key(urandom)
+        noise_seed = int(noise_seed)
+        if keys is None:
+            return lambda i, e: entry_seed(noise_seed, e)
+        if entries is None:
+            raise ValueError("keys are given with the entries they belong to")
+        given = tuple(check_keys(keys, len(entries)))
+        for e, k in zip(entries, given):  # for the kept outputs' comparison (_baseline_at)
+            self.entry_keys[(noise_seed, int(e))] = k
+        while len(self.entry_keys) > 100_000:
+            self.entry_keys.popitem(last=False)
+        return lambda i, e: entry_seed(noise_seed, e) if i is None else given[i]
 
     def cmd_host_latency(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None,
                          first: int = 0):
@@ -329,17 +376,17 @@ class ChildTiming:
         ts = self._timing_set(dist, "host latency")
         fn = self._fn()
         perf = self.T["perf"]
-        noise_seed, first = self._noise(noise_seed, first, shared=False)
-        walls = []
+        key_of = self._key_source(noise_seed, first)
+        walls: tuple = ()
         for i in range(reps):
             r = i % len(ts.sets)
-            self._before_rep(ts, r, first + i, noise_seed)
+            self._before_rep(ts, r, first + i, key_of(None, first + i))
             self._sync()
             t0 = perf()
             fn(*ts.sets[r])
             self._sync()
-            walls.append((perf() - t0) * 1e3)
-        return protocol.HostLatency(walls=walls)
+            walls = walls + ((perf() - t0) * 1e3,)
+        return protocol.HostLatency(walls=list(walls))
 
     def cmd_park(self):
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
@@ -359,10 +406,11 @@ class ChildTiming:
         ts = self._timing_set(dist, "profile")
         fn = self._fn()
         rotate = len(ts.sets)
-        noise_seed, first = self._noise(noise_seed, first, shared=False)
+        key_of = self._key_source(noise_seed, first)
         entry = iter(range(first, first + 2 + 2 * reps))
         for i in range(2):
-            self._before_rep(ts, i % rotate, next(entry), noise_seed)
+            e = next(entry)
+            self._before_rep(ts, i % rotate, e, key_of(None, e))
             fn(*ts.sets[i % rotate])
         self._sync()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
@@ -370,7 +418,8 @@ class ChildTiming:
         def device_events(with_work: bool) -> dict:
             with profile(activities=acts) as prof:
                 for i in range(reps):
-                    self._before_rep(ts, i % rotate, next(entry), noise_seed)
+                    e = next(entry)
+                    self._before_rep(ts, i % rotate, e, key_of(None, e))
                     if with_work:
                         fn(*ts.sets[i % rotate])
                 self._sync()

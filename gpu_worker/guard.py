@@ -10,12 +10,16 @@ built at run time):
   - subprocesses, exec, fork, unless Triton's compiler runs one of the allowed binaries   -> process
   - sockets (but AF_UNIX ones, whose connect is refused), connect, bind, sendto, lookups -> network
   - ctypes/dlopen while candidate code is on the stack                                    -> escape
+  - the candidate reaching frames (sys._getframe, a generator's, coroutine's or traceback's frame),
+    objects by the garbage collector, functions' code and defaults, or installing trace, profile or
+    audit hooks of its own                                                                -> escape
 * `sys.modules` audits after load and after each call (anything kernel-library-like that appeared);
 * the torch function-mode and dispatch-mode stacks, compared after load and after each call with what
   they were before the candidate existed: a mode left behind completes outputs lazily  -> lazy-output
 * a TorchDispatchMode around the candidate's calls that lets torch only allocate, view, copy, cast and
   fill (ALLOWED_ATEN_OPS, rules/torch_ops.py): any other aten op computes, and the work must be the
-  candidate's own Triton                                                                  -> library-kernel
+  candidate's own Triton; torch's entries that would take it off during a call refuse the candidate
+  (gpu_worker.guard_torch)                                                                -> library-kernel
 
 A call is trusted only when no frame on the stack is candidate code (a frame outside the standard
 library, site-packages and the harness's own directories); a frame merely inside torch is not enough.
@@ -35,7 +39,7 @@ import os
 import sys
 import sysconfig
 
-from rules.torch_ops import ALLOWED_ATEN_OPS
+from gpu_worker.guard_torch import dispatch_guard, mode_stacks, seal_dispatch_entries  # noqa: F401 - the guard's parts
 
 VIOLATIONS: list[tuple[str, str]] = []
 
@@ -52,12 +56,16 @@ COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py
 #: the launcher build: a C compiler runs only from Triton's build helper called by its NVIDIA driver (the
 #: launcher's source is generated from the kernel's signature there, not passed in by the candidate)
 LAUNCHER_BUILD, LAUNCHER_CALLER = "triton/runtime/build.py", "triton/backends/nvidia/driver.py"
-#: Triton's interpreter points a kernel's arguments at host copies of their storage (`set_`) and copies
-#: them back: only these functions of its file may run aten ops outside the allowlist
-INTERPRETER_FILE = os.path.join("triton", "runtime", "interpreter.py")
-INTERPRETER_ARG_FUNCTIONS = frozenset({"_to_cpu", "_init_args_hst", "_from_cpu", "_restore_args_dev"})
 CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
                  "ctypes.string_at", "ctypes.wstring_at")
+#: reaching frames and objects the candidate was not handed: refused when the candidate itself asks (the
+#: innermost frame outside the standard library is its own); `object.__getattr__` only for FRAME_ATTRS
+INTROSPECTION_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
+                        "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__")
+FRAME_ATTRS = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "__defaults__", "__kwdefaults__", "__code__",
+               "gi_code", "cr_code", "ag_code")
+#: code of the candidate's own run by the interpreter at other times: refused while its code is on the stack
+INTERPRETER_HOOK_EVENTS = ("sys.settrace", "sys.setprofile", "sys.addaudithook")
 
 
 class GuardViolation(RuntimeError):
@@ -77,6 +85,12 @@ def _library_prefixes() -> tuple[str, ...]:
     return tuple(sorted(r.rstrip("/") + "/" for r in roots))
 
 
+def _stdlib_prefixes() -> set[str]:
+    paths = sysconfig.get_paths()
+    found = [paths[k] for k in ("stdlib", "platstdlib") if paths.get(k)]
+    return {p.rstrip("/") + "/" for p in {os.path.realpath(p) for p in found} | {os.path.abspath(p) for p in found}}
+
+
 def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
     """The audit hook and its helpers, closed over frozen settings: nothing here reads a module global
     at call time, so rewriting this module's attributes changes nothing the hook does."""
@@ -87,6 +101,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
     subprocess_events, socket_events, ctypes_events = SUBPROCESS_EVENTS, SOCKET_EVENTS, CTYPES_EVENTS
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     frozen = "<frozen"
+    introspection, hooks_of_interpreter, frame_attrs = INTROSPECTION_EVENTS, INTERPRETER_HOOK_EVENTS, FRAME_ATTRS
 
     def is_write(mode, flags) -> bool:
         if isinstance(mode, str):
@@ -105,8 +120,15 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         report(rule, detail)
         raise violation(rule, detail)
 
-    def candidate_on_stack() -> bool:
-        f = getframe(2)
+    # Every walk starts at the frame that raised the event (the hook's caller: `me().f_back`). The hook's own
+    # sys._getframe(0) raises a nested event whose frame is the hook's, which the hook ignores.
+    def me():
+        return getframe(0).f_back
+
+    me_code = me.__code__
+
+    def candidate_on_stack(f=None) -> bool:
+        f = me().f_back.f_back if f is None else f
         while f is not None:
             fn = f.f_code.co_filename
             if not (fn.startswith(frozen) or any(fn.startswith(p) for p in library)):
@@ -114,17 +136,15 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
             f = f.f_back
         return False
 
-    def on_stack(suffix: str) -> bool:
-        f = getframe(2)
+    def on_stack(f, suffix: str) -> bool:
         while f is not None:
             if f.f_code.co_filename.endswith(suffix):
                 return True
             f = f.f_back
         return False
 
-    def first_caller() -> str:
+    def first_caller(f) -> str:
         """The file of the innermost frame outside the standard library."""
-        f = getframe(2)
         while f is not None:
             fn = f.f_code.co_filename
             if fn.startswith(frozen) or (fn.startswith(library_stdlib) and not any(p in fn for p in packages)):
@@ -133,9 +153,21 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
             return fn
         return ""
 
+    def by_candidate(f) -> bool:
+        """Whether the innermost frame outside the standard library proper is candidate code: what torch,
+        Triton or the harness do for themselves (a warning's frame, the interpreter's introspection) is theirs."""
+        while f is not None:
+            fn = f.f_code.co_filename
+            if fn.startswith(frozen) or (fn.startswith(stdlib) and not any(p in fn for p in packages)):
+                f = f.f_back
+                continue
+            return not any(fn.startswith(p) for p in library)
+        return False
+
     # a venv's platstdlib holds its site-packages: a frame there is a package's, not the standard library's
     packages = ("/site-packages/", "/dist-packages/")
     library_stdlib = tuple(p for p in library if not any(q.strip("/") in p for q in packages))
+    stdlib = tuple(p for p in library_stdlib if p in _stdlib_prefixes())
 
     def under(path, where) -> bool:
         try:
@@ -145,9 +177,21 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         return any(p == r or p.startswith(r.rstrip("/") + "/") for r in where)
 
     def hook(event: str, args):
+        if event == "sys._getframe" and args[0].f_code is me_code:
+            return  # the hook's own walk (`me`)
+        if event in introspection:
+            if (event != "object.__getattr__" or args[1] in frame_attrs) and by_candidate(me().f_back):
+                what = f"{args[1]} read" if event == "object.__getattr__" else event
+                record("escape", f"{what} refused: a candidate may not reach the harness's frames, objects "
+                       "or functions")
+            return
+        if event in hooks_of_interpreter:
+            if candidate_on_stack(me().f_back):
+                record("escape", f"{event} refused: a candidate may not run code of its own inside the harness's")
+            return
         if event == "import":
             name = args[0] or ""
-            if name.split(".")[0] in banned and candidate_on_stack():
+            if name.split(".")[0] in banned and candidate_on_stack(me().f_back):
                 record("forbidden-import", f"run-time import of {name!r}")
         elif event == "open":
             path, mode, flags = (list(args) + [None, None, None])[:3]
@@ -159,7 +203,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 return
             if under(path, roots):
                 return
-            if under(path, trusted_roots) and not candidate_on_stack():
+            if under(path, trusted_roots) and not candidate_on_stack(me().f_back):
                 return
             record("filesystem", f"write to {path!r} outside the sandbox's temp directory")
         elif event in subprocess_events or event.startswith("os.exec") or event.startswith("os.spawn"):
@@ -172,12 +216,12 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 exe = exe.decode(errors="replace")
             real = realpath(exe) if isinstance(exe, str) else None
             ok_exe = real in allowed_exec
-            caller = first_caller()
+            caller = first_caller(me().f_back)
             if real in launcher_exec:
-                by_compiler = caller.endswith(launcher_build) and on_stack(launcher_caller)
+                by_compiler = caller.endswith(launcher_build) and on_stack(me().f_back, launcher_caller)
             else:
                 by_compiler = any(caller.endswith(c) for c in compiler_files)
-            if not (ok_exe and by_compiler) and candidate_on_stack():
+            if not (ok_exe and by_compiler) and candidate_on_stack(me().f_back):
                 why = "" if ok_exe else ", not a listed compiler binary"
                 record("process", f"{event} of {exe!r} from {caller or '?'}{why} refused: candidates may not "
                        "start processes")
@@ -188,7 +232,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         elif event in socket_events:
             record("network", f"{event} refused: candidates may not use the network")
         elif event in ctypes_events:
-            if candidate_on_stack():
+            if candidate_on_stack(me().f_back):
                 record("escape", f"{event} refused")
 
     class ImportBlocker:
@@ -196,12 +240,12 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
         event (it is raised only by the C import path), but every import consults sys.meta_path."""
 
         def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in banned and candidate_on_stack():
+            if name.split(".")[0] in banned and candidate_on_stack(getframe(1)):
                 report("forbidden-import", f"run-time import of {name!r}")
                 raise ImportError(f"[forbidden-import] run-time import of {name!r} refused by the sandbox")
             return None
 
-    return hook, ImportBlocker(), report
+    return hook, ImportBlocker(), report, candidate_on_stack, record
 
 
 def _cells(f) -> tuple:
@@ -276,20 +320,6 @@ class Seal:
         return out
 
 
-def mode_stacks() -> tuple:
-    """Torch's override state: the function-mode and dispatch-mode stack depths, the infrastructure dispatch
-    modes, and whether torch-function handling is switched off."""
-    import torch
-
-    C = torch._C
-    infra = ()
-    keys = getattr(C, "_TorchDispatchModeKey", None)
-    if keys is not None and hasattr(C, "_get_dispatch_mode"):
-        infra = tuple(C._get_dispatch_mode(k) is not None for k in keys.__members__.values())
-    state = C._get_torch_function_state() if hasattr(C, "_get_torch_function_state") else None
-    return (C._len_torch_function_stack(), C._len_torch_dispatch_stack(), infra, str(state))
-
-
 _INSTALLED: Seal | None = None
 
 
@@ -309,9 +339,10 @@ def install(write_roots: list[str], trusted_roots: list[str], report_fd: int | N
            _library_prefixes(), COMPILER_FILES,
            frozenset(os.path.realpath(p) for p in tuple(allowed_exec) + tuple(launcher_exec)),
            frozenset(BANNED_TOP), frozenset(os.path.realpath(p) for p in launcher_exec))
-    hook, blocker, report = _make_hook(cfg, VIOLATIONS, report_fd)
+    hook, blocker, report, candidate_on_stack, record = _make_hook(cfg, VIOLATIONS, report_fd)
     sys.meta_path.insert(0, blocker)
     sys.addaudithook(hook)
+    seal_dispatch_entries(candidate_on_stack, record)
     _INSTALLED = Seal(hook, blocker, report, VIOLATIONS, cfg, mode_stacks())
     return _INSTALLED
 
@@ -323,51 +354,3 @@ def audit_modules(before: set[str]) -> None:
         if top in BANNED_TOP and top not in ("baselines", "gpu_worker", "activities", "workflows", "rules", "cli"):
             VIOLATIONS.append(("forbidden-import", f"module {name!r} was loaded by the candidate"))
             raise GuardViolation("forbidden-import", f"module {name!r} was loaded by the candidate")
-
-
-def dispatch_guard(allowed: frozenset = ALLOWED_ATEN_OPS):
-    """A TorchDispatchMode, entered around each of the candidate's calls, that refuses every aten op outside
-    `allowed` (allocation, views, copies, casts, fills), every other namespace, and any copy of device data
-    to the host (where host code could compute the answer): the outputs must come from the candidate's own
-    Triton. Triton's interpreter moving a kernel's arguments is the one exception."""
-    import torch
-    import triton
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    def spellings(path: str) -> tuple[str, ...]:
-        return tuple({os.path.realpath(path), os.path.abspath(path)})
-
-    torch_dirs = tuple(d + "/" for d in spellings(os.path.dirname(torch.__file__)))
-    interpreter = spellings(os.path.join(os.path.dirname(os.path.dirname(triton.__file__)), INTERPRETER_FILE))
-    arg_functions, getframe, tensor, frozen = INTERPRETER_ARG_FUNCTIONS, sys._getframe, torch.Tensor, "<frozen"
-
-    def by_interpreter() -> bool:
-        """Whether the innermost frame outside torch is one of the interpreter's argument movers."""
-        f = getframe(2)
-        while f is not None and f.f_code.co_filename.startswith(torch_dirs + (frozen,)):
-            f = f.f_back
-        return f is not None and f.f_code.co_filename in interpreter and f.f_code.co_name in arg_functions
-
-    def refuse(detail: str):
-        VIOLATIONS.append(("library-kernel", detail))
-        raise GuardViolation("library-kernel", detail)
-
-    def to_host(args, result) -> bool:
-        outs = result if isinstance(result, (tuple, list)) else (result,)
-        return (any(isinstance(a, tensor) and a.is_cuda for a in args)
-                and any(isinstance(r, tensor) and not r.is_cuda for r in outs))
-
-    class _OwnTritonOnly(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.__name__.split(".")[0]
-            ns = getattr(func, "namespace", "aten")
-            if (ns != "aten" or name not in allowed) and not by_interpreter():
-                what = "reads a tensor's value on the host" if name == "_local_scalar_dense" else "computes in torch"
-                refuse(f"{ns}::{name} {what}; a candidate's torch may only allocate, view, copy, cast and fill "
-                       "(the work is its own Triton)")
-            result = func(*args, **(kwargs or {}))
-            if to_host(args, result) and not by_interpreter():
-                refuse(f"aten::{name} copies device data to the host, where host code could compute the answer")
-            return result
-
-    return _OwnTritonOnly()

@@ -234,8 +234,11 @@ class BenchmarkStage:
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
         # Every repetition of every side runs on values of its own: an entry, handed out once per
-        # benchmark and side, perturbs a pool set with draws seeded from this secret seed (timing_inputs).
-        # The baseline's timed repetitions take the candidate's entries: the same values, compared call by call.
+        # benchmark and side, perturbs a pool set with draws from its key (timing_inputs). A candidate's
+        # child draws its keys itself, each just before its call, and reports them; the reference child's
+        # own repetitions take keys from this secret seed, which no candidate's child is handed. The
+        # baseline's timed repetitions take the candidate's entries and keys: the same values, compared
+        # call by call.
         noise_seed, counter = int.from_bytes(os.urandom(6), "little"), [0]
 
         def take(n: int) -> int:
@@ -275,16 +278,18 @@ class BenchmarkStage:
             if not another_block(b, out["best"], out["cand"], decisive):  # a clear loser stops after one block
                 break
             warm = plan["warmup"] if b == 0 else 1
-            cand_block: list = []
+            cand_block, cand_keys = [], []
             for who, sb in parties:
                 if sb is None:
                     continue
                 # the side's fastest timed work so far bounds the device's time per repetition from below
                 kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist,
-                          device_floor_ms=min(out[who]) if out[who] else 0.0, noise_seed=noise_seed)
+                          device_floor_ms=min(out[who]) if out[who] else 0.0)
                 if who == "base":
+                    kw["noise_seed"] = noise_seed
                     if cand_block:  # the baseline runs on the candidate's block's entries, fingerprinted alike
-                        kw.update(first=take(warm), entries=[c[0] for c in cand_block], check_seed=out["check_seed"])
+                        kw.update(first=take(warm), entries=[c[0] for c in cand_block], keys=cand_keys,
+                                  check_seed=out["check_seed"])
                     else:
                         kw["first"] = take(warm + plan["reps"])
                     r = self._ref_do(sb, hb, msg.Time(**kw), self.timeouts["time"])
@@ -296,15 +301,15 @@ class BenchmarkStage:
                         kw["check_seed"] = out["check_seed"]
                     r = self._ask(sb, msg.Time(**kw), self.timeouts["time"], "benchmark", hb)
                     if who == "cand":
-                        cand_block = r.checks
+                        cand_block, cand_keys = r.checks, r.keys
                         given = range(kw["first"] + warm, kw["first"] + warm + plan["reps"])
-                        _check_entries(cand_block, len(r.times), list(given))
+                        _check_entries(cand_block, len(r.times), list(given), cand_keys)
                         out["checks"] += cand_block
                 out[who] += r.times
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
-            req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, noise_seed=noise_seed,
-                                         first=take(plan["host_reps"]))
+            req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, first=take(plan["host_reps"]),
+                                         noise_seed=noise_seed if who == "base" else None)
             if who == "base":
                 r = self._ref_do(sb, hb, req, self.timeouts["time"])
             else:

@@ -11,9 +11,18 @@ from gpu_worker.sandbox import Rejection, Sandbox
 FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see _check_fingerprints)
 
 
-def _check_entries(checks: list, reps: int, expected: list) -> None:
+def _check_entries(checks: list, reps: int, expected: list, keys: list | None = None) -> None:
     """A candidate child's report of its timed calls, before the baseline is run on the entries it names:
-    one [entry, fingerprints] per timed call, the entries the ones the worker handed it, in order."""
+    one [entry, fingerprints] per timed call, the entries the ones the worker handed it, in order, and
+    (given `keys`) one distinct key per call, which the baseline's values are drawn with."""
+    from gpu_worker.timing_inputs import check_keys
+
+    if keys is not None:
+        try:
+            check_keys(keys, reps)
+        except ValueError as e:
+            raise Rejection("benchmark", f"timed-output: the candidate's process reported keys unfit for its "
+                            f"{reps} timed calls ({e}): its report was altered") from None
     if not checks:
         return
     ok = len(checks) == reps and all(

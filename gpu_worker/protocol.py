@@ -172,6 +172,7 @@ class Timed(Result):
     # (reference); their shape is checked by the harness (harness._check_entries, _check_fingerprints)
     checks: list[list[Any]]
     check_names: list[str]
+    keys: list[int] = []  # per timed repetition, the key its values were drawn with (gpu_worker.timing_inputs)
 
 
 class HostLatency(Result):
@@ -361,6 +362,7 @@ class Time(Request):
     entries: list[int] | None = None
     noise_seed: int | None = None
     first: int = 0
+    keys: list[int] | None = None  # with `entries` (reference role): the candidate's keys for them
 
 
 class HostLatencyRequest(Request):

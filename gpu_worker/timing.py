@@ -180,6 +180,30 @@ def foreign_kernels(work_kernels, candidate_kernels) -> list[str]:
     return sorted(k for k in work_kernels if k not in own and not is_torch_fill_or_copy(k))
 
 
+#: The judge against an independent device-time measurement (scripts/device_time_check.py): its speedup may
+#: read higher by at most this fraction ...
+AGREE_ABOVE = 0.02
+#: ... and lower by at most what the fresh-value refill costs the next kernel, for kernels under
+#: SHORT_KERNEL_MS: the check replays unchanged copies back to back, where every judged repetition follows
+#: the refill, the poison and the flush of its own buffers. The cost measured on one H200 at decode's
+#: shapes: at most 1.7 us (docs/results.md, Cross-examination); longer kernels get the figures' tolerance.
+REFILL_GAP_MS = 0.0017
+SHORT_KERNEL_MS = 0.05
+
+
+def agreement(judged_speedup: float, check_speedup: float, check_ms: float, tolerance: float = 0.03
+              ) -> tuple[bool, float, float]:
+    """Whether the judge's speedup agrees with an independent measurement's: at most AGREE_ABOVE above it,
+    and below it by at most the refill's cost on a kernel of `check_ms` under SHORT_KERNEL_MS (the check's
+    speedup with REFILL_GAP_MS added to the kernel), else by at most `tolerance`. Returns (ok, low, high)."""
+    high = check_speedup * (1 + AGREE_ABOVE)
+    if check_ms < SHORT_KERNEL_MS:
+        low = check_speedup * check_ms / (check_ms + REFILL_GAP_MS)
+    else:
+        low = check_speedup / (1 + tolerance)
+    return low <= judged_speedup <= high, low, high
+
+
 def cushion_ms(host_per_rep_ms: float, reps: int, device_floor_ms: float = 0.0, cap_ms: float = 400.0) -> float:
     """How long the device waits before a back-to-back block: long enough that the host, queueing one
     repetition in `host_per_rep_ms` (taken 1.5x), stays ahead of the device through the whole block, so

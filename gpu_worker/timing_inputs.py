@@ -2,10 +2,12 @@
 
 An entry is a number the worker hands out once per benchmark and side (gpu_worker.harness); its values are
 `problem.perturbed(pool[entry % len(pool)], generator, distribution)` with the generator, on the device,
-seeded from (the benchmark's secret noise seed, entry). Every process that holds the same pool derives the
-same values from the same entry, so the baseline runs on exactly the candidate's values, while no side
-meets the same values twice, nor a permutation of them: a memo keyed on the contents, on a sample of them
-or on an invariant of them finds nothing it stored.
+seeded with the entry's key. A candidate's child draws each key from the OS just before the repetition's
+refill (`draw_key`), after the call before it returned, and reports it with the call: no value of a later
+call exists in its process before that call. The reference child derives the same values from the same
+key, so the baseline runs on exactly the candidate's values; its own repetitions take their keys from the
+benchmark's secret noise seed (`entry_seed`). No side meets the same values twice, nor a permutation of
+them: a memo keyed on the contents, on a sample of them or on an invariant of them finds nothing it stored.
 
 `refill_cost` counts what making one repetition's values costs (device ops and bytes, and its time);
 `scripts/refill_cost.py` reports it on a GPU. No torch at import time.
@@ -21,6 +23,25 @@ def entry_seed(noise_seed: int, entry: int) -> int:
     """The generator seed of one entry: a hash, so that no two (noise seed, entry) pairs share a stream."""
     d = hashlib.sha256(f"{int(noise_seed)}:{int(entry)}".encode()).digest()
     return int.from_bytes(d[:8], "little") >> 1
+
+
+def draw_key(urandom) -> int:
+    """A repetition's key, drawn from the OS (`urandom`: os.urandom, bound before any candidate loads)."""
+    return int.from_bytes(urandom(8), "little") >> 1
+
+
+def check_keys(keys, n: int) -> list[int]:
+    """`keys` as a list of n distinct ints in [0, 2^63); ValueError otherwise."""
+    if not isinstance(keys, (list, tuple)) or len(keys) != n:
+        raise ValueError(f"keys must be a list of {n} ints, one per entry")
+    out = []
+    for k in keys:
+        if type(k) is not int or not 0 <= k < 1 << 63:
+            raise ValueError(f"keys must be ints in [0, 2^63), got {k!r}")
+        out.append(k)
+    if len(set(out)) != len(out):
+        raise ValueError("keys must be distinct: a repetition's values are never met twice")
+    return out
 
 
 def check_entries(entries, avoid: range | None = None) -> list[int]:
@@ -46,8 +67,9 @@ class FreshValues:
         self.perturbed, self.dist = perturbed, distribution
         self.gen = generator_cls(device=device)
 
-    def __call__(self, pool: list, entry: int, noise_seed: int) -> dict:
-        self.gen.manual_seed(entry_seed(noise_seed, entry))
+    def __call__(self, pool: list, entry: int, key: int) -> dict:
+        """Entry `entry`'s values: its pool set perturbed by draws seeded with `key`."""
+        self.gen.manual_seed(int(key))
         return self.perturbed(pool[int(entry) % len(pool)], self.gen, self.dist)
 
 
@@ -98,7 +120,7 @@ def refill_cost(problem, shape, distribution: str, device: str, cpu: bool, reps:
     fresh = FreshValues(problem.perturbed, distribution, device, torch.Generator)
 
     def refill(e: int):
-        vals = fresh(pool, e, noise_seed=12345)
+        vals = fresh(pool, e, entry_seed(12345, e))
         for k, v in static.items():
             v.copy_(vals[k])
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from gpu_worker import child, child_exports
+from gpu_worker.timing_inputs import entry_seed
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +72,7 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
     ts = s.timing["normal"]
     proj = s._projections(99)
     for (e, fps, norms) in r.checks:  # each the baseline's own output on that entry's values, with its norm
-        y = s.baseline(ts.values(e, 5))["y"]
+        y = s.baseline(ts.values(e, entry_seed(5, e)))["y"]
         assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
         assert math.isclose(norms[0], float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
     for bad, why in (([-1], "non-negative"), ([], "non-empty"), ([3, 3], "distinct"), ([100], "distinct"),
@@ -81,6 +82,22 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
             raise AssertionError(f"entries {bad} were timed")
         except ValueError as e:
             assert why in str(e), (bad, e)
+    # given the candidate's keys, the baseline runs on the values they draw, and the kept outputs'
+    # comparison finds them by (noise seed, entry)
+    keys = [11, 22, 33]
+    r = s.cmd_time(reps=3, warmup=1, dist="normal", check_seed=99, entries=[200, 201, 202], keys=keys,
+                   noise_seed=5, first=300)
+    assert r.keys == keys
+    for (e, fps, _), k in zip(r.checks, keys):
+        y = s.baseline(ts.values(e, k))["y"]
+        assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
+        assert torch.equal(s._baseline_at(ts, e, 5)["y"], y)
+    for bad in ([1, 1, 2], [1, 2], [-1, 2, 3], [1, 2, 2.0]):
+        try:
+            s.cmd_time(reps=3, dist="normal", check_seed=99, entries=[200, 201, 202], keys=bad, noise_seed=5, first=300)
+            raise AssertionError(f"keys {bad} were taken")
+        except ValueError as e:
+            assert "keys" in str(e), (bad, e)
     try:  # values another process is to derive need the benchmark's seed
         s.cmd_time(reps=5, dist="normal", check_seed=99)
         raise AssertionError("fingerprinted without a noise seed")
@@ -94,6 +111,13 @@ def test_a_candidates_report_of_its_timed_calls_is_checked_before_the_baseline_r
 
     good = [[3, [0.5]], [4, [1.5]]]
     _check_entries(good, 2, [3, 4])
+    _check_entries(good, 2, [3, 4], [7, 9])
+    for keys in ([7, 7], [7], [7, -1], [7, 1 << 63], [7, "9"]):  # repeated, missing or unfit keys
+        try:
+            _check_entries(good, 2, [3, 4], keys)
+            raise AssertionError(f"keys {keys} accepted")
+        except Rejection as e:
+            assert "timed-output" in str(e) and "altered" in str(e)
     _check_entries([], 2, [3, 4])  # no seed, no report: nothing to pair (the fingerprint check says so)
     for bad, reps in ([good, 3], ([[4, [0.5]], [3, [1.5]]], 2), ([[3, [0.5]], [3, [1.5]]], 2),
                       ([["3", [0.5]], [4, [1.5]]], 2), ([[3.0, [0.5]], [4, [1.5]]], 2), ([[3], [4, [1.5]]], 2),

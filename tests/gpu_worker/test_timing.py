@@ -92,6 +92,20 @@ def test_crosscheck_allows_five_percent_or_three_microseconds_and_each_launchs_d
     assert not timing.crosscheck(0.100, 0.0156)[0]  # events five times the kernel time: work not seen
 
 
+def test_the_judge_may_read_a_short_kernel_low_by_the_refill_s_cost_and_never_high():
+    # decode Q1 on the H200: check 16.1 us, torch-bmm 22.9 us (1.42x); the judge 1.35x: within the refill's
+    # 1.7 us, as its -5% to -6.5% figures are
+    ok, low, high = timing.agreement(1.35, 22.9 / 16.1, 0.0161)
+    assert ok and low == pytest.approx(22.9 / (16.1 + 1.7), rel=1e-6) and high == pytest.approx(1.02 * 22.9 / 16.1)
+    assert not timing.agreement(1.28, 22.9 / 16.1, 0.0161)[0]  # lower than the refill can make it
+    assert not timing.agreement(1.46, 22.9 / 16.1, 0.0161)[0]  # higher by more than 2%: never
+    assert timing.agreement(1.44, 22.9 / 16.1, 0.0161)[0]
+    # a longer kernel: the figures' tolerance below, 2% above
+    assert timing.agreement(1.04, 1.07, 0.9, tolerance=0.03)[0]
+    assert not timing.agreement(1.03, 1.07, 0.9, tolerance=0.03)[0]
+    assert not timing.agreement(1.10, 1.07, 0.9, tolerance=0.03)[0]
+
+
 def test_cushion_covers_the_host_queueing_a_block():
     assert timing.cushion_ms(0.3, 20) >= 0.3 * 20
     assert timing.cushion_ms(0.0, 20) > 0

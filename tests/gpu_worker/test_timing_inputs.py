@@ -46,17 +46,17 @@ def _server(tmp_path, name: str, role: str, problem: str):
         s._setup_problem(problem, None)
         base = next(iter(s.problem.baselines().values()))
         s._fn = lambda: (lambda inputs, out: [out[k].copy_(v) for k, v in base(inputs).items() if k in out])
-    s.seen = []  # ((noise seed, entry), the static inputs after the refill)
+    s.seen = []  # ((entry, key), the static inputs after the refill)
     return s
 
 
 def _record(monkeypatch):
     original = child.Server._before_rep
 
-    def before_rep(self, ts, r, e, noise_seed, graph=False):
-        original(self, ts, r, e, noise_seed, graph)
+    def before_rep(self, ts, r, e, key, graph=False):
+        original(self, ts, r, e, key, graph)
         held = ts.sets[r][0]
-        self.seen.append(((noise_seed, e), {k: v.clone() for k, v in held.items() if isinstance(v, torch.Tensor)}))
+        self.seen.append(((e, key), {k: v.clone() for k, v in held.items() if isinstance(v, torch.Tensor)}))
 
     monkeypatch.setattr(child.Server, "_before_rep", before_rep)
 
@@ -111,13 +111,16 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
         digests = [d for values in s.timing[dist].pool for d in _digests(values)]
         digests += [d for _, values in s.seen for d in _digests(values)]
         assert len(s.seen) >= 3 * 4 + 2 and len(set(digests)) == len(digests), s.tmp
-    # the baseline's timed calls ran on the candidate's very values
+    # the baseline's timed calls ran on the candidate's very values: the keys its child drew, which no
+    # other repetition of the benchmark shares
     mine = dict(cand.seen)
     shared = [e for e, _ in ref.seen if e in mine]
-    assert sorted(shared) == sorted((res["noise_seed"], c[0]) for c in res["checks"])
+    assert sorted(e for e, _ in shared) == sorted(c[0] for c in res["checks"])
     for e, values in ref.seen:
         if e in mine:
             assert all(torch.equal(values[k], mine[e][k]) for k in values), e
+    keys = [k for s in (cand, ref, best) for (_, k), _ in s.seen]
+    assert len(set(keys)) == len(keys) - len(shared)
 
 
 def test_an_entry_s_values_are_the_same_in_another_process_and_differ_between_entries(tmp_path):
@@ -127,19 +130,20 @@ def test_an_entry_s_values_are_the_same_in_another_process_and_differ_between_en
     p = get_problem("kda")
     pool = [p.make_inputs(p.cpu_shape, "strong", seed=s, device="cpu", cpu=True) for s in (1, 2)]
     fresh = FreshValues(p.perturbed, "strong", "cpu", torch.Generator)
-    here = {e: fresh(pool, e, 77) for e in (0, 1, 5)}
+    here = {e: fresh(pool, e, entry_seed(77, e)) for e in (0, 1, 5)}
     code = ("import sys, torch\nfrom baselines.registry import get_problem\n"
-            "from gpu_worker.timing_inputs import FreshValues\n"
+            "from gpu_worker.timing_inputs import FreshValues, entry_seed\n"
             "p = get_problem('kda')\n"
             "pool = [p.make_inputs(p.cpu_shape, 'strong', seed=s, device='cpu', cpu=True) for s in (1, 2)]\n"
-            "torch.save(FreshValues(p.perturbed, 'strong', 'cpu', torch.Generator)(pool, 5, 77), sys.argv[1])\n")
+            "torch.save(FreshValues(p.perturbed, 'strong', 'cpu', torch.Generator)(pool, 5, entry_seed(77, 5)), "
+            "sys.argv[1])\n")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "v.pt")], capture_output=True, text=True,
                        timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr[-2000:]
     there = torch.load(tmp_path / "v.pt")
     assert all(torch.equal(here[5][k], there[k]) for k in there)
     assert not torch.equal(here[0]["q"], here[1]["q"]) and not torch.equal(here[1]["v"], here[5]["v"])
-    assert not torch.equal(fresh(pool, 5, 78)["q"], here[5]["q"])  # another benchmark: other values
+    assert not torch.equal(fresh(pool, 5, entry_seed(78, 5))["q"], here[5]["q"])  # another benchmark: other values
     assert entry_seed(1, 2) != entry_seed(2, 1) and entry_seed(1, 2) == entry_seed(1, 2)
     with pytest.raises(ValueError, match="distinct"):
         check_entries([3, 4, 3])
@@ -158,7 +162,7 @@ _PROBE = r"""
 import importlib.util, json, sys, torch
 from baselines.registry import get_problem
 from baselines.problem import rel_rms
-from gpu_worker.timing_inputs import FreshValues
+from gpu_worker.timing_inputs import FreshValues, entry_seed
 name, problem = sys.argv[1], sys.argv[2]
 spec = importlib.util.spec_from_file_location(name, sys.argv[3])
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
@@ -181,7 +185,7 @@ errs = [call(x) for x in pool]
 errs += [call(keep_key(x)) for x in pool]
 invariant_hits = hits()
 fresh = FreshValues(p.perturbed, dist, "cpu", torch.Generator)
-errs += [call(fresh(pool, e, 4242)) for e in range(12)]
+errs += [call(fresh(pool, e, entry_seed(4242, e))) for e in range(12)]
 print(json.dumps({"invariant_hits": invariant_hits, "new_hits": hits() - invariant_hits, "worst_err": max(errs)}))
 """
 

@@ -1,0 +1,26 @@
+"""Adversary: installs a trace function, which would run its code inside the harness's own frames after its
+call returned (and rewrite their locals there). Caught as `escape`."""
+import sys
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softmax_rows(x_ptr, y_ptr, N, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(y_ptr + row * stride + cols, e / tl.sum(e, 0), mask=cols < N)
+
+
+def _tracer(frame, event, arg):
+    return _tracer
+
+
+def run(inputs, out):
+    sys.settrace(_tracer)
+    x, y = inputs["x"], out["y"]
+    M, N = x.shape
+    softmax_rows[(M,)](x, y, N, x.stride(0), BLOCK=triton.next_power_of_2(N))
