@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from baselines.registry import problem_at
     from gpu_worker.devicetime import cold_bytes, graph_time_ms, rotated_copies
-    from gpu_worker.timing_inputs import FreshValues
+    from gpu_worker.timing_inputs import FreshValues, entry_seed
 
     try:
         p, shape, dist = problem_at(a.problem, a.shape, a.dist)
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = FreshValues(p.perturbed, dist, "cuda", torch.Generator)
 
     def refill(s, i):  # as the harness does: a pool set perturbed by draws of this repetition's own
-        vals = fresh(pool, i, 1)
+        vals = fresh(pool, i, entry_seed(1, i))
         for k, v in s["inputs"].items():
             if isinstance(v, torch.Tensor):
                 v.copy_(vals[k])
