@@ -44,6 +44,7 @@ async def test_a_model_repeating_one_submission_is_stopped_by_the_turn_budget(en
             res = await h.result()
         turns = server.turns()
     assert res.stopped_by == "turn-budget" and res.iterations == 1
+    assert res.stop_reason == "no new iteration recorded in 4 model turns (turns_per_iteration 4)"
     assert res.used.turns == len(turns) == 1 + 4  # the submission, then 4 turns with nothing new
     assert all("already evaluated as iteration 1" in tool_answers(s)[0] for s in turns[2:])
     assert any("turns left to record a new submission" in s.body["messages"][-1]["content"] for s in turns)
