@@ -68,10 +68,7 @@ class DeviceOwner:
         self._timing_waiting: list[int] = []  # tickets of waiting timing blocks, oldest first
         self._jobs_waiting: set[int] = set()  # tickets of jobs waiting for the device
         self._window_since: float | None = None  # when the open timing window's first block started
-        self._stages = 0  # stages running
-        self._alone_on = False  # a stage retried alone is running
-        self._alone_waiting = 0
-        self._local = threading.local()  # per thread: stage depth, alone
+        self.stages = StageGate()  # stages and the retry alone: counted apart from the turns
         self.busy_s = 0.0
         self.timed_s = 0.0
         self.closed_s = 0.0
@@ -241,7 +238,25 @@ class DeviceOwner:
                 self._account()
                 self._cv.notify_all()
 
-    # --- stages and the retry alone --------------------------------------------------------------
+    # --- stages and the retry alone (StageGate) ------------------------------------------------------
+    def alone(self, on_start: Callable[[], None] | None = None):
+        return self.stages.alone(on_start)
+
+    def stage(self):
+        return self.stages.stage()
+
+
+class StageGate:
+    """Stages of candidates, counted (they hold no device turn), and the retry alone of one that ran out of
+    memory: see `stage` and `alone`. Apart from the turns, so that every device policy shares it."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._stages = 0  # stages running
+        self._alone_on = False  # a stage retried alone is running
+        self._alone_waiting = 0
+        self._local = threading.local()  # per thread: stage depth, alone
+
     @contextlib.contextmanager
     def alone(self, on_start: Callable[[], None] | None = None):
         """The calling thread's stages run alone (see stage): for the retry of a stage that ran out of

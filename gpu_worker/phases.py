@@ -45,13 +45,24 @@ def add_phase(name: str, seconds: float) -> None:
         d[name] = d.get(name, 0.0) + seconds
 
 
+def current_phase() -> str | None:
+    """The innermost named step this thread is in (`phase`): what a device job under it is, for a scheduler
+    that learns how long each kind of job takes (gpu_worker.dispatcher)."""
+    stack = getattr(_PHASES, "stack", None)
+    return stack[-1] if stack else None
+
+
 class phase:
     def __init__(self, name: str):
         self.name = name
 
     def __enter__(self):
         self.t = time.monotonic()
+        if not hasattr(_PHASES, "stack"):
+            _PHASES.stack = []
+        _PHASES.stack.append(self.name)
 
     def __exit__(self, *exc):
+        _PHASES.stack.pop()
         add_phase(self.name, time.monotonic() - self.t)
         return False

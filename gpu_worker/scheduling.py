@@ -4,7 +4,8 @@ The protocol (harness.Evaluator: compile, verify, benchmark) judges one candidat
 it; what this module adds is throughput when many evaluations run at once on one worker:
 
 * `DeviceOwner` (gpu_worker.device_owner), the one owner of the device: timing blocks alone on it,
-  untimed device jobs between them, host work outside it;
+  untimed device jobs between them, host work outside it; or, with the settings' device_policy
+  `dispatcher`, `DeviceDispatcher` (gpu_worker.dispatcher): the same turns, blocks batched into windows;
 * `SandboxPool`, warm spare candidate children; `LoadedChildren`, a loaded child handed on from compile
   to verify to benchmark of the same candidate;
 * `timing_cpus` / `pin`: cores kept for the timed processes.
@@ -21,6 +22,7 @@ import time
 from typing import Callable
 
 from gpu_worker.device_owner import DeviceOwner
+from gpu_worker.dispatcher import DeviceDispatcher
 from gpu_worker.sandbox import Sandbox
 from gpu_worker.settings import GpuWorkerSettings
 
@@ -222,19 +224,24 @@ class Scheduler:
     `for_worker(settings)`."""
 
     def __init__(self, spares: int = 1, keep: int = 16, cpus: tuple[set, set] | None = TIMING_CPUS,
-                 max_jobs: int | None = None, timing_window_s: float | None = None):
+                 max_jobs: int | None = None, timing_window_s: float | None = None, owner=None):
         self.spares = spares
         self.cpus = cpus  # (cores for timed work, cores for everything else), or None
-        # when this worker's work goes on the device (see DeviceOwner)
-        self.owner = DeviceOwner(max_jobs, timing_window_s)
+        # when this worker's work goes on the device (DeviceOwner, or a DeviceDispatcher given as `owner`)
+        self.owner = owner if owner is not None else DeviceOwner(max_jobs, timing_window_s)
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
 
     @classmethod
     def under(cls, settings: GpuWorkerSettings, spares: int = 1, keep: int = 16) -> "Scheduler":
-        """A scheduler with the timing cores, device jobs and timing window of `settings`."""
+        """A scheduler with the timing cores and the device's policy (device_policy), jobs and windows of
+        `settings`."""
+        owner = None
+        if settings.device_policy == "dispatcher":
+            owner = DeviceDispatcher(max_jobs=settings.device_jobs, batch=settings.timing_batch,
+                                     max_wait_s=settings.timing_max_wait_s, window_s=settings.timing_window_s)
         return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs,
-                   timing_window_s=settings.timing_window_s)
+                   timing_window_s=settings.timing_window_s, owner=owner)
 
     @classmethod
     def for_worker(cls, settings: GpuWorkerSettings) -> "Scheduler":

@@ -89,6 +89,13 @@ class GpuWorkerSettings(BaseModel):
     timing_window_s: float = _setting(
         4.0, "once the device is drained for timing, waiting timing blocks run back to back for up to this "
         "many seconds before jobs that asked earlier get the device again", "a number of seconds >= 0", ge=0)
+    device_policy: Literal["owner", "dispatcher"] = _setting(
+        "owner", "who schedules the device: `owner` (a timing block drains the jobs when it asks) or `dispatcher` "
+        "(blocks batched into windows; jobs admitted only where they end before the next)", "owner or dispatcher")
+    timing_batch: int = _setting(
+        2, "dispatcher: a timing window is due once this many blocks wait", "an integer >= 1", ge=1)
+    timing_max_wait_s: float = _setting(
+        1.0, "dispatcher: or once the oldest waiting block has waited this long", "a number of seconds >= 0", ge=0)
     timing_cpus: int | tuple[int, ...] | None = _setting(
         None, "cores kept for timed processes: how many, or which (`30,31`, `28-29`)",
         "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)", shown_default="2 on hosts of 8 cores or more, else 0")
@@ -137,9 +144,9 @@ class GpuWorkerSettings(BaseModel):
         500.0, "about this much baseline time (ms) per distribution: sets the blocks for slow baselines",
         "a number of milliseconds > 0", gt=0)
 
-    @field_validator("wall", mode="before")
+    @field_validator("wall", "device_policy", mode="before")
     @classmethod
-    def _wall_any_case(cls, v):
+    def _any_case(cls, v):
         return v.strip().lower() if isinstance(v, str) else v
 
     @field_validator("timing_cpus", mode="before")

@@ -212,7 +212,7 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
 
     def stage(name, hold, alone=False):
         # a stage retried alone starts by freeing the idle children's memory: once, with no other stage on
-        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner._stages - 1}")) if alone else _null()
+        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages._stages - 1}")) if alone else _null()
         with ctx, owner.stage():
             note(name + "+")
             with owner.stage():  # a stage inside a stage of the same thread is part of it
@@ -232,10 +232,10 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
     retry.join(5)
     late.join(5)
     assert order == ["shed beside 0", "alone+", "alone-", "late+", "late-"]
-    assert owner._stages == 0 and not owner._alone_on and owner._alone_waiting == 0
+    assert owner.stages._stages == 0 and not owner.stages._alone_on and owner.stages._alone_waiting == 0
     # an ordinary stage on this thread, with no retry about: no wait
     with owner.stage():
-        assert owner._stages == 1
+        assert owner.stages._stages == 1
 
 
 def test_a_raising_stage_retried_alone_lets_the_others_go():
@@ -243,7 +243,7 @@ def test_a_raising_stage_retried_alone_lets_the_others_go():
     with pytest.raises(ZeroDivisionError):
         with owner.alone(), owner.stage():
             1 / 0
-    assert owner._stages == 0 and not owner._alone_on
+    assert owner.stages._stages == 0 and not owner.stages._alone_on
     done = threading.Event()
     start(lambda: (owner.stage().__enter__(), done.set()))
     assert done.wait(2), "a stage waited for a retry that had ended"
@@ -258,12 +258,16 @@ class _null:
 
 
 # --- the harness's turns with the reference child's lock --------------------------------------------------
-def _evaluator(tmp_path):
+def _evaluator(tmp_path, policy: str = "owner"):
+    """An evaluator whose device turns are the owner's, or the dispatcher's (gpu_worker.dispatcher)."""
+    from gpu_worker.dispatcher import DeviceDispatcher
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
-    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
+    owner = DeviceDispatcher(batch=2, max_wait_s=0.01) if policy == "dispatcher" else None
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True,
+                  scheduler=Scheduler(spares=0, owner=owner))
     e.cuda = True  # the device owner is only used with a device; nothing below touches one
     return e
 
@@ -329,11 +333,12 @@ def test_reference_lock_not_held_while_a_timing_block_runs(tmp_path):
     e.close()
 
 
-def test_turns_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
+@pytest.mark.parametrize("policy", ["owner", "dispatcher"])
+def test_turns_and_reference_lock_mixed_load_never_deadlocks(tmp_path, policy):
     """Threads mixing every way the harness takes a turn (a job, a job with the reference child's lock, a
     timing block, a timing block then the child's lock) all finish, and a timing block never overlaps a
     job or another block."""
-    e = _evaluator(tmp_path)
+    e = _evaluator(tmp_path, policy)
     e.owner.max_jobs = 3
     ref_lock = threading.Lock()
     rec = Record()
@@ -364,17 +369,18 @@ def test_turns_and_reference_lock_mixed_load_never_deadlocks(tmp_path):
     e.close()
 
 
-def test_out_of_memory_beside_others_is_retried_alone(tmp_path):
+@pytest.mark.parametrize("policy", ["owner", "dispatcher"])
+def test_out_of_memory_beside_others_is_retried_alone(tmp_path, policy):
     """An OOM (or a child killed from outside) may be the neighbours' doing: the stage runs once more alone
     among the stages, and only what fails then is the candidate's. Other rejections are not retried."""
     from workflows.contracts import CompileReport, VerifyReport
 
-    e = _evaluator(tmp_path)
+    e = _evaluator(tmp_path, policy)
     calls = []
 
     def attempt(first_reason, then):
         def run():
-            calls.append(bool(getattr(e.owner._local, "alone", False)))
+            calls.append(bool(getattr(e.owner.stages._local, "alone", False)))
             if len(calls) == 1:
                 return VerifyReport(ok=False, stage="sandbox", reason=first_reason, seconds=2.0,
                                     log_key=e._log(first_reason))
@@ -431,7 +437,7 @@ def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alo
     def attempt(then):
         def run():
             with e.owner.stage():
-                calls.append(bool(getattr(e.owner._local, "alone", False)))
+                calls.append(bool(getattr(e.owner.stages._local, "alone", False)))
                 if len(calls) == 1 or then is None:
                     raise ReferenceOutOfMemory("oom: the reference process's compare_timed: CUDA out of memory")
                 return then

@@ -77,6 +77,9 @@ BAD = [
     ("MARATHON_BENCH_BLOCK_MS", "0", "a number of milliseconds > 0"),
     ("MARATHON_BENCH_TOTAL_MS", "fast", "a number of milliseconds > 0"),
     ("MARATHON_ORACLE_DISK_GB", "-1", "a number of GiB >= 0"),
+    ("MARATHON_DEVICE_POLICY", "fifo", "owner or dispatcher"),
+    ("MARATHON_TIMING_BATCH", "0", "an integer >= 1"),
+    ("MARATHON_TIMING_MAX_WAIT_S", "-0.1", "a number of seconds >= 0"),
     ("MARATHON_WARM_ALL_SHAPES", "all", "1 or 0"),
 ]
 
