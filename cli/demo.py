@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import datetime, timezone
 
+from cli.errors import UsageError
 from cli.home import HOME
 from cli.query import fmt_end, run_report, watch
 from cli.run import cmd_start
@@ -22,6 +23,10 @@ async def cmd_demo(args) -> int:
     for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
               "gpu_seconds", "gpu_queue", "spec"):
         setattr(args, k, getattr(args, k, None))
+    if getattr(args, "local_model", False) and args.policy not in (None, "llm"):
+        raise UsageError("--local-model serves a model for the llm policy: use it with --policy llm")
+    if getattr(args, "local_model", False):
+        args.policy = "llm"
     parse_spec(args)  # bad input is refused before a server or worker starts
     HOME.mkdir(parents=True, exist_ok=True)
     server = None
@@ -33,6 +38,7 @@ async def cmd_demo(args) -> int:
         server = start_dev_server(7233, 8233, HOME / "temporal.db", log=HOME / "dev-server.log")
         client = await connect(args.address, args.namespace)
     await register_search_attributes(client)
+    model = start_local_model() if getattr(args, "local_model", False) else None
     log = open(HOME / "worker.log", "ab")
     worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all"],
                               stdout=log, stderr=log, start_new_session=True)
@@ -52,7 +58,28 @@ async def cmd_demo(args) -> int:
             worker.wait(timeout=30)
         except subprocess.TimeoutExpired:
             worker.kill()
+        if model is not None:
+            model.stop()
     if server is not None:
         print(f"the dev server keeps running (pid {server.pid}) so the Web UI stays up; "
               f"stop it with: kill {server.pid}")
     return 0
+
+
+def start_local_model():
+    """The local model server for the worker this demo starts: its endpoint goes into the environment
+    the worker inherits."""
+    import os
+
+    from cli.local_model import LocalModel, LocalModelError
+
+    HOME.mkdir(parents=True, exist_ok=True)
+    log = HOME / "local-model.log"
+    print(f"starting the local model server (SmolLM2-135M-Instruct, llama-cpp-python; log {log})", flush=True)
+    try:
+        model = LocalModel(log=log).start()
+    except LocalModelError as e:
+        raise UsageError(str(e)) from None
+    os.environ.update(model.env())
+    print(f"model endpoint {model.url}", flush=True)
+    return model

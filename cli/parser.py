@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = client_cmd("demo", cmd_demo, "dev server + worker + a run + report (what `make run` does)")
     c.add_argument("problem", nargs="?", default="softmax")
     c.add_argument("--iterations", type=int, default=30)
+    c.add_argument("--policy", choices=["search", "llm"])
+    c.add_argument("--local-model", action="store_true", dest="local_model",
+                   help="with --policy llm: serve SmolLM2-135M-Instruct here (llama-cpp-python, no account) "
+                        "for the run's agent worker (`make run-llm`)")
     c.add_argument("--id")
 
     c = sub.add_parser("llm-check", help="send one tiny request to the model endpoint this environment "

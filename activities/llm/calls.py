@@ -66,7 +66,7 @@ def parse_calls(reply: Reply, turn: int, problem: str, store: ArtifactStore,
             continue
         raw = tc["arguments"].strip() or "{}"
         try:
-            args = json.loads(raw)
+            args = json.loads(raw, strict=False)  # raw newlines in a string: llama-cpp-python's grammar allows them
         except json.JSONDecodeError as e:
             if cut:
                 out.append(ToolCall(call_id=cid, name=name, error="your reply was cut off at the reply limit "

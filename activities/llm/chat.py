@@ -13,6 +13,7 @@ from temporalio.exceptions import ApplicationError
 from activities.llm.endpoint import Endpoint, Profile, client_for, config_error, redact
 from activities.llm.errors import (ContextTooSmall, adaptation, classify, context_error, describe_change,
                                    diagnose)
+from activities.llm.probe import tools_seen
 from activities.llm.replies import Reply, normalise
 
 
@@ -68,10 +69,24 @@ def shape_roles(messages: list[dict], s: Profile) -> list[dict]:
     return out
 
 
-def request_kwargs(ep: Endpoint, s: Profile, messages: list[dict], tools: list[dict] | None) -> dict:
+def tool_choice(s: Profile, must_act: bool) -> str | None:
+    """What the request's tool_choice says: some servers drop the tools without one (llama-cpp-python's),
+    and a turn that must act (the last one ran nothing) is told `required` where the profile allows."""
+    if s.tool_choice == "auto" and must_act and s.required_turns:
+        return "required"
+    return s.tool_choice
+
+
+def request_kwargs(ep: Endpoint, s: Profile, messages: list[dict], tools: list[dict] | None,
+                   must_act: bool = False) -> dict:
     kwargs: dict = {"model": ep.model, "messages": shape_roles(messages, s)}
     if tools and s.tool_mode != "text":
         kwargs["tools"] = tools
+        choice = tool_choice(s, must_act)
+        if choice == "required" and len(tools) == 1:  # the same, in the form more servers take
+            choice = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        if choice:
+            kwargs["tool_choice"] = choice
     if s.reply_tokens:
         kwargs[s.token_param] = s.reply_tokens
     for name in ("temperature", "seed", "reasoning_effort"):
@@ -96,13 +111,17 @@ MAX_ADAPTATIONS = 4  # refusals answered by a change within one request; past th
 MAX_SHRINKS = 3
 
 
-def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict | None = None) -> Reply:
+def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict | None = None,
+         must_act: bool = False) -> Reply:
     """One Chat Completions exchange through the openai client. `messages` is a list, or a function
     (settings, shrink) -> messages that builds the prompt for the settings in force and a shrink level
     (0, 1, ...: smaller each time). A refusal that names a fix the profile allows (a parameter to drop
-    or rename, no tool support, strict roles, a context too small) is answered by that change and the
-    request sent again; the change is returned in Reply.adapted for the run to keep. Raises
-    ApplicationError (classified) for everything else."""
+    or rename, no tool support, a tool_choice, strict roles, a context too small) is answered by that
+    change and the request sent again; the change is returned in Reply.adapted for the run to keep. A
+    native reply without a native tool call in the auto tool mode has the endpoint probed once for
+    whether the schemas reach the model at all: where they do not, later turns use the text tool mode
+    (this reply is kept and answered as it is). `must_act`: the turn must call a tool (tool_choice
+    required where the profile allows). Raises ApplicationError (classified) for everything else."""
     build = messages if callable(messages) else (lambda s, shrink: messages)
     adapted = dict(adapted or {})
     learned: list[str] = []
@@ -113,7 +132,7 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
             msgs = build(s, shrink)
         except ContextTooSmall as e:
             raise context_error(ep, s, adapted, e.needed) from None
-        kwargs = request_kwargs(ep, s, msgs, tools)
+        kwargs = request_kwargs(ep, s, msgs, tools, must_act)
         t0 = time.monotonic()
         try:
             raw = _heartbeating(lambda: client_for(ep).chat.completions.with_raw_response.create(**kwargs))
@@ -121,6 +140,11 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
             raise
         except Exception as e:  # noqa: BLE001 - classified: every failure kind maps to a retry decision
             kind, info = diagnose(e)
+            if kind == "other" and _refuses_required(e, kwargs):
+                kind = "choice"
+            if kind == "choice":  # a function named is "required" for one tool
+                sent = kwargs.get("tool_choice")
+                info = {**info, "sent": "required" if isinstance(sent, dict) else sent}
             change = adaptation(ep, s, kind, info, e)
             if change is None:
                 raise classify(e, ep) from None
@@ -140,8 +164,44 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
         reply = normalise(_raw_json(raw, ep), msgs, ep)
         reply.latency_s = time.monotonic() - t0
         reply.adapted, reply.learned, reply.mode = adapted, learned, ("native" if "tools" in kwargs else "text")
+        if reply.mode == "native" and (not reply.tool_calls or reply.calls_from_text):
+            _check_tools_seen(ep, s, tools, reply)
         return reply
     raise config_error(f"{ep.where()}: refused every variant of the request; run `marathon llm-check`")
+
+
+def _refuses_required(e: Exception, kwargs: dict) -> bool:
+    """A request with tool_choice "required" (or a function named) answered 400, 422 or 500 without naming
+    a cause: what llama-cpp-python's server does (its function-calling format takes only auto or a name;
+    "required" is an empty 500)."""
+    import openai
+
+    choice = kwargs.get("tool_choice")
+    return ((choice == "required" or isinstance(choice, dict)) and isinstance(e, openai.APIStatusError)
+            and e.status_code in (400, 422, 500))
+
+
+def post(ep: Endpoint, messages: list[dict], tools: list[dict] | None, s: Profile) -> dict:
+    """One request as chat sends it, its reply's JSON; failures raised as the client raises them."""
+    kwargs = request_kwargs(ep, s, messages, tools)
+    return _raw_json(_heartbeating(lambda: client_for(ep).chat.completions.with_raw_response.create(**kwargs)), ep)
+
+
+def _check_tools_seen(ep: Endpoint, s: Profile, tools: list[dict], reply: Reply) -> None:
+    """In the auto tool mode, a reply that called no tool natively has the endpoint probed (once per
+    worker) for whether the schemas reach the model; where they do not, the run adapts to text tools."""
+    if s.tool_mode != "auto" or "tool_mode" in ep.explicit:
+        return
+    got, sent = tools_seen(ep, s, tools, lambda m, t, st: post(ep, m, t, st))
+    if sent:  # paid tokens: counted with this turn
+        reply.tokens_in += got.tokens_in
+        reply.tokens_out += got.tokens_out
+    reply.tools_seen = got
+    if got.seen is False:
+        line = describe_change("dropped", {"probe": got.describe()}, {"tool_mode": "text"}, s)
+        reply.adapted = {**reply.adapted, "tool_mode": "text"}
+        reply.learned = reply.learned + [line]
+        _log_learned(ep, line)
 
 
 def _raw_json(raw, ep: Endpoint) -> dict:

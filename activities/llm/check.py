@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from temporalio.exceptions import ApplicationError
 
-from activities.llm.chat import chat
+from activities.llm.chat import chat, post
 from activities.llm.context import context_fit, with_server_context
 from activities.llm.endpoint import PROFILE_ENV, endpoint, env_text
-from activities.llm.tools import tool_schema
+from activities.llm.errors import describe_change
+from activities.llm.probe import ToolsSeen, tools_seen
+from activities.llm.sources import extract_code
+from activities.llm.tools import TEXT_PROTOCOL, tool_schema
 
 _CHECK_TOOL = tool_schema("read_notebook", "Read the run's notebook.")
 
@@ -26,18 +29,37 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
              f"temperature {p.temperature if p.temperature is not None else '(server default)'}, seed "
              f"{p.seed if p.seed is not None else '-'}, reasoning effort {p.reasoning_effort or '-'}, context "
              f"{p.context_tokens or 'unknown'}"]
-    msgs = [{"role": "system", "content": "You are checking a connection. Do exactly what the user asks."},
-            {"role": "user", "content": "Call the tool read_notebook with no arguments. If you cannot call "
-                                        "tools, reply with exactly this line:\nTOOL: read_notebook"}]
+    def msgs(s, shrink):  # in text mode the system prompt describes the protocol, as a run's does
+        system = "You are checking a connection. Do exactly what the user asks."
+        if s.tool_mode == "text":
+            system += "\n\n" + TEXT_PROTOCOL + "read_notebook (Read the run's notebook.)."
+        return [{"role": "system", "content": system},
+                {"role": "user", "content": "Call the tool read_notebook with no arguments. If you cannot call "
+                                            "tools, reply with exactly this line:\nTOOL: read_notebook"}]
     try:
-        reply = chat(msgs, ep, [_CHECK_TOOL])
+        reply = chat(msgs, ep, [_CHECK_TOOL], must_act=True)
     except ApplicationError as e:
         return False, lines + [f"FAILED: {e.message}"]
-    lines.append(f"reply: {reply.latency_s:.2f} s, {reply.tokens_in} tokens in / {reply.tokens_out} out, model "
-                 f"{reply.model}, finish_reason {reply.finish_reason or '-'}")
-    for line in reply.learned:
+    first = reply
+    seen = _tools_seen(ep, reply)
+    if seen is not None and seen.seen is False and "tool_mode" not in reply.adapted and \
+            ep.settings(reply.adapted).tool_mode == "auto" and "tool_mode" not in ep.explicit:
+        # a call forced by name comes back without the schemas in the prompt; a run's auto turns would not
+        line = describe_change("dropped", {"probe": seen.describe()}, {"tool_mode": "text"}, p)
+        reply.adapted, reply.learned = {**reply.adapted, "tool_mode": "text"}, reply.learned + [line]
+    if seen is not None and seen.seen is False and reply.adapted.get("tool_mode") == "text":
+        try:  # what the run's next turns do: the same request in text mode
+            reply = chat(msgs, ep, [_CHECK_TOOL], adapted=reply.adapted, must_act=True)
+        except ApplicationError as e:
+            return False, lines + [f"FAILED in text tool mode: {e.message}"]
+    lines.append(f"reply: {first.latency_s:.2f} s, {first.tokens_in} tokens in / {first.tokens_out} out, model "
+                 f"{first.model}, finish_reason {first.finish_reason or '-'}")
+    learned = first.learned + [x for x in reply.learned if x not in first.learned]
+    for line in learned:
         lines.append(f"adapted: {line}")
     a = reply.adapted
+    if seen is not None and seen.seen is False:
+        lines.append(_DROPPED_CAUSE if a.get("tool_mode") == "text" else _DROPPED_CAUSE + _DROPPED_NATIVE)
     env = {k: v for k, v in a.items() if k in PROFILE_ENV and k != "context_tokens"}
     if env:
         sets = " ".join(f"{PROFILE_ENV[k]}={env_text(v)}" for k, v in env.items())
@@ -61,8 +83,44 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     small = context_fit(ep, ep.settings(a), reply.mode)  # a run's prompt and reply within a known context
     if small:
         lines.append(f"context: {small}")
-    ok = bool(reply.tool_calls) and reply.finish_reason != "length" and not small
-    lines.append("OK: a run can use this endpoint" if ok else
-                 "NOT OK: a run's prompt does not fit the endpoint's context (above)" if small else
-                 "NOT OK: the model did not call the tool; try another profile or model")
+    blind = seen is not None and seen.seen is False and reply.mode == "native"  # a run's turns see no tool
+    # in text mode a reply with a fenced module and no TOOL: line is a run's submission: usable, weakly
+    module = reply.mode == "text" and not reply.tool_calls and bool(extract_code(reply.content))
+    ok = (bool(reply.tool_calls) or module) and reply.finish_reason != "length" and not blind
+    if ok and small:
+        ok = False
+        lines.append("NOT OK: a run's prompt does not fit the endpoint's context (above)")
+    elif ok and module:
+        lines.append("OK, weakly: in text tool mode the model wrote code without a TOOL: line, which a run takes "
+                     "as a submission; a larger model follows the protocol")
+    elif ok:
+        lines.append("OK: a run can use this endpoint")
+    elif blind:
+        lines.append("NOT OK: the tools never reach the model; see the cause and the fix above")
+    elif seen is not None and seen.seen is False:
+        lines.append("NOT OK: in text tool mode the model called no tool either; try a larger model")
+    elif seen is not None and seen.seen:
+        lines.append("NOT OK: the tool schemas reach the model (" + seen.describe() + "), but it called no tool: "
+                     "a model this weak may not; try a larger model, or MARATHON_LLM_TOOL_MODE=text")
+    else:
+        lines.append("NOT OK: the model did not call the tool; try another profile or model")
     return ok, lines
+
+
+_DROPPED_CAUSE = ("cause: the server takes the `tools` of a request and leaves them out of the prompt, without an "
+                  "error: the model never sees them. llama-cpp-python's server keeps them only with --chat_format "
+                  "chatml-function-calling (or functionary) and a tool_choice, which the run sends; llama.cpp's "
+                  "llama-server needs --jinja. Fix: start the server so, or set MARATHON_LLM_TOOL_MODE=text "
+                  "(the auto tool mode falls back to text by itself)")
+_DROPPED_NATIVE = "; MARATHON_LLM_TOOL_MODE=native keeps the run from falling back"
+
+
+def _tools_seen(ep, reply) -> ToolsSeen | None:
+    """Whether the schemas reach the model, told by the probe (the one chat ran, else one sent here):
+    a native call is no proof, as a server may force a call by name with the schema left out of the
+    prompt (llama-cpp-python with the model's own chat template does)."""
+    if reply.mode != "native":
+        return None
+    if reply.tools_seen is not None:
+        return reply.tools_seen
+    return tools_seen(ep, ep.settings(reply.adapted), [_CHECK_TOOL], lambda m, t, st: post(ep, m, t, st))[0]

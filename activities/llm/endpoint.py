@@ -29,7 +29,9 @@ class Profile:
     temperature: float | None = None
     seed: int | None = None
     reasoning_effort: str | None = None  # low | medium | high, for reasoning models
-    tool_mode: str = "auto"  # native | text | auto (native; text once the endpoint refuses tools)
+    tool_mode: str = "auto"  # native | text | auto (native; text once the endpoint refuses or drops tools)
+    tool_choice: str | None = "auto"  # auto | required | None (not sent), with native tools
+    required_turns: bool = True  # a turn that must act is sent tool_choice "required" (where it is auto)
     merge_roles: bool = False  # one message per role in a row: strict chat templates (Gemma, Mistral)
     system_role: bool = True  # False: the system prompt goes at the top of the first user message
     context_tokens: int | None = None  # the endpoint's context window (prompt + reply); None: unknown
@@ -62,6 +64,7 @@ def fit_reply(s: Profile, fixed: bool) -> Profile:
 PROFILE_ENV = {"token_param": "MARATHON_LLM_TOKEN_PARAM", "reply_tokens": "MARATHON_LLM_MAX_TOKENS",
                "temperature": "MARATHON_LLM_TEMPERATURE", "seed": "MARATHON_LLM_SEED",
                "reasoning_effort": "MARATHON_LLM_REASONING_EFFORT", "tool_mode": "MARATHON_LLM_TOOL_MODE",
+               "tool_choice": "MARATHON_LLM_TOOL_CHOICE", "required_turns": "MARATHON_LLM_TOOL_REQUIRED",
                "merge_roles": "MARATHON_LLM_MERGE_ROLES", "system_role": "MARATHON_LLM_SYSTEM_ROLE",
                "context_tokens": "MARATHON_LLM_CONTEXT_TOKENS"}
 _NONE = ("", "none", "off", "unset")
@@ -83,7 +86,11 @@ def _env_value(field_name: str, raw: str):
             if v not in ("native", "text", "auto"):
                 raise ValueError("native, text or auto")
             return v
-        if field_name in ("merge_roles", "system_role"):
+        if field_name == "tool_choice":
+            if v not in ("auto", "required") + _NONE:
+                raise ValueError("auto, required or none")
+            return None if v in _NONE else v
+        if field_name in ("merge_roles", "system_role", "required_turns"):
             if v not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError("1 or 0")
             return v in ("1", "true", "yes")

@@ -95,6 +95,7 @@ _NO_TOOLS = re.compile(r"does not support tools|tool choice requires|enable-auto
                        r"parameter)s? (requires|is not supported)|--jinja|tools are not supported|"
                        r"unsupported parameter:? '?tools|tool(s| calling| use)? (is |are )?not (supported|enabled)",
                        re.I)
+_CHOICE = re.compile(r"tool_choice|tool choice", re.I)  # after _NO_TOOLS: vLLM's "auto" tool choice is no tools
 _ROLES = re.compile(r"roles must alternate|must alternate (between )?user|conversation roles|"
                     r"after the optional system message", re.I)
 _NO_SYSTEM = re.compile(r"system role (is )?not supported|system messages? (is |are )?not supported", re.I)
@@ -116,8 +117,8 @@ def _error_text(e) -> tuple[str, str | None, str | None]:
 
 
 def diagnose(e: Exception) -> tuple[str, dict]:
-    """What an endpoint's refusal asks for: ("param", {name, replacement}), ("tools", {}), ("roles", {}),
-    ("system", {}), ("context", {limit}) or ("other", {})."""
+    """What an endpoint's refusal asks for: ("param", {name, replacement}), ("tools", {}), ("choice", {})
+    (the tool_choice sent), ("roles", {}), ("system", {}), ("context", {limit}) or ("other", {})."""
     import openai
 
     if not isinstance(e, openai.APIStatusError) or e.status_code in (401, 403, 404, 408, 409, 429):
@@ -131,8 +132,10 @@ def diagnose(e: Exception) -> tuple[str, dict]:
         n_ctx = body.get("n_ctx") if isinstance(body, dict) else None  # llama.cpp says it apart from the text
         limit = int(m.group(1)) if m else (int(n_ctx) if isinstance(n_ctx, int) and n_ctx > 0 else None)
         return "context", {"limit": limit}
-    if _NO_TOOLS.search(text) or param in ("tools", "tool_choice"):
+    if _NO_TOOLS.search(text) or param == "tools":
         return "tools", {}
+    if param == "tool_choice" or _CHOICE.search(text):
+        return "choice", {}
     if _NO_SYSTEM.search(text):
         return "system", {}
     if _ROLES.search(text):
@@ -190,6 +193,14 @@ def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) ->
                                 f"--tool-call-parser NAME; SGLang: --tool-call-parser NAME; llama.cpp: --jinja), "
                                 f"then `marathon resume`.")
         return {"tool_mode": "text"}
+    if kind == "choice":  # what was sent is refused: required becomes auto, auto becomes none sent
+        if info.get("sent") == "required":
+            fixed("tool_choice" if s.tool_choice == "required" else "required_turns")
+            return {"tool_choice": "auto", "required_turns": False}
+        if info.get("sent"):
+            fixed("tool_choice")
+            return {"tool_choice": None, "required_turns": False}
+        return None
     if kind == "system":
         if not s.system_role:
             return None
@@ -216,6 +227,12 @@ def describe_change(kind: str, info: dict, change: dict, s: Profile) -> str:
         return f"the endpoint refuses {info['name']}: not sent"
     if kind == "tools":
         return "the endpoint does not take tools: text tool mode (fenced code and TOOL: lines)"
+    if kind == "dropped":
+        return (f"the endpoint drops the tool schemas from the prompt without a word ({info['probe']}): "
+                f"text tool mode (fenced code and TOOL: lines)")
+    if kind == "choice":
+        return (f"the endpoint refuses tool_choice {info.get('sent')!r}: "
+                + ("sending auto" if change.get("tool_choice") == "auto" else "not sent"))
     if kind == "system":
         return "the endpoint refuses a system message: the system prompt leads the first user message"
     if kind == "roles":

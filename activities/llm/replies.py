@@ -26,6 +26,7 @@ class Reply:
     adapted: dict = field(default_factory=dict)  # what the run has learned about the endpoint, so far
     learned: list[str] = field(default_factory=list)  # adaptations made during this request, one line each
     mode: str = "native"  # the tool mode the request was sent in
+    tools_seen: object | None = None  # probe.ToolsSeen, where the endpoint was probed for dropped tools
 
 
 def estimate_tokens(obj) -> int:

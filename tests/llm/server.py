@@ -4,7 +4,10 @@
 is recorded (path, headers, JSON body, the status answered, the time) so tests can assert on prompts.
 `Endpoint(kind)` wraps a responder with the refusals of one kind of real server (KINDS): OpenAI's
 reasoning models, vLLM or SGLang without tool calling, Ollama, llama.cpp without --jinja, strict chat
-templates, small contexts; each refusal worded as that server words it.
+templates, small contexts; each refusal worded as that server words it. Some kinds drop the tools without
+a word instead, as llama-cpp-python's server does: the responder then sees a request without them.
+The probe for dropped tools (activities/llm/probe.py) is answered here with the prompt tokens a server
+would count, schemas included where they reach the model; it is not a turn.
 """
 
 from __future__ import annotations
@@ -74,6 +77,18 @@ def is_compaction(body: dict) -> bool:
                for m in body.get("messages", [])[:2])
 
 
+def is_probe(body: dict) -> bool:
+    """The one-token probe for whether the tool schemas reach the model, not a model turn."""
+    from activities.llm.probe import PROBE_SYSTEM
+
+    return any(m.get("content") == PROBE_SYSTEM for m in body.get("messages", [])[:1])
+
+
+def probe_reply(body: dict) -> Reply:
+    """What a server counts for the probe: its messages, and the schemas where it keeps them."""
+    return completion("OK", prompt_tokens=prompt_estimate(body) + 12, completion_tokens=1, finish_reason="length")
+
+
 def prompt_estimate(body: dict) -> int:
     return len(json.dumps(body.get("messages", []))) // 4 + len(json.dumps(body.get("tools", []))) // 4
 
@@ -88,6 +103,10 @@ class Kind:
     no_system: Reply | None = None
     context: int | None = None  # refuse a prompt estimate + reply cap above this many tokens
     context_error: str = "openai"  # openai | vllm | llamacpp
+    # tools dropped without a word: "always" (a chat format without function calling), "without-choice"
+    # (llama-cpp-python's chatml-function-calling: kept only with tool_choice auto or a named function)
+    drops_tools: str | None = None
+    required: Reply | None = None  # set: tool_choice "required" gets this
 
 
 def _openai_unsupported(param: str, instead: str | None) -> Reply:
@@ -112,6 +131,12 @@ KINDS = {
     "gemma": Kind(alternate=error(400, "Conversation roles must alternate user/assistant/user/assistant/..."),
                   no_system=error(400, "System role not supported")),
     "small-context": Kind(context=6000, context_error="vllm"),
+    # llama-cpp-python 0.3.36's server, --chat_format chatml-function-calling: no tool_choice (or "none")
+    # renders the prompt without the tools; "required" fails its assertion, an empty 500
+    "llama-cpp-python": Kind(drops_tools="without-choice", required=Reply(500, {"error": {
+        "message": "", "type": "internal_server_error", "param": None, "code": None}})),
+    # the same server with a chat format that has no function calling (the GGUF's own template)
+    "llama-cpp-python-own-template": Kind(drops_tools="always"),
 }
 
 
@@ -127,10 +152,23 @@ class Endpoint:
         if r is not None:
             self.refused.append(r.body["error"]["message"])
             return r
-        return self.respond(body, headers)
+        return self.respond(self.shaped(body), headers)
+
+    def probe(self, body) -> Reply:
+        return self.check(body) or probe_reply(self.shaped(body))
+
+    def shaped(self, body) -> dict:
+        """The request as the model gets it: without its tools where this kind drops them."""
+        drop = self.rules.drops_tools
+        choice = body.get("tool_choice")
+        if drop == "always" or (drop == "without-choice" and (choice is None or choice == "none")):
+            return {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
+        return body
 
     def check(self, body) -> Reply | None:
         k = self.rules
+        if k.required is not None and body.get("tools") and body.get("tool_choice") == "required":
+            return k.required
         for param, reply in k.refuse.items():
             if param in body:
                 return reply
@@ -193,7 +231,7 @@ class ChatServer:
                 with server.lock:
                     server.seen.append(seen)
                     if self.path.rstrip("/").endswith("/chat/completions"):
-                        reply = server.respond(body, seen.headers)
+                        reply = server.answer(body, seen.headers)
                     else:
                         reply = error(404, f"no route {self.path}")
                     seen.status = reply.status
@@ -222,6 +260,11 @@ class ChatServer:
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
+    def answer(self, body, headers) -> Reply:
+        if is_probe(body):
+            return self.respond.probe(body) if isinstance(self.respond, Endpoint) else probe_reply(body)
+        return self.respond(body, headers)
+
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
@@ -239,7 +282,12 @@ class ChatServer:
     def turns(self) -> list[Seen]:
         """Requests for model turns (not notebook rewrites), in arrival order."""
         with self.lock:
-            return [s for s in self.seen if s.path.endswith("/chat/completions") and not is_compaction(s.body)]
+            return [s for s in self.seen if s.path.endswith("/chat/completions") and not is_compaction(s.body)
+                    and not is_probe(s.body)]
+
+    def probes(self) -> list[Seen]:
+        with self.lock:
+            return [s for s in self.seen if s.path.endswith("/chat/completions") and is_probe(s.body)]
 
     def compactions(self) -> list[Seen]:
         with self.lock:
