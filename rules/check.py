@@ -450,7 +450,10 @@ def check_source(source: str, problem: str) -> RuleReport:
         return RuleReport(ok=False, rule="syntax", detail=f"line {e.lineno}: {e.msg}")
     run = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]
     if not run:
-        return RuleReport(ok=False, rule="contract", detail="no top-level 'def run(inputs, out)'")
+        model_new = any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body)
+        return RuleReport(ok=False, rule="contract", detail="no top-level 'def run(inputs, out)'" + (
+            "; a ModelNew becomes functions only with plain methods taking self, and no class attributes "
+            "(or write run(inputs, out))" if model_new else ""))
     if len(run[0].args.args) != 2:
         return RuleReport(ok=False, rule="contract", detail="run must take exactly (inputs, out)")
     walker = _Walker(problem, tree)

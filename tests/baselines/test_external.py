@@ -502,6 +502,25 @@ class ModelNew(nn.Module):
 '''
 
 
+def test_modelnew_s_methods_become_functions_of_a_dict_and_other_classes_are_left_to_the_rules():
+    from baselines.external.file import load_file
+    from baselines.external.model_new import entry_source
+    from rules.check import check_source
+
+    _, _, p = load_file(RMSNORM)
+    helper = MODEL_NEW.replace("        y = torch.empty_like(x)\n", "        y = self.alloc(x)\n") + (
+        "\n    def alloc(self, x):\n        return torch.empty_like(x)\n")
+    src = entry_source(helper, p)
+    assert "y = modelnew_alloc(self, x)" in src and "def modelnew_alloc(self, x):" in src, src
+    assert check_source(src, "softmax").ok
+    # class attributes, decorated methods: judged as written, and refused as a class
+    for other in (MODEL_NEW.replace("class ModelNew(nn.Module):\n", "class ModelNew(nn.Module):\n    K = 4\n"),
+                  MODEL_NEW.replace("    def forward(self, x):", "    @staticmethod\n    def forward(self, x):")):
+        assert entry_source(other, p) == other
+        rep = check_source(other, "softmax")  # no run(inputs, out) was derived
+        assert rep.rule == "contract" and "ModelNew becomes functions only with plain methods" in rep.detail
+
+
 def test_a_modelnew_candidate_is_judged_as_the_entry_function(harness):
     """KernelBench's form: ModelNew with Model's constructor and forward, turned into functions of a dict of
     its fields (the candidate language has no classes); the case's parameters replace its own (a ModelNew
