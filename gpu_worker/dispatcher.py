@@ -105,6 +105,7 @@ class DeviceDispatcher:
         self._blocks_waiting: list[tuple[int, float]] = []  # (ticket, asked at), oldest first
         self._owed: set[int] = set()  # jobs that waited through a window: the next is not due before they start
         self._window_since: float | None = None  # a window is open (draining or timing) since then
+        self._window_blocks = 0  # blocks run in the open window
         self._timing_on = False
         self.busy_s = self.timed_s = self.closed_s = 0.0
         self.blocks = self.windows = 0
@@ -121,11 +122,19 @@ class DeviceDispatcher:
         due = self._due()
         if self._window_since is None and due is not None and now >= due:
             self._window_since = now
+            self._window_blocks = 0
             self.windows += 1
             self._account()
 
     def _job_may_start(self, ticket: int, job: UntimedJob, now: float) -> bool:
+        """Admitted now, and no job that asked earlier would be (first come, first served among the jobs
+        that fit; a job too long for the time left before a window lets shorter ones by)."""
         self._open_window_if_due(now)
+        if not self._fits(ticket, job, now):
+            return False
+        return not any(t < ticket and self._fits(t, j, now) for t, j in self._jobs_waiting.items())
+
+    def _fits(self, ticket: int, job: UntimedJob, now: float) -> bool:
         if self._window_since is not None or self._timing_on or len(self._running) >= self.max_jobs:
             return False
         if self._owed and ticket not in self._owed:
@@ -290,10 +299,13 @@ class DeviceDispatcher:
             self._blocks_waiting.pop(0)
             self._timing_on = True
             self.blocks += 1
+            first, self._window_blocks = self._window_blocks == 0, self._window_blocks + 1
             self._account()
         t = time.monotonic()
         add_phase("gpu-wait", t - t0)
         add_phase("gpu-blocks", 1)
+        if first:
+            add_phase("gpu-drains", 1)  # this block's window drained the jobs: those after it in the window did not
         try:
             yield self
         finally:

@@ -226,3 +226,34 @@ def test_a_job_is_of_the_kind_its_step_names_and_the_worker_can_choose_the_dispa
                         spares=0)
     assert isinstance(s.owner, DeviceDispatcher) and (s.owner.batch, s.owner.max_jobs) == (3, 6)
     assert not isinstance(Scheduler.under(GpuWorkerSettings(), spares=0).owner, DeviceDispatcher)
+
+
+def test_jobs_that_fit_go_first_come_first_served():
+    """One slot, jobs asking in turn while it is taken: they start in the order they asked, the owed ones
+    after a window too; a job too long for the time left before a window lets a short later one by."""
+    d, rec = DeviceDispatcher(max_jobs=1, batch=1, max_wait_s=0.0, window_s=0.0), Record()
+    first = d.run(UntimedJob("j", 0.01))
+    first.__enter__()
+    threads = []
+    for i in range(5):
+        threads.append(start(_job, d, rec, f"j{i}", 0.02, 0.01))
+        time.sleep(0.05)
+    block = start(_block, d, rec, "x", 0.05)  # due at once: the waiting jobs wait through it, owed
+    time.sleep(0.05)
+    first.__exit__(None, None, None)
+    for t in threads + [block]:
+        t.join(10)
+    assert rec.order() == ["x", "j0", "j1", "j2", "j3", "j4"] and not rec.bad
+    d, rec = DeviceDispatcher(max_jobs=1, batch=2, max_wait_s=0.5), Record()
+    x = start(_block, d, rec, "x", 0.01)
+    time.sleep(0.05)
+    first = d.run(UntimedJob("j", 0.01))
+    first.__enter__()
+    long = start(_job, d, rec, "long", 0.01, 3.0)
+    time.sleep(0.05)
+    short = start(_job, d, rec, "short", 0.01, 0.05)
+    time.sleep(0.05)
+    first.__exit__(None, None, None)
+    for t in (x, long, short):
+        t.join(10)
+    assert rec.order() == ["short", "x", "long"]
