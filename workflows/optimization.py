@@ -8,27 +8,28 @@ contracts, so this module imports nothing heavy (the sandbox re-imports it for e
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import decisions
+    from workflows import controls, decisions
     from workflows.contracts import (
-        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, BestSummary, BudgetChange, Budget, Candidate, CarriedState,
+        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, BestSummary, Budget, Candidate, CarriedState,
         CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
-        Hint, IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
+        IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
         StopRequest, VerifyReport, explain,
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
     from workflows.llm_loop import llm_step
-    from workflows.text import INTERPRETER_NOTE, best_text, budget_text, run_summary, used_text
+    from workflows.text import result_summary, run_details, run_summary
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
 ITERATION = SearchAttributeKey.for_int("MarathonIteration")
@@ -74,6 +75,9 @@ class KernelOptimization:
         if self.first_run:
             self.st.started_at = workflow.now().timestamp()
             await self._check_spec()
+            # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo
+            if workflow.memo_value("summary", None) is None and workflow.patched("summary-in-memo"):
+                workflow.upsert_memo({"summary": run_summary(self.spec)})
         self.publish()
         stopped_by = None
         while True:
@@ -335,15 +339,16 @@ class KernelOptimization:
         self.finished = True
         self.set_phase("done")
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return RunResult(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
+        stop_reason = (self.stop.reason if self.stop and stopped_by == "stop-signal" else
+                       (self.st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget")
+                       else None)
+        return RunResult(summary=result_summary(self.st.iteration, stopped_by, stop_reason, self._best_summary()),
+                         workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
                          iterations=self.st.iteration, best=self._best_summary(),
                          best_source_key=self.st.best.source_key if self.st.best else None,
                          stopped_by=stopped_by, runs=self.st.runs, used=self.st.used,
                          notebook_key=self.st.notebook_key, ledger_key=self.st.ledger_key,
-                         reverified=reverified,
-                         stop_reason=self.stop.reason if self.stop and stopped_by == "stop-signal" else
-                         (self.st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget")
-                         else None)
+                         reverified=reverified, stop_reason=stop_reason)
 
     async def _reverify_best(self) -> bool:
         b = self.st.best
@@ -378,20 +383,25 @@ class KernelOptimization:
     # would reach the caller as "Failed decoding arguments" instead of saying which field is wrong.
     @workflow.update
     def set_budget(self, change: dict) -> Budget:
-        new = decisions.apply_budget_change(self.spec.budget, BudgetChange.model_validate(change))
+        new = controls.budget_after(self.spec.budget, self.st.used, change, self.finished)
         self.spec = self.spec.model_copy(update={"budget": new})
         self.publish()
         return self.spec.budget
 
     @set_budget.validator
     def _check_budget(self, change: dict) -> None:
-        if self.finished:
-            raise ValueError("the run has finished")
+        controls.budget_after(self.spec.budget, self.st.used, change, self.finished)  # Refused: rejected
+
+    # The same change sent as a signal (`temporal workflow signal --name set_budget`): applied, or refused with
+    # the reason in the run's status and details. No command here: only the details change.
+    @workflow.signal(name="set_budget")
+    def set_budget_signal(self, change: Any = None) -> None:
         try:
-            parsed = BudgetChange.model_validate(change)
-        except ValidationError as e:
-            raise ValueError(f"invalid budget change: {explain(e)}") from None
-        decisions.check_budget_change(self.spec.budget, parsed, self.st.used)
+            new = controls.budget_after(self.spec.budget, self.st.used, change, self.finished)
+        except controls.Refused as e:
+            return self._refuse("set_budget", str(e))
+        self.spec = self.spec.model_copy(update={"budget": new})
+        workflow.set_current_details(self._details())
 
     # llm policy: the prompt's size cap, changed on a running run (an endpoint with a smaller context)
     @workflow.update
@@ -406,9 +416,14 @@ class KernelOptimization:
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2000:
             raise ValueError(f"context_tokens must be a whole number of at least 2000, got {tokens!r}")
 
+    # Signals take their input raw and validate it here: a typed argument that fails to decode is dropped by
+    # the SDK without a trace, and the sender (the plain temporal CLI) has been told that it was delivered.
     @workflow.signal
-    def stop(self, req: StopRequest) -> None:
-        self.stop = req
+    def stop(self, req: Any = None) -> None:
+        try:
+            self.stop = controls.stop_request(req)
+        except controls.Refused as e:
+            return self._refuse("stop", str(e))
         workflow.set_current_details(self._details())
 
     @workflow.signal
@@ -425,8 +440,21 @@ class KernelOptimization:
         self.st.llm_hints = []
 
     @workflow.signal
-    def hint(self, h: Hint) -> None:
-        self.st.hints.append(h.text)
+    def hint(self, h: Any = None) -> None:
+        try:
+            self.st.hints.append(controls.hint_text(h))
+        except controls.Refused as e:
+            self._refuse("hint", str(e))
+
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        self._refuse(name, controls.unknown_signal(name))
+
+    def _refuse(self, name: str, why: str) -> None:
+        """A signal not applied: kept, with why, in the status and the details, and logged."""
+        self.st.refused = controls.note_refusal(self.st.refused, f"{workflow.now():%Y-%m-%d %H:%M:%S} UTC", name, why)
+        workflow.logger.warning("signal %s refused: %s", name, why)
+        workflow.set_current_details(self._details())
 
     @workflow.query
     def status(self) -> Status:
@@ -434,11 +462,11 @@ class KernelOptimization:
                       policy=self.spec.policy, iteration=self.st.iteration, phase=self.phase,
                       best=self._best_summary(), budget=self.spec.budget, used=self.st.used,
                       runs=self.st.runs, paused=self.st.paused, pause_reason=self.st.pause_reason,
-                      stopping=self.stop is not None, last=self.st.last, notebook_key=self.st.notebook_key,
+                      stopping=self.stop is not None, last=_shown(self.st.last), notebook_key=self.st.notebook_key,
                       notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
                       pending_hints=len(self.st.hints),
                       best_source_key=self.st.best.source_key if self.st.best else None,
-                      stop_reason=self.stop.reason if self.stop else None,
+                      stop_reason=self.stop.reason if self.stop else None, refused=self.st.refused,
                       llm=self.st.llm_progress if self.spec.policy == "llm" else None)
 
     @workflow.query
@@ -474,7 +502,8 @@ class KernelOptimization:
         b = self.st.best
         if b is None:
             return None
-        return BestSummary(candidate_id=b.candidate_id, speedup=b.speedup, time_ms=b.time_ms,
+        return BestSummary(candidate_id=b.candidate_id, speedup=None if b.interpreter else b.speedup,
+                           time_ms=b.time_ms,
                            baseline_ms=b.baseline_ms, iteration=b.iteration, interpreter=b.interpreter)
 
     def set_phase(self, phase: Phase) -> None:
@@ -494,37 +523,12 @@ class KernelOptimization:
         workflow.set_current_details(self._details())
 
     def _details(self) -> str:
-        """Markdown for the Web UI's current details, set again in every run (a run started by continue-as-new
-        has no start summary of its own, so the summary heads the details): the state, then the crowned best and the
-        leaderboard as one table."""
-        b, last = self.st.best, self.st.last
-        interp = (b is not None and b.interpreter) or (last is not None and last.interpreter)
-        lines = [f"**{run_summary(self.spec)}**", "",
-                 f"- iteration {self.st.iteration}, run {self.st.runs}, phase {self.phase}",
-                 f"- budget: {budget_text(self.spec.budget)}",
-                 f"- used: {used_text(self.st.used, self.spec.policy == 'llm')}",
-                 f"- best: {best_text(b)}"]
-        if self.st.paused:
-            lines.append(f"- paused: {self.st.pause_reason}")
-        if self.stop is not None:
-            lines.append(f"- stopping: {self.stop.reason}")
-        if last is not None:
-            lines.append(f"- last: #{last.iteration} {last.outcome}"
-                         + (f" at {last.stage}: {last.reason.splitlines()[0][:120] if last.reason else ''}"
-                            if last.outcome == "rejected" else ""))
-        if interp:
-            lines += ["", f"_{INTERPRETER_NOTE}._"]
-        rows = ([(b.candidate_id, b.speedup, b.time_ms, b.iteration, "crowned best")] if b else []) + [
-            (e.candidate_id, e.speedup, e.time_ms, e.iteration, "") for e in self.st.leaderboard
-            if b is None or e.candidate_id != b.candidate_id]
-        if rows:
-            lines += ["", "| # | candidate | " + ("interpreter ms" if interp else "speedup | ms")
-                      + " | iteration | |", "|---|---|---|---|---|" + ("" if interp else "---|")]
-            for i, (cid, speedup, ms, it, note) in enumerate(rows, 1):
-                figures = f"{ms:.4g}" if interp else f"{speedup:.3g}x | {ms:.4g}"
-                lines.append(f"| {i} | `{cid}` | {figures} | {it} | {note} |")
-        return "\n".join(lines)[:19000]
+        return run_details(self.spec, self.st, self.phase, self.stop)
 
+
+def _shown(rec: IterationRecord | None) -> IterationRecord | None:
+    """A record as the status shows it: an interpreter timing carries no speedup (its ratio means nothing)."""
+    return rec.model_copy(update={"speedup": None}) if rec is not None and rec.interpreter else rec
 
 
 def _arrived(e: Evaluation) -> bool:

@@ -77,3 +77,41 @@ def run_summary(spec) -> str:
     extra = "".join(f", {k} {v}" for k, v in (("shape", spec.shape), ("population", spec.population))
                     if v not in (None, 1))
     return f"{spec.problem}: {spec.policy} policy, budget {budget_text(spec.budget)}{extra}"[:190]
+
+
+def run_details(spec, st, phase: str, stop) -> str:
+    """Markdown for the Web UI's current details (User Metadata), set again in every run (a run started by
+    continue-as-new has no start summary of its own, so the summary heads them): the state, then the crowned
+    best and the leaderboard as one numbered list (the Web UI runs a table's headers together)."""
+    b, last = st.best, st.last
+    interp = (b is not None and b.interpreter) or (last is not None and last.interpreter)
+    lines = [f"**{run_summary(spec)}**", "",
+             f"- iteration {st.iteration}, run {st.runs}, phase {phase}",
+             f"- budget: {budget_text(spec.budget)}",
+             f"- used: {used_text(st.used, spec.policy == 'llm')}",
+             f"- best: {best_text(b)}"]
+    if st.paused:
+        lines.append(f"- paused: {st.pause_reason}")
+    if stop is not None:
+        lines.append(f"- stopping: {stop.reason}")
+    if last is not None:
+        lines.append(f"- last: {record_text(last)}")
+    lines += [f"- refused: {r}" for r in st.refused]
+    if interp:
+        lines += ["", f"_{INTERPRETER_NOTE}._"]
+    rows = ([(b.candidate_id, b.speedup, b.time_ms, b.iteration, " (crowned best)")] if b else []) + [
+        (e.candidate_id, e.speedup, e.time_ms, e.iteration, "") for e in st.leaderboard
+        if b is None or e.candidate_id != b.candidate_id]
+    if rows:
+        lines += ["", "**Leaderboard** (" + ("interpreter time" if interp else "speedup, device time")
+                  + "; the crowned best first)", ""]
+        for i, (cid, speedup, ms, it, note) in enumerate(rows, 1):
+            figures = f"{ms:.4g} ms" if interp else f"{speedup:.3g}x, {ms:.4g} ms"
+            lines.append(f"{i}. `{cid}`: {figures}, iteration {it}{note}")
+    return "\n".join(lines)[:19000]
+
+
+def result_summary(iterations: int, stopped_by: str, stop_reason: str | None, best) -> str:
+    """A finished run in one line, first in its result."""
+    why = stopped_by + (f" ({stop_reason})" if stop_reason else "")
+    return f"{iterations} iterations, stopped by {why}; best: {best_text(best)}"

@@ -62,7 +62,7 @@ class IterationRecord(Verdict):
 
 class BestSummary(Strict):
     candidate_id: str
-    speedup: float
+    speedup: float | None  # None under the interpreter: its ratios to the baseline mean nothing
     time_ms: float
     baseline_ms: float
     iteration: int

@@ -72,6 +72,7 @@ class CarriedState(Strict):
     turns_since_submission: int = 0  # llm: model turns since the last recorded iteration
     llm_hints: list[str] = Field(default_factory=list)  # llm: hints shown, in force until cleared
     device_facts: DeviceFacts | None = None  # from the latest benchmark on a GPU
+    refused: list[str] = Field(default_factory=list)  # the newest signals refused, each with why
     llm_progress: LlmProgress = Field(default_factory=LlmProgress)  # llm: repeats, stalled turns, latest turns
 
 
@@ -155,10 +156,12 @@ class Status(Strict):
     pending_hints: int = 0
     best_source_key: str | None = None  # the crowned best's kernel source in the artifact store
     stop_reason: str | None = None  # the stop signal's reason, once one has arrived
+    refused: list[str] = Field(default_factory=list)  # the newest signals refused, each with why
     llm: LlmProgress | None = None  # llm policy: the latest turns with their calls and verdicts, stalled turns
 
 
 class RunResult(Strict):
+    summary: str = ""  # one line first: what the Web UI shows of a finished run is this result
     workflow_id: str
     problem: str
     iterations: int

@@ -1,0 +1,78 @@
+"""What a run's operator controls accept, as plain functions of the run's state and the control's raw input.
+
+The plain temporal CLI sends any JSON with a signal (`temporal workflow signal --name set_budget --input ...`),
+and a signal has no answer: the run validates it here, and a refusal, one line saying why, is kept in the
+run's status and details (`Refused`, `note_refusal`) instead of being dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from workflows import decisions
+from workflows.contracts import Budget, BudgetChange, Hint, StopRequest, Used, explain
+
+#: the signals a run takes; any other name is refused by name
+SIGNALS = ("stop", "pause", "resume", "hint", "clear_hints", "set_budget")
+#: how many refusals a run keeps (the newest), in its status and its details
+REFUSALS_KEPT = 5
+
+
+class Refused(ValueError):
+    """A control the run does not apply, with the reason in one line."""
+
+
+def budget_after(budget: Budget, used: Used, change: Any, finished: bool) -> Budget:
+    """The budget after `change` (only the fields it names), or Refused: the run has finished, the change
+    is not a BudgetChange, or it is below what is used."""
+    if finished:
+        raise Refused("the run has finished")
+    if not isinstance(change, dict):
+        raise Refused(f'invalid budget change: expected {{"iterations": N, ...}}, got {_shown(change)}')
+    try:
+        parsed = BudgetChange.model_validate(change)
+    except ValidationError as e:
+        raise Refused(f"invalid budget change: {explain(e)}") from None
+    try:
+        decisions.check_budget_change(budget, parsed, used)
+    except ValueError as e:
+        raise Refused(str(e)) from None
+    return decisions.apply_budget_change(budget, parsed)
+
+
+def hint_text(raw: Any) -> str:
+    """A hint's text from `{"text": "..."}`, or Refused."""
+    if not isinstance(raw, dict):
+        raise Refused(f'invalid hint: expected {{"text": "..."}}, got {_shown(raw)}')
+    try:
+        return Hint.model_validate(raw).text
+    except ValidationError as e:
+        raise Refused(f'invalid hint: {explain(e)} (expected {{"text": "..."}})') from None
+
+
+def stop_request(raw: Any) -> StopRequest:
+    """A stop from `{"reason": "..."}`, or from nothing at all (`reason` defaults to "operator"), or Refused."""
+    if raw is not None and not isinstance(raw, dict):
+        raise Refused(f'invalid stop: expected {{"reason": "..."}} or no input, got {_shown(raw)}')
+    try:
+        return StopRequest.model_validate({} if raw is None else raw)
+    except ValidationError as e:
+        raise Refused(f'invalid stop: {explain(e)} (expected {{"reason": "..."}} or no input)') from None
+
+
+def unknown_signal(name: str) -> str:
+    why = f"this run has no signal {name!r}; its signals: {', '.join(SIGNALS)}"
+    if name == "set_context_tokens":
+        why += " (set_context_tokens is an update: temporal workflow update execute)"
+    return why
+
+
+def note_refusal(refused: list[str], when: str, name: str, why: str) -> list[str]:
+    """The run's refusals with this one added, the newest REFUSALS_KEPT."""
+    return (refused + [f"{when} {name}: {why}"])[-REFUSALS_KEPT:]
+
+
+def _shown(raw: Any) -> str:
+    return "no input" if raw is None else repr(raw)[:80]
