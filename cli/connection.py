@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workflows.contracts import RunResult, RunSpec, Status
+from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, Status
 from cli.errors import UsageError
 from cli.workers import agent_worker_missing
 
@@ -20,26 +20,66 @@ def run_handle(client, wid: str):
     return client.get_workflow_handle(wid, result_type=RunResult)
 
 
-async def query_status(client, wid: str, timeout: float | None = None) -> Status:
-    """The run's `status` query. Only a worker answers it: where none polls the agent task queue, one line
-    says so at once instead of the query's time-out."""
+#: how long a query or update waits for a worker to answer: a live worker answers within a second or two; the
+#: server goes on listing a worker's poller for a minute after it stops, and nothing answers then
+ANSWER_TIMEOUT_S = 5.0
+
+
+class RunFailed(UsageError):
+    """The run ended without a result (failed, terminated, cancelled, timed out): one line saying why."""
+
+
+async def query_run(client, wid: str, query, timeout: float = ANSWER_TIMEOUT_S):
+    """One of the run's queries. Only a worker answers: where none polls the agent task queue, one line says
+    so at once; where none answers within `timeout` (a worker that has just stopped), one line says that."""
     from datetime import timedelta
 
+    from temporalio.client import WorkflowQueryFailedError
     from temporalio.service import RPCError, RPCStatusCode
-
-    from workflows.optimization import KernelOptimization
 
     missing = await agent_worker_missing(client)
     if missing:
         raise UsageError(f"run {wid!r}: {missing}")
     try:
-        return await run_handle(client, wid).query(
-            KernelOptimization.status, rpc_timeout=timedelta(seconds=timeout) if timeout else None)
+        return await run_handle(client, wid).query(query, rpc_timeout=timedelta(seconds=timeout))
     except RPCError as e:
-        if e.status == RPCStatusCode.DEADLINE_EXCEEDED or "timeout expired" in e.message.lower():
-            raise UsageError(f"run {wid!r}: no worker answered its status query in time; is a worker running "
-                             f"against this server (`marathon worker --role agent`)?")
+        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED) or "timeout expired" in e.message.lower():
+            raise UsageError(f"run {wid!r}: no worker answered within {timeout:g} s (a worker polled task queue "
+                             f"{AGENT_QUEUE} lately and may have stopped): start one with `marathon worker --role "
+                             f"agent` against this server")
         raise UsageError(f"cannot query run {wid!r}: {e.message}")
+    except WorkflowQueryFailedError as e:
+        raise UsageError(f"cannot query run {wid!r}: {e}")
+
+
+async def query_status(client, wid: str, timeout: float = ANSWER_TIMEOUT_S) -> Status:
+    """The run's `status` query (query_run)."""
+    from workflows.optimization import KernelOptimization
+
+    return await query_run(client, wid, KernelOptimization.status, timeout)
+
+
+async def update_run(client, wid: str, update, arg, what: str, timeout: float = ANSWER_TIMEOUT_S):
+    """One of the run's updates: only a worker takes it, so where none polls the agent task queue one line says so
+    before anything is sent, and where none takes it within `timeout` one line says that."""
+    from datetime import timedelta
+
+    from temporalio.client import WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
+    from temporalio.service import RPCError
+
+    missing = await agent_worker_missing(client)
+    if missing:
+        raise UsageError(f"run {wid!r}: {missing}; nothing was changed")
+    try:
+        return await run_handle(client, wid).execute_update(update, arg, rpc_timeout=timedelta(seconds=timeout))
+    except WorkflowUpdateFailedError as e:
+        raise UsageError(f"{what} rejected: {e.cause.message if e.cause else e}")
+    except WorkflowUpdateRPCTimeoutOrCancelledError:
+        raise UsageError(f"run {wid!r}: no worker took the {what} within {timeout:g} s (a worker polled task queue "
+                         f"{AGENT_QUEUE} lately and may have stopped); `marathon status {wid}` shows whether it "
+                         f"applied once one runs")
+    except RPCError as e:
+        raise UsageError(f"cannot update run {wid!r}: {e.message}")
 
 
 async def run_spec_of(client, wid: str) -> RunSpec | None:
@@ -63,9 +103,10 @@ async def run_spec_of(client, wid: str) -> RunSpec | None:
 
 
 async def status_or_result(client, wid: str, prefer_query: bool = False):
-    """The live status if the run is open, else its result (both carry the keys). With prefer_query a
-    finished run answers the status query too, when a worker is up to answer it within a few seconds."""
-    from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+    """The live status if the run is open, else its result (both carry the keys); RunFailed for a run that
+    ended without one. With prefer_query a completed run answers the status query too, when a worker is up
+    to answer it within a few seconds."""
+    from temporalio.client import WorkflowExecutionStatus
     from temporalio.service import RPCError
 
     h = run_handle(client, wid)
@@ -75,12 +116,24 @@ async def status_or_result(client, wid: str, prefer_query: bool = False):
         raise UsageError(f"no run {wid!r}: {e.message}")
     if desc.status == WorkflowExecutionStatus.RUNNING:
         return await query_status(client, wid)
+    if desc.status != WorkflowExecutionStatus.COMPLETED:  # failed at once, terminated, ...: no state to ask
+        await run_result(client, wid)
     if prefer_query:
         try:
-            return await query_status(client, wid, timeout=5)
+            return await query_status(client, wid)
         except UsageError:
             pass
+    return await run_result(client, wid)
+
+
+async def run_result(client, wid: str) -> RunResult:
+    """The closed run's result, or RunFailed saying how it ended instead."""
+    from temporalio.client import WorkflowFailureError
+
     try:
-        return await h.result()
+        return await run_handle(client, wid).result()
     except WorkflowFailureError as e:
-        raise UsageError(f"run {wid} did not complete: {e.cause or e}")
+        cause = e.cause
+        how = {"TerminatedError": "was terminated", "CancelledError": "was cancelled",
+               "TimeoutError": "timed out"}.get(type(cause).__name__, "failed")
+        raise RunFailed(f"run {wid} {how}: {getattr(cause, 'message', None) or cause or e}") from None

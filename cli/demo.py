@@ -11,14 +11,18 @@ from cli.errors import UsageError
 from cli.home import HOME
 from cli.query import fmt_end, run_report, watch
 from cli.run import cmd_start
-from cli.server import register_search_attributes, start_dev_server
+from cli.server import demo_server, register_search_attributes, stop_server, ui_port_of
 from cli.spec import parse_spec
 from cli.workers import wait_for_worker
 
+#: the Web UI's list filtered to the runs, without their per-candidate evaluations (URL-encoded query)
+RUNS_QUERY = "WorkflowType%3D%22KernelOptimization%22"
+
 
 async def cmd_demo(args) -> int:
-    """What `make run` does: dev server (reused if up), a worker, a run, progress, report."""
-    from workflows.client import Unreachable, connect
+    """What `make run` does: a dev server (demo_server says which), a worker, a run, progress, report. The dev
+    server stays up for the Web UI once the run has started; the worker stops with the demo."""
+    from temporalio.envconfig import ClientConfig
 
     for k in ("policy", "population", "compact_every", "seed", "shape", "model", "hours", "tokens",
               "gpu_seconds", "gpu_queue", "spec"):
@@ -27,39 +31,45 @@ async def cmd_demo(args) -> int:
         raise UsageError("--local-model serves a model for the llm policy: use it with --policy llm")
     if getattr(args, "local_model", False):
         args.policy = "llm"
-    parse_spec(args)  # bad input is refused before a server or worker starts
+    spec = parse_spec(args)  # bad input is refused before a server or worker starts
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the worker is stopped on the way out
     HOME.mkdir(parents=True, exist_ok=True)
-    server = None
+    address = args.address or ClientConfig.load_client_connect_config().get("target_host")
+    client, server, ui, said = await demo_server(address, args.namespace, args.port, ui_port_of(args.port, args.ui_port),
+                                                 HOME / "temporal.db", HOME / "dev-server.log")
+    print(said, flush=True)
+    target, started, model, worker = client.service_client.config.target_host, False, None, None
     try:
-        client = await connect(args.address, args.namespace, timeout=3)
-        print(f"reusing the Temporal server at {client.service_client.config.target_host}")
-    except Unreachable:
-        print(f"starting the Temporal dev server (database {HOME / 'temporal.db'}, log {HOME / 'dev-server.log'})")
-        server = start_dev_server(7233, 8233, HOME / "temporal.db", log=HOME / "dev-server.log")
-        client = await connect(args.address, args.namespace)
-    await register_search_attributes(client)
-    model = start_local_model() if getattr(args, "local_model", False) else None
-    log = open(HOME / "worker.log", "ab")
-    worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all"],
-                              stdout=log, stderr=log, start_new_session=True)
-    try:
+        await register_search_attributes(client)
+        model = start_local_model() if getattr(args, "local_model", False) else None
+        log = open(HOME / "worker.log", "ab")
+        worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all", "--address", target,
+                                   "--namespace", client.namespace], stdout=log, stderr=log, start_new_session=True)
+        await wait_for_worker(client, worker, HOME / "worker.log", spec)
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+        args.address = target
         await cmd_start(args)
-        print("Web UI: http://localhost:8233/namespaces/default/workflows/" + args.id, flush=True)
-        await wait_for_worker(client, worker, HOME / "worker.log")
+        started = True
+        if ui:
+            print(f"Web UI: {ui}/namespaces/{client.namespace}/workflows/{args.id} (its progress: the User Metadata "
+                  f"tab); the runs alone: {ui}/namespaces/{client.namespace}/workflows?query={RUNS_QUERY}", flush=True)
         res = await watch(client, args.id)
         print(fmt_end(res))
         print(f"report: {await run_report(client, args.id, None)}")
         if res.best is not None:
             print(f"the best kernel as a file: marathon export {args.id}")
     finally:
-        worker.send_signal(signal.SIGTERM)
-        try:
-            worker.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
         if model is not None:
             model.stop()
+        if server is not None and not started:
+            stop_server(server)  # nothing ran on it: the demo leaves no server behind
+    print(f"the demo's worker has stopped: a run started now waits for `marathon worker --role all --address {target}`")
     if server is not None:
         print(f"the dev server keeps running (pid {server.pid}) so the Web UI stays up; "
               f"stop it with: kill {server.pid}")

@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("dev", help="start the Temporal dev server on a SQLite file, with its Web UI")
     c.add_argument("--port", type=int, default=7233)
-    c.add_argument("--ui-port", type=int, default=8233)
+    c.add_argument("--ui-port", type=int, dest="ui_port", help="the Web UI's port (default: --port + 1000)")
     c.add_argument("--db", help=f"SQLite file (default {HOME / 'temporal.db'})")
     c.add_argument("--ip", default="127.0.0.1", help="0.0.0.0 lets workers on other hosts connect")
     c.add_argument("--headless", action="store_true", help="no Web UI")
@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     c = client_cmd("demo", cmd_demo, "dev server + worker + a run + report (what `make run` does)")
     c.add_argument("problem", nargs="?", default="softmax")
     c.add_argument("--iterations", type=int, default=30)
+    c.add_argument("--port", type=int, default=7233,
+                   help="the dev server's port, where the demo starts one (TEMPORAL_ADDRESS or --address: that "
+                        "server, none started)")
+    c.add_argument("--ui-port", type=int, dest="ui_port", help="its Web UI's port (default: --port + 1000)")
     c.add_argument("--policy", choices=["search", "llm"])
     c.add_argument("--local-model", action="store_true", dest="local_model",
                    help="with --policy llm: serve SmolLM2-135M-Instruct here (llama-cpp-python, no account) "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from workflows.contracts import RunResult
 from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, used_text
-from cli.connection import connect_client, query_status, run_handle, status_or_result
+from cli.connection import RunFailed, connect_client, query_run, query_status, run_handle, run_result, status_or_result
 from cli.errors import UsageError
 from cli.llm_view import TurnPrinter, endpoint_trouble, turn_lines
 from cli.home import HOME
@@ -32,7 +32,11 @@ def fmt_end(res: RunResult) -> str:
 async def cmd_status(args) -> int:
     client = await connect_client(args)
     # the query first, finished runs too (scripts read its fields); without a worker a finished run's result
-    st = await status_or_result(client, args.id, prefer_query=True)
+    try:
+        st = await status_or_result(client, args.id, prefer_query=True)
+    except RunFailed as e:  # ended without a result: said on stdout as the status, exit status 1
+        print(json.dumps({"workflow_id": args.id, "failed": str(e)}, indent=2) if args.json else str(e))
+        return 1
     if args.json:
         print(st.model_dump_json(indent=2))
         return 0
@@ -46,11 +50,20 @@ async def cmd_status(args) -> int:
         return 0
     print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
           f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
-    if st.stop_reason is not None:
-        print(f"{'stopped' if st.phase == 'done' else 'stopping'}: {st.stop_reason}")
+    if st.phase == "done":  # why it ended: the result says
+        try:
+            res = await asyncio.wait_for(run_result(client, args.id), 10)
+            print(f"stopped by {res.stopped_by}" + (f" ({res.stop_reason})" if res.stop_reason else ""))
+        except (asyncio.TimeoutError, UsageError):
+            if st.stop_reason is not None:
+                print(f"stopped: {st.stop_reason}")
+    elif st.stop_reason is not None:
+        print(f"stopping: {st.stop_reason}")
     print(f"best: {fmt_best(st.best)}")
     print(f"budget: {budget_text(st.budget)}; used: {used_text(st.used, st.policy == 'llm')}")
     print(f"last: {fmt_last(st.last)}")
+    for refused in st.refused:  # signals the run did not apply (the plain temporal CLI gets no answer)
+        print(f"refused: {refused}")
     if st.llm is not None:  # the model's latest turn, and an endpoint failing it
         for line in (turn_lines(st.llm.turns[-1]) if st.llm.turns else []):
             print(line)
@@ -184,13 +197,12 @@ async def _unledgered(client, wid: str) -> list:
 
     from workflows.optimization import KernelOptimization
 
-    h = run_handle(client, wid)
     try:
-        if (await h.describe()).status != WorkflowExecutionStatus.RUNNING:
+        if (await run_handle(client, wid).describe()).status != WorkflowExecutionStatus.RUNNING:
             return []
-        return await h.query(KernelOptimization.unledgered)
     except RPCError as e:
-        raise UsageError(f"cannot query run {wid!r}: {e.message}")
+        raise UsageError(f"no run {wid!r}: {e.message}")
+    return await query_run(client, wid, KernelOptimization.unledgered)
 
 
 async def cmd_export(args) -> int:

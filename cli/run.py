@@ -10,11 +10,11 @@ from pydantic import ValidationError
 
 from workflows.contracts import AGENT_QUEUE, BudgetChange, Hint, RunSpec, StopRequest, explain
 from workflows.text import budget_text, run_summary
-from cli.connection import connect_client, run_handle, run_spec_of
+from cli.connection import connect_client, run_handle, run_spec_of, update_run
 from cli.errors import UsageError
 from cli.server import register_search_attributes
 from cli.spec import check_hint, is_problem_path, parse_spec, search_space
-from cli.workers import check_workers_can_run
+from cli.workers import check_workers_can_run, unserved_queues
 
 
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
@@ -68,6 +68,9 @@ async def cmd_start(args) -> int:
     print("the plain temporal CLI drives it too:\n  " + "\n  ".join(
         temporal_hints(wid, spec, getattr(args, "address", None), getattr(args, "namespace", None))),
         file=sys.stderr)
+    if not getattr(args, "worker_follows", False):  # `marathon demo` starts its worker next
+        for line in await unserved_queues(client, spec):
+            print(f"warning: {line}", file=sys.stderr)
     return 0
 
 
@@ -83,36 +86,21 @@ async def cmd_budget(args) -> int:
     except ValidationError as e:
         raise UsageError(f"invalid budget: {explain(e)}")
     client = await connect_client(args)
-    from temporalio.client import WorkflowUpdateFailedError
-    from temporalio.service import RPCError
-
     from workflows.optimization import KernelOptimization
 
-    try:
-        # only the fields given: a BudgetChange would be sent with every other field null, and null clears
-        budget = await run_handle(client, args.id).execute_update(KernelOptimization.set_budget, fields)
-    except WorkflowUpdateFailedError as e:
-        raise UsageError(f"budget change rejected: {e.cause.message if e.cause else e}")
-    except RPCError as e:
-        raise UsageError(f"cannot update run {args.id!r}: {e.message}")
+    # only the fields given: a BudgetChange would be sent with every other field null, and null clears
+    budget = await update_run(client, args.id, KernelOptimization.set_budget, fields, "budget change")
     print(f"budget now {budget_text(budget)}")
     return 0
 
 
 async def _set_context_tokens(args) -> None:
     """llm policy: the prompt's size cap of a running run (the `set_context_tokens` update)."""
-    from temporalio.client import WorkflowUpdateFailedError
-    from temporalio.service import RPCError
-
     from workflows.optimization import KernelOptimization
 
     client = await connect_client(args)
-    try:
-        n = await run_handle(client, args.id).execute_update(KernelOptimization.set_context_tokens, args.context_tokens)
-    except WorkflowUpdateFailedError as e:
-        raise UsageError(f"context_tokens change rejected: {e.cause.message if e.cause else e}")
-    except RPCError as e:
-        raise UsageError(f"cannot update run {args.id!r}: {e.message}")
+    n = await update_run(client, args.id, KernelOptimization.set_context_tokens, args.context_tokens,
+                         "context_tokens change")
     print(f"context_tokens now {n}")
 
 

@@ -106,7 +106,8 @@ def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", h
         proc = subprocess.Popen(dev_server_args(port, ui_port, db, ip, headless), stdout=out, stderr=out,
                                 start_new_session=True, pass_fds=(fd,))
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {proc.pid}, port {port}".encode(), 0)
+        os.pwrite(fd, f"pid {proc.pid}, port {port}".encode() + (b"" if headless else f", ui port {ui_port}".encode()),
+                  0)
     finally:
         os.close(fd)  # the server's inherited copy keeps the lock
     deadline = time.time() + 60
@@ -121,16 +122,75 @@ def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", h
     return proc
 
 
+def ui_port_of(port: int, ui_port: int | None) -> int:
+    """The Web UI's port: as given, else the temporal CLI's own default, the frontend's port + 1000."""
+    return ui_port if ui_port is not None else port + 1000
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """Stop a dev server this process started (its own process group), politely first."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+#: how long a server may take from accepting connections to answering as healthy (a cold start on a busy
+#: 2-core host takes a few seconds; its frontend says "not healthy yet" meanwhile)
+HEALTH_TIMEOUT_S = 90.0
+#: how long a server that is not the demo's own (an address given, a port already held) may take to answer
+ADDRESS_TIMEOUT_S = 10.0
+
+
+async def connect_when_healthy(address: str, namespace: str | None = None, timeout: float | None = None,
+                               proc: subprocess.Popen | None = None, log: Path | None = None):
+    """A client of the server at `address` once its frontend answers healthy, tried again every half second for
+    `timeout` seconds; else one line saying what it last answered. `proc`: the server's process, if this
+    process started it (its exit ends the wait at once)."""
+    from datetime import timedelta
+
+    from temporalio.service import RPCError
+
+    from workflows.client import Unreachable, connect
+
+    timeout = HEALTH_TIMEOUT_S if timeout is None else timeout
+    loop = asyncio.get_running_loop()
+    deadline, last = loop.time() + timeout, "no answer"
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise UsageError(f"the dev server exited with status {proc.returncode}" + (f"; see {log}" if log else ""))
+        left = deadline - loop.time()
+        try:
+            client = await connect(address, namespace, timeout=max(1.0, min(5.0, left)))
+            if await client.service_client.check_health(timeout=timedelta(seconds=max(1.0, min(5.0, left)))):
+                return client
+            last = "its frontend is not serving yet"
+        except Unreachable as e:
+            last = str(e).split(" (", 1)[1].split("): ", 1)[0] if " (" in str(e) else str(e)
+        except RPCError as e:
+            last = e.message
+        if loop.time() >= deadline:
+            raise UsageError(f"the Temporal server at {address} did not answer as healthy within {timeout:g} s "
+                             f"({last})" + (f"; see {log}" if log else ""))
+        await asyncio.sleep(0.5)
+
+
 async def cmd_dev(args) -> int:
     db = Path(args.db).expanduser() if args.db else HOME / "temporal.db"
+    ui_port = ui_port_of(args.port, args.ui_port)
     lock = lock_database(db)
-    if port_open("127.0.0.1", args.port):
-        os.close(lock)
-        raise UsageError(f"port {args.port} is already in use (a dev server may be running already)")
-    proc = start_dev_server(args.port, args.ui_port, db, args.ip, args.headless, lock=lock)
+    for what, port in (("port", args.port), ("Web UI port", None if args.headless else ui_port)):
+        if port is not None and port_open("127.0.0.1", port):
+            os.close(lock)
+            raise UsageError(f"{what} {port} is already in use (a dev server may be running already): choose "
+                             f"another with --{'port' if what == 'port' else 'ui-port'}")
+    proc = start_dev_server(args.port, ui_port, db, args.ip, args.headless, lock=lock)
     print(f"Temporal dev server on {args.ip}:{args.port}, database {db}")
     if not args.headless:
-        print(f"Web UI: http://localhost:{args.ui_port}")
+        print(f"Web UI: http://localhost:{ui_port}")
     print("search attributes registered: MarathonProblem, MarathonIteration, MarathonBestSpeedup, "
           "MarathonPhase. Ctrl-C stops the server.", flush=True)
     loop = asyncio.get_running_loop()
@@ -142,7 +202,68 @@ async def cmd_dev(args) -> int:
             await asyncio.wait_for(stop.wait(), 1.0)
         except asyncio.TimeoutError:
             pass
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+    stop_server(proc)
     return 0 if stop.is_set() else (proc.returncode or 1)
+
+
+def lock_holder(db: Path) -> dict | None:
+    """The dev server holding the database's lock, from the lock file's text ({"pid", "port", "ui port"}); None
+    when no server holds it."""
+    import fcntl
+    import re
+
+    path = db.with_name(db.name + ".lock")
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # free: no server holds it
+        except BlockingIOError:
+            text = os.pread(fd, 200, 0).decode(errors="replace")
+    finally:
+        os.close(fd)
+    return {k: int(v) for k, v in re.findall(r"(pid|ui port|port) (\d+)", text)}
+
+
+async def demo_server(address: str | None, namespace: str | None, port: int, ui_port: int, db: Path, log: Path):
+    """The server `marathon demo` runs on: (client, the dev server it started or None, the Web UI's address or
+    None, one line saying which server it is). `address` (--address, TEMPORAL_ADDRESS or a profile): that
+    server, none started. Else the dev server on `port`: an earlier demo's (its database's lock says so), or a
+    new one started on `db`; someone else's Temporal server on the port is said to be used; anything else on
+    it, or on the UI port, is refused in one line."""
+    if address:
+        client = await connect_when_healthy(address, namespace, timeout=ADDRESS_TIMEOUT_S)
+        return client, None, None, (f"using the Temporal server at {address} (--address, TEMPORAL_ADDRESS or a "
+                                    f"temporal profile names it; no server is started)")
+    here = f"127.0.0.1:{port}"
+    holder = lock_holder(db)
+    if port_open("127.0.0.1", port):
+        mine = holder is not None and holder.get("port") == port
+        try:
+            client = await connect_when_healthy(here, namespace, timeout=ADDRESS_TIMEOUT_S)
+        except UsageError as e:
+            raise UsageError(f"port {port} is in use by something that answers not as a Temporal server ({e}): "
+                             f"choose another port with --port (make run PORT=...)") from None
+        if mine:
+            ui = f"http://localhost:{holder['ui port']}" if "ui port" in holder else None
+            return client, None, ui, (f"reusing the dev server an earlier demo left running on port {port} "
+                                      f"(pid {holder['pid']})")
+        return client, None, None, (f"port {port} is held by a Temporal server this demo did not start: the run goes "
+                                    f"there; choose another port with --port (make run PORT=...) for a server "
+                                    f"of the demo's own")
+    if holder is not None:
+        raise UsageError(f"{db} is in use by the dev server on port {holder.get('port')} (pid {holder.get('pid')}): "
+                         f"run the demo on that port (--port {holder.get('port')}), or stop that server "
+                         f"(kill {holder.get('pid')})")
+    if port_open("127.0.0.1", ui_port):
+        raise UsageError(f"Web UI port {ui_port} is in use: choose another with --ui-port (make run UI_PORT=...)")
+    server = start_dev_server(port, ui_port, db, log=log)
+    try:
+        client = await connect_when_healthy(here, namespace, proc=server, log=log)
+    except BaseException:
+        stop_server(server)  # the demo ends here: it leaves no server behind
+        raise
+    return client, server, f"http://localhost:{ui_port}", (f"started the Temporal dev server on port {port} "
+                                                           f"(pid {server.pid}; database {db}, log {log})")

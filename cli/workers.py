@@ -8,14 +8,13 @@ import signal
 
 from pydantic import ValidationError
 
-from workflows.contracts import AGENT_QUEUE, RunSpec, explain
+from workflows.contracts import AGENT_QUEUE, GPU_QUEUE, RunSpec, explain
 from cli.errors import UsageError
 
 
 async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
-    from workflows.contracts import GPU_QUEUE
 
     queue = args.gpu_queue or os.environ.get("MARATHON_GPU_QUEUE") or GPU_QUEUE
     try:
@@ -128,15 +127,29 @@ async def agent_worker_missing(client) -> str | None:
     return None
 
 
-async def wait_for_worker(client, proc, log, timeout: float = 120) -> None:
-    """Until the worker process `proc` (its output in `log`) polls the agent task queue, or one line saying
+async def unserved_queues(client, spec: RunSpec) -> list[str]:
+    """One line for each task queue of the run that no worker polls (the agent queue's workflow tasks, the run's
+    GPU queue's activities): a run started there waits until one starts."""
+    lines = []
+    if await queue_pollers(client, AGENT_QUEUE, workflow=True) == []:
+        lines.append(f"no worker is polling task queue {AGENT_QUEUE}: nothing runs this run until one starts "
+                     f"(`marathon worker --role all`, or `--role agent` where GPU workers run elsewhere)")
+    if await queue_pollers(client, spec.gpu_queue) == []:
+        lines.append(f"no GPU worker is polling task queue {spec.gpu_queue}: its candidates wait until one starts "
+                     f"(`marathon worker --role gpu" + ("" if spec.gpu_queue == GPU_QUEUE else
+                                                         f" --gpu-queue {spec.gpu_queue}") + "`)")
+    return lines
+
+
+async def wait_for_worker(client, proc, log, spec: RunSpec, timeout: float = 120) -> None:
+    """Until the worker process `proc` (its output in `log`) polls the run's task queues, or one line saying
     why it does not."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while await agent_worker_missing(client):
+    while missing := await unserved_queues(client, spec):
         if proc.poll() is not None:
             raise UsageError(f"the worker exited with status {proc.returncode}; see {log}")
         if asyncio.get_running_loop().time() > deadline:
-            raise UsageError(f"the worker did not poll task queue {AGENT_QUEUE} within {timeout:g} s; see {log}")
+            raise UsageError(f"the worker did not poll within {timeout:g} s ({missing[0]}); see {log}")
         await asyncio.sleep(0.5)
 
 

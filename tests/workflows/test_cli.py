@@ -237,7 +237,7 @@ async def test_client_commands_against_the_dev_server(env, store):
         res = await asyncio.wait_for(env.client.get_workflow_handle(wid, result_type=RunResult).result(), 120)
         assert res.stopped_by == "stop-signal" and res.iterations < 4500 and res.stop_reason == "cli test"
         text = (await asyncio.to_thread(marathon, "status", wid, env_address=address, check=True)).stdout
-        assert f"iteration {res.iterations}, phase done" in text and "\nstopped: cli test\n" in text
+        assert f"iteration {res.iterations}, phase done" in text and "\nstopped by stop-signal (cli test)\n" in text
         done = await asyncio.to_thread(marathon, "watch", wid, env_address=address, check=True)
         assert "stopped by stop-signal (cli test)" in done.stdout
         rep = await asyncio.to_thread(marathon, "report", wid, "--out", str(store.root.parent / "rep"),
@@ -317,10 +317,13 @@ async def test_plain_temporal_cli_drives_the_workflow(env, store):
      % ("0" * 64)),
     ('{"problem": "softmax", "start_kernel": "nokey"}', "start_kernel must be an artifact key"),
 ])
-async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message):
+async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message, capsys):
     """No validation on the client side here: the workflow itself must fail with one clear message
-    instead of retrying its first task forever or pausing at the first proposal."""
+    instead of retrying its first task forever or pausing at the first proposal; `marathon status` says
+    that it failed, and why, with a non-zero exit status (a worker is up to answer its query)."""
     from temporalio.client import WorkflowFailureError
+
+    from cli import main
 
     address = env.client.service_client.config.target_host
     wid = run_id("badin")
@@ -332,7 +335,11 @@ async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(en
         assert p.returncode == 0, p.stderr
         with pytest.raises(WorkflowFailureError) as e:
             await asyncio.wait_for(env.client.get_workflow_handle(wid).result(), 30)
+        capsys.readouterr()
+        rc = await asyncio.to_thread(main, ["status", wid, "--address", address])
+        out = capsys.readouterr().out.strip().splitlines()
     assert message in str(e.value.cause), str(e.value.cause)
+    assert rc == 1 and len(out) == 1 and out[0].startswith(f"run {wid} failed: ") and message in out[0], out
 
 
 async def test_hints_are_checked_by_the_run_s_policy_without_a_worker(env):

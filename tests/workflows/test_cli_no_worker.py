@@ -1,0 +1,90 @@
+"""With no worker, or one that has just stopped, nothing hangs: `start` warns that nothing will run the run,
+`budget`, `status` and `report` answer in one line within seconds, `watch` says what it waits for."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from contextlib import redirect_stderr
+
+import pytest
+import pytest_asyncio
+
+from cli import main
+from cli.server import connect_when_healthy, start_dev_server, stop_server
+from tests.workflows.helpers import run_id
+from tests.workflows.test_cli import free_port
+
+SECONDS = 12  # "within a few seconds", with room for a loaded 2-core host
+
+
+@pytest_asyncio.fixture(scope="module")
+async def bare(tmp_path_factory):
+    """A dev server of its own that no worker has ever polled (the shared one's pollers linger): (address, client)."""
+    port = free_port()
+    proc = start_dev_server(port, 0, tmp_path_factory.mktemp("bare") / "temporal.db", headless=True)
+    try:
+        client = await connect_when_healthy(f"127.0.0.1:{port}")
+        yield f"127.0.0.1:{port}", client
+    finally:
+        stop_server(proc)
+
+
+def timed(capsys, *argv) -> tuple[int, str, str, float]:
+    capsys.readouterr()
+    t0 = time.monotonic()
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err, time.monotonic() - t0
+
+
+async def test_no_worker_start_warns_and_the_rest_answer_at_once(bare, capsys):
+    address, client = bare
+    wid = run_id("lonely")
+    rc, out, err, _ = await asyncio.to_thread(timed, capsys, "start", "softmax", "--id", wid, "--address", address)
+    assert rc == 0 and out.strip() == wid
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert warnings == [
+        "warning: no worker is polling task queue marathon-agent: nothing runs this run until one starts "
+        "(`marathon worker --role all`, or `--role agent` where GPU workers run elsewhere)",
+        "warning: no GPU worker is polling task queue marathon-gpu: its candidates wait until one starts "
+        "(`marathon worker --role gpu`)"], err
+    for argv in (["budget", wid, "--iterations", "3"], ["status", wid], ["report", wid, "--out", "/nonexistent"]):
+        rc, out, err, took = await asyncio.to_thread(timed, capsys, *argv, "--address", address)
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and took < SECONDS, (argv, err, took)
+        assert f"run '{wid}': no worker is polling task queue marathon-agent" in lines[0], lines
+    rc, _, err, _ = await asyncio.to_thread(timed, capsys, "budget", wid, "--iterations", "3", "--address", address)
+    assert err.strip().endswith("; nothing was changed"), err
+
+    from cli.query import watch
+
+    said = io.StringIO()
+    with redirect_stderr(said), pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(watch(client, wid, interval=0.2, out=io.StringIO()), 3)
+    assert said.getvalue().startswith(f"waiting: run '{wid}': no worker is polling task queue marathon-agent")
+
+
+async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
+    """The server lists a stopped worker's poller for a minute: status and budget give up after a few seconds
+    with one line instead of waiting for an answer that cannot come."""
+    from activities.worker import build_agent_worker
+    from cli.workers import queue_pollers
+
+    address, client = bare
+    wid = run_id("orphan")
+    rc, *_ = await asyncio.to_thread(timed, capsys, "start", "softmax", "--id", wid, "--address", address)
+    assert rc == 0
+    async with build_agent_worker(client):
+        async def polled():
+            while not await queue_pollers(client, "marathon-agent", workflow=True):
+                await asyncio.sleep(0.2)
+        await asyncio.wait_for(polled(), 30)
+        await asyncio.sleep(1.0)  # the run's first task is taken
+    for argv, said in ((["status", wid], "no worker answered within 5 s"),
+                       (["budget", wid, "--iterations", "3"], "no worker took the budget change within 5 s")):
+        rc, out, err, took = await asyncio.to_thread(timed, capsys, *argv, "--address", address)
+        lines = err.strip().splitlines()
+        assert rc == 2 and len(lines) == 1 and said in lines[0] and took < SECONDS, (argv, err, took)
+    await client.get_workflow_handle(wid).terminate("test over")
