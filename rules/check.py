@@ -49,8 +49,9 @@ ALL_BUILTINS = host.BUILTINS | host.ERRORS | tri.KERNEL_BUILTINS
 HOST_TREE = host.MODULE_MEMBERS
 KERNEL_TREE = tri.KERNEL_MODULE_MEMBERS
 
-HOST_STATEMENTS = (ast.FunctionDef, ast.Assign, ast.Delete, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For, ast.While,
-                   ast.Break, ast.Continue, ast.Pass, ast.Expr, ast.Assert, ast.Raise, ast.Import, ast.ImportFrom)
+HOST_STATEMENTS = (ast.FunctionDef, ast.Assign, ast.Delete, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If,
+                   ast.For, ast.While, ast.Break, ast.Continue, ast.Pass, ast.Expr, ast.Assert, ast.Raise, ast.Import,
+                   ast.ImportFrom)
 KERNEL_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For, ast.While, ast.Break,
                      ast.Continue, ast.Pass, ast.Expr, ast.Assert)
 KERNEL_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call, ast.Constant,
@@ -256,7 +257,7 @@ class _Walker:
                 self.expr(a, False)
 
     def function(self, node: ast.FunctionDef):
-        self._store(node, node.name, defining=True)
+        self._store(node, node.name)
         kernel = False
         for d in node.decorator_list:
             path = self.path(d.func if isinstance(d, ast.Call) else d)
@@ -300,7 +301,7 @@ class _Walker:
         else:
             self.refuse(node, "language", f"assignment to a {_describe(node)} is outside the language")
 
-    def _store(self, node: ast.AST, name: str, defining: bool = False, importing: bool = False):
+    def _store(self, node: ast.AST, name: str, importing: bool = False):
         hook = name in ("__torch_function__", "__torch_dispatch__")
         if _dunder(name) and (hook or not self.in_class):
             rule = "lazy-output" if hook else "escape"

@@ -33,8 +33,8 @@ MATMUL_NAMES = frozenset({"matmul", "mm", "bmm", "baddbmm", "addmm", "addbmm", "
 #: names by family, wherever they appear (torch.X, x.X, a builtin)
 NAME_FAMILY = {
     **{n: "output-cache" for n in ("data_ptr", "untyped_storage", "storage", "storage_offset", "unsafe_chunk",
-                                   "lru_cache", "cache", "cached_property", "id", "hash", "weakref", "_version", "_cdata",
-                                   "_base")},
+                                   "lru_cache", "cache", "cached_property", "id", "hash", "weakref", "_version",
+                                   "_cdata", "_base")},
     **{n: "lazy-output" for n in ("as_subclass", "TorchFunctionMode", "TorchDispatchMode", "Thread", "Timer",
                                   "overrides", "_python_dispatch", "register_hook", "register_forward_hook")},
     **{n: "process" for n in ("Process", "Popen", "system", "fork", "spawn", "posix_spawn", "multiprocessing")},

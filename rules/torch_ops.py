@@ -30,8 +30,8 @@ TORCH_RULE = ("In run(), torch may only allocate (empty, zeros, ones, full, *_li
               "copy and cast (clone, contiguous, copy_, to) and fill (fill_, zero_); every other torch op "
               "(arithmetic, reductions, math functions, scans, sorts, gathers, cat, item) is refused: the work "
               "is your own Triton, and a new best's profile may show only your Triton kernels.")
-#: torch functions a candidate may call as torch.name(...): allocations, views, copies and queries; any
-#: other function directly under torch computes (library-kernel)
+#: torch functions a candidate may call as torch.name(...): allocations, views, copies and queries
+#: (rules/host_language.py lists them with torch's dtypes)
 ALLOWED_TORCH_CALLS = frozenset({
     "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
     "tensor", "as_tensor", "scalar_tensor", "as_strided", "reshape", "permute", "transpose", "t", "squeeze",
@@ -41,11 +41,8 @@ ALLOWED_TORCH_CALLS = frozenset({
     "result_type", "broadcast_shapes", "no_grad", "inference_mode", "is_grad_enabled", "set_grad_enabled",
     "get_device",
 })
-#: modules of torch whose every function computes (torch.nn's modules too, once called); calling one is
-#: a library kernel doing the work, save the listed exceptions
-COMPUTE_MODULES = {"torch.nn.functional": (), "torch.special": (), "torch.fft": (), "torch.nn": ("Parameter",)}
-#: names of torch functions and Tensor methods that compute on their tensors: refused under torch
-#: (torch.exp, torch.Tensor.sum) and as a method call on any object outside Triton kernels (x.sum())
+#: names of torch functions and Tensor methods that compute on their tensors: the language lists none of
+#: them, and a refusal of one names the rule `library-kernel` (rules/refusals.py)
 COMPUTE_NAMES = frozenset({
     # elementwise arithmetic and math
     "abs", "absolute", "acos", "acosh", "add", "addcdiv", "addcmul", "angle", "asin", "asinh", "atan", "atan2",
@@ -79,6 +76,3 @@ COMPUTE_NAMES = frozenset({
     "normalize", "dropout", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "cosine_similarity", "pairwise_distance", "cdist", "embedding", "one_hot",
 })
-#: method names that are also Python's own (set.add, list.sort): as x.name() on an unknown object they are
-#: left to the run-time guard
-PYTHON_METHODS = frozenset({"add", "sort"})

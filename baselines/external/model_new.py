@@ -1,6 +1,6 @@
 """The second candidate form for problem files: KernelBench's `class ModelNew`, turned into functions and the
-entry function `run(inputs, out)` the harness calls (the candidate language has no classes); and the marker line between a kernel and its calling form in a
-file `marathon export` writes."""
+entry function `run(inputs, out)` the harness calls (the candidate language has no classes); and the marker
+line between a kernel and its calling form in a file `marathon export` writes."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ def entry_source(source: str, problem: ExternalProblem) -> str:
         init_args.setdefault(sizes, list(args))
     has_init = any(f.name == _function_name("__init__") for f in functions)
     ins = ", ".join(f'inputs["in{i}"]' for i in range(n))
-    lines = ["", "", "# the ModelNew form called as run(inputs, out): its methods are functions of a dict of its fields",
+    lines = ["", "", "# the ModelNew form called as run(inputs, out): its methods, functions of a dict of its fields",
              "import torch as marathon_torch", "",
              f"MARATHON_INIT_ARGS = {init_args!r}", "MARATHON_MODELS = {}", "", "",
              "def run(inputs, out):",

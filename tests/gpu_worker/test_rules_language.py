@@ -32,7 +32,8 @@ def refused(code: str, problem: str = "softmax"):
     "    pass",
     # host code: containers, comprehensions, generator expressions, f-strings, raise, del, while, star-args
     "def prep(inputs, **kw):\n    a, b = (inputs[n].contiguous() for n in ('a', 'b'))\n"
-    "    sizes = {k: v.shape for k, v in inputs.items()}\n    xs = [t.float() for t in inputs.values() if t.ndim == 2]\n"
+    "    sizes = {k: v.shape for k, v in inputs.items()}\n"
+    "    xs = [t.float() for t in inputs.values() if t.ndim == 2]\n"
     "    if not xs:\n        raise ValueError(f'no 2-d input among {sorted(sizes)!r}')\n"
     "    del xs[1:]\n    n = 1\n    while n < a.shape[-1]:\n        n *= 2\n    return max(*[n, 16]), kw.get('extra')",
     "from triton import cdiv\nfrom math import sqrt\nLAUNCHED: dict = {}\nC = cdiv(300, 64) * sqrt(2.0)",
