@@ -1,6 +1,6 @@
 """The report's progress picture (activities/report.py): what it draws from a run's records."""
 
-from activities.report import _plots, progress_series
+from activities.report import CROWN_NOTE, _plots, progress_figure, progress_series
 from workflows.contracts import IterationRecord
 
 
@@ -36,6 +36,23 @@ def test_under_the_interpreter_it_draws_times_not_ratios(tmp_path):
     s = progress_series(records)
     assert s["cand"] == [50.0, 100.0] and s["best"] == [50.0, 50.0]
     assert _plots(records, tmp_path) == ["progress.png"] and (tmp_path / "progress.png").stat().st_size > 0
+
+
+def test_the_picture_says_that_crowning_takes_a_confident_win():
+    """A verified candidate faster than the crowned best (one timing) is no bug: legend and note say why."""
+    import matplotlib.pyplot as plt
+
+    records = [_rec(1, "improved", 1.05, 130.0), _rec(2, "passed", 1.10, 190.0)]  # 2 looks faster, not crowned
+    s = progress_series(records)
+    assert max(s["cand"]) > s["best"][-1]
+    fig = progress_figure(records)
+    try:
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        notes = [t.get_text() for t in fig.texts]
+    finally:
+        plt.close(fig)
+    assert labels == ["each verified candidate (one timing)", "crowned best (a confident win)"]
+    assert CROWN_NOTE in notes and "95% confidence in one head-to-head timing" in CROWN_NOTE
 
 
 def test_long_reasons_and_rationales_are_cut_between_words():
