@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
+from gpu_worker.guard_torch import mode_stacks
 from gpu_worker.pins import Pins
 
 if TYPE_CHECKING:
@@ -193,6 +194,10 @@ class ChildCore:
         """Right after every call of the candidate, before any trusted code runs on: a thread it started that
         is still alive (work finished after the call returned is never timed nor checked), or a slot of the
         trusted code rebound (gpu_worker.pins), is refused at once."""
+        seal = getattr(self, "seal", None)
+        if seal is not None and mode_stacks() != seal.modes:  # torch would run its code inside the harness's
+            self._refuse("lazy-output", f"torch modes left active by the candidate (function/dispatch stacks "
+                         f"{mode_stacks()[:2]} where {seal.modes[:2]} were before it loaded)")
         now = self.candidate_threads()
         started = (now[0] - threads[0], now[1] - threads[1])
         if started[0] or started[1]:

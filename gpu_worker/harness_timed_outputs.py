@@ -17,14 +17,14 @@ def _check_entries(checks: list, reps: int, expected: list, keys: list | None = 
     (given `keys`) one distinct key per call, which the baseline's values are drawn with."""
     from gpu_worker.timing_inputs import check_keys
 
+    if not checks:
+        return
     if keys is not None:
         try:
             check_keys(keys, reps)
         except ValueError as e:
             raise Rejection("benchmark", f"timed-output: the candidate's process reported keys unfit for its "
                             f"{reps} timed calls ({e}): its report was altered") from None
-    if not checks:
-        return
     ok = len(checks) == reps and all(
         isinstance(c, list) and len(c) == 2 and type(c[0]) is int and isinstance(c[1], list)
         and all(type(x) is float for x in c[1]) for c in checks) and [c[0] for c in checks] == list(expected)
