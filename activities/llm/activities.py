@@ -96,8 +96,8 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
         seen = ledger_index(store, req.ledger_key)
     except ArtifactStoreError as e:
         raise _infra(e) from e
-    try:
-        reply = chat(build, ep, tools, adapted=req.adapted)
+    try:  # only the submission open: a call is required (tool_choice, where the profile allows)
+        reply = chat(build, ep, tools, adapted=req.adapted, must_act=bool(req.submit_only))
     except ApplicationError as e:
         raise _retry_quietly(e, req.turn) from None
     messages = built["messages"]

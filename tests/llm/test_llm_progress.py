@@ -84,6 +84,9 @@ async def test_a_model_calling_compile_without_source_over_and_over_stops_cleanl
     # from then on only the submission is offered, and the prompt says so
     assert [len(tool_names(s)) for s in turns[:4]] == [11] * 4
     assert all(tool_names(s) == ["submit_kernel"] for s in turns[4:])
+    forced = {"type": "function", "function": {"name": "submit_kernel"}}  # required, in the form more servers take
+    assert all(s.body.get("tool_choice") == forced for s in turns[4:])
+    assert all(s.body.get("tool_choice") == "auto" for s in turns[:4])
     assert "Only submit_kernel is open this turn" in turns[4].body["messages"][-1]["content"]
     assert "only submit_kernel is open now" in answers(turns[5])[0]
 
