@@ -29,6 +29,17 @@ def slow(item, delay=0.4):
     return f
 
 
+async def pending_attempt(h, n: int, timeout: float = 30.0) -> None:
+    """Until the run's pending llm_turn activity is at attempt n."""
+    async def poll():
+        while True:
+            pending = (await h.describe()).raw_description.pending_activities
+            if pending and pending[0].attempt >= n:
+                return
+            await asyncio.sleep(0.1)
+    await asyncio.wait_for(poll(), timeout)
+
+
 async def test_watch_status_and_the_log_follow_turns_and_an_endpoint_outage(env, store, llm_env, caplog):
     from cli.query import watch
 
@@ -41,7 +52,7 @@ async def test_watch_status_and_the_log_follow_turns_and_an_endpoint_outage(env,
     async with workers(env.client):
         h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 2}), "llm-follow")
         watching = asyncio.create_task(watch(env.client, h.id, interval=0.1, out=out))
-        await asyncio.sleep(4.5)  # attempts at 0, 1 and 3 s
+        await pending_attempt(h, 4)  # attempts at 0, 1 and 3 s have failed
         cli = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "cli", "status", h.id, "--address", env.client.service_client.config.target_host,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
