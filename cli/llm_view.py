@@ -33,16 +33,22 @@ def turn_lines(v: TurnView) -> list[str]:
 
 
 class TurnPrinter:
-    """What `watch` has printed of the turns: each turn once its reply is in, each verdict once it comes."""
+    """What `watch` has printed of the turns: each turn once its reply is in, each verdict once it comes,
+    and a turn still waiting for its reply after `wait_note` seconds (a slow model is not a dead run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_note: float = 15.0) -> None:
+        self.wait_note = wait_note
         self.turns: set[int] = set()
+        self.waiting: set[int] = set()
         self.calls: set[tuple[int, int]] = set()
 
-    def new_lines(self, turns: list[TurnView]) -> list[str]:
+    def new_lines(self, turns: list[TurnView], now: float) -> list[str]:
         out = []
         for v in turns:
             if not v.replied:
+                if now - v.asked_at >= self.wait_note and v.turn not in self.waiting:
+                    self.waiting.add(v.turn)
+                    out.append(turn_line(v))
                 continue
             if v.turn not in self.turns:
                 self.turns.add(v.turn)

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from workflows.contracts import RunResult
@@ -119,7 +120,7 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             print(f"{st.iteration:>5} {phase:<13} {fmt_best(st.best):<58} {fmt_last(st.last)}", file=out,
                   flush=True)
         if st.llm is not None:
-            for line in turns.new_lines(st.llm.turns):
+            for line in turns.new_lines(st.llm.turns, time.time()):
                 print(f"      {line}", file=out, flush=True)
             now = endpoint_trouble(desc, _asked_at(st))
             failed = now.rsplit("; attempt", 1)[0] if now else None  # the same while its next attempt runs

@@ -80,3 +80,21 @@ async def test_watch_status_and_the_log_follow_turns_and_an_endpoint_outage(env,
     retries = [r for r in caplog.records if "retried by Temporal" in r.getMessage()]
     assert len(retries) >= 3 and all("connection failed" in r.getMessage() for r in retries)
     assert not any(r.exc_info for r in caplog.records if r.levelno >= logging.INFO and "llm_turn" in str(r.__dict__))
+
+
+def test_watch_says_a_turn_is_waiting_for_a_slow_model_once():
+    from cli.llm_view import TurnPrinter
+    from workflows.contracts import CallView, TurnView
+
+    p = TurnPrinter(wait_note=15)
+    asked = TurnView(turn=3, asked_at=1000.0)
+    assert p.new_lines([asked], now=1010.0) == []  # a turn answered within seconds prints once, when answered
+    (waiting,) = p.new_lines([asked], now=1016.0)
+    assert waiting.startswith("turn 3: asked at ") and waiting.endswith("waiting for the model")
+    assert p.new_lines([asked], now=1100.0) == []
+    replied = asked.model_copy(update={"replied": True, "tokens_in": 1200, "tokens_out": 30,
+                                       "calls": [CallView(name="compile")]})
+    assert p.new_lines([replied], now=1101.0) == ["turn 3: compile (1,200 in / 30 out tokens)"]
+    done = replied.model_copy(update={"calls": [CallView(name="compile", verdict="compiled (interpreter)")]})
+    assert p.new_lines([done], now=1102.0) == ["  compile: compiled (interpreter)"]
+    assert p.new_lines([done], now=1103.0) == []
