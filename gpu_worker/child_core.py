@@ -5,6 +5,7 @@ serves, the violations it reports with every reply and how a failure is describe
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import traceback
@@ -185,6 +186,16 @@ class ChildCore:
                 self.pins.add_class(c)
         self.pins.add("T", self.T, list(self.T))
         self.pins.add("server", vars(self), ["T", "pins", "watch", "saved", "timing"])
+        # the modules the trusted code imports later, loaded now: a module planted under one of these names
+        # would be what that import returns
+        import gpu_worker.devicetime  # noqa: F401
+        import gpu_worker.timing  # noqa: F401
+
+        tops = ("gpu_worker", "torch", "triton", "numpy", "time", "os", "threading", "pickle", "math", "hashlib",
+                "json", "multiprocessing", "importlib", "gc", "sys", "builtins")
+        self.pins.add("sys.modules", sys.modules, [n for n in list(sys.modules) if n.split(".")[0] in tops])
+        self.pins.add("sys", vars(sys), ["excepthook", "unraisablehook", "displayhook", "breakpointhook",
+                                         "meta_path", "path_hooks", "modules"])
 
     def candidate_threads(self) -> tuple:
         """The threads alive now, Python's and the process's tasks: taken before a call of the candidate."""
@@ -198,6 +209,9 @@ class ChildCore:
         if seal is not None and mode_stacks() != seal.modes:  # torch would run its code inside the harness's
             self._refuse("lazy-output", f"torch modes left active by the candidate (function/dispatch stacks "
                          f"{mode_stacks()[:2]} where {seal.modes[:2]} were before it loaded)")
+        hooks = self._foreign_hooks()
+        if hooks:
+            self._refuse("escape", f"the candidate left code of its own for the interpreter to run later: {hooks}")
         now = self.candidate_threads()
         started = (now[0] - threads[0], now[1] - threads[1])
         if started[0] or started[1]:
@@ -206,6 +220,21 @@ class ChildCore:
         changed = self.pins.changed()
         if changed:
             self._refuse(self._family_of_slots(changed), "rebound by the candidate: " + ", ".join(changed[:6]))
+
+    def _foreign_hooks(self) -> str:
+        """Hooks through which the interpreter would run candidate code later, inside the harness's own:
+        the garbage collector's callbacks, import finders and path hooks, trace and profile functions
+        (threads' included). Empty when every one is the libraries' own."""
+        seal = getattr(self, "seal", None)
+        if seal is None:
+            return ""
+        import gc
+
+        found = [f"{where}: {type(h).__name__}" for where, hooks in (
+            ("gc.callbacks", gc.callbacks), ("sys.meta_path", sys.meta_path), ("sys.path_hooks", sys.path_hooks),
+            ("trace", [sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile()]))
+            for h in hooks if h is not None and not seal.library_object(h)]
+        return ", ".join(found[:4])
 
     @staticmethod
     def _family_of_slots(names: list) -> str:

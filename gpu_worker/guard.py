@@ -38,6 +38,7 @@ import json
 import os
 import sys
 import sysconfig
+import types
 
 from gpu_worker.guard_torch import dispatch_guard, mode_stacks, seal_dispatch_entries  # noqa: F401 - the guard's parts
 
@@ -58,10 +59,12 @@ COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py
 LAUNCHER_BUILD, LAUNCHER_CALLER = "triton/runtime/build.py", "triton/backends/nvidia/driver.py"
 CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
                  "ctypes.string_at", "ctypes.wstring_at")
-#: reaching frames and objects the candidate was not handed: refused when the candidate itself asks (the
-#: innermost frame outside the standard library is its own); `object.__getattr__` only for FRAME_ATTRS
+#: reaching frames and objects the candidate was not handed, or making code of its own at run time: refused
+#: when the candidate itself asks (the innermost frame outside the standard library is its own);
+#: `object.__getattr__` only for FRAME_ATTRS
 INTROSPECTION_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-                        "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__")
+                        "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__",
+                        "exec", "compile", "code.__new__", "function.__new__")
 FRAME_ATTRS = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "__defaults__", "__kwdefaults__", "__code__",
                "gi_code", "cr_code", "ag_code")
 #: code of the candidate's own run by the interpreter at other times: refused while its code is on the stack
@@ -285,9 +288,19 @@ class Seal:
         self.builtins = dict(vars(builtins))  # the hook, like all code, looks builtins up when it runs
         self.seen = 0  # violations counted at the last check: the list never shrinks
 
-    def _library_object(self, obj) -> bool:
-        f = getattr(sys.modules.get(type(obj).__module__), "__file__", None) or ""
-        return any(f.startswith(p) for p in self.cfg[2])
+    def library_object(self, obj) -> bool:
+        """Whether the Python code `obj` would run (a function's, or the methods of a class or of an
+        object's class) is all the standard library's, site-packages' or the harness's, by the files it
+        was compiled from (candidate code may not compile code of its own: the audit hook)."""
+        f = getattr(obj, "__func__", obj)
+        if isinstance(f, types.FunctionType):
+            codes = [f.__code__]
+        else:
+            cls = obj if isinstance(obj, type) else type(obj)
+            codes = [getattr(v, "__func__", v).__code__ for c in cls.__mro__[:-1] for v in list(vars(c).values())
+                     if isinstance(getattr(v, "__func__", v), types.FunctionType)]
+        return all(c.co_filename.startswith("<frozen") or any(c.co_filename.startswith(p) for p in self.cfg[2])
+                   for c in codes)
 
     def broken(self) -> list[tuple[str, str]]:
         # builtins first, with no builtin called: the checks below (and the hook) use them
@@ -306,7 +319,7 @@ class Seal:
         if getattr(self.blocker.find_spec, "__func__", None) is not self.find_spec:
             out.append(("escape", "the guard's import blocker was modified"))
         first = next((i for i, m in enumerate(sys.meta_path) if m is self.blocker), None)
-        if first is None or any(not self._library_object(m) for m in sys.meta_path[:first]):
+        if first is None or any(not self.library_object(m) for m in sys.meta_path[:first]):
             out.append(("escape", "the guard's import blocker was removed or bypassed in sys.meta_path"))
         if sys.modules.get(__name__) is not self.module or getattr(self.module, "VIOLATIONS", None) is not self.violations:
             out.append(("escape", "the guard's module or its violations list was replaced"))

@@ -2,7 +2,8 @@
 (tests/gpu_worker/adversaries: candidates that run arbitrary Python, judged with the static rules off):
 frames reached through generators, coroutines and tracebacks, objects through the garbage collector, the
 values of timed calls predicted, timers and recorded times rewritten, work finished by a thread behind a
-patched output check, the dispatch guard popped, switched off or bypassed and put back. Each fails with
+patched output check, code left for the interpreter to run later, a module planted under a harness's name,
+the dispatch guard popped, switched off or bypassed and put back. Each fails with
 its own trick. Where a layer is proven on its own (frames reachable, torch free), the adversary runs in
 this process on a candidate child's real timing loop."""
 
@@ -32,6 +33,9 @@ CASES = [
     ("thread_after_return", "softmax", "lazy-output", "thread"),
     ("raw_thread_after_return", "softmax", "lazy-output", "thread"),
     ("trace_hook", "softmax", "escape", "sys.settrace"),
+    ("later_gc_callback", "softmax", "escape", "gc.callbacks"),
+    ("later_planted_module", "softmax", "escape", "gpu_worker.timing"),
+    ("later_import_finder", "softmax", "escape", "sys.meta_path"),
     ("guard_popped", "softmax", "escape", "_pop_torch_dispatch_stack"),
     ("guard_disabled", "softmax", "escape", "_DisableTorchDispatch"),
     ("guard_key_excluded", "softmax", "escape", "_ExcludeDispatchKeyGuard"),
