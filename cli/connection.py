@@ -22,7 +22,7 @@ def run_handle(client, wid: str):
 
 #: how long a query or update waits for a worker to answer: a live worker answers within a second or two; the
 #: server goes on listing a worker's poller for a minute after it stops, and nothing answers then
-ANSWER_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 8.0
 
 
 class RunFailed(UsageError):
