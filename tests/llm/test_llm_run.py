@@ -72,7 +72,7 @@ async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store,
     assert [r.rationale for r in recs] == [f"ladder step {i}: {k}" for i, k in enumerate(LADDER)]
     # it improved across turns: the best is the fastest rung, far above the first kernel
     assert res.best.candidate_id == candidate_id(softmax_kernel(**LADDER[10]))
-    assert res.best.speedup > 3 * recs[0].speedup
+    assert res.best.time_ms * 3 < recs[0].time_ms  # (interpreter timings: a result carries no speedup)
     assert sum(r.outcome == "improved" for r in recs) >= 5
 
     # accounting adds up: every token the server reported, every tool call it asked for
