@@ -24,6 +24,17 @@ LONG_BROKEN = TEMPLATE.replace("def run(", "def run(:\n", 1) + "".join(
     f"# the kernel loads a row, subtracts the max, exponentiates and normalises, step {i}\n" for i in range(190))
 
 
+@pytest.fixture(autouse=True)
+def fresh_probes():
+    """What servers said of their context is kept per address for a while: a port a later test reuses
+    must not inherit what these tests' servers said."""
+    from activities.llm import context
+
+    context._PROBED.clear()
+    yield
+    context._PROBED.clear()
+
+
 def turn_req(**kw) -> LlmTurnRequest:
     base = dict(workflow_id="w", problem="softmax", turn=1, iteration=0, budget=Budget(iterations=30), used=Used())
     return LlmTurnRequest(**{**base, **kw})
