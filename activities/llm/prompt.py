@@ -189,9 +189,11 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
                    budget: int | None = None) -> list[dict]:
     """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
     schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
-    turn to turn), the last turns, then the run's state. To fit, it sheds the template (keeping the two
-    latest turns), old turns, the non-best kernels, the notebook's middle, long tool answers, then the
-    best kernel's lines that the starting kernel has too."""
+    turn to turn), the last turns, then the run's state. To fit, it sheds the template once there is a
+    best (keeping the two latest turns), old turns, the non-best kernels, the notebook's middle, long tool
+    answers, the latest turn's kernels in full (named and diffed instead), then the best kernel's lines
+    that the starting kernel has too. The objective, the best (else the template) and the latest turn
+    with its answers always stay."""
     notebook = ""
     if req.notebook_key:
         try:
