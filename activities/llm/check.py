@@ -5,7 +5,8 @@ from __future__ import annotations
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.chat import chat, post
-from activities.llm.context import context_fit, with_server_context
+from activities.llm.context import with_server_context
+from activities.llm.prompt import context_fit
 from activities.llm.endpoint import PROFILE_ENV, endpoint, env_text
 from activities.llm.errors import describe_change
 from activities.llm.probe import ToolsSeen, tools_seen

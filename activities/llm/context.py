@@ -15,8 +15,11 @@ import time
 import urllib.request
 from dataclasses import replace
 
-from activities.llm.endpoint import Endpoint, Profile
+from activities.llm.endpoint import REPLY_SHARE, Endpoint, Profile
+from activities.llm.replies import estimate_tokens
+from activities.llm.tools import TOOLS
 
+CONTEXT_MARGIN = 256  # tokens of a known context left free: the chat template's own, the estimate's error
 PROBE_SECONDS = 3.0  # per request to the server's information routes
 PROBE_TTL = 30.0  # a server restarted with another context is seen again within this long
 _PROBED: dict[tuple, tuple[float, int | None]] = {}
@@ -93,11 +96,20 @@ SERVER_CONTEXT_FLAGS = ("llama.cpp's llama-server -c N, llama-cpp-python --n_ctx
                         "Ollama OLLAMA_CONTEXT_LENGTH=N")
 
 
+def endpoint_room(s: Profile, shrink: int, mode: str, tools: list[dict] = TOOLS) -> int | None:
+    """Estimated tokens a prompt may take within the endpoint's known context (less the reply cap, the
+    tool schemas and a margin), smaller at each shrink; None when the context is unknown."""
+    if not s.context_tokens:
+        return None
+    room = s.context_tokens - (s.reply_tokens or s.context_tokens // REPLY_SHARE) - CONTEXT_MARGIN
+    if mode != "text":
+        room -= estimate_tokens(tools)
+    return int(room * 0.6 ** shrink)
+
+
 def needed_context(prompt_tokens: int) -> int:
     """The smallest context (a multiple of 1024) that holds a prompt of this size and a reply of a quarter
     of the context (the cap a known context gets: endpoint.fit_reply)."""
-    from activities.llm.prompt import CONTEXT_MARGIN
-
     n = (prompt_tokens + CONTEXT_MARGIN) * 4 // 3 + 1
     return -(-n // 1024) * 1024
 
@@ -109,8 +121,6 @@ def too_small(ep: Endpoint, s: Profile, needed: int | None, then: str = ", then 
         return (f"{ep.where()}: the endpoint refused the prompt as too long even shrunk to its smallest, and "
                 f"did not say its context. Start the server with a larger context ({SERVER_CONTEXT_FLAGS}) and "
                 f"tell the agent worker its size with MARATHON_LLM_CONTEXT_TOKENS{then}.")
-    from activities.llm.prompt import CONTEXT_MARGIN
-
     text = (f"{ep.where()}: the smallest prompt (the objective, the best or starting kernel, the last turn and "
             f"its answers, the tool schemas: about {needed} tokens) and a reply of up to {s.reply_tokens} tokens "
             f"do not fit the endpoint's context of {limit} tokens. ")
@@ -125,25 +135,3 @@ def too_small(ep: Endpoint, s: Profile, needed: int | None, then: str = ", then 
              + f"{then}.")
     return text
 
-
-LAST_TURN_TOKENS = 600  # a later turn's prompt adds its last turn, compacted, over the first one's
-
-
-def context_fit(ep: Endpoint, s: Profile, mode: str) -> str | None:
-    """For `marathon llm-check`: None when a run's smallest prompt (softmax, the smallest problem: the
-    objective, the starting kernel, a compacted last turn) fits the known context beside the reply cap;
-    else what would help. None too when the context is unknown."""
-    from activities.llm.prompt import build_messages, endpoint_room
-    from activities.llm.replies import estimate_tokens
-    from activities.llm.tools import TOOLS
-    from workflows.contracts import Budget, LlmTurnRequest, Used
-
-    room = endpoint_room(s, 0, mode)
-    if room is None:
-        return None
-    req = LlmTurnRequest(workflow_id="llm-check", problem="softmax", turn=2, iteration=1, budget=Budget(),
-                         used=Used(turns=1))
-    need = estimate_tokens(build_messages(req, None, mode, budget=0)) + LAST_TURN_TOKENS
-    if need <= room:
-        return None
-    return too_small(ep, s, need + (estimate_tokens(TOOLS) if mode != "text" else 0), then="")

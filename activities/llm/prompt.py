@@ -10,9 +10,10 @@ from baselines.registry import get_problem
 from rules.host_language import LANGUAGE_RULE
 from rules.torch_ops import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
-from workflows.contracts import LlmTurnRequest
+from workflows.contracts import Budget, LlmTurnRequest, Used
 from workflows.text import clip
-from activities.llm.endpoint import REPLY_SHARE, Profile
+from activities.llm.context import endpoint_room, too_small
+from activities.llm.endpoint import Endpoint, Profile
 from activities.llm.errors import ContextTooSmall
 from activities.llm.history import history_units, load_turns, result_text
 from activities.llm.replies import estimate_tokens
@@ -277,26 +278,12 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
     return msgs  # the smallest plan: what always stays, whatever it costs
 
 
-CONTEXT_MARGIN = 256  # tokens of a known context left free: the chat template's own, the estimate's error
-
-
 def prompt_budget(req: LlmTurnRequest, s: Profile, shrink: int, mode: str, tools: list[dict] = TOOLS) -> int:
     """Estimated tokens the turn's prompt may take: the run's context_tokens, within the endpoint's
     context less the reply cap when that is known, smaller at each shrink after a refusal."""
     budget = req.context_tokens - (estimate_tokens(tools) if mode != "text" else 0)
     room = endpoint_room(s, 0, mode, tools)
     return int((budget if room is None else min(budget, room)) * 0.6 ** shrink)
-
-
-def endpoint_room(s: Profile, shrink: int, mode: str, tools: list[dict] = TOOLS) -> int | None:
-    """Estimated tokens a prompt may take within the endpoint's known context (less the reply cap, the
-    tool schemas and a margin), smaller at each shrink; None when the context is unknown."""
-    if not s.context_tokens:
-        return None
-    room = s.context_tokens - (s.reply_tokens or s.context_tokens // REPLY_SHARE) - CONTEXT_MARGIN
-    if mode != "text":
-        room -= estimate_tokens(tools)
-    return int(room * 0.6 ** shrink)
 
 
 def fit_prompt(req: LlmTurnRequest, store: ArtifactStore, s: Profile, shrink: int, mode: str,
@@ -308,3 +295,21 @@ def fit_prompt(req: LlmTurnRequest, store: ArtifactStore, s: Profile, shrink: in
     if room is not None and estimate_tokens(msgs) > room:
         raise ContextTooSmall(estimate_tokens(msgs) + (estimate_tokens(tools) if mode != "text" else 0))
     return msgs
+
+
+LAST_TURN_TOKENS = 600  # a later turn's prompt adds its last turn, compacted, over the first one's
+
+
+def context_fit(ep: Endpoint, s: Profile, mode: str) -> str | None:
+    """For `marathon llm-check`: None when a run's smallest prompt (softmax, the smallest problem: the
+    objective, the starting kernel, a compacted last turn) fits the known context beside the reply cap;
+    else what would help. None too when the context is unknown."""
+    room = endpoint_room(s, 0, mode)
+    if room is None:
+        return None
+    req = LlmTurnRequest(workflow_id="llm-check", problem="softmax", turn=2, iteration=1, budget=Budget(),
+                         used=Used(turns=1))
+    need = estimate_tokens(build_messages(req, None, mode, budget=0)) + LAST_TURN_TOKENS
+    if need <= room:
+        return None
+    return too_small(ep, s, need + (estimate_tokens(TOOLS) if mode != "text" else 0), then="")

@@ -63,7 +63,8 @@ def _previous(store, llm_env) -> str:
      "refused (it was cut off at the reply limit of 4096 tokens)"),
     (completion("## Next\n" + "- try BLOCK_N=1024 with num_warps=8\n" * 120, prompt_tokens=900, completion_tokens=1500),
      "refused (it repeats itself: one line is 120 of its 121 lines"),
-    (completion("## Next\n" + "try BLOCK_N=1024 with num_warps=8 and " * 150, prompt_tokens=900, completion_tokens=1500),
+    (completion("## Next\n" + "try BLOCK_N=1024 with num_warps=8 and " * 150, prompt_tokens=900,
+                completion_tokens=1500),
      "refused (it repeats itself: it compresses to")])
 def test_a_cut_off_or_repetitive_rewrite_is_refused_and_the_notes_kept(store, llm_env, reply, why):
     key = _previous(store, llm_env)

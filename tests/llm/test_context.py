@@ -105,7 +105,8 @@ def test_the_reply_cap_follows_the_context_the_server_reports(store, llm_env, ro
 
 def test_context_reports_of_other_servers():
     assert from_props({"n_ctx": 4096}) == 4096 and from_props({"default_generation_settings": {}}) is None
-    assert from_models({"data": [{"id": "a", "context_length": 32768}, {"id": "b", "context_length": 8192}]}, "b") == 8192
+    listed = {"data": [{"id": "a", "context_length": 32768}, {"id": "b", "context_length": 8192}]}  # OpenRouter's
+    assert from_models(listed, "b") == 8192
     assert from_models({"data": [{"id": "only", "object": "model"}]}, "only") is None  # llama-cpp-python's
     assert from_models({"data": [{"id": "x", "max_model_len": 4096}]}, "other") == 4096  # the only one served
 
