@@ -281,6 +281,13 @@ def host_key() -> dict[str, str]:
     return {"host": socket.gethostname()}
 
 
+def ceilings_key(device: str) -> dict:
+    """What decides the measured ceilings (child_reference.cmd_ceilings): the GPU (`device`, its name), the
+    host, torch and CUDA; a card's copy bandwidth and matmul rate do not change between a worker's starts."""
+    return {"kind": "ceilings", "device": device, **host_key(),
+            **{k: v for k, v in versions().items() if k in ("torch", "cuda")}}
+
+
 class BackgroundWriter:
     """Writes entries on a thread of its own, in order, so that a process inside a device turn (the
     reference child computing oracles) does not spend the turn hashing and writing files. The thread is not

@@ -206,11 +206,9 @@ class ChildReference:
         rate do not change between a worker's starts; a new driver or torch measures again)."""
         import torch
 
-        from gpu_worker.caches import DiskCache, cache_root, host_key, versions
+        from gpu_worker.caches import DiskCache, cache_root, ceilings_key
 
-        key = {"kind": "ceilings", "device": torch.cuda.get_device_name(0), **host_key(),
-               **{k: v for k, v in versions().items() if k in ("torch", "cuda")}}
-        return DiskCache(cache_root(self.settings), "ceilings"), key
+        return DiskCache(cache_root(self.settings), "ceilings"), ceilings_key(torch.cuda.get_device_name(0))
 
     def _measure_ceilings(self):
         import torch

@@ -268,3 +268,14 @@ def test_a_temp_file_left_by_a_killed_writer_is_removed_once_old(tmp_path):
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     c.put(KEY, b"x")
     assert not old.exists() and new.exists()  # a writer may still be busy with the recent one
+
+
+def test_the_ceilings_are_kept_per_gpu_model_host_and_versions(tmp_path):
+    """The reference child's ceilings entry (measured on CUDA only; the key and the entry are the CPU's part)."""
+    from gpu_worker.caches import ceilings_key
+
+    h100, h200 = ceilings_key("NVIDIA H100 80GB HBM3"), ceilings_key("NVIDIA H200")
+    assert h100 != h200 and {"host", "torch", "cuda", "device"} <= set(h100)
+    c = DiskCache(tmp_path, "ceilings")
+    c.put_json(h200, {"bandwidth": 4.1e12, "flops": 7.2e14})
+    assert c.get_json(h200) == {"bandwidth": 4.1e12, "flops": 7.2e14} and c.get_json(h100) is None
