@@ -117,7 +117,7 @@ class ChildReference:
             self._sync()
             t3 = time.perf_counter()
             errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
-            if getattr(self, "case_cache", None) is not None:  # copied off the device now, written on the cache's own thread
+            if getattr(self, "case_cache", None) is not None:  # copied off the device now, written on its own thread
                 self.case_cache.put(dist, seed, h, max(errs) if baseline else None,
                                     {k: self.T["to"](v, "cpu") for k, v in ref.items()})
             out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
@@ -195,7 +195,7 @@ class ChildReference:
             return protocol.Ceilings(bandwidth=None, flops=None)
         cache, key = self._ceilings_cache()
         found = cache.get_json(key)
-        if isinstance(found, dict) and isinstance(found.get("bandwidth"), float) and isinstance(found.get("flops"), float):
+        if isinstance(found, dict) and all(isinstance(found.get(k), float) for k in ("bandwidth", "flops")):
             return protocol.Ceilings(**found)
         ceil = self._measure_ceilings()
         cache.put_json(key, ceil.model_dump())

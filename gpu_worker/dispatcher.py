@@ -15,9 +15,9 @@ their expected times, not their whole length.
 
 Neither side starves. Blocks: a due window admits no new job, and the jobs running are expected to end by
 then. Jobs: every job waiting when a window closes is *owed* a turn: owed jobs start before any other, and
-the next window is not due before each of them has started, whatever its expected length. Memory: with `mem_gb`, jobs run beside each other only while their declared memory
-fits it (one alone always may). A stage that runs out of memory anyway is retried alone (StageGate, as the
-device owner does).
+the next window is not due before each of them has started, whatever its expected length. Memory: with
+`mem_gb`, jobs run beside each other only while their declared memory fits it (one alone always may). A
+stage that runs out of memory anyway is retried alone (StageGate, as the device owner does).
 
 Same turns as `DeviceOwner` (`job()`, `timing()`, `stage()`, `alone()`, and its counters), taken and held on
 the calling thread, so heartbeats and the phase log stay there; `run(item)` is the one entry both go through.

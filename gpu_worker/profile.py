@@ -59,8 +59,8 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         cmd = [exe, "--clock-control", "none", "--section", "SpeedOfLight", "--section", "Occupancy",
                "--section", "LaunchStats", "--csv", "--page", "details", "-k", regex, "-c", "4",
                sys.executable, "-m", "gpu_worker.oneshot", job, req.problem, req.shape or "", tmp]
-        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(ev.settings, ev.cuda)), TMPDIR=tmp, TRITON_HOME=tmp,
-                   PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(ev.settings, ev.cuda)), TMPDIR=tmp,
+                   TRITON_HOME=tmp, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, env=env,
                              start_new_session=True)
         deadline = time.monotonic() + 300
