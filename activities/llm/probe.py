@@ -26,8 +26,8 @@ class ToolsSeen:
     tokens_out: int = 0
 
     def describe(self) -> str:
-        return (f"{self.with_tools} prompt tokens with the {self.schema_tokens}-token tool schemas, "
-                f"{self.without} without them")
+        return (f"{self.with_tools} prompt tokens with a tool schema of about {self.schema_tokens} tokens, "
+                f"{self.without} without it")
 
 
 def schemas_counted(with_tools: int, without: int, schema_tokens: int) -> bool:
