@@ -45,6 +45,8 @@ from workflows.contracts import EvalRequest, ProfileReport
 #: inputs differ between candidates while the oracle cache still hits
 N_SEEDS = 3
 LOG_LIMIT = 12000
+#: a reference child asked to exit may first write the cache entries it queued (KDA's are GBs at some shapes)
+REFERENCE_GRACE_S = 60.0
 
 
 class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, BenchmarkStage, TimedOutputChecks):
@@ -97,7 +99,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
         self.loaded.close()
         with self._refs_lock:
             for sb, _, _ in self._refs.values():
-                sb.close(graceful=True)
+                sb.close(graceful=True, grace_s=REFERENCE_GRACE_S)
             self._refs.clear()
 
     # --- helpers ---------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, Be
             entry = self._refs.pop((problem_name, shape_name), None)
         if entry is not None:
             with entry[1]:  # after the call it may be serving
-                entry[0].close(graceful=True)
+                entry[0].close(graceful=True, grace_s=REFERENCE_GRACE_S)
         return entry is not None
 
     # --- profile ---------------------------------------------------------------------------------

@@ -269,7 +269,9 @@ class Sandbox:
     def alive(self) -> bool:
         return not self.closed and self.proc.poll() is None
 
-    def close(self, graceful: bool = False) -> None:
+    def close(self, graceful: bool = False, grace_s: float = 5.0) -> None:
+        """Kill the child; `graceful`: first ask it to exit and wait up to `grace_s` (a reference child
+        finishes writing the cache entries it queued before it exits)."""
         if self.closed:
             return
         self.closed = True
@@ -277,7 +279,7 @@ class Sandbox:
             if graceful and self.proc.poll() is None:
                 try:
                     self._send.send_bytes(pickle.dumps(protocol.to_wire(protocol.Exit(), None)))
-                    self.proc.wait(timeout=5)
+                    self.proc.wait(timeout=grace_s)
                 except Exception:  # noqa: BLE001
                     pass
             if self.proc.poll() is None:
