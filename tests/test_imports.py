@@ -12,8 +12,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("workflows", "baselines", "rules", "gpu_worker", "activities", "cli")
 #: the harness and what it runs on: a plain library, usable without a Temporal worker
-PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "rules.check", "rules.names",
-            "rules.torch_ops", "gpu_worker.guard",
+PROTOCOL = ("gpu_worker.harness", "gpu_worker.child", "gpu_worker.sandbox", "rules.check", "rules.host_language",
+            "rules.triton_language", "rules.refusals", "rules.torch_ops", "gpu_worker.guard",
             "gpu_worker.wall", "gpu_worker.timing", "gpu_worker.profile", "gpu_worker.canaries",
             "gpu_worker.devicetime", "gpu_worker.phases", "gpu_worker.sass")
 
