@@ -89,5 +89,6 @@ async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
                         f"no worker took the budget change within {ANSWER_TIMEOUT_S:g} s")):
         rc, out, err, took = await asyncio.to_thread(timed, capsys, *argv, "--address", address)
         lines = err.strip().splitlines()
-        assert rc == 2 and len(lines) == 1 and said in lines[0] and took < SECONDS, (argv, err, took)
+        assert rc == 2 and len(lines) == 1 and said in lines[0], (argv, err, took)
+        assert took < ANSWER_TIMEOUT_S + SECONDS, (argv, took)  # the wait for an answer, then one line
     await client.get_workflow_handle(wid).terminate("test over")

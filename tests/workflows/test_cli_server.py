@@ -24,11 +24,12 @@ from tests.workflows.test_cli import MARATHON, free_port
 class SilentListener:
     """A TCP listener on a port that accepts connections and answers nothing (not a Temporal server)."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
+        self.sock.bind(("127.0.0.1", port))  # 0: a free port of its own, no race with other processes
         self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
         self.accepted, self.conns = 0, []
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
@@ -63,9 +64,9 @@ async def test_the_client_waits_for_a_server_slow_to_become_healthy_and_the_demo
     """First a listener that accepts and never answers holds the port (a server not healthy yet), then the real
     dev server starts there: the connection is tried again until the server answers as healthy. A later demo
     finds that server through its database's lock and reuses it, with its Web UI's address."""
-    port, ui = free_port(), free_port()
+    fake = SilentListener()
+    port, ui = fake.port, free_port()
     db, log = tmp_path / "temporal.db", tmp_path / "dev-server.log"
-    fake = SilentListener(port)
     started: list[subprocess.Popen] = []
 
     def server_later():
@@ -120,17 +121,17 @@ def test_the_demo_uses_the_address_given_and_refuses_ports_held_by_others(tmp_pa
     import cli.demo
     import cli.server
 
-    port, ui = free_port(), free_port()
     monkeypatch.setenv("TEMPORAL_CONFIG_FILE", str(tmp_path / "none.toml"))
     monkeypatch.setattr(cli.demo, "HOME", tmp_path)
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # the demo's SIGTERM handler stays out of pytest
     monkeypatch.setattr(cli.server, "ADDRESS_TIMEOUT_S", 2.0)
-    held = None
+    held = None if case == "address" else SilentListener()
+    port = held.port if case == "port" else free_port()
+    ui = held.port if case == "ui-port" else free_port()
     if case == "address":
         monkeypatch.setenv("TEMPORAL_ADDRESS", "127.0.0.1:1")
     else:
         monkeypatch.delenv("TEMPORAL_ADDRESS", raising=False)
-        held = SilentListener(port if case == "port" else ui)
     t0 = time.monotonic()
     try:
         rc = main(["demo", "softmax", "--iterations", "1", "--port", str(port), "--ui-port", str(ui)])
@@ -166,7 +167,10 @@ def test_marathon_dev_prints_the_web_ui_on_the_port_it_serves(tmp_path):
     try:
         assert proc.stdout.readline().startswith(f"Temporal dev server on 127.0.0.1:{port}")
         assert proc.stdout.readline().strip() == f"Web UI: http://localhost:{ui}"
-        assert port_open("127.0.0.1", ui)
+        deadline = time.monotonic() + 60
+        while not port_open("127.0.0.1", ui):  # the UI server may start a moment after the frontend
+            assert time.monotonic() < deadline, "the Web UI is not on the port printed"
+            time.sleep(0.2)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
@@ -175,10 +179,11 @@ def test_marathon_dev_prints_the_web_ui_on_the_port_it_serves(tmp_path):
 
     from cli.server import cmd_dev
 
-    held = SilentListener(ui)
+    held = SilentListener()
+    ui = held.port
     try:
         with pytest.raises(UsageError, match=f"Web UI port {ui} is already in use .*: choose another with --ui-port"):
-            asyncio.run(cmd_dev(argparse.Namespace(db=str(tmp_path / "u.db"), port=port, ui_port=ui, ip="127.0.0.1",
-                                                   headless=False)))
+            asyncio.run(cmd_dev(argparse.Namespace(db=str(tmp_path / "u.db"), port=free_port(), ui_port=ui,
+                                                   ip="127.0.0.1", headless=False)))
     finally:
         held.close()
