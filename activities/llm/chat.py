@@ -71,7 +71,7 @@ def shape_roles(messages: list[dict], s: Profile) -> list[dict]:
 
 def tool_choice(s: Profile, must_act: bool) -> str | None:
     """What the request's tool_choice says: some servers drop the tools without one (llama-cpp-python's),
-    and a turn that must act (the last one ran nothing) is told `required` where the profile allows."""
+    and a turn that must act (the caller says which) is told `required` where the profile allows."""
     if s.tool_choice == "auto" and must_act and s.required_turns:
         return "required"
     return s.tool_choice
