@@ -59,12 +59,13 @@ COMPILER_FILES = ("triton/backends/nvidia/compiler.py", "triton/runtime/build.py
 LAUNCHER_BUILD, LAUNCHER_CALLER = "triton/runtime/build.py", "triton/backends/nvidia/driver.py"
 CTYPES_EVENTS = ("ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "ctypes.addressof", "ctypes.call_function",
                  "ctypes.string_at", "ctypes.wstring_at")
-#: reaching frames and objects the candidate was not handed, or making code of its own at run time: refused
-#: when the candidate itself asks (the innermost frame outside the standard library is its own);
-#: `object.__getattr__` only for FRAME_ATTRS
+#: reaching frames and objects the candidate was not handed: refused when the candidate itself asks (the
+#: innermost frame outside the standard library is its own); `object.__getattr__` only for FRAME_ATTRS
 INTROSPECTION_EVENTS = ("sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers",
-                        "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__",
-                        "exec", "compile", "code.__new__", "function.__new__")
+                        "gc.get_referents", "object.__getattr__", "object.__setattr__", "object.__delattr__")
+#: code made at run time: refused when the candidate's own frame makes it (an import's compile and exec
+#: are the import system's)
+CODE_EVENTS = ("exec", "compile", "code.__new__", "function.__new__")
 FRAME_ATTRS = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "__defaults__", "__kwdefaults__", "__code__",
                "gi_code", "cr_code", "ag_code")
 #: code of the candidate's own run by the interpreter at other times: refused while its code is on the stack
@@ -105,6 +106,7 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     frozen = "<frozen"
     introspection, hooks_of_interpreter, frame_attrs = INTROSPECTION_EVENTS, INTERPRETER_HOOK_EVENTS, FRAME_ATTRS
+    code_events = CODE_EVENTS
 
     def is_write(mode, flags) -> bool:
         if isinstance(mode, str):
@@ -187,6 +189,12 @@ def _make_hook(cfg: tuple, violations: list, report_fd: int | None):
                 what = f"{args[1]} read" if event == "object.__getattr__" else event
                 record("escape", f"{what} refused: a candidate may not reach the harness's frames, objects "
                        "or functions")
+            return
+        if event in code_events:
+            f = me().f_back
+            fn = f.f_code.co_filename if f is not None else frozen
+            if not (fn.startswith(frozen) or any(fn.startswith(p) for p in library)):
+                record("escape", f"{event} refused: a candidate may not make code at run time")
             return
         if event in hooks_of_interpreter:
             if candidate_on_stack(me().f_back):
