@@ -201,6 +201,16 @@ class ChildCore:
         """The threads alive now, Python's and the process's tasks: taken before a call of the candidate."""
         return (frozenset(t.ident for t in self.T["threads"]()), frozenset(self.T["listdir"]("/proc/self/task")))
 
+    @staticmethod
+    def _unnamed_task(tid: str) -> bool:
+        """Whether a task of this process bears the process's own name, as every thread Python starts does
+        (the driver's and the libraries' threads name themselves; naming one needs ctypes, refused)."""
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f, open("/proc/self/comm") as g:
+                return f.read() == g.read()
+        except OSError:  # ended meanwhile
+            return False
+
     def after_candidate(self, threads: tuple) -> None:
         """Right after every call of the candidate, before any trusted code runs on: a thread it started that
         is still alive (work finished after the call returned is never timed nor checked), or a slot of the
@@ -213,7 +223,7 @@ class ChildCore:
         if hooks:
             self._refuse("escape", f"the candidate left code of its own for the interpreter to run later: {hooks}")
         now = self.candidate_threads()
-        started = (now[0] - threads[0], now[1] - threads[1])
+        started = (now[0] - threads[0], [t for t in now[1] - threads[1] if self._unnamed_task(t)])
         if started[0] or started[1]:
             self._refuse("lazy-output", f"the candidate left {len(started[0]) or len(started[1])} thread(s) of its "
                          "own running after its call returned: work done after the call is never timed or checked")
