@@ -38,10 +38,12 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
     try:
         history = read_ledger(store, req.ledger_key) + list(req.recent)
         start = store.get_text(req.start_kernel) if req.start_kernel else None
-        choice = KnobSearch(get_problem(req.problem), req.seed, start).propose(
-            req.iteration, req.slot, history, set(req.taken), req.hints)
+        search = KnobSearch(get_problem(req.problem), req.seed, start)
+        choice = search.propose(req.iteration, req.slot, history, set(req.taken), req.hints)
+        refused = search.hint_problems(req.hints, req.problem)  # sent past `marathon hint`: the run says why
         if choice is None:
-            return Proposal(candidate=None, note="search space exhausted: every knob setting was tried")
+            return Proposal(candidate=None, note="search space exhausted: every knob setting was tried",
+                            refused_hints=refused)
         key = store.put_text(choice.source)
     except ArtifactStoreError as e:
         raise _infra(e) from e
@@ -49,7 +51,7 @@ def propose_candidate(req: ProposeRequest) -> Proposal:
                            rationale=choice.rationale)
     return Proposal(candidate=Candidate(candidate_id=choice.candidate_id, source_key=key,
                                         knobs=choice.knobs, parent=choice.parent,
-                                        rationale=choice.rationale))
+                                        rationale=choice.rationale), refused_hints=refused)
 
 
 @activity.defn(name="check_spec")

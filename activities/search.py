@@ -81,6 +81,10 @@ class KnobSearch:
                 return c
         return self._first_untried(rng, tried)
 
+    def hint_problems(self, hints, problem: str = "the problem") -> list[str]:
+        """Why each hint that names no knob value of this search's space cannot steer it (hint_problem)."""
+        return [why for h in hints if (why := hint_problem(self.space, h, problem))]
+
     def parse_hints(self, hints) -> dict[str, Any]:
         """`NAME=value` pairs naming a knob and one of its values; other text is ignored here (the
         llm policy reads free text)."""
@@ -150,3 +154,20 @@ class KnobSearch:
         source = render(self.template, knobs)
         return Choice(knobs=dict(sorted({**self.default, **knobs}.items())), source=source,
                       candidate_id=candidate_id(source), parent=parent, rationale=why)
+
+
+def hint_problem(space: dict, text: str, problem: str = "the problem") -> str | None:
+    """Why a search hint is not `KNOB=value` pairs from `space` (one line), or None: the search ignores
+    anything else, so the CLI refuses it and the run reports it."""
+    knobs = ", ".join(space)
+    for tok in text.replace(",", " ").split():
+        name, sep, val = tok.partition("=")
+        if not sep:
+            return (f"a search run takes KNOB=value hints (free text is for --policy llm); {tok!r} is not one; "
+                    f"{problem}'s knobs: {knobs}")
+        if name not in space:
+            return f"{problem} has no knob {name!r}; its knobs: {knobs}"
+        values = [str(v) for v in space[name]]
+        if val.strip("'\"") not in values:
+            return f"knob {name} has no value {val!r}; its values: " + ", ".join(repr(v) if v == "" else v for v in values)
+    return None

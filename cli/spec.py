@@ -218,17 +218,8 @@ def search_space(spec: RunSpec) -> dict:
 def check_hint(spec: RunSpec, text: str) -> None:
     """A search run's hint must be `KNOB=value` pairs from its knob space: anything else would be ignored by
     the search proposer without a word."""
-    problem = spec.problem
-    space = search_space(spec)
-    knobs = ", ".join(space)
-    for tok in text.replace(",", " ").split():
-        name, sep, val = tok.partition("=")
-        if not sep:
-            raise UsageError(f"a search run takes KNOB=value hints (free text is for --policy llm); {tok!r} is "
-                             f"not one; {problem}'s knobs: {knobs}")
-        if name not in space:
-            raise UsageError(f"{problem} has no knob {name!r}; its knobs: {knobs}")
-        values = [str(v) for v in space[name]]
-        if val.strip("'\"") not in values:
-            raise UsageError(f"knob {name} has no value {val!r}; its values: "
-                             + ", ".join(repr(v) if v == "" else v for v in values))
+    from activities.search import hint_problem
+
+    why = hint_problem(search_space(spec), text, spec.problem)
+    if why:
+        raise UsageError(why)

@@ -264,6 +264,8 @@ class KernelOptimization:
                 taken=(taken or []) + [p.candidate.candidate_id for p in out if p.candidate],
                 start_kernel=self.spec.start_kernel)
             out.append(await call_local("propose_candidate", req, Proposal, f"propose_candidate #{first + slot}"))
+            for why in out[-1].refused_hints:  # the search ignores it: said where the sender looks
+                self._refuse("hint", why)
         return out
 
     async def submit(self, cand: Candidate) -> IterationRecord:

@@ -47,7 +47,7 @@ def test_hints_and_stops_take_their_documented_bodies_only():
 
 async def test_plain_cli_signals_act_or_are_refused_in_the_run_s_status(env, store, capsys):
     """Started, steered and stopped with the temporal binary alone: a set_budget signal changes the budget;
-    a bad budget, a hint without its {"text": ...} body and a misspelt signal name are each refused with why,
+    a bad budget, a hint without its {"text": ...} body or naming no knob, and a misspelt signal name are each refused with why,
     in the status query (and `marathon status`) and the Web UI's details; the run has its summary in the memo."""
     from cli import main
 
@@ -83,9 +83,20 @@ async def test_plain_cli_signals_act_or_are_refused_in_the_run_s_status(env, sto
         meta = await h.query("__temporal_workflow_metadata")
         assert f"- refused: {st.refused[0]}" in meta.current_details
         assert (await (await h.describe()).memo()) == {"summary": "softmax: search policy, budget 4,000 iterations"}
+        # a hint with its body but no knob of the search's space: the search would ignore it, the run says why
+        await signal("hint", '{"text": "BLOK_N=1024"}')
+        st = await until(lambda s: len(s.refused) == 4, h)
+        assert st.refused[3].split(" UTC ", 1)[1] == "hint: softmax has no knob 'BLOK_N'; its knobs: " + ", ".join(
+            search_space_of("softmax"))
         capsys.readouterr()
         assert await asyncio.to_thread(main, ["status", wid, "--address", address]) == 0
         assert f"\nrefused: {st.refused[1]}\n" in capsys.readouterr().out
         await signal("stop")  # no input: the reason defaults
         res = await asyncio.wait_for(h.result(), 60)
     assert res.stopped_by == "stop-signal" and res.stop_reason == "operator"
+
+
+def search_space_of(problem: str) -> list[str]:
+    from baselines.registry import get_problem
+
+    return list(get_problem(problem).knob_space())

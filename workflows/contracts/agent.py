@@ -30,6 +30,7 @@ class ProposeRequest(Strict):
 class Proposal(Strict):
     candidate: Candidate | None = None  # None: the proposer has nothing new (search space exhausted)
     note: str = ""
+    refused_hints: list[str] = Field(default_factory=list)  # why each hint shown could not steer it
 
 
 class CompactRequest(Strict):
