@@ -230,7 +230,7 @@ def lock_holder(db: Path) -> dict | None:
 async def demo_server(address: str | None, namespace: str | None, port: int, ui_port: int, db: Path, log: Path):
     """The server `marathon demo` runs on: (client, the dev server it started or None, the Web UI's address or
     None, one line saying which server it is). `address` (--address, TEMPORAL_ADDRESS or a profile): that
-    server, none started. Else the dev server on `port`: an earlier demo's (its database's lock says so), or a
+    server, none started. Else the dev server on `port`: one already running on `db` (its lock says so), or a
     new one started on `db`; someone else's Temporal server on the port is said to be used; anything else on
     it, or on the UI port, is refused in one line."""
     if address:
@@ -248,8 +248,8 @@ async def demo_server(address: str | None, namespace: str | None, port: int, ui_
                              f"choose another port with --port (make run PORT=...)") from None
         if mine:
             ui = f"http://localhost:{holder['ui port']}" if "ui port" in holder else None
-            return client, None, ui, (f"reusing the dev server an earlier demo left running on port {port} "
-                                      f"(pid {holder['pid']})")
+            return client, None, ui, (f"reusing the dev server already running on port {port} "
+                                      f"(pid {holder['pid']}, database {db})")
         return client, None, None, (f"port {port} is held by a Temporal server this demo did not start: the run goes "
                                     f"there; choose another port with --port (make run PORT=...) for a server "
                                     f"of the demo's own")

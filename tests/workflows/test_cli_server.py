@@ -83,7 +83,7 @@ async def test_the_client_waits_for_a_server_slow_to_become_healthy_and_the_demo
         later.join()
         again, server, ui_url, said = await demo_server(None, None, port, ui, db, log)
         assert server is None and ui_url == f"http://localhost:{ui}"
-        assert said == f"reusing the dev server an earlier demo left running on port {port} (pid {started[0].pid})"
+        assert said == f"reusing the dev server already running on port {port} (pid {started[0].pid}, database {db})"
     finally:
         later.join()
         fake.close()
