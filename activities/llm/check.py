@@ -61,6 +61,8 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     a = reply.adapted
     if seen is not None and seen.seen is False:
         lines.append(_DROPPED_CAUSE if a.get("tool_mode") == "text" else _DROPPED_CAUSE + _DROPPED_NATIVE)
+    elif seen is not None and seen.seen:
+        lines.append(f"tool schemas: they reach the model ({seen.describe()})")
     env = {k: v for k, v in a.items() if k in PROFILE_ENV and k != "context_tokens"}
     if env:
         sets = " ".join(f"{PROFILE_ENV[k]}={env_text(v)}" for k, v in env.items())

@@ -145,6 +145,7 @@ def test_llm_check_on_llama_cpp_python_with_function_calling(llm_env):
     # one tool that must be called: named, the form of "required" that llama-cpp-python takes
     assert seen.body["tool_choice"] == {"type": "function", "function": {"name": "read_notebook"}}
     assert "tool calls: native (read_notebook)" in text and "adapted:" not in text and "cause:" not in text
+    assert "tool schemas: they reach the model (" in text  # the probe, not the named call, says so
 
 
 def test_arguments_with_raw_newlines_in_a_string_are_read(store, llm_env):

@@ -42,7 +42,7 @@ def test_llm_check_on_the_real_server(model):
     text = "\n".join(lines)
     assert ok, text
     assert f"model {MODEL_NAME}" in lines[0] and "tool calls: native (read_notebook)" in text
-    assert "cause:" not in text  # the tool_choice the check sends keeps the schemas in the prompt
+    assert "tool schemas: they reach the model" in text  # the tool_choice sent keeps them in the prompt
 
 
 async def _in_flight_turn(handle) -> bool:
