@@ -169,5 +169,6 @@ def hint_problem(space: dict, text: str, problem: str = "the problem") -> str | 
             return f"{problem} has no knob {name!r}; its knobs: {knobs}"
         values = [str(v) for v in space[name]]
         if val.strip("'\"") not in values:
-            return f"knob {name} has no value {val!r}; its values: " + ", ".join(repr(v) if v == "" else v for v in values)
+            return f"knob {name} has no value {val!r}; its values: " + ", ".join(repr(v) if v == "" else v
+                                                                                  for v in values)
     return None

@@ -43,7 +43,8 @@ async def query_run(client, wid: str, query, timeout: float = ANSWER_TIMEOUT_S):
     try:
         return await run_handle(client, wid).query(query, rpc_timeout=timedelta(seconds=timeout))
     except RPCError as e:
-        if e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED) or "timeout expired" in e.message.lower():
+        if (e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
+                or "timeout expired" in e.message.lower()):
             raise UsageError(f"run {wid!r}: no worker answered within {timeout:g} s (a worker polled task queue "
                              f"{AGENT_QUEUE} lately and may have stopped): start one with `marathon worker --role "
                              f"agent` against this server")

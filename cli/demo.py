@@ -35,8 +35,9 @@ async def cmd_demo(args) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: the worker is stopped on the way out
     HOME.mkdir(parents=True, exist_ok=True)
     address = args.address or ClientConfig.load_client_connect_config().get("target_host")
-    client, server, ui, said = await demo_server(address, args.namespace, args.port, ui_port_of(args.port, args.ui_port),
-                                                 HOME / "temporal.db", HOME / "dev-server.log")
+    client, server, ui, said = await demo_server(address, args.namespace, args.port,
+                                                 ui_port_of(args.port, args.ui_port), HOME / "temporal.db",
+                                                 HOME / "dev-server.log")
     print(said, flush=True)
     target, started, model, worker = client.service_client.config.target_host, False, None, None
     try:

@@ -5,7 +5,6 @@ used and nothing is started; a port someone else holds is said, or refused."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import subprocess
@@ -55,7 +54,8 @@ class SilentListener:
 
 
 #: a stand-in for the dev server binary: listens on the port it is given and never speaks gRPC
-SILENT_SERVER = ("import socket, sys, time\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+SILENT_SERVER = ("import socket, sys, time\ns = socket.socket()\n"
+                 "s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
                  "s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(16)\nconns = []\n"
                  "while True:\n    conns.append(s.accept())\n")
 
@@ -162,8 +162,8 @@ async def test_a_temporal_server_someone_else_holds_on_the_port_is_said_to_be_us
 def test_marathon_dev_prints_the_web_ui_on_the_port_it_serves(tmp_path):
     port, ui = free_port(), free_port()
     assert ui_port_of(7300, None) == 8300 and ui_port_of(7300, 9000) == 9000  # the temporal CLI's default
-    proc = subprocess.Popen(MARATHON + ["dev", "--db", str(tmp_path / "t.db"), "--port", str(port), "--ui-port", str(ui)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(MARATHON + ["dev", "--db", str(tmp_path / "t.db"), "--port", str(port),
+                                        "--ui-port", str(ui)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().startswith(f"Temporal dev server on 127.0.0.1:{port}")
         assert proc.stdout.readline().strip() == f"Web UI: http://localhost:{ui}"

@@ -47,8 +47,9 @@ def test_hints_and_stops_take_their_documented_bodies_only():
 
 async def test_plain_cli_signals_act_or_are_refused_in_the_run_s_status(env, store, capsys):
     """Started, steered and stopped with the temporal binary alone: a set_budget signal changes the budget;
-    a bad budget, a hint without its {"text": ...} body or naming no knob, and a misspelt signal name are each refused with why,
-    in the status query (and `marathon status`) and the Web UI's details; the run has its summary in the memo."""
+    a bad budget, a hint without its {"text": ...} body or naming no knob, and a misspelt signal name are each
+    refused with why, in the status query (and `marathon status`) and the Web UI's details; the run has its
+    summary in the memo."""
     from cli import main
 
     address = env.client.service_client.config.target_host
