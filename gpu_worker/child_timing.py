@@ -255,7 +255,8 @@ class ChildTiming:
             raise ValueError("cuda-graph timing asked of a side that did not capture")
         fn = self._fn()
         rotate, warmup = len(ts.sets), max(warmup, 1)
-        key_of = self._key_source(noise_seed, first, entries, keys, shared=entries is not None or check_seed is not None)
+        shared = entries is not None or check_seed is not None
+        key_of = self._key_source(noise_seed, first, entries, keys, shared=shared)
         warm = list(range(first, first + warmup))
         if entries is not None:
             entries = check_entries(entries, avoid=range(first, first + warmup))
