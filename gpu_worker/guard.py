@@ -41,8 +41,7 @@ import sysconfig
 import types
 
 from gpu_worker.guard_torch import dispatch_guard, mode_stacks, seal_dispatch_entries  # noqa: F401 - the guard's parts
-
-VIOLATIONS: list[tuple[str, str]] = []
+from gpu_worker.guard_record import VIOLATIONS, GuardViolation  # noqa: F401 - the guard's record
 
 BANNED_TOP = ("fla", "flash_attn", "flashinfer", "xformers", "sglang", "vllm", "deep_gemm", "flash_mla",
               "liger_kernel", "tilelang", "flash_kda", "cutlass", "apex", "transformer_engine", "baselines",
@@ -70,12 +69,6 @@ FRAME_ATTRS = ("gi_frame", "cr_frame", "ag_frame", "tb_frame", "__defaults__", "
                "gi_code", "cr_code", "ag_code")
 #: code of the candidate's own run by the interpreter at other times: refused while its code is on the stack
 INTERPRETER_HOOK_EVENTS = ("sys.settrace", "sys.setprofile", "sys.addaudithook")
-
-
-class GuardViolation(RuntimeError):
-    def __init__(self, rule: str, detail: str):
-        super().__init__(f"[{rule}] {detail}")
-        self.rule = rule
 
 
 def _library_prefixes() -> tuple[str, ...]:

@@ -87,7 +87,7 @@ def dispatch_guard(allowed: frozenset = ALLOWED_ATEN_OPS, outputs: dict | None =
     import triton
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from gpu_worker import guard
+    from gpu_worker.guard_record import VIOLATIONS, GuardViolation
 
     def spellings(path: str) -> tuple[str, ...]:
         return tuple({os.path.realpath(path), os.path.abspath(path)})
@@ -95,7 +95,7 @@ def dispatch_guard(allowed: frozenset = ALLOWED_ATEN_OPS, outputs: dict | None =
     torch_dirs = tuple(d + "/" for d in spellings(os.path.dirname(torch.__file__)))
     interpreter = spellings(os.path.join(os.path.dirname(os.path.dirname(triton.__file__)), INTERPRETER_FILE))
     arg_functions, getframe, tensor, frozen = INTERPRETER_ARG_FUNCTIONS, sys._getframe, torch.Tensor, "<frozen"
-    depth, violations, violation = torch._C._len_torch_dispatch_stack, guard.VIOLATIONS, guard.GuardViolation
+    depth, violations, violation = torch._C._len_torch_dispatch_stack, VIOLATIONS, GuardViolation
     no_function_modes = torch._C.DisableTorchFunction
     outs = {k: v for k, v in (outputs or {}).items() if type(v) is tensor}
 
