@@ -73,11 +73,13 @@ class KernelOptimization:
         if self.invalid:
             raise ApplicationError(self.invalid, type="InvalidRunSpec", non_retryable=True)
         if self.first_run:
+            # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo: set
+            # whatever the start's memo holds (a replay may see the memo as it is now), and before the first local
+            # activity (a patch marker after one is met on replay before the code that follows it has run)
+            if workflow.patched("summary-in-memo"):
+                workflow.upsert_memo({"summary": run_summary(self.spec)})
             self.st.started_at = workflow.now().timestamp()
             await self._check_spec()
-            # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo
-            if workflow.memo_value("summary", None) is None and workflow.patched("summary-in-memo"):
-                workflow.upsert_memo({"summary": run_summary(self.spec)})
         self.publish()
         stopped_by = None
         while True:
