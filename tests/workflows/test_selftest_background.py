@@ -25,14 +25,16 @@ FAILED = {"ok": False, "problems": ["the wrong canary passed verification"]}
 
 
 @pytest.fixture
-def gpu_side(store, monkeypatch):
+def gpu_side(store, monkeypatch, tmp_path):
     """The interpreter's evaluator as the GPU worker's, its canaries held until the test gives their outcome;
-    `runs` counts the self-tests started."""
+    `runs` counts the self-tests started. Its caches are its own: a pass another test kept is not reused."""
     from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
+    from gpu_worker.settings import GpuWorkerSettings
 
-    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                   settings=GpuWorkerSettings(cache_dir=tmp_path / "cache"))
     outcome: dict = {}
     release = threading.Event()
     runs: list[int] = []
