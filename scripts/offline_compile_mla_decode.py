@@ -12,16 +12,19 @@ Triton can differ.
 
     python scripts/offline_compile_mla_decode.py --template baselines/mla_decode/arrival_kernel.py [--knobs JSON]
 
---template: the arrival-combine design (its one kernel `_mla_decode_arrival`); --knobs then also take
-COMBINERS and RED_S (the combine's splits per step, default 64: Q1's with COMBINE_TILE 16384). Default:
-each line of the template's settings file (X_settings.jsonl beside X_kernel.py) over its defaults.
+--template: the arrival-combine design (its one kernel `_mla_decode_arrival`) at Q1 and Q4, each --knobs
+over the template's defaults (any of its knobs; the sizes that follow from them by the template's
+launch_plan on 132 SMs). Default: each line of the template's settings file (X_settings.jsonl beside
+X_kernel.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +50,6 @@ DEFAULT = [
      "RED_R": 4, "RED_S": 16, "RED_D": 256},  # Q4's reduction tile with REDUCE_D 256, COMBINE_TILE 16384
 ]
 COMMON = (("q_ptr", "*bf16"), ("c_ptr", "*bf16"))
-ARRIVAL_BASE = {"BLOCK_H": 64, "BLOCK_N": 32, "SPLIT_DV": 2, "num_warps": 4, "num_stages": 4, "PREFETCH": False,
-                "COMBINERS": 32}
 
 
 def compile_one(kernel, knobs: dict) -> dict:
@@ -67,29 +68,38 @@ def compile_one(kernel, knobs: dict) -> dict:
     return compile_sm90(kernel._mla_decode_split, sig, consts, knobs)
 
 
-def compile_arrival(kernel, knobs: dict) -> dict:
-    """The arrival-combine design's one kernel (split loop, arrival counter, the last arrivals' combine)."""
-    consts = {"DL": 512, "DR": 64, "SPLIT_DV": knobs["SPLIT_DV"], "BLOCK_H": knobs["BLOCK_H"],
-              "BLOCK_N": knobs["BLOCK_N"], "EVEN": True, "PREFETCH": knobs.get("PREFETCH", False),
-              "COMBINERS": knobs.get("COMBINERS", 32), "RED_S": knobs.get("RED_S", 64)}
+def compile_arrival(template: Path, knobs: dict, Q: int, tmp: str) -> dict:
+    """The arrival-combine design's one kernel at the primary shape with Q query tokens on an H200 (132 SMs):
+    the template rendered with `knobs` (its defaults under them), its own launch_plan giving the block,
+    combiner and reduction-tile sizes."""
+    from baselines.problem import default_knobs, render
+
+    source = template.read_text()
+    path = Path(tmp) / f"arrival_{abs(hash(json.dumps(knobs, sort_keys=True)))}.py"
+    path.write_text(render(source, knobs))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    kernel = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernel)
+    full = {**default_knobs(source), **knobs}
+    plan = kernel.launch_plan(Q * 64, 8192, 512, 132)
+    consts = {"DL": 512, "DR": 64, "SPLIT_DV": full["SPLIT_DV"], "BLOCK_H": plan["BLOCK_H"],
+              "BLOCK_N": full["BLOCK_N"], "EVEN": True, "PREFETCH": full["PREFETCH"],
+              "COMBINERS": plan["COMBINERS"], "RED_S": plan["RED_S"]}
     sig = dict(COMMON + (("o_ptr", "*bf16"), ("po_ptr", "*bf16"), ("plse_ptr", "*fp32"), ("cnt_ptr", "*i64"),
                          ("M", "i32"), ("S", "i32"), ("split_len", "i32"), ("num_splits", "i32"),
                          ("stride_qm", "i32"), ("stride_cs", "i32"), ("stride_om", "i32"), ("qk_scale", "fp32")))
-    return compile_sm90(kernel._mla_decode_arrival, sig, consts, knobs)
+    row = compile_sm90(kernel._mla_decode_arrival, sig, consts, {**knobs, "num_warps": full["num_warps"],
+                                                                  "num_stages": full["num_stages"]})
+    return {"Q": Q, "plan": plan, **row}
 
 
 def _arrival_settings(template: Path) -> list[dict]:
-    """Each line of the template's settings file over its defaults (code-shaping knobs only); no file: the
-    defaults alone."""
-    shaping = set(ARRIVAL_BASE)
+    """Each line of the template's settings file (X_settings.jsonl beside X_kernel.py); no file: {}."""
     lines = template.with_name(template.name.replace("_kernel.py", "_settings.jsonl"))
-    overs = [json.loads(ln) for ln in lines.read_text().splitlines() if ln.strip()] if lines.exists() else [{}]
-    return [{**ARRIVAL_BASE, **{k: v for k, v in o.items() if k in shaping}} for o in overs]
+    return [json.loads(ln) for ln in lines.read_text().splitlines() if ln.strip()] if lines.exists() else [{}]
 
 
 def main() -> int:
-    import importlib.util
-
     import triton
 
     ap = argparse.ArgumentParser()
@@ -101,11 +111,14 @@ def main() -> int:
     if a.template:
         if not a.template.is_file():
             ap.error(f"no template file {a.template}")
-        spec = importlib.util.spec_from_file_location(a.template.stem, a.template)
-        kernel = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(kernel)
-        for knobs in [{**ARRIVAL_BASE, **k} for k in given] or _arrival_settings(a.template):
-            print(json.dumps(compile_arrival(kernel, knobs)), flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            for knobs in given or _arrival_settings(a.template):
+                for Q in (1, 4):
+                    try:
+                        row = compile_arrival(a.template, knobs, Q, tmp)
+                    except ValueError as e:  # a knob the template has not
+                        ap.error(str(e))
+                    print(json.dumps(row), flush=True)
         return 0
     from baselines.mla_decode import kernel
 

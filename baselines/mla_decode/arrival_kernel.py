@@ -18,11 +18,14 @@ stores (a CTA barrier, then one acq_rel atomic add) a program takes a ticket on 
 counter only grows (every launch adds exactly `splits`), so ticket // splits is the launch and ticket %
 splits the arrival rank: no reset, CUDA graph replays need nothing. The last COMBINERS arrivals of a group
 combine it; the others exit at once. A combiner waits (acquire spin) until its group's count for this launch
-is complete: only programs already running can be missing (every earlier rank has its ticket), so the
-wait is one tile loop at most, and the host caps COMBINERS * groups at the SM count, so waiting combiners
-never hold every slot a missing program needs. Combiner j of C reduces rows j, j + C, ... of its group's
-block: for each, w_s = 2^(lse_s - max lse) / sum, o = sum_s w_s partial_s in fp32 over the DV columns,
-RED_S = COMBINE_TILE / DV splits per step (a running max across steps), partials read through L2 (.cg).
+is complete. With the grid resident at once (GRID at most one or two programs per SM) the missing programs
+are already running, so the wait is under one split's loop; the host keeps COMBINERS * groups below the
+SM count (a power of two, at most the group's splits and rows), so waiting combiners never hold every slot
+a missing program of a larger grid needs. Combiner j of a group reduces its j-th ROWS_C = BLOCK_H /
+COMBINERS rows: w_s = 2^(lse_s - max lse) / sum, o = sum_s w_s partial_s in fp32 over the DV columns, a
+[RED_S splits, ROWS_C, DV] tile per step (RED_S = COMBINE_TILE / (ROWS_C * DV), a running max across
+steps; the splits axis outermost so that the warps split rows and columns and each thread sums its splits
+in registers), partials read through L2 (.cg).
 Under the interpreter (programs run one after another: a spin would never end) COMBINERS is 1: the last
 arrival combines its whole group.
 
@@ -122,28 +125,33 @@ def _split_attend(
 
 
 @triton.jit
-def _combine_row(
-    po_ptr, plse_ptr, o_ptr, row, cols, M, num_splits, stride_om,
-    DL: tl.constexpr, DV: tl.constexpr, RED_S: tl.constexpr,
+def _combine_rows(
+    po_ptr, plse_ptr, o_ptr, rows, cols, M, num_splits, stride_om,
+    DL: tl.constexpr, DV: tl.constexpr, RED_S: tl.constexpr, ROWS_C: tl.constexpr,
 ):
-    """o[row, cols] = sum_s 2^(lse_s - max) partial_s / sum_s 2^(lse_s - max), RED_S splits per step with a
-    running max (the lse and partial loads of a step issued together)."""
-    mx = tl.max(tl.full([RED_S], float("-inf"), tl.float32), 0)
-    wsum = tl.sum(tl.zeros([RED_S], tl.float32), 0)
-    o = tl.zeros([DV], tl.float32)
+    """o[rows, cols] = sum_s 2^(lse_s - max) partial_s / sum_s 2^(lse_s - max), RED_S splits per step with a
+    running max (a step's lse and partial loads issued together). The tile is [splits, rows, columns]:
+    the splits axis outermost, so the warps split the rows and each thread sums its splits in registers."""
+    rmask = rows < M
+    mx = tl.full([ROWS_C], float("-inf"), tl.float32)
+    wsum = tl.zeros([ROWS_C], tl.float32)
+    o = tl.zeros([ROWS_C, DV], tl.float32)
     for s0 in range(0, num_splits, RED_S):
         sp = s0 + tl.arange(0, RED_S)
-        smask = sp < num_splits
-        lse = tl.load(plse_ptr + sp * M + row, mask=smask, other=float("-inf"), cache_modifier=".cg")
-        part = tl.load(po_ptr + (sp[:, None] * M + row) * DL + cols[None, :], mask=smask[:, None], other=0.0,
+        m2 = (sp < num_splits)[:, None] & rmask[None, :]
+        idx = sp[:, None] * M + rows[None, :]  # [RED_S, ROWS_C]
+        lse = tl.load(plse_ptr + idx, mask=m2, other=float("-inf"), cache_modifier=".cg")
+        part = tl.load(po_ptr + idx[:, :, None] * DL + cols[None, None, :], mask=m2[:, :, None], other=0.0,
                        cache_modifier=".cg")
+        lse = tl.where(rmask[None, :], lse, 0.0)  # rows past M: finite weights, never stored
         m_new = tl.maximum(mx, tl.max(lse, 0))  # finite: split 0 is never empty
         alpha = tl.exp2(mx - m_new)
-        w = tl.exp2(lse - m_new)
+        w = tl.exp2(lse - m_new[None, :])
         wsum = wsum * alpha + tl.sum(w, 0)
-        o = o * alpha + tl.sum(part.to(tl.float32) * w[:, None], 0)
+        o = o * alpha[:, None] + tl.sum(part.to(tl.float32) * w[:, :, None], 0)
         mx = m_new
-    tl.store(o_ptr + row * stride_om + cols, (o / wsum).to(o_ptr.dtype.element_ty))
+    tl.store(o_ptr + rows[:, None] * stride_om + cols[None, :], (o / wsum[:, None]).to(o_ptr.dtype.element_ty),
+             mask=rmask[:, None])
 
 
 @triton.jit
@@ -187,9 +195,9 @@ def _mla_decode_arrival(
             while seen < target:
                 seen = tl.atomic_add(cnt_ptr + group, 0, sem="acquire")
             tl.debug_barrier()
-        row_end = tl.minimum(pid_h * BLOCK_H + BLOCK_H, M)
-        for row in range(pid_h * BLOCK_H + rank - (num_splits - COMBINERS), row_end, COMBINERS):
-            _combine_row(po_ptr, lse_ptr, o_ptr, row, cols, M, num_splits, stride_om, DL, DV, RED_S)
+        ROWS_C: tl.constexpr = BLOCK_H // COMBINERS  # combiner j of the group: its j-th ROWS_C rows
+        crows = pid_h * BLOCK_H + (rank - (num_splits - COMBINERS)) * ROWS_C + tl.arange(0, ROWS_C)
+        _combine_rows(po_ptr, lse_ptr, o_ptr, crows, cols, M, num_splits, stride_om, DL, DV, RED_S, ROWS_C)
 
 
 _SCRATCH: dict = {}
@@ -208,6 +216,24 @@ def _buffers(device, m, splits, dl, sdv, groups, dtype):
     return buf
 
 
+def launch_plan(M, S, DL, sms):
+    """The launch's sizes for M rows, S cache rows and DL latent columns under KNOBS; sms: the GPU's SM
+    count (0 under the interpreter, where the last arrival alone combines)."""
+    bn, sdv = KNOBS["BLOCK_N"], KNOBS["SPLIT_DV"]
+    bh = min(KNOBS["BLOCK_H"], max(16, triton.next_power_of_2(M)))  # no block wider than the rows there are
+    groups = triton.cdiv(M, bh) * sdv
+    # splits from the target grid, whole BLOCK_N tiles each (the last one may be cut short by S)
+    want = max(1, min(KNOBS["GRID"] // groups, triton.cdiv(S, bn)))
+    split_len = triton.cdiv(triton.cdiv(S, want), bn) * bn
+    splits = triton.cdiv(S, split_len)
+    # waiting combiners leave an SM free (one program per SM always fits), so a missing program can run
+    combiners = min(KNOBS["COMBINERS"], splits, bh, (sms - 1) // groups) if sms else 1
+    combiners = 1 << (max(1, combiners).bit_length() - 1)  # a power of two: each combines bh / combiners rows
+    red_s = max(1, min(triton.next_power_of_2(splits), KNOBS["COMBINE_TILE"] // (DL // sdv * (bh // combiners))))
+    return {"BLOCK_H": bh, "groups": groups, "split_len": split_len, "splits": splits, "COMBINERS": combiners,
+            "RED_S": red_s}
+
+
 def run(inputs, out):
     q, cache, o = inputs["q"], inputs["kv_cache"], out["o"]
     Q, H, D = q.shape
@@ -217,26 +243,15 @@ def run(inputs, out):
     assert q.is_contiguous() and cache.stride(1) == 1 and o.is_contiguous()
     assert DL & (DL - 1) == 0 and DR & (DR - 1) == 0, "latent and rope widths must be powers of two"
     M = Q * H
-    bn, sdv = KNOBS["BLOCK_N"], KNOBS["SPLIT_DV"]
-    bh = min(KNOBS["BLOCK_H"], max(16, triton.next_power_of_2(M)))  # no block wider than the rows there are
-    groups = triton.cdiv(M, bh) * sdv
-    # splits from the target grid, whole BLOCK_N tiles each (the last one may be cut short by S)
-    want = max(1, min(KNOBS["GRID"] // groups, triton.cdiv(S, bn)))
-    split_len = triton.cdiv(triton.cdiv(S, want), bn) * bn
-    splits = triton.cdiv(S, split_len)
     gpu = q.is_cuda
-    combiners = max(1, min(KNOBS["COMBINERS"], splits, bh))
-    if gpu:  # waiting combiners never fill every SM (one program per SM always fits)
-        combiners = max(1, min(combiners, torch.cuda.get_device_properties(q.device).multi_processor_count // groups))
-    else:  # the interpreter runs programs one after another: the last arrival alone combines, no wait
-        combiners = 1
-    dv = DL // sdv
-    red_s = max(2, min(triton.next_power_of_2(splits), max(1, KNOBS["COMBINE_TILE"] // dv)))
+    plan = launch_plan(M, S, DL, torch.cuda.get_device_properties(q.device).multi_processor_count if gpu else 0)
+    splits, groups, split_len = plan["splits"], plan["groups"], plan["split_len"]
     pdt = torch.bfloat16 if KNOBS["PARTIAL_BF16"] and gpu and q.dtype == torch.bfloat16 else torch.float32
-    po, plse, cnt = _buffers(q.device, M, splits, DL, sdv, groups, pdt)
+    po, plse, cnt = _buffers(q.device, M, splits, DL, KNOBS["SPLIT_DV"], groups, pdt)
     prefetch = bool(KNOBS["PREFETCH"]) and gpu and cache.stride(0) * cache.element_size() % 16 == 0
     LAUNCHED["arrival"] = _mla_decode_arrival[(splits * groups,)](
         q, cache, o, po, plse, cnt, M, S, split_len, splits, D, cache.stride(0), DL, SCALE * LOG2E,
-        DL=DL, DR=DR, SPLIT_DV=sdv, BLOCK_H=bh, BLOCK_N=bn, EVEN=S % split_len == 0, PREFETCH=prefetch,
-        COMBINERS=combiners, RED_S=red_s, num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
+        DL=DL, DR=DR, SPLIT_DV=KNOBS["SPLIT_DV"], BLOCK_H=plan["BLOCK_H"], BLOCK_N=KNOBS["BLOCK_N"],
+        EVEN=S % split_len == 0, PREFETCH=prefetch, COMBINERS=plan["COMBINERS"], RED_S=plan["RED_S"],
+        num_warps=KNOBS["num_warps"], num_stages=KNOBS["num_stages"],
     )

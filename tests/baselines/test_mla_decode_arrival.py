@@ -90,6 +90,38 @@ def test_counters_count_launches_and_repeat_bit_for_bit(tmp_path):
     assert cnt.tolist() == [2 * splits, 2 * splits]
 
 
+def test_launch_plan_at_the_primary_shapes(tmp_path):
+    """On an H200 (132 SMs) the defaults give Q1 64 splits x 2 dv halves with 32 combiners of 2 rows per
+    half, Q4 16 splits x 8 groups (4 row blocks x 2 halves) with 16 combiners of 4 rows; the interpreter one
+    combiner (no wait)."""
+    mod = load({}, tmp_path)
+    assert mod.launch_plan(64, 8192, 512, 132) == {"BLOCK_H": 64, "groups": 2, "split_len": 128, "splits": 64,
+                                                   "COMBINERS": 32, "RED_S": 32}
+    assert mod.launch_plan(256, 8192, 512, 132) == {"BLOCK_H": 64, "groups": 8, "split_len": 512, "splits": 16,
+                                                    "COMBINERS": 16, "RED_S": 16}
+    assert mod.launch_plan(64, 8192, 512, 0)["COMBINERS"] == 1
+
+
+@pytest.mark.parametrize("M", [8, 64, 256])
+def test_launch_plan_never_lets_waiting_combiners_fill_the_gpu(M, tmp_path):
+    """For every setting of the settings file and every COMBINERS value: waiting combiners (COMBINERS > 1 per
+    group; a lone one never waits) leave an SM free, each combines a whole power-of-two share of its block's rows, and
+    the splits cover the cache in whole tiles."""
+    settings = [json.loads(line) for line in (MLA / "arrival_settings.jsonl").read_text().splitlines() if line]
+    _, space = start_kernel_knobs(SOURCE)
+    for s in settings:
+        for c in space["COMBINERS"]:
+            knobs = {**s, "COMBINERS": c}
+            mod = load(knobs, tmp_path)
+            for sms in (78, 132):
+                plan = mod.launch_plan(M, 8192, 512, sms)
+                n = plan["COMBINERS"]
+                assert n == 1 or n * plan["groups"] < sms, (knobs, plan)  # a lone combiner never waits
+                assert n & (n - 1) == 0 and plan["BLOCK_H"] % n == 0, (knobs, plan)
+                assert n <= plan["splits"] and plan["split_len"] % mod.KNOBS["BLOCK_N"] == 0
+                assert (plan["splits"] - 1) * plan["split_len"] < 8192 <= plan["splits"] * plan["split_len"]
+
+
 def test_candidate_passes_the_rules_and_is_a_starting_kernel():
     report = check_source(SOURCE, "mla_decode")
     assert report.ok, report
