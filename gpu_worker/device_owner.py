@@ -10,7 +10,8 @@ Three kinds of work, and what each holds:
   nothing: it is never inside a turn, so a timing block never waits for it.
 
 Turns are taken and held on the calling thread, so an activity's heartbeats (`beat()` while it waits) and
-its phase log stay on that activity's thread.
+its phase log stay on that activity's thread. The decisions themselves are OwnerTurns'
+(gpu_worker.device_turns), given the time, which the schedule's simulator drives too (gpu_worker.schedule_sim).
 
 Fairness: every request takes a ticket when it first asks. A job may start only while no timing block
 with an earlier ticket waits; a timing block starts once no job with an earlier ticket waits and none
@@ -33,12 +34,12 @@ beside it until it ends; stages arriving while it waits wait for it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from typing import Callable
 
-from gpu_worker.phases import add_phase, beat
+from gpu_worker.device_turns import OwnerTurns, Stretches, TimingBlock, UntimedJob
+from gpu_worker.phases import add_phase, beat, current_phase
 from gpu_worker.settings import GpuWorkerSettings
 from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
 
@@ -48,92 +49,71 @@ DEVICE_JOBS = GpuWorkerSettings.model_fields["device_jobs"].default
 TIMING_WINDOW_S = GpuWorkerSettings.model_fields["timing_window_s"].default
 
 
-class DeviceOwner:
-    """See the module's docstring. `busy_s`: time with any turn held (the union of jobs and timing
-    blocks); `timed_s`: of which timing blocks; `closed_s`: time with a timing block waiting or running
-    (new jobs wait); `blocks`: timing blocks run; `windows`: timing windows opened (drains of the jobs), so
-    `blocks / windows` is how many blocks shared a drain."""
+class ThreadedTurns:
+    """Device turns taken and held on the calling threads, as decided by `turns` (gpu_worker.device_turns:
+    OwnerTurns or DispatchTurns) under one lock with the monotonic clock. Counters: `busy_s` (any turn
+    held), `timed_s` (timing blocks), `closed_s` (new jobs shut out), `blocks`, `windows` (drains of the
+    jobs), so `blocks / windows` is how many blocks shared a drain."""
 
     retries_alone = True  # a stage that ran out of memory beside others is run again alone (see alone)
 
-    def __init__(self, max_jobs: int | None = None, window_s: float | None = None):
-        """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); `window_s`: their timing_window_s
-        (MARATHON_TIMING_WINDOW_S); None takes the default."""
-        self.max_jobs = max(1, DEVICE_JOBS if max_jobs is None else max_jobs)
-        self.window_s = max(0.0, TIMING_WINDOW_S if window_s is None else window_s)
-        self._cv = threading.Condition()
-        self._tickets = itertools.count()
-        self._jobs = 0  # untimed jobs on the device
-        self._timing_on = False  # a timing block on the device
-        self._timing_waiting: list[int] = []  # tickets of waiting timing blocks, oldest first
-        self._jobs_waiting: set[int] = set()  # tickets of jobs waiting for the device
-        self._window_since: float | None = None  # when the open timing window's first block started
+    def __init__(self, turns):
+        self.turns = turns
         self.stages = StageGate()  # stages and the retry alone: counted apart from the turns
-        self.busy_s = 0.0
-        self.timed_s = 0.0
-        self.closed_s = 0.0
-        self.blocks = 0
-        self.windows = 0
-        self._busy_since: float | None = None
-        self._closed_since: float | None = None
+        self._cv = threading.Condition()
 
-    # --- accounting (under _cv) -------------------------------------------------------------------
-    def _account(self) -> None:
-        """Busy and closed stretches begin and end with the state; call after every change of it."""
-        now = time.monotonic()
-        busy = self._timing_on or self._jobs > 0
-        if busy and self._busy_since is None:
-            self._busy_since = now
-        elif not busy and self._busy_since is not None:
-            dt, self._busy_since = now - self._busy_since, None
-            self.busy_s += dt
-            add_gpu_busy(dt)
-        closed = self._timing_on or bool(self._timing_waiting) or self._window_since is not None
-        if closed and self._closed_since is None:
-            self._closed_since = now
-        elif not closed and self._closed_since is not None:
-            dt, self._closed_since = now - self._closed_since, None
-            self.closed_s += dt
-            add_gpu_closed(dt)
+    busy_s = property(lambda self: self.turns.stretches.busy_s)
+    closed_s = property(lambda self: self.turns.stretches.closed_s)
+    timed_s = property(lambda self: self.turns.timed_s)
+    blocks = property(lambda self: self.turns.blocks)
+    windows = property(lambda self: self.turns.windows)
+    max_jobs = property(lambda self: self.turns.max_jobs)
+    window_s = property(lambda self: self.turns.window_s)
 
-    def _job_may_start(self, ticket: int) -> bool:
-        return (not self._timing_on and not self._window_open() and self._jobs < self.max_jobs
-                and not (self._timing_waiting and self._timing_waiting[0] < ticket))
+    # --- under _cv -------------------------------------------------------------------------------------
+    def _may(self, decide, *args) -> bool:
+        """A decision of the turns', now; a change the look itself made (a window closed or opened) wakes
+        every waiter, so that none misses it."""
+        seen = self.turns.changes
+        ok = decide(*args, time.monotonic())
+        if self.turns.changes != seen:
+            self._cv.notify_all()
+        return ok
 
-    def _timing_may_start(self, ticket: int) -> bool:
-        if self._timing_on or self._jobs or self._timing_waiting[0] != ticket:
-            return False
-        return self._window_open() or not any(j < ticket for j in self._jobs_waiting)
+    def _wait(self) -> None:
+        """Until something changes, or until the turns say to look again (a window due): waits re-look at
+        the clock."""
+        wake = self.turns.wake_at(time.monotonic())
+        self._cv.wait(WAIT_S if wake is None else min(WAIT_S, max(0.001, wake - time.monotonic())))
+        beat()
 
-    def _window_open(self) -> bool:
-        """Under _cv: whether the timing window stays open (see the module's docstring: it holds while a
-        block runs, or while the oldest waiting block may run next in it). Closing it lets the jobs back
-        and wakes them; it is looked at by every waiter, so the window's age is never missed."""
-        if self._window_since is None:
-            return False
-        if self._timing_on:
-            return True
-        if self._timing_waiting:
-            first = self._timing_waiting[0]
-            if (time.monotonic() - self._window_since < self.window_s
-                    or not any(j < first for j in self._jobs_waiting)):
-                return True
-        self._window_since = None
-        self._account()
-        self._cv.notify_all()
-        return False
+    # --- the one entry ---------------------------------------------------------------------------------
+    def run(self, item: UntimedJob | TimingBlock, also: threading.Lock | None = None):
+        """The turn `item` is: an untimed job's (with `also`, a reference child's lock, taken with the turn
+        and never held while waiting for it) or a timing block's."""
+        if isinstance(item, TimingBlock):
+            if also is not None:
+                raise ValueError("a timing block takes no lock of a child's: it waits for nothing but the device")
+            return self._timing()
+        return self._job(item, also)
 
-    # --- untimed device jobs -------------------------------------------------------------------
+    def job(self, also: threading.Lock | None = None, kind: str | None = None, expected_s: float | None = None,
+            mem_gb: float = 0.0):
+        """An untimed device job's turn, of the kind named by the caller's current step (phases.phase) where
+        it names none. With `also` (a reference child's lock): that lock and the turn together, neither
+        waited for while holding the other: the lock is taken first and given back while the turn must
+        wait. So a timing block never waits for the (serial) reference child's queue, and the reference
+        child's queue never waits for a timing block."""
+        return self.run(UntimedJob(kind or current_phase() or "job", expected_s, mem_gb), also)
+
+    def timing(self):
+        """A timing block's turn: nothing else of ours on the device until it ends."""
+        return self.run(TimingBlock())
+
     @contextlib.contextmanager
-    def job(self, also: threading.Lock | None = None):
-        """An untimed device job's turn. With `also` (a reference child's lock): that lock and the turn
-        together, neither waited for while holding the other: the lock is taken first and given back
-        while the turn must wait. So a timing block never waits for the (serial) reference child's
-        queue, and the reference child's queue never waits for a timing block."""
+    def _job(self, job: UntimedJob, also: threading.Lock | None):
         t0 = time.monotonic()
-        also_wait = 0.0
-        ticket = None
-        have_also = started = False
+        also_wait, ticket, have_also, started = 0.0, None, False, False
         try:  # a cancellation arrives as an exception anywhere (the heartbeat raises): nothing stays taken
             while True:
                 if also is not None:
@@ -142,88 +122,68 @@ class DeviceOwner:
                     also_wait += time.monotonic() - ta
                 with self._cv:
                     if ticket is None:
-                        ticket = next(self._tickets)
-                    if self._job_may_start(ticket):
-                        self._jobs += 1
+                        ticket = self.turns.ticket()
+                    if not self._may(self.turns.job_may_start, ticket, job) and also is None:
+                        self._await_job(ticket, job)  # nothing else held: wait here
+                    if also is None or self._may(self.turns.job_may_start, ticket, job):
+                        self.turns.start_job(ticket, job, time.monotonic())
                         started = True
-                        self._account()
-                        break
-                    if also is None:  # nothing else held: wait here
-                        self._await_job(ticket)
-                        self._jobs += 1
-                        started = True
-                        self._account()
+                        self._cv.notify_all()  # the next window's due time may have moved
                         break
                 have_also = also.release()  # given back (release returns None): one statement, no gap
                 with self._cv:
-                    self._await_job(ticket)  # then the lock again, and a new look
+                    self._await_job(ticket, job)  # then the lock again, and a new look
         except BaseException:
-            if started:
-                self._end_job()
+            with self._cv:
+                self.turns.cancel_job(ticket, started, time.monotonic())
+                self._cv.notify_all()
             if have_also:
                 also.release()
             raise
         t = time.monotonic()
         try:
             add_phase("gpu-job-wait", t - t0 - also_wait)
+            add_phase("gpu-jobs", 1)
             if also is not None:
                 add_phase("ref-wait", also_wait)  # the reference child serves one call at a time
             yield self
         finally:
-            add_phase("gpu-job-held", time.monotonic() - t)
-            self._end_job()
+            held = time.monotonic() - t
+            add_phase("gpu-job-held", held)
+            with self._cv:
+                self.turns.end_job(ticket, job, held, time.monotonic())
+                self._cv.notify_all()
             if also is not None:
                 also.release()
 
-    def _await_job(self, ticket: int) -> None:
-        """Under _cv: wait until job `ticket` may start, counted as waiting meanwhile (earlier tickets of
-        timing blocks go first, later ones wait for it)."""
-        self._jobs_waiting.add(ticket)
+    def _await_job(self, ticket: int, job: UntimedJob) -> None:
+        """Under _cv: wait until the job may start, counted as waiting meanwhile."""
+        self.turns.wait_job(ticket, job)
         try:
-            while not self._job_may_start(ticket):
-                self._cv.wait(WAIT_S)
-                beat()
+            while not self._may(self.turns.job_may_start, ticket, job):
+                self._wait()
         finally:
-            self._jobs_waiting.discard(ticket)
+            self.turns.unwait_job(ticket)
             self._cv.notify_all()  # a timing block may have waited for this ticket
 
-    def _end_job(self) -> None:
-        with self._cv:
-            self._jobs -= 1
-            self._account()
-            self._cv.notify_all()
-
-    # --- timing blocks -------------------------------------------------------------------------
     @contextlib.contextmanager
-    def timing(self):
-        """A timing block's turn: nothing else of ours on the device until it ends."""
+    def _timing(self):
         t0 = time.monotonic()
         with self._cv:
-            ticket = next(self._tickets)
-            self._timing_waiting.append(ticket)  # tickets rise, so the list stays oldest first
-            self._account()
+            ticket = self.turns.ask_block(t0)
+            self._cv.notify_all()  # a window may be due now
             try:
-                while not self._timing_may_start(ticket):
-                    self._cv.wait(WAIT_S)
-                    beat()
+                while not self._may(self.turns.block_may_start, ticket):
+                    self._wait()
             except BaseException:  # cancelled while waiting: jobs behind it must not wait for nobody
-                self._timing_waiting.remove(ticket)
-                self._window_open()  # a window left with no block to run closes
-                self._account()
+                self.turns.cancel_block(ticket, time.monotonic())
                 self._cv.notify_all()
                 raise
-            self._timing_waiting.remove(ticket)
-            self._timing_on = True
-            opened = self._window_since is None
-            if opened:
-                self._window_since = time.monotonic()
-                self.windows += 1
-            self.blocks += 1
-            self._account()
+            drained = self.turns.start_block(ticket, time.monotonic())
         t = time.monotonic()
         add_phase("gpu-wait", t - t0)
         add_phase("gpu-blocks", 1)
-        if opened:
+        if drained:
             add_phase("gpu-drains", 1)  # this block drained the device: the blocks after it in its window did not
         try:
             yield self
@@ -232,10 +192,7 @@ class DeviceOwner:
             add_phase("gpu-held", dt)
             add_gpu_timed(dt)
             with self._cv:
-                self.timed_s += dt
-                self._timing_on = False
-                self._window_open()  # the next waiting block runs in this window, or the jobs come back
-                self._account()
+                self.turns.end_block(ticket, dt, time.monotonic())
                 self._cv.notify_all()
 
     # --- stages and the retry alone (StageGate) ------------------------------------------------------
@@ -244,6 +201,17 @@ class DeviceOwner:
 
     def stage(self):
         return self.stages.stage()
+
+
+class DeviceOwner(ThreadedTurns):
+    """See the module's docstring: OwnerTurns' decisions, threaded."""
+
+    def __init__(self, max_jobs: int | None = None, window_s: float | None = None):
+        """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); `window_s`: their timing_window_s
+        (MARATHON_TIMING_WINDOW_S); None takes the default."""
+        super().__init__(OwnerTurns(DEVICE_JOBS if max_jobs is None else max_jobs,
+                                    TIMING_WINDOW_S if window_s is None else window_s,
+                                    Stretches(add_gpu_busy, add_gpu_closed)))
 
 
 class StageGate:

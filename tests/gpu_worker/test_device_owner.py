@@ -43,7 +43,7 @@ def test_jobs_side_by_side_and_bounded_timing_alone_and_accounted():
     # closed: from x's request to its end
     assert owner.timed_s >= 0.2 and owner.busy_s >= 0.5 and owner.busy_s < 0.9
     assert 0.4 <= owner.closed_s < 0.8
-    assert owner._jobs == 0 and not owner._timing_on and not owner._timing_waiting and not owner._jobs_waiting
+    assert owner.turns.jobs == 0 and not owner.turns.timing_on and not owner.turns.timing_waiting and not owner.turns.jobs_waiting
 
 
 def test_a_timing_block_is_not_starved_by_a_stream_of_jobs():
@@ -107,7 +107,7 @@ def test_a_raising_turn_is_given_back():
         with pytest.raises(ZeroDivisionError):
             with turn():
                 1 / 0
-        assert owner._jobs == 0 and not owner._timing_on and not ref_lock.locked()
+        assert owner.turns.jobs == 0 and not owner.turns.timing_on and not ref_lock.locked()
     with owner.timing():  # nothing left taken: both kinds of turn are free
         pass
     with owner.job():
@@ -147,7 +147,7 @@ def test_cancelled_waits_leave_nothing_taken():
 
     x = start(timing)
     x.join(5)  # waited for the job, cancelled at its first heartbeat
-    assert errors == ["x"] and not owner._timing_waiting
+    assert errors == ["x"] and not owner.turns.timing_waiting
     got_in = threading.Event()
     start(lambda: (owner.job().__enter__(), got_in.set()))
     assert got_in.wait(2), "jobs waited for a cancelled timing request"
@@ -170,7 +170,7 @@ def test_cancelled_waits_leave_nothing_taken():
 
     r = start(ref_call)
     r.join(5)
-    assert errors == ["x", "r"] and not ref_lock.locked() and owner2._jobs == 0 and not owner2._jobs_waiting
+    assert errors == ["x", "r"] and not ref_lock.locked() and owner2.turns.jobs == 0 and not owner2.turns.jobs_waiting
     block.__exit__(None, None, None)
 
 
@@ -279,7 +279,7 @@ def test_reference_wait_holds_no_device_turn(tmp_path):
 
     class Child:
         def call(self, request, timeout, hb=None):
-            held.append(e.owner._jobs)  # the jobs on the device while the reference child works
+            held.append(e.owner.turns.jobs)  # the jobs on the device while the reference child works
             return Reply(seq=None, result=Empty())
 
     held = []
@@ -312,7 +312,7 @@ def test_reference_lock_not_held_while_a_timing_block_runs(tmp_path):
 
     class Child:
         def call(self, request, timeout, hb=None):
-            ran.append((request.cmd, e.owner._jobs, ref_lock.locked()))
+            ran.append((request.cmd, e.owner.turns.jobs, ref_lock.locked()))
             return Reply(seq=None, result=Staged(seconds=0.0))
 
     e._ref = lambda problem, shape, hb: (Child(), ref_lock, {})
@@ -328,8 +328,8 @@ def test_reference_lock_not_held_while_a_timing_block_runs(tmp_path):
     assert ran == [("stage", 1, True)]
     # a timing block with the child: the turn first, then the lock
     with e._with_ref(ref_lock, timing=True):
-        assert e.owner._timing_on and ref_lock.locked()
-    assert not ref_lock.locked() and not e.owner._timing_on
+        assert e.owner.turns.timing_on and ref_lock.locked()
+    assert not ref_lock.locked() and not e.owner.turns.timing_on
     e.close()
 
 
@@ -339,7 +339,7 @@ def test_turns_and_reference_lock_mixed_load_never_deadlocks(tmp_path, policy):
     timing block, a timing block then the child's lock) all finish, and a timing block never overlaps a
     job or another block."""
     e = _evaluator(tmp_path, policy)
-    e.owner.max_jobs = 3
+    e.owner.turns.max_jobs = 3
     ref_lock = threading.Lock()
     rec = Record()
 

@@ -36,8 +36,8 @@ def _on(rec: Record, name: str) -> bool:
 
 
 def _idle(owner: DeviceOwner) -> bool:
-    return (owner._jobs == 0 and not owner._timing_on and not owner._timing_waiting and not owner._jobs_waiting
-            and owner._window_since is None)
+    return (owner.turns.jobs == 0 and not owner.turns.timing_on and not owner.turns.timing_waiting and not owner.turns.jobs_waiting
+            and owner.turns.window_since is None)
 
 
 def test_waiting_timing_blocks_share_one_drain():
@@ -59,11 +59,11 @@ def test_waiting_timing_blocks_share_one_drain():
     a, b = start(job, "j1", 0.4), start(job, "j2", 0.4)  # on the device: x1 drains them
     _until(lambda: _on(rec, "j1") and _on(rec, "j2"))
     x1 = start(timing, "x1", 0.1)
-    _until(lambda: len(owner._timing_waiting) == 1)
+    _until(lambda: len(owner.turns.timing_waiting) == 1)
     j3 = start(job, "j3", 0.01)  # asked before x2 and x3: one at a time, it would cost each its own drain
-    _until(lambda: owner._jobs_waiting)
+    _until(lambda: owner.turns.jobs_waiting)
     x2 = start(timing, "x2", 0.1)
-    _until(lambda: len(owner._timing_waiting) == 2)
+    _until(lambda: len(owner.turns.timing_waiting) == 2)
     x3 = start(timing, "x3", 0.1)
     _until(lambda: _on(rec, "x1"))
     x4 = start(timing, "x4", 0.1)  # arrives while the window's first block runs: joins it
@@ -98,9 +98,9 @@ def test_past_its_time_a_window_runs_only_blocks_that_asked_before_a_waiting_job
     x1 = start(timing, "x1", 0.3)
     _until(lambda: _on(rec, "x1"))
     x2 = start(timing, "x2", 0.05)
-    _until(lambda: len(owner._timing_waiting) == 1)
+    _until(lambda: len(owner.turns.timing_waiting) == 1)
     j = start(job, "j", 0.05)
-    _until(lambda: owner._jobs_waiting)
+    _until(lambda: owner.turns.jobs_waiting)
     x3 = start(timing, "x3", 0.05)
     for t in (x1, x2, j, x3):
         t.join(10)
@@ -192,16 +192,16 @@ def test_a_raising_or_cancelled_block_does_not_stop_the_next(monkeypatch):
     x1 = start(first)
     _until(lambda: _on(rec, "x1"))
     j = start(job)  # asked before the blocks below: they run ahead of it in x1's window
-    _until(lambda: owner._jobs_waiting)
+    _until(lambda: owner.turns.jobs_waiting)
     threads = [start(raising)]
-    _until(lambda: len(owner._timing_waiting) == 1)
+    _until(lambda: len(owner.turns.timing_waiting) == 1)
     threads.append(start(cancelled))
-    _until(lambda: len(owner._timing_waiting) == 2)
+    _until(lambda: len(owner.turns.timing_waiting) == 2)
     threads.append(start(timing, "x4"))
-    _until(lambda: len(owner._timing_waiting) == 3)
+    _until(lambda: len(owner.turns.timing_waiting) == 3)
     cancel.set()
     threads[1].join(5)
-    assert errors == ["x3"] and owner._timing_on  # cancelled while waiting, x1 still under way
+    assert errors == ["x3"] and owner.turns.timing_on  # cancelled while waiting, x1 still under way
     release.set()
     for t in [x1, j] + threads:
         t.join(10)

@@ -131,7 +131,7 @@ def test_jobs_fit_the_declared_memory():
     def job(name, mem):
         with d.run(UntimedJob("j", 0.1, mem)):
             with mu:
-                seen.append(sum(m for _, m in d._running.values()))
+                seen.append(sum(m for _, m in d.turns.running.values()))
             rec.inside("job", name, 0.1)
 
     threads = [start(job, f"a{i}", 0.6) for i in range(3)] + [start(job, "small", 0.3)]
@@ -158,7 +158,7 @@ def test_a_cancelled_wait_leaves_nothing_taken():
 
     with pytest.raises(RuntimeError, match="cancelled"):
         waiting_block()
-    assert not d._blocks_waiting and d._window_since is None and beats
+    assert not d.turns.blocks_waiting and d.turns.window_since is None and beats
     _job(d, rec, "after", 0.01, 60.0)  # no window is due: any job goes
     with pytest.raises(ValueError):
         d.run(TimingBlock(), also=threading.Lock())
