@@ -189,12 +189,12 @@ def _mla_decode_arrival(
     ticket = tl.atomic_add(cnt_ptr + group, 1, sem="acq_rel")
     rank = ticket % num_splits
     if rank >= num_splits - COMBINERS:
-        if COMBINERS > 1:  # wait for the rest of this launch's group (programs already running)
+        if COMBINERS > 1:  # wait for the rest of this launch's group (its other splits)
             target = (ticket // num_splits + 1) * num_splits
             seen = tl.atomic_add(cnt_ptr + group, 0, sem="acquire")
             while seen < target:
                 seen = tl.atomic_add(cnt_ptr + group, 0, sem="acquire")
-            tl.debug_barrier()
+        tl.debug_barrier()  # every thread's partial loads after the acquire
         ROWS_C: tl.constexpr = BLOCK_H // COMBINERS  # combiner j of the group: its j-th ROWS_C rows
         crows = pid_h * BLOCK_H + (rank - (num_splits - COMBINERS)) * ROWS_C + tl.arange(0, ROWS_C)
         _combine_rows(po_ptr, lse_ptr, o_ptr, crows, cols, M, num_splits, stride_om, DL, DV, RED_S, ROWS_C)
