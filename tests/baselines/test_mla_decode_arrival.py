@@ -1,8 +1,9 @@
 """The arrival-combine mla_decode design (baselines/mla_decode/arrival_kernel.py) under the Triton
 interpreter (fp32) against the fp64 oracle on every distribution, its arrival counters across repeated
-launches, and the candidate rules. Under the interpreter the last arrival of each group combines it alone
-(COMBINERS 1); the several-combiner wait runs only on the GPU (scripts/time_knobs.py --template checks it
-against the oracle there)."""
+launches, its launch plan, and the candidate rules. Under the interpreter the last arrival of each group
+combines it alone (COMBINERS 1); the several-combiner wait runs only on the GPU (the `gpu`-marked test: the
+primary shapes, launched eagerly and replayed as a CUDA graph, in a process of its own since this module
+interprets)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib.util
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -136,3 +140,58 @@ def test_settings_file_names_only_template_knobs():
     for s in settings:
         assert set(s) <= set(knobs), s
         render(SOURCE, s)
+
+
+GPU_CHILD = textwrap.dedent(
+    """
+    import importlib.util, json, sys, tempfile
+    sys.path.insert(0, sys.argv[1])
+    import torch
+    from baselines.mla_decode.spec import PROBLEM as P
+    from baselines.problem import rel_rms, render
+    path = tempfile.mkdtemp() + "/arrival_gpu.py"
+    with open(path, "w") as f:
+        f.write(render(open(sys.argv[2]).read(), json.loads(sys.argv[3])))
+    spec = importlib.util.spec_from_file_location("arrival_gpu", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = []
+    for shape in P.shapes:
+        for dist in P.distributions:
+            x = P.make_inputs(shape, dist, 0, "cuda")
+            out = {"o": torch.full(P.output_specs(shape)["o"].shape, float("nan"), dtype=torch.bfloat16,
+                                   device="cuda")}
+            mod.run(x, out)
+            torch.cuda.synchronize()
+            first = out["o"].clone()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                mod.run(x, out)
+            same = True
+            for _ in range(5):  # replays: the counters carry on from the eager launch and the capture
+                out["o"].fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                same = same and torch.equal(out["o"], first)
+            ref = P.oracle(x)["o"]
+            tol = max(P.tolerance_floor, P.tolerance_alpha * rel_rms(ref, P.baselines()["torch-bmm"](x)["o"]))
+            rows.append({"shape": shape.name, "dist": dist, "err": rel_rms(ref, first), "tol": tol, "same": same})
+    print(json.dumps(rows))
+    """
+)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("knobs", [{}, {"COMBINERS": 64}, {"BLOCK_N": 16, "num_stages": 2, "GRID": 256}])
+def test_gpu_primary_shapes_eager_and_graph_replays(knobs):
+    """Compiled, the several-combiner wait included: within the harness's tolerance on every distribution at
+    Q1 and Q4, and five CUDA graph replays bit for bit the eager launch (no counter reset between them)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    p = subprocess.run([sys.executable, "-c", GPU_CHILD, str(root), str(MLA / "arrival_kernel.py"), json.dumps(knobs)],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads(p.stdout.strip().splitlines()[-1])
+    assert len(rows) == len(P.shapes) * len(P.distributions)
+    for r in rows:
+        assert r["err"] <= r["tol"] and r["same"], r
