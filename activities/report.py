@@ -87,7 +87,7 @@ def _receipt(store: ArtifactStore, records: list[IterationRecord], best) -> str 
     rec = next((r for r in reversed(records) if r.candidate_id == best.candidate_id and r.log_key), None)
     if rec is None or not store.exists(rec.log_key):
         return None
-    keep = ("receipt:", "physical floor", "profiler cross-check", "wall medians")
+    keep = ("receipt:", "physical floor", "profiler cross-check", "ncu proof", "wall medians")
     lines = [ln for ln in store.get_text(rec.log_key).splitlines() if ln.startswith(keep)]
     lines.append(f"rel. error vs oracle: {rec.rel_err:.3g}" if rec.rel_err is not None else "")
     return "\n".join(ln for ln in lines if ln) or None

@@ -35,7 +35,8 @@ class ChildLoading:
         from gpu_worker import wall
 
         self.seal, self.wall = wall.enclose(self.tmp, list(write_roots), list(trusted_roots), self.cuda,
-                                            getattr(self, "guard_fd", None), self.settings.wall)
+                                            getattr(self, "guard_fd", None), self.settings.wall,
+                                            unix_sockets=getattr(self, "unix_sockets", False))  # ncu proof only
         self.pins.repin()  # the guard's own wrappers of torch's entries (guard_torch.seal_dispatch_entries)
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)

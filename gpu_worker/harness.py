@@ -28,6 +28,7 @@ from gpu_worker.harness_benchmark import BenchmarkStage
 from gpu_worker.harness_best_checks import BestOnlyChecks
 from gpu_worker.harness_children import EvaluatorChildren, ReferenceOutOfMemory
 from gpu_worker.harness_compile import CompileStage, shared_over_limit  # noqa: F401 - re-exported
+from gpu_worker.harness_ncu_proof import NcuProofCheck
 from gpu_worker.harness_serial import SerialScheduler
 from gpu_worker.harness_timed_outputs import TimedOutputChecks, _check_entries  # noqa: F401 - re-exported
 from gpu_worker.harness_verify import VerifyStage, other_shapes  # noqa: F401 - re-exported
@@ -49,9 +50,11 @@ LOG_LIMIT = 12000
 REFERENCE_GRACE_S = 60.0
 
 
-class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, BenchmarkStage, TimedOutputChecks):
+class Evaluator(EvaluatorChildren, CompileStage, VerifyStage, BestOnlyChecks, NcuProofCheck, BenchmarkStage,
+                TimedOutputChecks):
     """Judges candidates stage by stage; each stage and each family of checks is a base class of its own
-    module (harness_compile, harness_verify, harness_benchmark, harness_timed_outputs, harness_best_checks),
+    module (harness_compile, harness_verify, harness_benchmark, harness_timed_outputs, harness_best_checks,
+    harness_ncu_proof),
     all built on the children and device turns of harness_children.
 
     `settings`: the worker's (GpuWorkerSettings.from_env at its start); None takes the defaults. They are

@@ -119,12 +119,14 @@ class BenchmarkStage:
             t_ms, b_ms = w["time_ms"], w["baseline_ms"]
             modes = sorted({d["mode"] for d in per_dist})
             mode = "interpreter" if self.interpreter else ", ".join(modes)
+            # the ncu proof, in a separate process: every would-be best, a random share of the others
+            proof = self._proof_if_due(bool(req.fresh_process), problem, shape, source, w, hb, gpu_s)
             rec = Receipt(device=receipt.device, driver=receipt.driver, clocks=receipt.clocks, torch=receipt.torch,
                           triton=receipt.triton, repetitions=sum(d["samples"] for d in per_dist),
                           spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
                                            f"{d['baseline_iqr_ms'][0]:.4g}-{d['baseline_iqr_ms'][1]:.4g} ms)"
                                            for d in per_dist),
-                          mode=mode)
+                          mode=mode, proof=f"ncu proof: {proof['text']}" if proof else "")
             lines = [f"judge: device time ({mode}); the worst speedup over {len(per_dist)} distributions decides"]
             for d in per_dist:
                 host = (f"host latency of a synchronous call {d['host_ms']:.4g} ms (baseline {d['baseline_host_ms']:.4g} ms)"
@@ -164,6 +166,10 @@ class BenchmarkStage:
                     raise Rejection("benchmark", f"{why}profiler cross-check failed: {prof['text']}", "\n".join(lines))
             elif req.fresh_process:
                 lines.append("profiler cross-check: skipped under the interpreter (no device kernels)")
+            if proof is not None:
+                lines.append(f"ncu proof: {proof['text']}")
+                if proof["ok"] is False:  # None: not made here (no ncu), which the line and the receipt say
+                    raise Rejection("benchmark", f"ncu proof failed: {proof['text']}", "\n".join(lines))
             lines.append(cand_log)
             dists = [DistributionTiming(dist=d["dist"], time_ms=d["time_ms"], baseline_ms=d["baseline_ms"],
                                         speedup=d["speedup"], speedup_ci=d["speedup_ci"], best_time_ms=d["best_time_ms"],

@@ -143,8 +143,14 @@ class GpuWorkerSettings(BaseModel):
     bench_total_ms: float = _setting(
         500.0, "about this much baseline time (ms) per distribution: sets the blocks for slow baselines",
         "a number of milliseconds > 0", gt=0)
+    ncu_proof_share: float = _setting(
+        0.1, "share of the other passing candidates proven, like every would-be best, by Nsight Compute in a "
+        "separate process (drawn with the worker's secret generator)", "a fraction from 0 to 1", ge=0, le=1)
+    ncu_proof_wall: Literal["on", "unix"] = _setting(
+        "on", "the ncu proof process's OS wall: `on` (the candidate children's) or `unix` (that, plus AF_UNIX "
+        "sockets for ncu's channel to its front end)", "on or unix")
 
-    @field_validator("wall", "device_policy", mode="before")
+    @field_validator("wall", "device_policy", "ncu_proof_wall", mode="before")
     @classmethod
     def _any_case(cls, v):
         return v.strip().lower() if isinstance(v, str) else v

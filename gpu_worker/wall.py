@@ -195,9 +195,10 @@ def _errno(e: int) -> int:
     return SECCOMP_RET_ERRNO | (e & 0xFFFF)
 
 
-def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = None) -> bytes:
+def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = None, unix_sockets: bool = False) -> bytes:
     """The filter: see the module's docstring. `allow_exec`: execve (its target then limited by Landlock)
-    and the vfork-style clone posix_spawn makes; `deny_writes`: the filesystem fallback without Landlock."""
+    and the vfork-style clone posix_spawn makes; `deny_writes`: the filesystem fallback without Landlock;
+    `unix_sockets`: socket(AF_UNIX) allowed (the ncu proof's channel to its profiler), every other family not."""
     a = arch or _arch()
     if a is None:
         raise WallError(f"no seccomp table for {platform.machine()}")
@@ -214,7 +215,7 @@ def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = Non
         if name in nr:
             checks.append((nr[name], label))
 
-    on("socket", "eacces")  # every family: a unix socket could connect to a daemon's (docker's) socket file
+    on("socket", "socket" if unix_sockets else "eacces")  # every family: a unix socket could reach a daemon's
     on("clone", "clone")
     on("clone3", "enosys")  # its flags sit in memory seccomp cannot read; libc falls back to clone
     on("openat2", "enosys")  # likewise its flags; libc's open() never uses it
@@ -247,6 +248,10 @@ def seccomp_program(allow_exec: bool, deny_writes: bool, arch: dict | None = Non
         p.label("openat")
         p.ld(_arg(2))
         p.jump(_JSET_K, O_WRITE_FLAGS, "eacces", "allow")
+    if unix_sockets:
+        p.label("socket")
+        p.ld(_arg(0))
+        p.jump(_JEQ_K, 1, "allow", "eacces")  # AF_UNIX
     p.label("allow")
     p.ret(SECCOMP_RET_ALLOW)
     p.label("eperm")
@@ -394,7 +399,7 @@ def device_files() -> list[str]:
 
 
 def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock: bool = False,
-            use_landlock: bool = True) -> dict:
+            use_landlock: bool = True, unix_sockets: bool = False) -> dict:
     """Put this process behind the wall. `write_dirs`: the only directories writable from now on;
     `exec_files`: binaries that may still be executed (needs Landlock; without it nothing is).
     Returns which wall guards each of network, process and filesystem."""
@@ -421,7 +426,9 @@ def install(write_dirs: list[str], exec_files: list[str] = (), require_landlock:
     # without Landlock an exec cannot be limited to the listed binaries: allowed when there are any (the
     # GPU compiler), the guard then admits only those from Triton's compiler
     allow_exec = bool(execs) if abi else bool(exec_files)
-    _load_seccomp(seccomp_program(allow_exec=allow_exec, deny_writes=False))
+    _load_seccomp(seccomp_program(allow_exec=allow_exec, deny_writes=False, unix_sockets=unix_sockets))
+    if unix_sockets:
+        desc["sockets"] = "AF_UNIX only (the ncu proof's channel)"
     desc["process"] = ("seccomp+landlock (exec: listed binaries only)" if execs else
                        "seccomp (exec: the guard's list only)" if allow_exec else "seccomp")
     return desc
@@ -481,7 +488,7 @@ def candidate_exec_files(cuda: bool) -> tuple[list[str], list[str]]:
 
 
 def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bool,
-            report_fd: int | None, mode: str = "on") -> tuple:
+            report_fd: int | None, mode: str = "on", unix_sockets: bool = False) -> tuple:
     """The candidate child's walls, in order: the guard (audit hook, import blocker, sealed), then the OS
     wall. `mode`, the settings' wall (MARATHON_WALL): `on` (the wall is installed, Landlock where the
     kernel has it, else the seccomp fallback), `landlock` (refuse to run candidates without Landlock),
@@ -500,7 +507,7 @@ def enclose(tmp: str, write_roots: list[str], trusted_roots: list[str], cuda: bo
     tempfile.gettempdir()  # resolved (to the child's TMPDIR) while probing it may still write anywhere
     threads = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
     desc = install([tmp] + list(write_roots), exec_files=execs, require_landlock=(mode == "landlock"),
-                   use_landlock=(mode != "seccomp"))
+                   use_landlock=(mode != "seccomp"), unix_sockets=unix_sockets)
     desc["os"] = "on"
     desc["threads_at_install"] = threads  # Landlock holds for the installing thread and all it starts
     return seal, desc

@@ -33,6 +33,7 @@ def test_template_compiles_verifies_and_benchmarks(ev, store):
     assert lo <= b.speedup * 1.0001 and hi >= b.speedup * 0.9999
     log = store.get_text(b.log_key)
     assert "physical floor: not checked" in log and "profiler cross-check: skipped" in log
+    assert b.receipt.proof == "" and "ncu proof" not in log  # no device kernels: the interpreter proves nothing
 
 
 def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tmp_path):

@@ -81,6 +81,8 @@ BAD = [
     ("MARATHON_TIMING_BATCH", "0", "an integer >= 1"),
     ("MARATHON_TIMING_MAX_WAIT_S", "-0.1", "a number of seconds >= 0"),
     ("MARATHON_WARM_ALL_SHAPES", "all", "1 or 0"),
+    ("MARATHON_NCU_PROOF_SHARE", "1.5", "a fraction from 0 to 1"),
+    ("MARATHON_NCU_PROOF_WALL", "tcp", "on or unix"),
 ]
 
 

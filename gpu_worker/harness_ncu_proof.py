@@ -1,0 +1,143 @@
+"""The Nsight Compute proof, the harness's side: a would-be best (and a random share of the other passing
+candidates) is run again in a fresh process under ncu (gpu_worker.ncu_proof_child), and the trace ncu's
+front end writes, outside anything that process can write, is judged by gpu_worker.ncu_trace: every kernel
+inside a call the candidate's own Triton kernel or torch's fill/copy, none of its kernels outside a call,
+two markers per call, and the per-call kernel time within the cross-check's tolerance of the judged time.
+Unlike the CUPTI cross-check (harness_best_checks), no figure comes from the candidate's own process."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from gpu_worker.ncu_trace import Markers, TraceError, find_ncu, judge_trace, ncu_command, parse_ncu_csv, proof_due
+from gpu_worker.phases import add_phase as _add_phase
+from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
+from gpu_worker.settings import CHILD_SETTINGS, work_root
+
+PROOF_WARMUP = 1  # untimed calls first: Triton compiles (and an autotuner tries its configs) there
+PROOF_REPS = 10
+SETTLE_S = 1.0  # after the last call: a thread's late launch still lands in the trace
+NOT_PROVEN_NO_NCU = "not proven: ncu absent (neither on PATH nor under /opt/nvidia/nsight-compute)"
+
+
+class NcuProofCheck:
+    """The Evaluator's ncu proof (see the module's docstring)."""
+
+    def _proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict | None:
+        """The proof's result for a candidate that is due one (`proof_due`, drawn with the worker's secret
+        generator); None when none is drawn or there is no CUDA. The result's `ok` is None when it could not
+        be made here (no ncu): its text says so, and nothing is proven."""
+        if not self.cuda or not proof_due(would_be_best, self.settings.ncu_proof_share, self._secret.random):
+            return None
+        ncu = find_ncu()
+        if ncu is None:
+            return {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
+        root = tempfile.mkdtemp(prefix="proof-", dir=work_root(self.settings.gpu_workdir))
+        try:
+            return self._ncu_proof(ncu, root, problem, shape, source, worst, hb, gpu_s)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict:
+        from gpu_worker.caches import triton_cache_dir
+
+        tmp = os.path.join(root, "child")  # the only directory the proof process may write
+        os.makedirs(tmp)
+        markers = Markers.fresh(secrets.token_hex(6))
+        spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": worst["dist"],
+                "seed": self.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
+                "markers": list(markers.names()), "marker_dir": root, "tmp": tmp, "go": os.path.join(root, "go"),
+                "wait_s": self.timeouts["profile"], "settle_s": SETTLE_S,
+                "unix_sockets": self.settings.ncu_proof_wall == "unix",
+                "trusted_roots": [str(triton_cache_dir(self.settings, True))]}
+        spec_path = os.path.join(root, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        env = dict(os.environ)
+        env.pop("TRITON_INTERPRET", None)
+        env.update(PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+                   TMPDIR=tmp, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(self.settings.gpu_workdir)),
+                   PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", MARATHON_CHILD_LIMITS=json.dumps({"core": 0}),
+                   **{CHILD_SETTINGS: self.settings.to_child()}, **triton_env("candidate", tmp, self.settings, True))
+        csv_path = os.path.join(root, "ncu.csv")
+        cmd = ncu_command(ncu, csv_path, [sys.executable, "-m", "gpu_worker.ncu_proof_child", spec_path])
+        with open(os.path.join(root, "ncu-out.txt"), "w") as out:
+            proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["load"] * 2, hb)
+            if ready:
+                with self._timing_block():  # nothing else of this worker's on the device while ncu measures
+                    g0 = time.monotonic()
+                    open(spec["go"], "w").close()
+                    self._proof_wait(proc, os.path.join(tmp, "done.json"), self.timeouts["profile"], hb)
+                    gpu_s[0] += time.monotonic() - g0
+                    _add_phase("ncu-proof.calls", time.monotonic() - g0)
+            self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait(10)
+        done = _read_json(os.path.join(tmp, "done.json"))
+        if not ready or not done or "error" in done:
+            why = done.get("error") or (f"it ended with status {proc.returncode}" if ready else "it never got ready")
+            return _failed(f"the proof process did not complete its calls ({why}); ncu: "
+                           f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
+                           worst)
+        if "ERR_NVGPUCTRPERM" in _tail(os.path.join(root, "ncu-out.txt"), 4000) + _tail(csv_path, 4000):
+            return {"ok": None, "verdict": None, "text": "not proven: ncu may not read this GPU's performance "
+                    "counters here (ERR_NVGPUCTRPERM: a host setting)"}
+        try:
+            with open(csv_path) as f:
+                kernels = parse_ncu_csv(f.read())
+        except (OSError, TraceError) as e:
+            return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", worst)
+        own = [str(k) for k in (done.get("kernels") or ready.get("kernels") or [])]
+        v = judge_trace(kernels, markers, own, PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
+        inproc = done.get("refusals") or []
+        note = f"; in the proof process (informs only): {' | '.join(map(str, inproc[:3]))}" if inproc else ""
+        return {"ok": v.ok, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a "
+                f"separate process{note}", "verdict": v.as_dict()}
+
+    @staticmethod
+    def _proof_wait(proc, path: str | None, timeout: float, hb) -> dict | None:
+        """Until `path` exists (its JSON), the process ends (None, or `path`'s JSON if it was written) or
+        `timeout` passes (None)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if hb:
+                hb()
+            if path and os.path.exists(path):
+                return _read_json(path)
+            if proc.poll() is not None:
+                return _read_json(path) if path and os.path.exists(path) else None
+            time.sleep(0.02)
+        return None
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _tail(path: str, n: int = 600) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read()[-n:].decode(errors="replace").replace("\n", " | ")
+    except OSError:
+        return "(none)"
+
+
+def _failed(why: str, worst: dict) -> dict:
+    return {"ok": False, "text": f"[{worst['dist']}] REFUSED: not proven: {why}", "verdict": None}

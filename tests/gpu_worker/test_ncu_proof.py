@@ -1,0 +1,134 @@
+"""The ncu proof's harness side on the CPU: the wall its process gets with `MARATHON_NCU_PROOF_WALL=unix`
+(AF_UNIX sockets only), the marker kernels' source, the plain "not proven" where ncu is absent, and the
+interpreter's path, which makes no proof. The proof itself runs on a GPU: tests/gpu_worker/test_ncu_proof_gpu.py."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpu_worker import harness_ncu_proof, wall
+from gpu_worker.harness_ncu_proof import NOT_PROVEN_NO_NCU, NcuProofCheck
+from gpu_worker.ncu_proof_child import marker_source
+from gpu_worker.ncu_trace import Markers
+from gpu_worker.settings import GpuWorkerSettings, SettingsError
+
+REPO = Path(__file__).resolve().parents[2]
+
+UNIX_PROBE = r'''
+import json, socket, sys
+from gpu_worker import wall
+desc = wall.install([sys.argv[1]], unix_sockets=sys.argv[2] == "1")
+res = {"sockets": desc.get("sockets", "")}
+for name, family in (("unix", socket.AF_UNIX), ("tcp", socket.AF_INET), ("ipv6", socket.AF_INET6)):
+    try:
+        socket.socket(family, socket.SOCK_STREAM).close()
+        res[name] = "ok"
+    except OSError as e:
+        res[name] = f"refused errno {e.errno}"
+print(json.dumps(res))
+'''
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+@pytest.mark.parametrize("unix", [True, False])
+def test_the_proof_walls_unix_variant_allows_only_af_unix_sockets(tmp_path, unix):
+    out = subprocess.run([sys.executable, "-c", UNIX_PROBE, str(tmp_path), "1" if unix else "0"], capture_output=True,
+                         text=True, timeout=60, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["tcp"].startswith("refused") and res["ipv6"].startswith("refused")
+    assert res["unix"] == ("ok" if unix else "refused errno 13")
+    assert bool(res["sockets"]) is unix
+
+
+def test_the_seccomp_programs_differ_only_where_sockets_are_decided():
+    plain = wall.seccomp_program(allow_exec=True, deny_writes=False, arch=wall._ARCH["x86_64"])
+    unix = wall.seccomp_program(allow_exec=True, deny_writes=False, arch=wall._ARCH["x86_64"], unix_sockets=True)
+    assert len(unix) == len(plain) + 2 * 8  # the load of socket()'s family and its test, and nothing else
+
+
+def test_the_marker_source_defines_three_triton_kernels_under_the_fresh_names():
+    m = Markers.fresh("0123456789ab")
+    tree = ast.parse(marker_source(m.names()))
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    assert [d.name for d in defs] == list(m.names())
+    assert all(ast.unparse(d.decorator_list[0]) == "triton.jit" for d in defs)
+
+
+class _Harness(NcuProofCheck):
+    def __init__(self, cuda: bool, share: float = 0.0):
+        self.cuda = cuda
+        self.settings = GpuWorkerSettings(ncu_proof_share=share)
+        self._secret = random.Random(3)
+
+
+def test_without_ncu_a_would_be_best_is_plainly_not_proven(monkeypatch):
+    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: None)
+    r = _Harness(cuda=True)._proof_if_due(True, None, None, "", {"dist": "normal", "time_ms": 0.02}, None, [0.0])
+    assert r == {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
+    assert r["text"].startswith("not proven: ncu absent")
+
+
+def test_a_candidate_not_drawn_and_the_interpreter_get_no_proof(monkeypatch):
+    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: pytest.fail("no proof was due"))
+    assert _Harness(cuda=True, share=0.0)._proof_if_due(False, None, None, "", {}, None, [0.0]) is None
+    assert _Harness(cuda=False, share=1.0)._proof_if_due(True, None, None, "", {}, None, [0.0]) is None
+
+
+def test_the_proof_settings_parse_and_refuse_bad_values():
+    s = GpuWorkerSettings.from_env({"MARATHON_NCU_PROOF_SHARE": "0.25", "MARATHON_NCU_PROOF_WALL": "UNIX"})
+    assert s.ncu_proof_share == 0.25 and s.ncu_proof_wall == "unix"
+    assert GpuWorkerSettings().ncu_proof_share == 0.1 and GpuWorkerSettings().ncu_proof_wall == "on"
+    with pytest.raises(SettingsError, match="MARATHON_NCU_PROOF_SHARE='2'"):
+        GpuWorkerSettings.from_env({"MARATHON_NCU_PROOF_SHARE": "2"})
+    with pytest.raises(SettingsError, match="MARATHON_NCU_PROOF_WALL"):
+        GpuWorkerSettings.from_env({"MARATHON_NCU_PROOF_WALL": "tcp"})
+
+
+def _run_child(tmp_path: Path, source: str, dist: str) -> dict:
+    """The proof process's script run directly (no ncu) under the Triton interpreter: the same load behind
+    the guard and the wall, the rehearsal, the markers and the bracketed calls as on a GPU."""
+    root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
+    tmp.mkdir(parents=True)
+    (root / "go").write_text("")
+    spec = {"source": source, "problem": "softmax", "shape": None, "dist": dist, "seed": 1000, "rotate": 2,
+            "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu0test").names()),
+            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "wait_s": 5, "settle_s": 0.3,
+            "unix_sockets": False, "trusted_roots": []}
+    (root / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),
+           "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
+    env.pop("MARATHON_INPUT_BANK", None)
+    out = subprocess.run([sys.executable, "-m", "gpu_worker.ncu_proof_child", str(root / "spec.json")],
+                         capture_output=True, text=True, timeout=240, cwd=tmp, env=env)
+    log = (tmp / "log.txt").read_text() if (tmp / "log.txt").exists() else ""
+    assert (tmp / "ready.json").exists(), log[-3000:]
+    return {"rc": out.returncode, "done": json.loads((tmp / "done.json").read_text()),
+            "ready": json.loads((tmp / "ready.json").read_text()), "log": log}
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+def test_the_proof_process_loads_behind_the_wall_and_brackets_each_call(tmp_path):
+    from baselines.registry import get_problem
+    from gpu_worker.canaries import canary_source
+
+    dist = get_problem("softmax").distributions[0]
+    honest = _run_child(tmp_path / "honest", canary_source("fast"), dist)
+    assert honest["rc"] == 0, honest["log"][-3000:]
+    assert honest["ready"]["wall"]["os"] == "on" and "sockets" not in honest["ready"]["wall"]
+    assert honest["done"]["kernels"] == ["canary_fast_softmax"] and honest["done"]["refusals"] == []
+    late = _run_child(tmp_path / "late", canary_source("fast").replace(
+        "def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
+        "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()"), dist)
+    assert late["rc"] == 0, late["log"][-3000:]
+    # refused in the process too (it only informs), and every call still ran for the trace
+    refusals = late["done"]["refusals"]
+    assert refusals and all("thread" in r for r in refusals) and refusals[-1].startswith("call 3: ")

@@ -1,0 +1,114 @@
+"""The ncu proof on a GPU (marked `gpu`; skipped without CUDA, or without Nsight Compute on PATH or under
+/opt/nvidia/nsight-compute): an honest softmax re-measured as a would-be best is proven by ncu's trace of a
+separate process, its per-call kernel time within the tolerance of the judged time; a candidate whose thread
+launches its kernel after the call returned is refused by the trace; and the proof's `unix` wall variant
+(MARATHON_NCU_PROOF_WALL) proves the honest one too. Each proof's line is printed (`-s`)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from gpu_worker.ncu_trace import find_ncu
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.skipif(find_ncu() is None, reason="Nsight Compute (ncu) is neither on PATH nor under "
+                                 "/opt/nvidia/nsight-compute")]
+
+LATE_THREAD = '''
+import threading
+import time
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def late_softmax(x_ptr, y_ptr, N, stride, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + cols, mask=cols < N, other=-float("inf"))
+    e = tl.exp(x - tl.max(x, 0))
+    tl.store(y_ptr + row * stride + cols, e / tl.sum(e, 0), mask=cols < N)
+
+
+def run(inputs, out):
+    x, y = inputs["x"], out["y"]
+    M, N = x.shape
+    late_softmax[(M,)](x, y, N, x.stride(0), BLOCK=triton.next_power_of_2(N))
+
+    def later():  # the same work again, once the harness believes the call is over
+        time.sleep(0.05)
+        late_softmax[(M,)](x, y, N, x.stride(0), BLOCK=triton.next_power_of_2(N))
+
+    threading.Thread(target=later, daemon=True).start()
+'''
+
+
+@pytest.fixture(scope="module")
+def ev(tmp_path_factory):
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+    from workflows.artifacts import ArtifactStore
+
+    from gpu_worker.settings import GpuWorkerSettings
+
+    e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),
+                  settings=GpuWorkerSettings(ncu_proof_share=0.0))  # only would-be bests are proven here
+    yield e
+    e.close()
+
+
+def _bench(ev, fresh: bool):
+    from gpu_worker.canaries import canary_source
+    from workflows.contracts import BenchRequest
+
+    src = canary_source("fast")
+    return ev.benchmark(BenchRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                                     source_key=ev.store.put_text(src), fresh_process=fresh)), src
+
+
+@pytest.fixture(scope="module")
+def judged(ev):
+    """The fast canary's judged figure from a plain benchmark (no proof drawn): what the proofs compare with."""
+    b, src = _bench(ev, fresh=False)
+    assert b.ok and b.receipt.proof == "", b.reason
+    return b, src
+
+
+def _prove(ev, source: str, judged_report) -> dict:
+    from baselines.registry import get_problem
+
+    p = get_problem("softmax")
+    worst = {"dist": judged_report.deciding_dist, "time_ms": judged_report.time_ms}
+    r = ev._proof_if_due(True, p, p.shapes[0], source, worst, None, [0.0])
+    print(f"ncu proof: {r['text']}")
+    return r
+
+
+def test_a_would_be_best_is_proven_by_ncu_in_a_separate_process(ev):
+    b, _ = _bench(ev, fresh=True)  # the re-measure of a would-be best: cross-check, then the proof
+    print(f"receipt: {b.receipt.proof if b.receipt else None} (reason: {b.reason[:2000]})")
+    assert b.ok, b.reason
+    assert b.receipt.proof.startswith("ncu proof: [") and "proven: ncu kernel time" in b.receipt.proof
+    assert "ncu proof: [" in ev.store.get_text(b.log_key)
+
+
+def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judged):
+    r = _prove(ev, LATE_THREAD, judged[0])
+    assert r["ok"] is False
+    refusals = r["verdict"]["refusals"]
+    assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x for x in refusals)
+
+
+def test_the_unix_socket_wall_variant_proves_the_honest_candidate_too(ev, judged):
+    b, src = judged
+    keep = ev.settings
+    ev.settings = keep.model_copy(update={"ncu_proof_wall": "unix"})
+    try:
+        r = _prove(ev, src, b)
+    finally:
+        ev.settings = keep
+    assert r["ok"] is True, r["text"]
