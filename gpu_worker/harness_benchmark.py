@@ -169,7 +169,8 @@ class BenchmarkStage:
             if proof is not None:
                 lines.append(f"ncu proof: {proof['text']}")
                 if proof["ok"] is False:  # None: not made here (no ncu), which the line and the receipt say
-                    raise Rejection("benchmark", f"ncu proof failed: {proof['text']}", "\n".join(lines))
+                    why = f"{proof['family']}: " if proof.get("family") else ""
+                    raise Rejection("benchmark", f"{why}ncu proof failed: {proof['text']}", "\n".join(lines))
             lines.append(cand_log)
             dists = [DistributionTiming(dist=d["dist"], time_ms=d["time_ms"], baseline_ms=d["baseline_ms"],
                                         speedup=d["speedup"], speedup_ci=d["speedup_ci"], best_time_ms=d["best_time_ms"],

@@ -18,6 +18,7 @@ import time
 
 from gpu_worker.ncu_trace import Markers, TraceError, find_ncu, judge_trace, ncu_command, parse_ncu_csv, proof_due
 from gpu_worker.phases import add_phase as _add_phase
+from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
 from gpu_worker.settings import CHILD_SETTINGS, work_root
 
@@ -41,7 +42,8 @@ class NcuProofCheck:
             return {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
         root = tempfile.mkdtemp(prefix="proof-", dir=work_root(self.settings.gpu_workdir))
         try:
-            return self._ncu_proof(ncu, root, problem, shape, source, worst, hb, gpu_s)
+            with _phase("ncu-proof"):
+                return self._ncu_proof(ncu, root, problem, shape, source, worst, hb, gpu_s)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -53,27 +55,36 @@ class NcuProofCheck:
         markers = Markers.fresh(secrets.token_hex(6))
         spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": worst["dist"],
                 "seed": self.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
-                "markers": list(markers.names()), "marker_dir": root, "tmp": tmp, "go": os.path.join(root, "go"),
+                "markers": list(markers.names()), "marker_dir": root, "tmp": tmp,
+                "device": os.path.join(root, "device"), "go": os.path.join(root, "go"),
                 "wait_s": self.timeouts["profile"], "settle_s": SETTLE_S,
                 "unix_sockets": self.settings.ncu_proof_wall == "unix",
                 "trusted_roots": [str(triton_cache_dir(self.settings, True))]}
         spec_path = os.path.join(root, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
+        front = os.path.join(root, "ncu")  # ncu's own directory and temp files: out of the proof process's reach
+        os.makedirs(front)
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
         env.update(PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-                   TMPDIR=tmp, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(self.settings.gpu_workdir)),
+                   TMPDIR=front, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(self.settings.gpu_workdir)),
                    PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", MARATHON_CHILD_LIMITS=json.dumps({"core": 0}),
                    **{CHILD_SETTINGS: self.settings.to_child()}, **triton_env("candidate", tmp, self.settings, True))
         csv_path = os.path.join(root, "ncu.csv")
         cmd = ncu_command(ncu, csv_path, [sys.executable, "-m", "gpu_worker.ncu_proof_child", spec_path])
         with open(os.path.join(root, "ncu-out.txt"), "w") as out:
-            proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=out,
+            proc = subprocess.Popen(cmd, cwd=front, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
+        ready = None
         try:
-            ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["load"] * 2, hb)
-            if ready:
+            # imports first (host work); its context, timing set, markers and the candidate's load in an
+            # untimed device job; its calls in a timing block
+            if self._proof_wait(proc, os.path.join(tmp, "host.json"), self.timeouts["load"] * 2, hb) is not None:
+                with self._device_job():
+                    open(spec["device"], "w").close()
+                    ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["load"] * 2, hb)
+            if ready is not None:
                 with self._timing_block():  # nothing else of this worker's on the device while ncu measures
                     g0 = time.monotonic()
                     open(spec["go"], "w").close()
@@ -86,8 +97,8 @@ class NcuProofCheck:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
         done = _read_json(os.path.join(tmp, "done.json"))
-        if not ready or not done or "error" in done:
-            why = done.get("error") or (f"it ended with status {proc.returncode}" if ready else "it never got ready")
+        if ready is None or not done or "error" in done:
+            why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
             return _failed(f"the proof process did not complete its calls ({why}); ncu: "
                            f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
                            worst)
@@ -103,7 +114,7 @@ class NcuProofCheck:
         v = judge_trace(kernels, markers, own, PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
         inproc = done.get("refusals") or []
         note = f"; in the proof process (informs only): {' | '.join(map(str, inproc[:3]))}" if inproc else ""
-        return {"ok": v.ok, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a "
+        return {"ok": v.ok, "family": v.family, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a "
                 f"separate process{note}", "verdict": v.as_dict()}
 
     @staticmethod

@@ -4,15 +4,16 @@ by the harness (gpu_worker.harness_ncu_proof) in a fresh process of its own.
 It is a candidate child in all but its channel (gpu_worker.child.Server: the same trusted references and
 pins, the same load behind the guard and the OS wall, the same static timing set and L2 flush), run as a
 script: trusted work first (its context, the timing set, a rehearsal of one repetition's refill and
-flush, the marker kernels compiled and launched once), the OPEN marker, the candidate's import, then
-`warmup + reps` calls, each bracketed by the BEGIN and END markers, its values drawn from a key the OS gives
+flush, the marker kernels compiled and launched once), the OPEN marker, the candidate's import and its
+kernels' compilation (Triton's warmup path, as the judge compiles them), then `warmup + reps` calls, each bracketed by the BEGIN and END markers, its values drawn from a key the OS gives
 only after the call before it returned and the device synchronized. The harness reads the trace ncu
 writes (gpu_worker.ncu_trace); what this process writes itself (`ready.json`, `done.json` in its
 directory) is the candidate's side and only informs: the trace decides.
 
 SPEC (written by the harness, read-only here): source, problem, shape, dist, seed, rotate, pool, warmup, reps,
-markers [open, begin, end], tmp (this process's writable directory), go (the file whose appearance starts
-the calls), wait_s, settle_s, unix_sockets, trusted_roots."""
+markers [open, begin, end], marker_dir, tmp (this process's writable directory), device and go (the files
+whose appearance lets it onto the device, then starts the calls: the harness's device turns), wait_s,
+settle_s, unix_sockets, trusted_roots."""
 
 from __future__ import annotations
 
@@ -74,6 +75,11 @@ def run(spec: dict) -> dict:
 
     tmp = spec["tmp"]
     server = Server(tmp, "candidate", GpuWorkerSettings.from_child(os.environ.pop("MARATHON_CHILD_SETTINGS", None)))
+    # host work so far; the device only once the harness holds an untimed job's turn for it (as a child's
+    # context and uploads are made: never beside another process's timing block)
+    _write(os.path.join(tmp, "host.json"), {"pid": os.getpid()})
+    if not _wait_for(spec["device"], spec["wait_s"]):
+        return {"error": "no device turn"}
     server.cmd_cuda_init()  # (the harness proves on CUDA only; under the interpreter the same steps run on the CPU)
     server.cmd_warm_triton()
     # trusted work only, before the candidate exists: every kernel name here is the trusted side's vocabulary
@@ -92,6 +98,8 @@ def run(spec: dict) -> dict:
     sync()
     server.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
     loaded = server.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
+    if server.cuda:  # compiled as the judge compiles (Triton's warmup path), before the harness's timing turn
+        server.cmd_compile(spec["dist"])
     fn = server._fn()
     _write(os.path.join(tmp, "ready.json"), {"kernels": loaded.kernels, "wall": loaded.wall})
     if not _wait_for(spec["go"], spec["wait_s"]):
@@ -116,6 +124,12 @@ def run(spec: dict) -> dict:
 def main(argv: list[str]) -> int:
     with open(argv[0]) as f:
         spec = json.load(f)
+    # ncu's front end keeps its temp files apart (the harness's TMPDIR for it); this process's are its own
+    os.environ["TMPDIR"] = spec["tmp"]
+    os.chdir(spec["tmp"])
+    import tempfile
+
+    tempfile.tempdir = None
     from gpu_worker.child import _redirect, apply_limits
 
     apply_limits(os.environ.pop("MARATHON_CHILD_LIMITS", None))

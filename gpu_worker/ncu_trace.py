@@ -77,6 +77,15 @@ class ProofVerdict:
     def ok(self) -> bool:
         return not self.refusals and self.kernel_ms is not None
 
+    @property
+    def family(self) -> str | None:
+        """What the rejection's reason starts with: `lazy-output` for the candidate's kernel outside its
+        calls (work done after a call returned), `library-kernel` for another's inside one (as the CUPTI
+        cross-check names it)."""
+        if any("launched outside any call" in r for r in self.refusals):
+            return "lazy-output"
+        return "library-kernel" if any("neither the candidate's Triton kernel" in r for r in self.refusals) else None
+
     def text(self) -> str:
         head = "proven" if self.ok else "REFUSED"
         figures = (f"ncu kernel time {self.kernel_ms:.4g} ms/call vs judged {self.judged_ms:.4g} ms (allowed gap "
@@ -106,9 +115,12 @@ def find_ncu(which=shutil.which, pattern_glob=glob.glob) -> str | None:
 def ncu_command(ncu: str, log_file: str, target: list[str]) -> list[str]:
     """ncu over `target` (a fresh process): kernel durations only, clocks and caches left as they are (the
     proof flushes L2 itself, as the judge does), one CSV written by ncu's front end to `log_file`, a path
-    outside the proof process's writable directory."""
+    outside the proof process's writable directory. Kernel names demangled, as torch's profiler gives them
+    (`timing.is_torch_fill_or_copy` reads them so); only the launched application is traced (it may start
+    no process of its own, and Triton's ptxas launches no kernel)."""
     return [ncu, "--clock-control", "none", "--cache-control", "none", "--metrics", METRIC, "--csv",
-            "--print-units", "base", "--target-processes", "application-only", "--log-file", log_file, *target]
+            "--print-units", "base", "--print-kernel-base", "demangled", "--target-processes", "application-only",
+            "--log-file", log_file, *target]
 
 
 def _number(text: str) -> float:

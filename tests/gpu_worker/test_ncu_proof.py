@@ -99,9 +99,10 @@ def _run_child(tmp_path: Path, source: str, dist: str) -> dict:
     root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
     tmp.mkdir(parents=True)
     (root / "go").write_text("")
+    (root / "device").write_text("")
     spec = {"source": source, "problem": "softmax", "shape": None, "dist": dist, "seed": 1000, "rotate": 2,
             "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu0test").names()),
-            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "wait_s": 5, "settle_s": 0.3,
+            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"), "wait_s": 5, "settle_s": 0.3,
             "unix_sockets": False, "trusted_roots": []}
     (root / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),

@@ -111,6 +111,7 @@ def test_a_library_kernel_inside_a_call_is_refused_by_name_and_call():
     v = judge_trace(kernels(trace(calls)), M, [OWN], warmup=1, reps=10, judged_ms=0.02)
     assert not v.ok
     assert any(GEMM in r and "inside call 6" in r and "neither the candidate's Triton kernel" in r for r in v.refusals)
+    assert v.family == "library-kernel"
 
 
 def test_a_candidate_kernel_after_the_last_call_is_refused():
@@ -118,6 +119,7 @@ def test_a_candidate_kernel_after_the_last_call_is_refused():
     v = judge_trace(kernels(entries), M, [OWN], warmup=1, reps=10, judged_ms=0.02)
     assert not v.ok
     assert [r for r in v.refusals if "launched outside any call (after the last call returned)" in r and OWN in r]
+    assert v.family == "lazy-output" and judge_trace(kernels(trace(honest(11))), M, [OWN], 1, 10, 0.02).family is None
 
 
 def test_a_candidate_kernel_between_calls_is_refused_and_named_by_where_it_ran():
@@ -202,7 +204,8 @@ def test_markers_are_fresh_identifiers_and_the_command_traces_a_separate_process
     cmd = ncu_command("/opt/ncu", "/w/ncu.csv", ["python", "-m", "gpu_worker.ncu_proof_child", "/w/spec.json"])
     assert cmd[0] == "/opt/ncu" and cmd[-4:] == ["python", "-m", "gpu_worker.ncu_proof_child", "/w/spec.json"]
     for flag, value in (("--metrics", "gpu__time_duration.sum"), ("--clock-control", "none"),
-                        ("--cache-control", "none"), ("--print-units", "base"), ("--log-file", "/w/ncu.csv")):
+                        ("--cache-control", "none"), ("--print-units", "base"), ("--log-file", "/w/ncu.csv"),
+                        ("--print-kernel-base", "demangled")):
         assert cmd[cmd.index(flag) + 1] == value
     assert "--csv" in cmd
 
