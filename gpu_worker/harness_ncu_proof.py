@@ -97,14 +97,14 @@ class NcuProofCheck:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
         done = _read_json(os.path.join(tmp, "done.json"))
+        if "ERR_NVGPUCTRPERM" in _tail(os.path.join(root, "ncu-out.txt"), 4000) + _tail(csv_path, 4000):
+            return {"ok": None, "verdict": None, "text": "not proven: ncu may not read this GPU's performance "
+                    "counters here (ERR_NVGPUCTRPERM: a host setting)"}
         if ready is None or not done or "error" in done:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
             return _failed(f"the proof process did not complete its calls ({why}); ncu: "
                            f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
                            worst)
-        if "ERR_NVGPUCTRPERM" in _tail(os.path.join(root, "ncu-out.txt"), 4000) + _tail(csv_path, 4000):
-            return {"ok": None, "verdict": None, "text": "not proven: ncu may not read this GPU's performance "
-                    "counters here (ERR_NVGPUCTRPERM: a host setting)"}
         try:
             with open(csv_path) as f:
                 kernels = parse_ncu_csv(f.read())

@@ -122,14 +122,81 @@ def test_the_proof_process_loads_behind_the_wall_and_brackets_each_call(tmp_path
     from gpu_worker.canaries import canary_source
 
     dist = get_problem("softmax").distributions[0]
-    honest = _run_child(tmp_path / "honest", canary_source("fast"), dist)
-    assert honest["rc"] == 0, honest["log"][-3000:]
-    assert honest["ready"]["wall"]["os"] == "on" and "sockets" not in honest["ready"]["wall"]
-    assert honest["done"]["kernels"] == ["canary_fast_softmax"] and honest["done"]["refusals"] == []
     late = _run_child(tmp_path / "late", canary_source("fast").replace(
         "def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
         "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()"), dist)
     assert late["rc"] == 0, late["log"][-3000:]
+    assert late["ready"]["wall"]["os"] == "on" and "sockets" not in late["ready"]["wall"]
+    assert late["done"]["kernels"] == ["canary_fast_softmax"]
     # refused in the process too (it only informs), and every call still ran for the trace
     refusals = late["done"]["refusals"]
     assert refusals and all("thread" in r for r in refusals) and refusals[-1].startswith("call 3: ")
+
+
+# A stand-in for ncu's front end, for the harness's plumbing on a host without a GPU: it runs the target
+# (under the Triton interpreter) and, once it has ended, writes the CSV an honest run would leave: the
+# trusted prelude, OPEN, and per call a flush, BEGIN, the candidate's kernels as the process reported them
+# (`KERNEL_NS` each), END. It reads the markers from the spec the harness wrote, as no candidate could ahead.
+STAND_IN = r'''#!{python}
+import json, os, subprocess, sys
+args = sys.argv[1:]
+log = args[args.index("--log-file") + 1]
+target = args[args.index("--log-file") + 2:]
+mode = os.environ.get("STAND_IN_MODE", "honest")
+if mode == "no-counters":
+    open(log, "w").write("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+                         "Performance Counters on the target device 0.\n")
+if mode != "honest":
+    sys.exit(1)
+rc = subprocess.run(target, env={{**os.environ, "TRITON_INTERPRET": "1"}}).returncode
+spec = json.load(open(target[-1]))
+done = json.load(open(os.path.join(spec["tmp"], "done.json")))
+opn, begin, end = spec["markers"]
+flush = "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float>>(T3)"
+rows = [(flush, 30000), (begin, 1000), (end, 1000), (opn, 1000)]
+for i in range(spec["warmup"] + spec["reps"]):
+    rows += [(flush, 30000), (begin, 1000)] + [(k, {kernel_ns}) for k in done["kernels"]] + [(end, 1000)]
+with open(log, "w") as f:
+    f.write('"ID","Process ID","Process Name","Host Name","Kernel Name","Metric Name","Metric Unit","Metric Value"\n')
+    for n, (name, ns) in enumerate(rows):
+        f.write(f'"{{n}}","4242","python","host","{{name}}","gpu__time_duration.sum","nsecond","{{ns:,}}"\n')
+sys.exit(rc)
+'''
+
+
+class _Plumbing(NcuProofCheck):
+    """The harness's side alone (its device turns trivial: no device here)."""
+
+    def __init__(self, tmp_path: Path):
+        import contextlib
+
+        self.cuda = True
+        self.settings = GpuWorkerSettings(gpu_workdir=tmp_path / "work", cache_dir=tmp_path / "cache")
+        self._secret = random.Random(5)
+        self.timing_seed = 1000
+        self.timeouts = {"load": 120, "profile": 120}
+        self._device_job = self._timing_block = contextlib.nullcontext
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_trace(tmp_path, monkeypatch):
+    from baselines.registry import get_problem
+    from gpu_worker.canaries import canary_source
+
+    stand_in = tmp_path / "ncu"
+    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: str(stand_in))
+    p = get_problem("softmax")
+    h, worst = _Plumbing(tmp_path), {"dist": p.distributions[0], "time_ms": 0.02}
+    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    assert r["ok"] is True, r["text"]
+    assert r["verdict"]["seen"] == ["canary_fast_softmax"] and r["verdict"]["calls"] == 11
+    assert r["text"].startswith(f"[{worst['dist']}] proven: ncu kernel time 0.02 ms/call vs judged 0.02 ms")
+    assert not list((tmp_path / "work").glob("proof-*"))  # nothing of the proof is left behind
+    monkeypatch.setenv("STAND_IN_MODE", "no-counters")
+    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    assert r["ok"] is None and r["text"].startswith("not proven: ncu may not read")
+    monkeypatch.setenv("STAND_IN_MODE", "no-launch")
+    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    assert r["ok"] is False and "not proven: the proof process did not complete its calls (it never got ready)" in r["text"]
