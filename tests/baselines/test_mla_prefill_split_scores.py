@@ -78,6 +78,19 @@ def test_several_query_blocks_match_the_oracle(over, shape, tmp_path):
     assert rel_rms(P.oracle(x)["o"], out["o"]) < 1e-5
 
 
+@pytest.mark.parametrize("lazy", [8.0, 0.0, -1.0])
+def test_rescaling_after_a_jump_of_the_row_max(lazy, tmp_path):
+    """Cache rows 100.. scaled by 6: for the later queries the row max jumps by far more than 8 (log2 units)
+    in a later tile, so the skipped and the taken rescale both run; exact against the oracle whatever the
+    threshold (-1: rescale every tile, as the starting kernel)."""
+    shape = shp(150)
+    x = P.make_inputs(shape, "unit", seed=7, device="cpu", cpu=True)
+    x["kv_cache"][100:] *= 6.0
+    out = {"o": torch.full(P.output_specs(shape, cpu=True)["o"].shape, float("nan"))}
+    load({"LAZY": lazy, "BLOCK_N": 32}, tmp_path).run(x, out)
+    assert rel_rms(P.oracle(x)["o"], out["o"]) < 1e-5
+
+
 def test_agrees_with_the_starting_kernel(tmp_path):
     x, out = prefill(load({}, tmp_path), shp(130), "unit", seed=5)
     start = load({}, tmp_path, (FOLDER / "kernel.py").read_text())
