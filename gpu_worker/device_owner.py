@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Callable
 
-from gpu_worker.device_turns import OwnerTurns, Stretches, TimingBlock, UntimedJob
+from gpu_worker.device_turns import OwnerTurns, StageTurns, Stretches, TimingBlock, UntimedJob
 from gpu_worker.phases import add_phase, beat, current_phase
 from gpu_worker.settings import GpuWorkerSettings
 from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
@@ -220,9 +220,7 @@ class StageGate:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._stages = 0  # stages running
-        self._alone_on = False  # a stage retried alone is running
-        self._alone_waiting = 0
+        self.turns = StageTurns()  # the decisions (gpu_worker.device_turns)
         self._local = threading.local()  # per thread: stage depth, alone
 
     @contextlib.contextmanager
@@ -253,16 +251,15 @@ class StageGate:
         alone = getattr(self._local, "alone", False)
         t0 = time.monotonic()
         with self._cv:
-            self._alone_waiting += alone
+            self.turns.ask(alone)
             try:
-                while not (not self._alone_on and (self._stages == 0 if alone else not self._alone_waiting)):
+                while not self.turns.may_enter(alone):
                     self._cv.wait(WAIT_S)
                     beat()
             finally:
-                self._alone_waiting -= alone
+                self.turns.unask(alone)
                 self._cv.notify_all()
-            self._stages += 1
-            self._alone_on = alone
+            self.turns.enter(alone)
         add_phase("stage-wait", time.monotonic() - t0)
         self._local.stages = 1
         try:
@@ -275,7 +272,5 @@ class StageGate:
         finally:
             self._local.stages = 0
             with self._cv:
-                self._stages -= 1
-                if alone:
-                    self._alone_on = False
+                self.turns.leave(alone)
                 self._cv.notify_all()

@@ -344,3 +344,31 @@ class DispatchTurns(_Turns):
     def cancel_block(self, ticket: int, now: float) -> None:
         self.blocks_waiting = [b for b in self.blocks_waiting if b[0] != ticket]
         self._close_window_if_done(now)
+
+
+class StageTurns:
+    """StageGate's decisions (see gpu_worker.device_owner): stages counted; one retried alone (after running
+    out of memory beside others) enters once no other stage runs, and none enters while it runs or waits."""
+
+    def __init__(self) -> None:
+        self.stages = 0  # stages running
+        self.alone_on = False  # a stage retried alone is running
+        self.alone_waiting = 0
+
+    def ask(self, alone: bool) -> None:
+        self.alone_waiting += alone
+
+    def unask(self, alone: bool) -> None:
+        self.alone_waiting -= alone
+
+    def may_enter(self, alone: bool) -> bool:
+        return not self.alone_on and (self.stages == 0 if alone else not self.alone_waiting)
+
+    def enter(self, alone: bool) -> None:
+        self.stages += 1
+        self.alone_on = alone
+
+    def leave(self, alone: bool) -> None:
+        self.stages -= 1
+        if alone:
+            self.alone_on = False

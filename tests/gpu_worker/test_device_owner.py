@@ -212,7 +212,7 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
 
     def stage(name, hold, alone=False):
         # a stage retried alone starts by freeing the idle children's memory: once, with no other stage on
-        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages._stages - 1}")) if alone else _null()
+        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone else _null()
         with ctx, owner.stage():
             note(name + "+")
             with owner.stage():  # a stage inside a stage of the same thread is part of it
@@ -232,10 +232,10 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
     retry.join(5)
     late.join(5)
     assert order == ["shed beside 0", "alone+", "alone-", "late+", "late-"]
-    assert owner.stages._stages == 0 and not owner.stages._alone_on and owner.stages._alone_waiting == 0
+    assert owner.stages.turns.stages == 0 and not owner.stages.turns.alone_on and owner.stages.turns.alone_waiting == 0
     # an ordinary stage on this thread, with no retry about: no wait
     with owner.stage():
-        assert owner.stages._stages == 1
+        assert owner.stages.turns.stages == 1
 
 
 def test_a_raising_stage_retried_alone_lets_the_others_go():
@@ -243,7 +243,7 @@ def test_a_raising_stage_retried_alone_lets_the_others_go():
     with pytest.raises(ZeroDivisionError):
         with owner.alone(), owner.stage():
             1 / 0
-    assert owner.stages._stages == 0 and not owner.stages._alone_on
+    assert owner.stages.turns.stages == 0 and not owner.stages.turns.alone_on
     done = threading.Event()
     start(lambda: (owner.stage().__enter__(), done.set()))
     assert done.wait(2), "a stage waited for a retry that had ended"
