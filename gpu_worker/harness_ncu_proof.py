@@ -16,7 +16,8 @@ import sys
 import tempfile
 import time
 
-from gpu_worker.ncu_trace import Markers, TraceError, find_ncu, judge_trace, ncu_command, parse_ncu_csv, proof_due
+from gpu_worker.ncu_trace import (Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
+                                  parse_ncu_csv, proof_due)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
@@ -97,7 +98,7 @@ class NcuProofCheck:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
         done = _read_json(os.path.join(tmp, "done.json"))
-        if "ERR_NVGPUCTRPERM" in _tail(os.path.join(root, "ncu-out.txt"), 4000) + _tail(csv_path, 4000):
+        if counters_refused(_text(os.path.join(root, "ncu-out.txt")) + "\n" + _text(csv_path)):
             return {"ok": None, "verdict": None, "text": "not proven: ncu may not read this GPU's performance "
                     "counters here (ERR_NVGPUCTRPERM: a host setting)"}
         if ready is None or not done or "error" in done:
@@ -106,8 +107,7 @@ class NcuProofCheck:
                            f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
                            worst)
         try:
-            with open(csv_path) as f:
-                kernels = parse_ncu_csv(f.read())
+            kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
             return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", worst)
         own = [str(k) for k in (done.get("kernels") or ready.get("kernels") or [])]
@@ -140,6 +140,17 @@ def _read_json(path: str) -> dict:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def _text(path: str, missing: str | None = "") -> str:
+    """A file's text; `missing` where it cannot be read (None: the OSError is raised)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        if missing is None:
+            raise
+        return missing
 
 
 def _tail(path: str, n: int = 600) -> str:

@@ -157,6 +157,12 @@ def parse_ncu_csv(text: str) -> list[Kernel]:
     return [kernels[k] for k in sorted(kernels)]
 
 
+def counters_refused(text: str) -> bool:
+    """Whether ncu itself says it may not read the GPU's counters (a host setting, no verdict on anyone):
+    its own `==ERROR==` line only, never a kernel's name in a CSV row, which a candidate chooses."""
+    return any(line.startswith("==") and "ERR_NVGPUCTRPERM" in line for line in text.splitlines())
+
+
 def proof_due(would_be_best: bool, share: float, draw) -> bool:
     """Whether a passing candidate is proven: a would-be best always; another with probability `share`,
     `draw()` a uniform number in [0, 1) from the worker's secret generator (drawn only for those)."""

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from gpu_worker.ncu_trace import (Kernel, Markers, TraceError, find_ncu, judge_trace, ncu_command, parse_ncu_csv,
-                                  proof_due)
+from gpu_worker.ncu_trace import (Kernel, Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
+                                  parse_ncu_csv, proof_due)
 from gpu_worker.timing import crosscheck
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -216,3 +216,11 @@ def test_ncu_is_found_on_path_else_under_the_install_directory():
                                                      "/opt/nvidia/nsight-compute/2025.2.1/ncu"]}
     assert find_ncu(lambda n: None, lambda p: installs.get(p, [])) == "/opt/nvidia/nsight-compute/2025.2.1/ncu"
     assert find_ncu(lambda n: None, lambda p: []) is None
+
+
+def test_only_ncus_own_error_line_says_the_counters_are_refused():
+    assert counters_refused("==PROF== Connected to process 7\n==ERROR== ERR_NVGPUCTRPERM - The user does not "
+                            "have permission to access NVIDIA GPU Performance Counters on the target device 0.\n")
+    # a kernel of the candidate's named so appears in a CSV row: no excuse from the proof
+    assert not counters_refused(csv_text(trace([[("ERR_NVGPUCTRPERM", 20000.0)]] * 11)))
+    assert not counters_refused("")
