@@ -3,8 +3,9 @@
 Why: the starting kernel (kernel.py) computes every score twice. Triton lays out a dot whose result feeds
 another dot (the chain scores -> P -> P @ V) with all warps along M (AccelerateMatmul's warpsPerTileV3:
 "chained dot" -> [num_warps, 1]); with 8 warps that is [8, 1] over 64 query rows, and wgmma's 64-row
-minimum per warp group makes both warp groups compute the same 64 x BLOCK_N score tile (its sm_90 TTGIR:
-#mma warpsPerCTA [8, 1] for the scores). Per 64 x 64 tile the tensor cores run 2 x 4.7 (scores, K = 576)
+minimum per warp group makes both warp groups compute the same 64 x BLOCK_N score tile. Its sm_90 code
+(Triton 3.6 and 3.9) has the scores at warpsPerCTA [8, 1] and 72 m64n32k16 score wgmmas per tile and
+warp group (36 k-steps x both 32-column halves); this design's has [4, 2] and 36. Per 64 x 64 tile the tensor cores run 2 x 4.7 (scores, K = 576)
 + 4.2 (P @ V) = 13.6 MFLOP for 8.9 useful: at most 65% of their rate; the starting kernel measures 54%
 SM throughput.
 
