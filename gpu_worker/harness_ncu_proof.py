@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from gpu_worker.ncu_trace import (Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
-                                  parse_ncu_csv, proof_due)
+                                  parse_ncu_csv, proof_due, source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
@@ -110,8 +110,7 @@ class NcuProofCheck:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
             return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", worst)
-        own = [str(k) for k in (done.get("kernels") or ready.get("kernels") or [])]
-        v = judge_trace(kernels, markers, own, PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
+        v = judge_trace(kernels, markers, source_kernel_names(source), PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
         inproc = done.get("refusals") or []
         note = f"; in the proof process (informs only): {' | '.join(map(str, inproc[:3]))}" if inproc else ""
         return {"ok": v.ok, "family": v.family, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a "

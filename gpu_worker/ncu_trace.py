@@ -12,6 +12,7 @@ kernel or torch's fill/copy."""
 
 from __future__ import annotations
 
+import ast
 import csv
 import glob
 import io
@@ -157,6 +158,28 @@ def parse_ncu_csv(text: str) -> list[Kernel]:
     return [kernels[k] for k in sorted(kernels)]
 
 
+def source_kernel_names(source: str) -> list[str]:
+    """The functions the candidate's source makes Triton kernels (`@triton.jit`, `@jit`, `@triton.jit(...)`,
+    or `triton.jit(f)`): its own kernels' names as the harness reads them from the text it judged, never as
+    its process reports them."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+
+    def is_jit(node: ast.AST) -> bool:
+        target = node.func if isinstance(node, ast.Call) else node
+        return (target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")) == "jit"
+
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(map(is_jit, node.decorator_list)):
+            names.add(node.name)
+        elif isinstance(node, ast.Call) and is_jit(node) and node.args and isinstance(node.args[0], ast.Name):
+            names.add(node.args[0].id)
+    return sorted(names)
+
+
 def counters_refused(text: str) -> bool:
     """Whether ncu itself says it may not read the GPU's counters (a host setting, no verdict on anyone):
     its own `==ERROR==` line only, never a kernel's name in a CSV row, which a candidate chooses."""
@@ -179,7 +202,7 @@ def judge_trace(kernels: list[Kernel], markers: Markers, own: list[str], warmup:
                 judged_ms: float) -> ProofVerdict:
     """The proof's verdict on a trace (see the module's docstring): the calls found between BEGIN and END
     after OPEN, the first `warmup` of them untimed; each refusal one line naming the kernel and where it ran.
-    `own`: the candidate's Triton kernel names as its process reported them (identifiers only count)."""
+    `own`: the candidate's Triton kernel names (`source_kernel_names`; identifiers only count)."""
     v = ProofVerdict(judged_ms=judged_ms)
     refusals: list[str] = []
 
@@ -202,7 +225,7 @@ def judge_trace(kernels: list[Kernel], markers: Markers, own: list[str], warmup:
     claimed = set(own)
     for name in sorted(claimed):
         if not TRITON_NAME.match(name):
-            refuse(f"the candidate's process names {name!r} as its kernel: no Triton kernel has that name")
+            refuse(f"the candidate names {name!r} as its kernel: no Triton kernel has that name")
         elif name in trusted or name in markers.names():
             refuse(f"candidate kernel {name!r} has the name of a trusted kernel")
     own_set = {n for n in claimed if TRITON_NAME.match(n) and n not in trusted and n not in markers.names()}

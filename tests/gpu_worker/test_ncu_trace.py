@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gpu_worker.ncu_trace import (Kernel, Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
-                                  parse_ncu_csv, proof_due)
+                                  parse_ncu_csv, proof_due, source_kernel_names)
 from gpu_worker.timing import crosscheck
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -161,6 +161,44 @@ def test_a_candidate_kernel_named_like_a_trusted_one_or_a_library_is_refused():
     calls = [[(GEMM, 20000.0)] for _ in range(11)]  # a library kernel claimed as the candidate's own
     v = judge_trace(kernels(trace(calls)), M, [GEMM + "(int)", OWN], warmup=1, reps=10, judged_ms=0.02)
     assert not v.ok and any("no Triton kernel has that name" in r for r in v.refusals)
+
+
+def test_the_candidates_kernels_are_read_from_its_source():
+    source = """
+import triton
+import triton.language as tl
+from triton import jit
+
+
+@triton.jit
+def a(x):
+    pass
+
+
+@jit
+def b(x):
+    pass
+
+
+@triton.autotune(configs=[], key=[])
+@triton.jit(do_not_specialize=["n"])
+def c(x, n):
+    pass
+
+
+def d(x):
+    pass
+
+
+e = triton.jit(d)
+
+
+def run(inputs, out):
+    def helper():
+        pass
+"""
+    assert source_kernel_names(source) == ["a", "b", "c", "d"]
+    assert source_kernel_names("def run(:") == []
 
 
 def test_a_kernel_time_beyond_the_tolerance_is_refused():
