@@ -77,14 +77,16 @@ class NcuProofCheck:
         with open(os.path.join(root, "ncu-out.txt"), "w") as out:
             proc = subprocess.Popen(cmd, cwd=front, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True)
-        ready = None
+        ready = loaded = None
         try:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
-            # untimed device job; its calls in a timing block
+            # untimed device job; the compilation outside any turn (as a child's); its calls in a timing block
             if self._proof_wait(proc, os.path.join(tmp, "host.json"), self.timeouts["load"] * 2, hb) is not None:
                 with self._device_job():
                     open(spec["device"], "w").close()
-                    ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["load"] * 2, hb)
+                    loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), self.timeouts["load"] * 2, hb)
+            if loaded is not None:
+                ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["compile"], hb)
             if ready is not None:
                 with self._timing_block():  # nothing else of this worker's on the device while ncu measures
                     g0 = time.monotonic()

@@ -98,6 +98,7 @@ def run(spec: dict) -> dict:
     sync()
     server.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
     loaded = server.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
+    _write(os.path.join(tmp, "loaded.json"), {"kernels": loaded.kernels})  # the device job ends here
     if server.cuda:  # compiled as the judge compiles (Triton's warmup path), before the harness's timing turn
         server.cmd_compile(spec["dist"])
     fn = server._fn()

@@ -174,7 +174,7 @@ class _Plumbing(NcuProofCheck):
         self.settings = GpuWorkerSettings(gpu_workdir=tmp_path / "work", cache_dir=tmp_path / "cache")
         self._secret = random.Random(5)
         self.timing_seed = 1000
-        self.timeouts = {"load": 120, "profile": 120}
+        self.timeouts = {"load": 120, "compile": 120, "profile": 120}
         self._device_job = self._timing_block = contextlib.nullcontext
 
 
