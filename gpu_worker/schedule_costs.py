@@ -90,32 +90,13 @@ class CostTable:
                          tuple((k, s if k == "block" else self._vary(rng, s)) for k, s in c.turns),
                          self._vary(rng, c.gap_s), c.mem_gb)
 
-    def scaled(self, jobs: float = 1.0, merge: bool = False) -> "CostTable":
-        """A what-if: every job turn `jobs` times as long; `merge`: each stage's jobs between two blocks
-        (or around them) as one job, its host gaps moved before it (one device job per step, host work out
-        of the turns)."""
-        out = {}
-        for stage, cs in self.samples.items():
-            out[stage] = []
-            for c in cs:
-                turns = tuple((k, s if k == "block" else s * jobs) for k, s in c.turns)
-                if merge:
-                    turns = _merged(turns)
-                host = c.host_s + (c.gap_s * (c.jobs - sum(k != "block" for k, _ in turns)) if merge else 0.0)
-                out[stage].append(StageCost(host, turns, c.gap_s, c.mem_gb))
-        return CostTable(out, self.spread)
+    def scaled(self, jobs: float = 1.0) -> "CostTable":
+        """A what-if: every job turn `jobs` times as long (host work moved out of the turns, say)."""
+        def turns(c: StageCost) -> tuple:
+            return tuple((k, s if k == "block" else s * jobs) for k, s in c.turns)
 
-
-def _merged(turns: tuple) -> tuple:
-    """Each run of jobs between blocks as one job (with the reference child's lock where any of them took
-    it)."""
-    out: list = []
-    for k, s in turns:
-        if k != "block" and out and out[-1][0] != "block":
-            out[-1] = ("ref" if "ref" in (k, out[-1][0]) else "job", out[-1][1] + s)
-        else:
-            out.append((k, s))
-    return tuple(out)
+        return CostTable({stage: [StageCost(c.host_s, turns(c), c.gap_s, c.mem_gb) for c in cs]
+                          for stage, cs in self.samples.items()}, self.spread)
 
 
 def h200_table(spread: float = SPREAD) -> CostTable:

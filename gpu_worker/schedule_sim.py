@@ -322,7 +322,8 @@ class Simulation:
                       timing=(b["timed"] - a["timed"]) / span, shut_to_jobs=(b["closed"] - a["closed"]) / span,
                       host_busy=(b["host"] - a["host"]) / span / self.cores,
                       blocks_per_drain=blocks / windows if windows else 0.0, waits=waits,
-                      longest_job_wait=max(self._longest["job"], self._longest["ref"]), longest_block_wait=self._longest["block"],
+                      longest_job_wait=max(self._longest["job"], self._longest["ref"]),
+                      longest_block_wait=self._longest["block"],
                       fewest_evaluations=min(per_slot), bad=self.bad)
 
 

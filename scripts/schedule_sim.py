@@ -77,11 +77,11 @@ def table_text(rows: list[dict]) -> str:
 
 def load_table(a):
     if not a.log:
-        return h200_table(a.spread).scaled(a.job_scale, a.merge_jobs)
+        return h200_table(a.spread).scaled(a.job_scale)
     from scripts.phase_summary import activities
 
     rows = activities(a.log, a.run, a.after)
-    return table_from_activities(rows, 0.0 if a.spread is None else a.spread).scaled(a.job_scale, a.merge_jobs)
+    return table_from_activities(rows, 0.0 if a.spread is None else a.spread).scaled(a.job_scale)
 
 
 def main(argv=None) -> int:
@@ -101,7 +101,6 @@ def main(argv=None) -> int:
                     f"(default {SPREAD} for the H200 table, 0 for a log's)")
     ap.add_argument("--retry-alone", type=float, default=RETRY_ALONE, help="chance a stage is retried alone")
     ap.add_argument("--job-scale", type=float, default=1.0, help="what if every job turn took this times as long")
-    ap.add_argument("--merge-jobs", action="store_true", help="what if each run of jobs were one job")
     ap.add_argument("--log", default="", help="a GPU worker's phase log (JSON lines) to take the costs from")
     ap.add_argument("--run", default="", help="with --log: only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="with --log: activities started this many s in")
