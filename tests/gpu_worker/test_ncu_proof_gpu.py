@@ -1,8 +1,9 @@
 """The ncu proof on a GPU (marked `gpu`; skipped without CUDA, or without Nsight Compute on PATH or under
 /opt/nvidia/nsight-compute): an honest softmax re-measured as a would-be best is proven by ncu's trace of a
 separate process, its per-call kernel time within the tolerance of the judged time; a candidate whose thread
-launches its kernel after the call returned is refused by the trace; and the proof's `unix` wall variant
-(MARATHON_NCU_PROOF_WALL) proves the honest one too. Each proof's line is printed (`-s`)."""
+launches its kernel after the call returned is refused by the trace; and the honest one is proven under
+the proof's `unix` wall variant (MARATHON_NCU_PROOF_WALL) and with no OS wall, which tells, should the
+default fail, whether the wall is why. Each proof's line is printed (`-s`)."""
 
 from __future__ import annotations
 
@@ -104,10 +105,13 @@ def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judge
     assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x for x in refusals)
 
 
-def test_the_unix_socket_wall_variant_proves_the_honest_candidate_too(ev, judged):
+@pytest.mark.parametrize("update", [{"ncu_proof_wall": "unix"}, {"wall": "off"}], ids=["unix-sockets", "no-os-wall"])
+def test_the_wall_variants_prove_the_honest_candidate_too(ev, judged, update):
+    """Which wall lets ncu work, should the default fail: the candidate children's plus AF_UNIX sockets
+    (a setting), and, to tell the wall from the rest, none at all (an operator's opt-out, MARATHON_WALL=off)."""
     b, src = judged
     keep = ev.settings
-    ev.settings = keep.model_copy(update={"ncu_proof_wall": "unix"})
+    ev.settings = keep.model_copy(update=update)
     try:
         r = _prove(ev, src, b)
     finally:
