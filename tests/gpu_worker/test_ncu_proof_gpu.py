@@ -52,9 +52,8 @@ def run(inputs, out):
 def ev(tmp_path_factory):
     from gpu_worker.harness import Evaluator
     from gpu_worker.scheduling import Scheduler
-    from workflows.artifacts import ArtifactStore
-
     from gpu_worker.settings import GpuWorkerSettings
+    from workflows.artifacts import ArtifactStore
 
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),
                   settings=GpuWorkerSettings(ncu_proof_share=0.0),  # only would-be bests are proven here
@@ -100,6 +99,7 @@ def test_a_would_be_best_is_proven_by_ncu_in_a_separate_process(ev):
 
 def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judged):
     r = _prove(ev, LATE_THREAD, judged[0])
+    assert r["verdict"] is not None, r["text"]  # a trace was made and judged
     assert r["ok"] is False and r["family"] == "lazy-output"
     refusals = r["verdict"]["refusals"]
     assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x for x in refusals)
