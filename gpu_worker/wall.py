@@ -6,8 +6,8 @@ module executes. Once installed it cannot be removed, and every thread and proce
 inherits it:
 
 * network: no sockets of any family (seccomp on socket(); socketpair's connected pair still works, and
-  a unix socket could reach a daemon's socket file); where Landlock has network rules, TCP bind and
-  connect are refused as well;
+  a unix socket could reach a daemon's socket file; `unix_sockets` lets the ncu proof's process make
+  AF_UNIX ones); where Landlock has network rules, TCP bind and connect are refused as well;
 * process: no fork, no execve (seccomp); threads (clone with CLONE_THREAD) still work. Where the caller
   names binaries that must still run (Triton's `ptxas`, which compiles each kernel lazily at its first
   launch, and the C compiler of the launcher Triton builds for each new kernel signature), Landlock allows executing exactly those files (and the ELF loader they need), and seccomp
