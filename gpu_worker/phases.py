@@ -32,9 +32,10 @@ def phases_begin() -> None:
 
 
 def phases_end() -> dict:
-    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (timing blocks), gpu-job-wait / gpu-job-held (untimed device jobs) and the
-    named steps below, and counts: gpu-blocks (timing blocks) and gpu-drains (of those, the ones that drained the
-    device of jobs); the activity log carries them, which is how the throughput run is read."""
+    """Seconds per phase since `phases_begin` on this thread: gpu-wait / gpu-held (timing blocks), gpu-job-wait /
+    gpu-job-held (untimed device jobs) and the named steps below, and counts: gpu-jobs (untimed device jobs),
+    gpu-blocks (timing blocks) and gpu-drains (of those, the ones that drained the device of jobs); the activity
+    log carries them, which is how the throughput run is read."""
     d, _PHASES.d = getattr(_PHASES, "d", None) or {}, None
     return {k: round(v, 3) for k, v in d.items()}
 
