@@ -90,7 +90,8 @@ def run(spec: dict) -> dict:
     server._prepare_timing(spec["rotate"], spec["dist"], spec["seed"], spec["pool"])
     ts = server._timing_set(spec["dist"], "proof")
     urandom, sync = server.T["urandom"], server._sync
-    server._before_rep(ts, 0, 0, draw_key(urandom))
+    for e in range(spec["pool"]):  # every pool entry's refill, poison and flush once: their kernels' names
+        server._before_rep(ts, e % len(ts.sets), e, draw_key(urandom))
     begin[(1,)](flag)
     end[(1,)](flag)
     sync()
