@@ -74,9 +74,12 @@ class NcuProofCheck:
                    **{CHILD_SETTINGS: self.settings.to_child()}, **triton_env("candidate", tmp, self.settings, True))
         csv_path = os.path.join(root, "ncu.csv")
         cmd = ncu_command(ncu, csv_path, [sys.executable, "-m", "gpu_worker.ncu_proof_child", spec_path])
-        with open(os.path.join(root, "ncu-out.txt"), "w") as out:
-            proc = subprocess.Popen(cmd, cwd=front, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with open(os.path.join(root, "ncu-out.txt"), "w") as out:
+                proc = subprocess.Popen(cmd, cwd=front, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as e:  # the host's ncu, not the candidate
+            return {"ok": None, "verdict": None, "text": f"not proven: ncu ({ncu}) could not start: {e}"}
         ready = loaded = None
         try:
             # imports first (host work); its context, timing set, markers and the candidate's load in an

@@ -197,6 +197,10 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     monkeypatch.setenv("STAND_IN_MODE", "no-counters")
     r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is None and r["text"].startswith("not proven: ncu may not read")
+    stand_in.chmod(0o644)  # an ncu that cannot run: the host's fault, said so
+    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    assert r["ok"] is None and r["text"].startswith(f"not proven: ncu ({stand_in}) could not start")
+    stand_in.chmod(0o755)
     monkeypatch.setenv("STAND_IN_MODE", "no-launch")
     r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is False and "not proven: the proof process did not complete its calls (it never got ready)" in r["text"]
