@@ -9,7 +9,8 @@ Process layout (why the numbers can be trusted):
 * every candidate is loaded into a fresh *candidate* child (single use) whose guard was installed before
   the candidate's module executed. Timing inside that child uses event/synchronize/perf_counter objects
   captured before the load and re-checked for identity after every call; a new best is additionally
-  re-measured in another fresh child and cross-checked against torch.profiler's kernel time.
+  re-measured in another fresh child and cross-checked against torch.profiler's kernel time, then proven
+  by Nsight Compute's trace of a separate process (harness_ncu_proof).
 
 All rejections are returned as reports; only infrastructure failures (artifact store) raise.
 """
