@@ -1,7 +1,7 @@
 """The device's policies and their knobs compared on the simulated schedule (gpu_worker.schedule_sim): the
 policies' own decisions, simulated time, the H200 KDA run's per-stage costs (or a phase log's), a table of
 evaluations an hour, device busy share (any turn held), timing share, time shut to new jobs, blocks per drain,
-host cores busy and the waits per evaluation. Every list-valued knob is swept; each row is the mean of
+host cores busy and the waits per evaluation; then each stage's time and waits. Every list-valued knob is swept; each row is the mean of
 --seeds runs (seeds 0, 1, ...), with the lowest and highest rate beside it.
 
     python scripts/schedule_sim.py --policy owner dispatcher --candidates 24 --jobs 4 8 --batch 2 4 \\
@@ -58,7 +58,9 @@ def row(s: dict, a, table) -> dict:
         return mean(lambda r: sum(r.waits[st].get(key, 0.0) for st in r.waits))
 
     rates = [r.evaluations_per_hour for r in reports]
-    return {**s, "evals_per_h": round(mean(lambda r: r.evaluations_per_hour)),
+    stages = {st: {k: round(mean(lambda r: r.waits[st].get(k, 0.0)), 2) for k in reports[0].waits[st]}
+              for st in reports[0].waits}
+    return {**s, "stages": stages, "evals_per_h": round(mean(lambda r: r.evaluations_per_hour)),
             "range": f"{min(rates):.0f}-{max(rates):.0f}", "busy": round(mean(lambda r: r.busy), 2),
             "timing": round(mean(lambda r: r.timing), 2), "shut": round(mean(lambda r: r.shut_to_jobs), 2),
             "blocks_per_drain": round(mean(lambda r: r.blocks_per_drain), 2),
@@ -72,6 +74,14 @@ def table_text(rows: list[dict]) -> str:
     widths = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
     lines = ["  ".join(c.rjust(w) for c, w in zip(COLUMNS, widths))]
     lines += ["  ".join(x.rjust(w) for x, w in zip(line, widths)) for line in cells]
+    lines.append("per stage, seconds per activity (stage: its whole time; waits for a job, a block, the stage gate, "
+                 "the reference child's lock, a core):")
+    for r in rows:
+        knobs = " ".join(f"{c}={r[c]}" for c in COLUMNS[:6] if r[c] is not None)
+        parts = [f"{st} {w.get('stage', 0):.1f} ({w.get('gpu-job-wait', 0):.1f} / {w.get('gpu-wait', 0):.1f} / "
+                 f"{w.get('stage-wait', 0):.1f} / {w.get('ref-wait', 0):.1f} / {w.get('host-wait', 0):.1f})"
+                 for st, w in r["stages"].items()]
+        lines.append(f"  {knobs}: " + ", ".join(parts))
     return "\n".join(lines)
 
 
