@@ -29,7 +29,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
     from workflows.llm_loop import llm_step
-    from workflows.text import result_summary, run_details, run_summary
+    from workflows.text import evaluation_summary, result_summary, run_details, run_summary
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
 ITERATION = SearchAttributeKey.for_int("MarathonIteration")
@@ -182,13 +182,14 @@ class KernelOptimization:
                               heartbeat_seconds=self.spec.heartbeat_seconds,
                               started_at=workflow.now().timestamp())
         self.starting = [t for t in self.starting if not t.done()]
-        self.starting.append(asyncio.get_running_loop().create_task(self._start_child(child, req)))
+        summary = evaluation_summary(iteration, cand.candidate_id, self.spec.budget, self.st)
+        self.starting.append(asyncio.get_running_loop().create_task(self._start_child(child, req, summary)))
 
-    async def _start_child(self, child: str, req: EvaluateRequest) -> None:
+    async def _start_child(self, child: str, req: EvaluateRequest, summary: str) -> None:
+        # the summary is user metadata, not compared on replay: histories that recorded a shorter one replay
         try:
             await workflow.start_child_workflow(
-                EVALUATE_TYPE, req, id=child, parent_close_policy=ParentClosePolicy.ABANDON,
-                static_summary=f"#{req.iteration} {req.candidate.candidate_id}")
+                EVALUATE_TYPE, req, id=child, parent_close_policy=ParentClosePolicy.ABANDON, static_summary=summary)
         except Exception as e:  # noqa: BLE001 - e.g. the id is taken: the run pauses with the reason
             self.evaluated(EvaluationResult(iteration=req.iteration, workflow_id=child,
                                             failure=f"evaluation #{req.iteration} did not start: "

@@ -39,6 +39,20 @@ def used_text(used: Used, llm: bool = False) -> str:
     return text
 
 
+def left_text(budget: Budget, used: Used) -> str:
+    """What is left of each limited budget: `18 iterations, 1.60 h`; `no limit` when none is set."""
+    parts = []
+    if budget.iterations is not None:
+        parts.append(f"{max(0, budget.iterations - used.iterations):,} iterations")
+    if budget.hours is not None:
+        parts.append(f"{max(0.0, budget.hours - used.seconds / 3600):.2f} h")
+    if budget.tokens is not None:
+        parts.append(f"{max(0, budget.tokens - used.tokens):,} tokens")
+    if budget.gpu_seconds is not None:
+        parts.append(f"{max(0.0, budget.gpu_seconds - used.gpu_seconds):,.1f} GPU-s")
+    return ", ".join(parts) or "no limit"
+
+
 def best_text(best) -> str:
     """A BestRef or BestSummary; interpreter timings without a ratio."""
     if best is None:
@@ -47,6 +61,20 @@ def best_text(best) -> str:
     if best.interpreter:
         return f"{best.time_ms:.4g} ms under the interpreter ({where})"
     return f"{best.speedup:.3g}x, {best.time_ms:.4g} ms vs baseline {best.baseline_ms:.4g} ms ({where})"
+
+
+def evaluation_summary(iteration: int, candidate_id: str, budget: Budget, st) -> str:
+    """One line for an evaluation's child workflow: its candidate and the run's progress when it started (best,
+    budget left). The Web UI labels the child's row on the run's Timeline with it, newest first, so the run's
+    main page shows its progress (the server keeps at most 400 bytes of a summary)."""
+    b = st.best
+    if b is None:
+        best = "none yet"
+    elif b.interpreter:
+        best = f"{b.time_ms:.4g} ms (#{b.iteration}, interpreter)"
+    else:
+        best = f"{b.speedup:.3g}x, {b.time_ms:.4g} ms (#{b.iteration})"
+    return f"#{iteration} {candidate_id} | best {best} | left {left_text(budget, st.used)}"[:300]
 
 
 def clip(text: str | None, n: int) -> str:
@@ -89,6 +117,7 @@ def run_details(spec, st, phase: str, stop) -> str:
              f"- iteration {st.iteration}, run {st.runs}, phase {phase}",
              f"- budget: {budget_text(spec.budget)}",
              f"- used: {used_text(st.used, spec.policy == 'llm')}",
+             f"- left: {left_text(spec.budget, st.used)}",
              f"- best: {best_text(b)}"]
     if st.paused:
         lines.append(f"- paused: {st.pause_reason}")

@@ -1,6 +1,8 @@
 """What the Temporal Web UI and the CPU demo show: every execution of a run, after each continue-as-new
-too, carries the run's summary and its current details (the crowned best and the leaderboard as one
-numbered list); interpreter timings never appear as speedups in the live view, the report or the UI."""
+too, carries the run's summary and its current details (budget left, the crowned best and the leaderboard as
+one numbered list); each evaluation's child workflow is summarized with the run's progress when it started
+(the run's main page, its Timeline, labels the evaluations' rows with it); interpreter timings never appear as
+speedups in the live view, the report or the UI."""
 
 from __future__ import annotations
 
@@ -74,6 +76,48 @@ async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no
     assert f"ms under the interpreter ({res.best.candidate_id}" in report
 
 
+async def _listed(client, query: str, n: int) -> list:
+    """What visibility lists for `query` once it lists n (the dev server indexes a moment after each change)."""
+    for _ in range(100):
+        found = [w async for w in client.list_workflows(query)]
+        if len(found) >= n:
+            return found
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"visibility lists {len(found)} for {query}, expected {n}")
+
+
+async def test_each_evaluation_is_summarized_with_the_run_s_progress_and_listed_under_its_run(env, store):
+    wid = run_id("progress")
+    spec = RunSpec(problem="softmax", budget={"iterations": 5}, compact_every=2)
+    async with workers(env.client):
+        h = await env.client.start_workflow(KernelOptimization.run, spec, id=wid, task_queue=AGENT_QUEUE)
+        res = await asyncio.wait_for(h.result(), 120)
+        details = await _details(env.client, wid)
+        # the query the docs give for a run with its evaluations, and the one for the runs alone
+        children = await _listed(env.client, f"ParentWorkflowId = '{wid}'", 5)
+        runs = await _listed(env.client, f"WorkflowType = 'KernelOptimization' AND WorkflowId = '{wid}'", 3)
+        summaries = {}
+        for c in children:
+            summaries[c.id] = await (await env.client.get_workflow_handle(c.id).describe()).static_summary()
+    assert res.runs == 3 and len(runs) == 3 and len(children) == 5
+    assert {c.workflow_type for c in children} == {"EvaluateCandidate"}
+    assert "\n- left: 0 iterations\n" in details
+    by_iteration = {}
+    for cid, text in summaries.items():
+        n = int(cid.split("-eval-")[1].split("-")[0])
+        assert cid.startswith(f"{wid}-eval-{n}-") and text.startswith(f"#{n} "), (cid, text)
+        by_iteration[n] = text
+    assert sorted(by_iteration) == [1, 2, 3, 4, 5]
+    assert by_iteration[1].endswith(" | best none yet | left 5 iterations"), by_iteration[1]
+    for n in range(2, 6):  # the best so far (its iteration before this one) and what the budget had left
+        best, left = by_iteration[n].split(" | ")[1:]
+        assert left == f"left {5 - (n - 1)} iterations", by_iteration[n]
+        found = re.fullmatch(r"best [\d.]+ ms \(#(\d+), interpreter\)", best)
+        assert found and int(found.group(1)) < n, by_iteration[n]
+    assert f"(#{res.best.iteration}, interpreter)" in by_iteration[5] or res.best.iteration == 5
+    assert not any(RATIO.search(t) for t in by_iteration.values()), by_iteration
+
+
 @activity.defn(name="benchmark_candidate")
 def gpu_timed_benchmark(req: BenchRequest) -> BenchReport:
     """The synthetic benchmark as if timed on a GPU."""
@@ -87,7 +131,12 @@ async def test_gpu_timings_show_as_speedups_with_the_crowned_best_first(env, sto
         h = await start(env.client, RunSpec(problem="softmax", budget={"iterations": 6}, compact_every=3), "gpuui")
         res = await asyncio.wait_for(h.result(), 120)
         text = await _details(env.client, h.id)
+        query = f"ParentWorkflowId = '{h.id}' AND WorkflowId STARTS_WITH '{h.id}-eval-6-'"
+        last = (await _listed(env.client, query, 1))[0]
+        last_summary = await (await env.client.get_workflow_handle(last.id).describe()).static_summary()
     b = res.best
+    progress = r"#6 \w+ \| best [\d.]+x, [\d.]+ ms \(#[1-5]\) \| left 1 iterations"
+    assert re.fullmatch(progress, last_summary), last_summary
     assert not b.interpreter and res.runs == 2 and INTERPRETER_NOTE not in text
     assert f"- best: {b.speedup:.3g}x, {b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms" in text
     assert "\n**Leaderboard** (speedup, device time; the crowned best first)\n" in text
