@@ -52,8 +52,9 @@ async def cmd_demo(args) -> int:
         await cmd_start(args)
         started = True
         if ui:
-            print(f"Web UI: {ui}/namespaces/{client.namespace}/workflows/{args.id} (its progress: the User Metadata "
-                  f"tab); the runs alone: {ui}/namespaces/{client.namespace}/workflows?query={RUNS_QUERY}", flush=True)
+            print(f"Web UI: {ui}/namespaces/{client.namespace}/workflows/{args.id} (its progress: the evaluations' "
+                  f"rows on its Timeline, the details on its User Metadata tab); the runs alone: "
+                  f"{ui}/namespaces/{client.namespace}/workflows?query={RUNS_QUERY}", flush=True)
         res = await watch(client, args.id)
         print(fmt_end(res))
         print(f"report: {await run_report(client, args.id, None)}")

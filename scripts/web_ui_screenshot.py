@@ -1,12 +1,13 @@
 """A run's page in the Temporal Web UI, as a headless Chromium shows it, saved as a PNG.
 
     python scripts/web_ui_screenshot.py RUN_ID [--ui http://localhost:8233] [--namespace default]
-                                               [--tab user-metadata] [--wait-for TEXT] [--out docs/web-ui-run.png]
+                                               [--tab timeline] [--wait-for TEXT] [--out docs/web-ui-run.png]
 
 It drives Chromium (Debian: `apt-get install chromium`; or CHROMIUM=/path/to/chrome) over the DevTools
 protocol on a pipe, with the standard library only: it opens the run's page (the UI goes to its latest
-execution), then that execution's TAB (default: User Metadata, where the run's summary and live details
-are), waits until the page shows TEXT (default: the leaderboard of the run's details), and captures it.
+execution), then that execution's TAB (default: Timeline, the run's main page, where each evaluation's row is
+labelled with the run's progress; user-metadata: the run's summary and live details), waits until the page
+shows TEXT (default: the budget left in those labels), and captures it.
 Exit status 1 with one line when Chromium is missing or the page never shows the text.
 """
 
@@ -133,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("run_id")
     p.add_argument("--ui", default="http://localhost:8233", help="the Web UI's address")
     p.add_argument("--namespace", default="default")
-    p.add_argument("--tab", default="user-metadata", help="the execution's tab: user-metadata, timeline, history, ...")
-    p.add_argument("--wait-for", default="Leaderboard",
-                   help="text the page must show before the capture (default: the details' leaderboard)")
+    p.add_argument("--tab", default="timeline", help="the execution's tab: timeline, user-metadata, history, ...")
+    p.add_argument("--wait-for", default="| left ",
+                   help="text the page must show before the capture (default: the budget left in the evaluations' "
+                        "labels; for user-metadata, e.g. Leaderboard)")
     p.add_argument("--out", default="docs/web-ui-run.png")
     p.add_argument("--timeout", type=float, default=60, help="seconds to wait for the text")
     p.add_argument("--width", type=int, default=1400)

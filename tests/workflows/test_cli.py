@@ -423,6 +423,11 @@ async def test_the_temporal_cli_hints_printed_and_in_the_cli_docs_work(env, stor
             assert r.returncode == 0, (line, r.stdout, r.stderr)
         res2 = await asyncio.wait_for(env.client.get_workflow_handle(wid2, result_type=RunResult).result(), 60)
         assert res2.stopped_by == "stop-signal" and res2.stop_reason == "done for today"
+        # the docs' start gives the run the Web UI's Summary: the summary line that `marathon start` sets
+        first = min([w async for w in env.client.list_workflows(f"WorkflowId = '{wid2}'")], key=lambda w: w.start_time)
+        desc = await env.client.get_workflow_handle(wid2, run_id=first.run_id).describe()
+        line = "softmax: search policy, budget 30 iterations"
+        assert await desc.static_summary() == (await desc.memo())["summary"] == line
 
 
 async def test_a_file_without_cpu_inputs_is_refused_where_only_cpu_workers_serve(env, store, tmp_path, capsys,
