@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -110,16 +111,19 @@ class NcuProofCheck:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
             return _failed(f"the proof process did not complete its calls ({why}); ncu: "
                            f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
-                           worst)
+                           worst, family=done.get("rule"))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
             return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", worst)
         v = judge_trace(kernels, markers, source_kernel_names(source), PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
-        inproc = done.get("refusals") or []
-        note = f"; in the proof process (informs only): {' | '.join(map(str, inproc[:3]))}" if inproc else ""
-        return {"ok": v.ok, "family": v.family, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a "
-                f"separate process{note}", "verdict": v.as_dict()}
+        inproc = [str(x) for x in done.get("refusals") or []]
+        ok, family = v.ok, v.family
+        if ok and inproc:  # the trace is clean, but the guard in the proof's process refused: that decides
+            ok, family = False, guard_rule(inproc[0])
+        note = f"; refused in the proof process too: {' | '.join(inproc[:3])}" if inproc else ""
+        return {"ok": ok, "family": family, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in "
+                f"a separate process{note}", "verdict": v.as_dict()}
 
     @staticmethod
     def _proof_wait(proc, path: str | None, timeout: float, hb) -> dict | None:
@@ -165,5 +169,13 @@ def _tail(path: str, n: int = 600) -> str:
         return "(none)"
 
 
-def _failed(why: str, worst: dict) -> dict:
-    return {"ok": False, "text": f"[{worst['dist']}] REFUSED: not proven: {why}", "verdict": None}
+def guard_rule(refusal: str) -> str | None:
+    """The rule a run-time guard's refusal line names (`... [lazy-output] ...`), or None."""
+    m = re.search(r"\[([a-z][a-z-]*)\]", refusal)
+    return m.group(1) if m else None
+
+
+def _failed(why: str, worst: dict, family: str | None = None) -> dict:
+    """A refused proof; `family`: the rule of the run-time guard that refused the candidate in the proof's
+    process, which names the refusal as it would in a candidate child."""
+    return {"ok": False, "family": family, "text": f"[{worst['dist']}] REFUSED: not proven: {why}", "verdict": None}

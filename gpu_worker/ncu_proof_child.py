@@ -8,7 +8,8 @@ flush, the marker kernels compiled and launched once), the OPEN marker, the cand
 kernels' compilation (Triton's warmup path, as the judge compiles them), then `warmup + reps` calls, each bracketed by the BEGIN and END markers, its values drawn from a key the OS gives
 only after the call before it returned and the device synchronized. The harness reads the trace ncu
 writes (gpu_worker.ncu_trace); what this process writes itself (`ready.json`, `done.json` in its
-directory) is the candidate's side and only informs: the trace decides.
+directory) is the candidate's side: it can refuse (the guard's refusals there count) but never prove: only
+the trace proves.
 
 SPEC (written by the harness, read-only here): source, problem, shape, dist, seed, rotate, pool, warmup, reps,
 markers [open, begin, end], marker_dir, tmp (this process's writable directory), device and go (the files
@@ -69,6 +70,7 @@ def run(spec: dict) -> dict:
     """The proof's calls (see the module's docstring); returns what `done.json` says."""
     import torch
 
+    from gpu_worker import guard_record as guard
     from gpu_worker.child import Server
     from gpu_worker.settings import GpuWorkerSettings
     from gpu_worker.timing_inputs import draw_key
@@ -100,13 +102,16 @@ def run(spec: dict) -> dict:
     server.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
     loaded = server.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
     _write(os.path.join(tmp, "loaded.json"), {"kernels": loaded.kernels})  # the device job ends here
+    refusals: list[str] = []
     if server.cuda:  # compiled as the judge compiles (Triton's warmup path), before the harness's timing turn
-        server.cmd_compile(spec["dist"])
+        try:
+            server.cmd_compile(spec["dist"])
+        except guard.GuardViolation as e:  # refused in-process: noted, the calls go on for the trace
+            refusals.append(f"compile: {e}"[:300])
     fn = server._fn()
     _write(os.path.join(tmp, "ready.json"), {"kernels": loaded.kernels, "wall": loaded.wall})
     if not _wait_for(spec["go"], spec["wait_s"]):
         return {"error": "no go signal"}
-    refusals: list[str] = []
     for i in range(spec["warmup"] + spec["reps"]):
         r = i % len(ts.sets)
         server._before_rep(ts, r, i, draw_key(urandom))  # this call's values: a key drawn only now
@@ -143,6 +148,8 @@ def main(argv: list[str]) -> int:
 
         traceback.print_exc()
         out = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
+        if isinstance(getattr(e, "rule", None), str):  # the run-time guard's refusal: its rule decides
+            out["rule"] = e.rule
     _write(os.path.join(spec["tmp"], "done.json"), out)
     sys.stdout.flush()
     # a normal exit, which ncu's injected library expects; a kernel an exit handler of the candidate's

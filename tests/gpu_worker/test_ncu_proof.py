@@ -128,7 +128,7 @@ def test_the_proof_process_loads_behind_the_wall_and_brackets_each_call(tmp_path
     assert late["rc"] == 0, late["log"][-3000:]
     assert late["ready"]["wall"]["os"] == "on" and "sockets" not in late["ready"]["wall"]
     assert late["done"]["kernels"] == ["canary_fast_softmax"]
-    # refused in the process too (it only informs), and every call still ran for the trace
+    # refused in the process (which refuses the proof), and every call still ran for the trace
     refusals = late["done"]["refusals"]
     assert refusals and all("thread" in r for r in refusals) and refusals[-1].startswith("call 3: ")
 
@@ -204,3 +204,28 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     monkeypatch.setenv("STAND_IN_MODE", "no-launch")
     r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is False and "not proven: the proof process did not complete its calls (it never got ready)" in r["text"]
+
+
+def test_a_guard_refusal_names_its_rule():
+    assert harness_ncu_proof.guard_rule("call 2: GuardViolation: [lazy-output] the candidate left 1 thread(s)") == "lazy-output"
+    assert harness_ncu_proof.guard_rule("compile: [escape] sys._getframe") == "escape"
+    assert harness_ncu_proof.guard_rule("call 1: RuntimeError: boom") is None
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof_process(tmp_path, monkeypatch):
+    from baselines.registry import get_problem
+    from gpu_worker.canaries import canary_source
+
+    stand_in = tmp_path / "ncu"
+    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: str(stand_in))
+    p = get_problem("softmax")
+    late = canary_source("fast").replace("def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
+                                         "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()")
+    r = _Plumbing(tmp_path)._proof_if_due(True, p, p.cpu_shape, late, {"dist": p.distributions[0], "time_ms": 0.02},
+                                          None, [0.0])
+    assert r["verdict"]["ok"] is True  # the stand-in's trace holds the calls' kernels alone
+    assert r["ok"] is False and r["family"] == "lazy-output", r["text"]
+    assert "refused in the proof process too" in r["text"]

@@ -98,11 +98,15 @@ def test_a_would_be_best_is_proven_by_ncu_in_a_separate_process(ev):
 
 
 def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judged):
+    """Refused by one of two layers: the run-time guard in the proof's own process (the thread left running,
+    seen first on an H100) or, should a candidate slip past it, ncu's trace (its kernel outside any call)."""
     r = _prove(ev, LATE_THREAD, judged[0])
-    assert r["verdict"] is not None, r["text"]  # a trace was made and judged
-    assert r["ok"] is False and r["family"] == "lazy-output"
-    refusals = r["verdict"]["refusals"]
-    assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x for x in refusals)
+    assert r["ok"] is False and r["family"] == "lazy-output", r["text"]
+    if r["verdict"] is None:
+        assert "thread(s) of its own running after its call returned" in r["text"]
+    else:
+        assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x
+                   for x in r["verdict"]["refusals"])
 
 
 @pytest.mark.parametrize("update", [{"ncu_proof_wall": "unix"}, {"wall": "off"}], ids=["unix-sockets", "no-os-wall"])
