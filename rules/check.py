@@ -432,6 +432,8 @@ class _Walker:
         for k in node.keywords:
             self.expr(k.value, kernel)
         path = self.path(node.func)
+        if kernel and path == "triton.language.inline_asm_elementwise":
+            self._inline_asm(node)
         if path in host.TRITON_KEYWORDS:
             allowed = host.TRITON_KEYWORDS[path]
             for k in node.keywords:
@@ -442,6 +444,17 @@ class _Walker:
             if len(node.args) > host.TRITON_POSITIONAL[path] or any(isinstance(a, ast.Starred) for a in node.args):
                 self.refuse(node, "escape", f"{path}: at most {host.TRITON_POSITIONAL[path]} positional arguments, "
                                             "none starred (the rest are hooks)")
+
+
+    def _inline_asm(self, node: ast.Call):
+        asm = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "asm"), None)
+        if not (isinstance(asm, ast.Constant) and isinstance(asm.value, str)):
+            self.refuse(node, "language", "tl.inline_asm_elementwise: its assembly must be a string literal, "
+                                          "so that the rules can read it")
+            return
+        why = tri.asm_refusal(asm.value)
+        if why:
+            self.refuse(node, *why)
 
 
 def check_source(source: str, problem: str) -> RuleReport:

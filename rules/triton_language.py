@@ -84,3 +84,34 @@ KERNEL_VALUE_ATTRS = frozenset({
 })
 #: the builtins Triton's code generator accepts in a kernel
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "float", "int", "bool", "len", "abs", "print"})
+
+#: inline PTX (tl.inline_asm_elementwise) computes on its operands only: no clock or performance-counter
+#: register (device-side timing games, as extra.cuda's globaltimer) and no instruction that reaches memory,
+#: synchronizes or jumps (reading or writing what its operands do not hold), but for prefetches to the
+#: cache, which move no data into the kernel (ASM_PREFETCHES)
+ASM_SPECIAL_REGISTERS = ("%globaltimer", "%clock", "%pm")
+ASM_OPCODES_REFUSED = frozenset({
+    "ld", "ldu", "st", "atom", "red", "cp", "membar", "fence", "bar", "barrier",
+    "mbarrier", "call", "ret", "bra", "brx", "exit", "trap", "brkpt", "nanosleep", "pmevent", "cvta", "isspacep",
+    "tensormap", "wgmma", "mma", "wmma", "ldmatrix", "stmatrix", "multimem", "griddepcontrol", "elect", "setmaxnreg",
+    "applypriority", "discard", "createpolicy", "getctarank", "clusterlaunchcontrol", "tcgen05",
+})
+
+
+ASM_PREFETCHES = ("cp.async.bulk.prefetch.",)
+
+
+def asm_refusal(asm: str) -> tuple[str, str] | None:
+    """Why an inline PTX string is refused, as (rule, reason), or None."""
+    low = asm.lower()
+    for reg in ASM_SPECIAL_REGISTERS:
+        if reg in low:
+            return "timer", f"inline PTX reads {reg}...: a device clock or counter register"
+    for stmt in low.replace("{", ";").replace("}", ";").replace("\n", ";").split(";"):
+        words = stmt.strip().split()
+        while words and (words[0].startswith("@") or words[0].endswith(":")):  # a predicate guard, a label
+            words = words[1:]
+        if words and words[0].split(".")[0] in ASM_OPCODES_REFUSED and not words[0].startswith(ASM_PREFETCHES):
+            return "escape", (f"inline PTX instruction {words[0]!r}: inline assembly may only compute on its "
+                              "operands (no memory, synchronization or jumps)")
+    return None

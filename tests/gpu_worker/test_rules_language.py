@@ -45,6 +45,11 @@ def refused(code: str, problem: str = "softmax"):
     "        v = tl.load(p + i).to(p.dtype.element_ty)\n    w = tl.extra.cuda.libdevice.rsqrt(v)\n"
     "    b = p.dtype.element_ty.primitive_bitwidth // 8\n    while b < 4:\n        b += 1\n"
     "    tl.extra.cuda.gdc_wait()\n    tl.store(p, tl.math.exp(w) + tl.sum(v.reshape(1), axis=0) + b)",
+    # inline PTX that computes on its operands only
+    "@triton.jit\ndef k(p):\n    x = tl.load(p)\n    y = tl.inline_asm_elementwise('ex2.approx.f32 $0, $1;', '=r,r', [x], "
+    "dtype=tl.float32, is_pure=True, pack=1)\n    tl.store(p, y)",
+    "@triton.jit\ndef k(p, n):\n    tl.inline_asm_elementwise('{ @%p1 cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }', "
+    "'=r,l,r', [p, n], dtype=tl.int32, is_pure=False, pack=1)",
 ])
 def test_honest_host_and_triton_pass(code):
     rep = check_source(src(code), "softmax")
@@ -152,6 +157,17 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("@triton.jit\ndef k(p):\n    h = tl.extra.pkgutil", "escape"),
     ("@triton.jit\ndef k(p):\n    h = tl.extra.module_from_spec", "escape"),
     ("@triton.jit\ndef k(p):\n    t = tl.extra.cuda.globaltimer()", "timer"),
+    # inline PTX: the same clock by another door, memory beyond its operands, an unreadable string
+    ("@triton.jit\ndef k(p):\n    t = tl.inline_asm_elementwise('mov.u64 $0, %globaltimer;', '=l', [], "
+     "dtype=tl.int64, is_pure=False, pack=1)", "timer"),
+    ("@triton.jit\ndef k(p):\n    t = tl.inline_asm_elementwise(asm='mov.u32 $0, %clock;', constraints='=r', "
+     "args=[], dtype=tl.int32, is_pure=False, pack=1)", "timer"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('{ @%p1 ld.global.u32 $0, [$1]; }', '=r,l', "
+     "[a], dtype=tl.int32, is_pure=True, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('add.f32 $0, $1, $1;\\n st.global.f32 [$2], $0;', "
+     "'=r,r,l', [a, p], dtype=tl.float32, is_pure=False, pack=1)", "escape"),
+    ("A = 'mov.u64 $0, %globaltimer;'\n@triton.jit\ndef k(p):\n    t = tl.inline_asm_elementwise(A, '=l', [], "
+     "dtype=tl.int64, is_pure=False, pack=1)", "language"),
     ("@triton.jit\ndef k(p):\n    h = p.__class__", "escape"),
     # descriptors and hooks: class bodies, decorators, the builtins that make them
     ("class D:\n    def __get__(self, obj, owner):\n        return 1", "language"),
