@@ -97,6 +97,22 @@ def test_a_would_be_best_is_proven_by_ncu_in_a_separate_process(ev):
     assert "ncu proof: [" in ev.store.get_text(b.log_key)
 
 
+@pytest.mark.parametrize("problem", ["mla_decode", "kda"])
+def test_a_starting_kernel_re_measured_as_a_would_be_best_is_proven(ev, problem):
+    """The proof at the problems' own scale: several launches per call (decode's split and combine, KDA's prep
+    and state pass) and the baseline's reference beside it."""
+    from baselines.registry import get_problem
+    from workflows.contracts import BenchRequest
+
+    p = get_problem(problem)
+    src = p.render(p.default_knobs())
+    b = ev.benchmark(BenchRequest(problem=problem, candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                                  source_key=ev.store.put_text(src), fresh_process=True))
+    print(f"{problem} receipt: {b.receipt.proof if b.receipt else None} (reason: {b.reason[:2000]})")
+    assert b.ok, b.reason
+    assert "proven: ncu kernel time" in b.receipt.proof
+
+
 def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judged):
     """Refused by one of two layers: the run-time guard in the proof's own process (the thread left running,
     seen first on an H100) or, should a candidate slip past it, ncu's trace (its kernel outside any call)."""
