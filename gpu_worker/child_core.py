@@ -107,8 +107,7 @@ class ChildCore:
         self.bank_tag = None
         self._prefetched: dict = {}
         self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
-        self._verifying: dict | None = None  # a verification's state between its steps (cmd_verify_case ...)
-        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls, see cmd_export
+        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls: _download_verified
         self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
         self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
         # reference role: per static output set (the id of its dict), what the timed baseline returned last;

@@ -1,5 +1,5 @@
 """What leaves a child besides its replies: outputs copied after a call and written to files for the
-reference child (`export`, `write_exports`, `export_timed`, with the late-write check), and the
+reference child (`verify`'s download, `write_exports`, `export_timed`, with the late-write check), and the
 fingerprints of timed calls (projections onto random vectors)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class ChildExports:
     """A child's output files and fingerprints."""
 
     def _export(self, outs: dict, tag: str) -> dict:
-        """A device copy of each output, taken now and kept for `cmd_export`, and the handles
+        """A device copy of each output, taken now and kept for `_download_verified`, and the handles
         ({path, dtype, shape}) of the files it becomes, for the reference child, which compares them with
         the oracle on its device. Only a path crosses the pipes: pickling a 67 MB output through the worker
         twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
@@ -44,7 +44,7 @@ class ChildExports:
             self._to_write.append((self.T["view"](flat, torch.uint8), handles[name].path))
 
     def cmd_write_exports(self):
-        """Host work, outside any device turn: the late-write check of the outputs `export` downloaded, then
+        """Host work, outside any device turn: the late-write check of the outputs `verify` downloaded, then
         the downloads' files. Returns the outputs that changed after their call returned."""
         t0 = self.T["perf"]()
         changed = []
@@ -58,12 +58,12 @@ class ChildExports:
         return protocol.Exported(changed=changed,
                                  timing={"check": round(t1 - t0, 4), "write": round(self.T["perf"]() - t1, 4)})
 
-    def cmd_export(self):
-        """Download the outputs `verify` kept, for `write_exports`. They are the copies taken
-        right after each call, and the candidate's own buffers must still equal them: an output that
-        changed after the call returned means work outside the call (a late write), which is reported.
-        The buffers are downloaded here, in a device job of the worker's; `write_exports` compares them,
-        on the host, outside any turn."""
+    def _download_verified(self):
+        """Download the outputs `verify` kept, for `write_exports`, as `verify`'s last step. They are the
+        copies taken right after each call, and the candidate's own buffers must still equal them: an output
+        that changed after the call returned means work outside the call (a late write), which is reported.
+        The buffers are downloaded here, in the verification's device job; `write_exports` compares them,
+        on the host, outside any turn. An output no longer a plain tensor is reported at once."""
         import torch
 
         t0 = self.T["perf"]()

@@ -1,106 +1,99 @@
-"""A candidate child's verification checks, one command per step: each case (input hash, mutation, output
-type), the determinism rerun, the stale-output probe, and the reply that gathers them."""
+"""A candidate child's verification, one command for the whole stage (`verify`): the cases' upload, each
+case (input hash, mutation, output type), the determinism rerun, the stale-output probe and the download of
+the kept outputs, with each step's seconds in the reply. The comparisons with the oracle stay in the
+reference child; the late-write check and the output files are `write_exports`, host work after it."""
 
 from __future__ import annotations
 
 from gpu_worker import protocol
-from gpu_worker.child_core import Refused
 
 
 class ChildVerification:
-    """A candidate child's verification steps."""
+    """A candidate child's verification steps, run in order by `cmd_verify`."""
 
-    # Verification runs as one call per step (each case, the determinism rerun, the stale-output probe), so
-    # that each step is a device job of its own: a waiting timing block waits for the running jobs to end,
-    # and one job for all eight calls lasted 1.9 s on average on the H200.
+    # One command for the stage: the worker holds one untimed device job for all of it (a waiting timing
+    # block waits for the whole verification, 1.9 s on average on the H200 for eight calls), where one job
+    # per step cost a round trip and a queued turn each.
 
-    @staticmethod
-    def _out_of_order(step: str) -> Refused:
-        return Refused("exception", f"verification step out of order: {step}")
-
-    def _tick(self, name: str, t0: float) -> float:
+    def _tick(self, timing: dict, name: str, t0: float) -> float:
         """Seconds per verification step, reported to the worker's phase log."""
-        tm = self._verifying["timing"]
-        tm[name] = tm.get(name, 0.0) + self.T["perf"]() - t0
+        timing[name] = timing.get(name, 0.0) + self.T["perf"]() - t0
         return self.T["perf"]()
 
-    def cmd_verify_case(self, cases: list, i: int):
-        """Case i of `cases`: the candidate runs on the case's fresh inputs with fresh, NaN-poisoned outputs;
-        the inputs' hash before the call, whether the call changed them, and the outputs' handles are kept
-        for `verify_reply`. Outputs are copied right after the call; `export` and `write_exports`, which
-        the worker calls after the reply, turn the copies into the handles' files. Case 0 starts a new
-        verification; a later case must follow the one before it."""
-        if i == 0:
-            self._pending = []
-            self._verifying = {"cases": [], "timing": {}, "first": None, "extra": {}}
-        v = self._verifying
-        if v is None or len(v["cases"]) != i or v["extra"]:
-            raise self._out_of_order(f"case {i}")
-        dist, seed = cases[i]
+    def cmd_verify(self, cases: list, rerun: bool = True, stale: bool = True):
+        """The stage: the cases uploaded (`prepare`), then each case on its fresh inputs with fresh,
+        NaN-poisoned outputs, the determinism rerun (case 0 on fresh buffers) and, with two cases or more,
+        the stale-output probe; then the outputs' copies downloaded for `write_exports`. Returns per case
+        the inputs' hash before the call, the inputs it changed and its outputs' handles, and what changed
+        type since its call (`changed`)."""
+        self._pending = []
+        timing: dict[str, float] = {}
+        try:
+            for k, v in self.cmd_prepare(cases=cases).timing.items():
+                timing[f"prepare.{k}"] = v
+            done, first = [], None
+            for i, (dist, seed) in enumerate(cases):
+                got, kept = self._verify_case(dist, seed, f"case{i}", timing, first is None)
+                done.append(got)
+                first = first or kept
+            extra = {}
+            if rerun:
+                t = self.T["perf"]()
+                extra["rerun"] = self._verify_rerun(cases[0])
+                self._tick(timing, "rerun", t)
+            if stale and len(cases) > 1:
+                t = self.T["perf"]()
+                extra["stale"] = self._verify_stale(first[0], cases[1])
+                self._tick(timing, "stale", t)
+            ex = self._download_verified()
+            timing.update(ex.timing)
+        finally:
+            self._prefetched = {}
+        self.ran = True
+        return protocol.Verified(cases=done, **extra, changed=ex.changed,
+                                 timing={k: round(x, 4) for k, x in timing.items()})
+
+    def _verify_case(self, dist: str, seed: int, tag: str, timing: dict, first: bool):
+        """One case: the inputs' hash before the call, whether the call changed them, whether it wrote the
+        buffers it was given rather than replacing them, and its outputs' handles (copied right after the
+        call). Returns that and the (inputs, outputs) it ran on."""
         t = self.T["perf"]()
         inputs = self._inputs(dist, seed)
-        t = self._tick("inputs", t)
+        t = self._tick(timing, "inputs", t)
         h0 = self._hash(inputs)
         pristine = self._pristine(inputs)
         outs = self._outputs()
         given = dict(outs)  # the harness's buffers: the call writes into them, it does not replace them
-        t = self._tick("hash-copy", t)
+        t = self._tick(timing, "hash-copy", t)
         self._call(inputs, outs, guarded=True)
-        t = self._tick("first-call" if v["first"] is None else "call", t)
+        t = self._tick(timing, "first-call" if first else "call", t)
         mutated = self._mutated(inputs, pristine)
         del pristine
-        t = self._tick("hash-copy", t)
-        v["cases"].append(protocol.VerifiedCase(
-            dist=dist, seed=seed, hash_before=h0, mutated=mutated, outputs=self._export(outs, f"case{i}"),
-            out_type_ok=outs.keys() == given.keys() and all(outs[k] is given[k] for k in given)))
-        self._tick("export", t)
-        if v["first"] is None:
-            v["first"] = (inputs, outs)
-        return protocol.Empty()
+        t = self._tick(timing, "hash-copy", t)
+        case = protocol.VerifiedCase(
+            dist=dist, seed=seed, hash_before=h0, mutated=mutated, outputs=self._export(outs, tag),
+            out_type_ok=outs.keys() == given.keys() and all(outs[k] is given[k] for k in given))
+        self._tick(timing, "export", t)
+        return case, (inputs, outs)
 
-    def cmd_verify_rerun(self, cases: list):
-        """The determinism rerun: case 0 again, on fresh buffers (copies of its prefetched inputs)."""
-        v = self._verifying
-        if v is None or not v["first"]:
-            raise self._out_of_order("rerun before case 0")
-        t = self.T["perf"]()
-        inputs = self._inputs(*cases[0])
+    def _verify_rerun(self, case: tuple) -> dict:
+        """The determinism rerun: `case` again, on fresh buffers (copies of its prefetched inputs)."""
+        inputs = self._inputs(*case)
         outs = self._outputs()
         self._call(inputs, outs, guarded=True)
-        v["extra"]["rerun"] = self._export(outs, "rerun")
-        self._tick("rerun", t)
-        return protocol.Empty()
+        return self._export(outs, "rerun")
 
-    def cmd_verify_stale(self, cases: list):
+    def _verify_stale(self, inputs0: dict, case1: tuple) -> protocol.StaleProbe | None:
         """The stale-output probe: case 0's input buffers (same pointers) now hold case 1's contents, on
         fresh outputs; a candidate that caches its outputs by pointer returns case 0's again."""
-        v = self._verifying
-        if v is None or not v["first"] or len(cases) < 2:
-            raise self._out_of_order("stale probe")
-        t = self.T["perf"]()
-        inputs0, _ = v["first"]
-        fresh = self._inputs(*cases[1])
-        if all(getattr(fresh[k], "shape", None) == getattr(inputs0[k], "shape", None) for k in fresh):
-            for k, x in fresh.items():
-                if hasattr(x, "copy_"):
-                    self.T["copy_"](inputs0[k], x)
-                else:
-                    inputs0[k] = x
-            outs = self._outputs()
-            self._call(inputs0, outs, guarded=True)
-            v["extra"]["stale"] = protocol.StaleProbe(case=1, outputs=self._export(outs, "stale"))
-        self._tick("stale", t)
-        return protocol.Empty()
-
-    def cmd_verify_reply(self):
-        """Host work only: what the steps gathered (cases, and "rerun" / "stale" where they ran), with their
-        timings. The verification's inputs are dropped here."""
-        v = self._verifying
-        if v is None:
-            raise self._out_of_order("no verification")
-        reply = protocol.Verified(cases=v["cases"], **v["extra"],
-                                  timing={k: round(x, 4) for k, x in v["timing"].items()})
-        self._verifying = None
-        self._prefetched = {}
-        self.ran = True
-        return reply
+        fresh = self._inputs(*case1)
+        if not all(getattr(fresh[k], "shape", None) == getattr(inputs0[k], "shape", None) for k in fresh):
+            return None
+        for k, x in fresh.items():
+            if hasattr(x, "copy_"):
+                self.T["copy_"](inputs0[k], x)
+            else:
+                inputs0[k] = x
+        outs = self._outputs()
+        self._call(inputs0, outs, guarded=True)
+        return protocol.StaleProbe(case=1, outputs=self._export(outs, "stale"))

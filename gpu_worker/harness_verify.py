@@ -83,22 +83,13 @@ class VerifyStage:
                 self._compile_in(sb, problem, hb, "verify")
             listed = [(d, s) for d, s in cases]
             self._stage(sb, listed, "verify", hb)
-            with _phase("prepare"), self._device_job():
-                pre = self._ask(sb, msg.Prepare(cases=listed), self.timeouts["load"], "verify", hb)
-            for k, v in pre.timing.items():
-                _add_phase(f"prepare.{k}", v)
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.reference(problem, shape, cases, hb, baseline=base_err is None)
-            # verification is untimed device work: a job (it never overlaps a timing block), one turn per
-            # step, so that a waiting timing block waits for one case, not for all of them (child_verify)
-            steps: list[msg.Request] = [msg.VerifyCase(cases=listed, i=i) for i in range(len(cases))]
-            steps.append(msg.VerifyRerun(cases=listed))
-            if len(cases) > 1:
-                steps.append(msg.VerifyStale(cases=listed))
-            for step in steps:
-                with self._device_job(), _phase("run-cases"):
-                    self._ask(sb, step, self.timeouts["verify"], "verify", hb)
-            r = self._ask(sb, msg.VerifyReply(), self.timeouts["verify"], "verify", hb)
+            # verification is untimed device work: one job for the stage's one command, which uploads the
+            # cases, runs them, the rerun and the stale probe, and downloads the kept outputs (child_verify)
+            with self._device_job(), _phase("run-cases"):
+                r = self._ask(sb, msg.Verify(cases=listed, stale=len(cases) > 1), self.timeouts["verify"],
+                              "verify", hb)
             for k, v in r.timing.items():
                 _add_phase(f"run-cases.{k}", v)
             for (dist, seed), ref, got in zip(cases, refs, r.cases):
@@ -112,7 +103,7 @@ class VerifyStage:
                                     "place; an entry of out was replaced or removed")
             # The outputs' copies go to files and then onto the reference child's device, where they are
             # compared with the oracle.
-            _, changed = self._download(sb, msg.Export(), "verify", hb)
+            changed = r.changed + self._write_exports(sb, "verify", hb)
             if changed:
                 raise Rejection("verify", f"late-write: outputs {changed} changed after the call returned "
                                 "(work still running outside the call is not timed)")

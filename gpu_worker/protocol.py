@@ -148,7 +148,8 @@ class Verified(Result):
     cases: list[VerifiedCase]
     rerun: dict[str, OutputHandle] | None = None
     stale: StaleProbe | None = None
-    timing: Timing
+    changed: list[str] = []  # kept outputs that are no longer the tensors their call wrote
+    timing: Timing  # seconds per step
 
 
 class Exported(Result):
@@ -305,35 +306,21 @@ class Prepare(Request):
     pool: int = 3
 
 
-class VerifyCase(Request):
-    cmd = "verify_case"
-    cases: list[Case]
-    i: int
+class Verify(Request):
+    """The verify stage in one command (untimed device work): the cases uploaded and run, the determinism
+    rerun, the stale-output probe (with two cases or more), the kept outputs downloaded for
+    `WriteExports` (host work)."""
 
-
-class VerifyRerun(Request):
-    cmd = "verify_rerun"
-    cases: list[Case]
-
-
-class VerifyStale(Request):
-    cmd = "verify_stale"
-    cases: list[Case]
-
-
-class VerifyReply(Request):
-    cmd = "verify_reply"
+    cmd = "verify"
     result_type = Verified
-
-
-class Export(Request):
-    """Download the verified outputs (device work); `WriteExports` writes them (host work)."""
-
-    cmd = "export"
-    result_type = Exported
+    cases: list[Case]
+    rerun: bool = True
+    stale: bool = True
 
 
 class WriteExports(Request):
+    """The late-write check of the outputs `Verify` or `ExportTimed` downloaded, and their files (host work)."""
+
     cmd = "write_exports"
     result_type = Exported
 
@@ -428,9 +415,8 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, VerifyCase, VerifyRerun, VerifyStale,
-    VerifyReply, Export, WriteExports, ExportTimed, Capture, Time, HostLatencyRequest, Park, Profile, Setup,
-    Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, ExportTimed, Capture, Time,
+    HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
 
 
 # --- the wire ---------------------------------------------------------------------------------------

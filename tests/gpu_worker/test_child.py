@@ -1,5 +1,5 @@
 """A sandbox child's own commands and limits (gpu_worker.child, child_core, child_verify): its CUDA
-context and Triton keys, the verification steps it accepts only in order, the limits it sets itself."""
+context and Triton keys, the verification in one command, the limits it sets itself."""
 
 from __future__ import annotations
 
@@ -21,34 +21,32 @@ def test_context_and_triton_keys_are_two_commands():
         sb.close()
 
 
-def test_verification_steps_run_in_order_only(ev, store):
-    """Verification is one call per step (each case, the rerun, the stale probe, the reply), so that each
-    is a device job of its own. A step out of order is an error, never a half-checked reply."""
-    from baselines.registry import get_problem
+def test_verification_is_one_command_with_each_steps_time(ev, store):
+    """The verify stage is one command: every case, the rerun and the stale probe run in it, in order, and
+    its reply carries per case what the worker judges, with each step's seconds. The comparisons are not
+    the child's: it reports handles of its outputs' files, which `write_exports` writes."""
+    from pathlib import Path
 
-    p = get_problem("softmax")
-    from gpu_worker.protocol import Prepare, VerifyCase, VerifyReply, VerifyRerun, VerifyStale
+    from baselines.registry import get_problem
+    from gpu_worker.protocol import Verify, WriteExports
 
     p = get_problem("softmax")
     cases = list(ev.cases(p, "steps"))
     sb, _ = ev._loaded_child(("x",), canary("fast"), p, ev._shape(p, None), None)
     try:
-        assert sb.call(Prepare(cases=cases), 120).ok
-        for step in (VerifyCase(cases=cases, i=1), VerifyRerun(cases=cases), VerifyStale(cases=cases)):
-            r = sb.call(step, 120)
-            assert not r.ok and "out of order" in r.failure.error, (step, r)
-        assert "out of order" in sb.call(VerifyReply(), 120).failure.error
-        for i in range(len(cases)):
-            assert sb.call(VerifyCase(cases=cases, i=i), 120).ok
-        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases) + 1), 120).failure.error
-        assert sb.call(VerifyRerun(cases=cases), 120).ok
-        assert "out of order" in sb.call(VerifyCase(cases=cases, i=len(cases)), 120).failure.error
-        assert sb.call(VerifyStale(cases=cases), 120).ok
-        r = sb.call(VerifyReply(), 120).result
+        r = sb.call(Verify(cases=cases), 120).result
         assert [(c.dist, c.seed) for c in r.cases] == cases
-        assert r.rerun is not None and r.stale is not None and r.timing["first-call"] >= 0
-        assert not any(c.mutated for c in r.cases)
-        assert "out of order" in sb.call(VerifyReply(), 120).failure.error  # the state went with the reply
+        assert r.rerun is not None and r.stale is not None and r.stale.case == 1 and r.changed == []
+        assert not any(c.mutated for c in r.cases) and all(c.out_type_ok for c in r.cases)
+        for step in ("prepare.upload", "inputs", "hash-copy", "first-call", "call", "export", "rerun", "stale",
+                     "download"):
+            assert r.timing[step] >= 0, (step, r.timing)
+        handles = [h for c in r.cases for h in c.outputs.values()] + list(r.rerun.values())
+        assert handles and not any(Path(h.path).exists() for h in handles)  # written by write_exports only
+        assert sb.call(WriteExports(), 120).result.changed == []
+        assert all(Path(h.path).exists() for h in handles)
+        r = sb.call(Verify(cases=cases[:1], rerun=False, stale=False), 120).result  # a second stage: its own
+        assert len(r.cases) == 1 and r.rerun is None and r.stale is None and "rerun" not in r.timing
     finally:
         sb.close()
 

@@ -67,8 +67,9 @@ def test_verification_reports_where_its_time_went(ev, store):
     ph = phases_end()
     assert v.ok, v.reason
     assert "load" in ph or ph.get("handed-on") == 1, ph  # loaded here, or by an earlier compile of it
-    for name in ("prepare", "reference", "run-cases", "run-cases.first-call", "run-cases.export",
-                 "export", "compare", "compare.import", "compare.oracle-and-math"):
+    for name in ("reference", "run-cases", "run-cases.prepare.upload", "run-cases.first-call", "run-cases.export",
+                 "run-cases.rerun", "run-cases.stale", "run-cases.download", "export-write", "compare",
+                 "compare.import", "compare.oracle-and-math"):
         assert name in ph and ph[name] >= 0, (name, ph)
     assert ph["run-cases"] >= ph["run-cases.first-call"]
     assert phases_end() == {}  # collected once

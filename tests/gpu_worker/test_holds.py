@@ -124,7 +124,7 @@ def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     assert not inside, f"host work inside a device turn: {inside}"
     # device work did take turns: uploads, verification steps, timing
     held = {w for k, w, _, depth in rec.events if depth and k == "command"}
-    assert {"prepare", "verify_case", "time", "compare", "cuda_init"} <= held, held
+    assert {"prepare", "verify", "time", "compare", "cuda_init"} <= held, held
     timed = [(t0, t1) for kind, t0, t1, _ in rec.holds if kind == "timing"]
     assert timed and all(
         not (s0 < t1 and t0 < s1) for kind, s0, s1, _ in rec.holds if kind == "job" for t0, t1 in timed), \

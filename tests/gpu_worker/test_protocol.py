@@ -20,7 +20,7 @@ def test_the_child_refuses_an_unknown_command_and_a_malformed_request_and_keeps_
                 ({"cmd": "stage", "cases": "all"}, "malformed stage request: cases"),
                 ({"cmd": "stage", "cases": cases, "extra": 1}, "malformed stage request: extra"),
                 ({"cmd": "time", "reps": "20"}, "malformed time request: reps"),
-                ({"cmd": "verify_case", "cases": cases}, "malformed verify_case request: i: Field required"),
+                ({"cmd": "verify"}, "malformed verify request: cases: Field required"),
                 ({"cmd": "load", "source": 3, "problem": "softmax", "shape": None}, "malformed load request: source")):
             r = sb._exchange(wire, protocol.Stage, 60)
             assert not r.ok and r.failure.kind == "protocol" and why in r.failure.error, (wire, r)
