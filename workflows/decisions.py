@@ -85,10 +85,13 @@ def profile_with_verdict(outcome: str, interpreter: bool) -> bool:
     return outcome == "improved" and not interpreter
 
 
-def update_leaderboard(board: list[LeaderEntry], entry: LeaderEntry, k: int) -> list[LeaderEntry]:
-    """Top-k by speedup, one entry per candidate (its latest measurement), ties broken by iteration."""
+def update_leaderboard(board: list[LeaderEntry], entry: LeaderEntry, k: int, by_time: bool = False
+                       ) -> list[LeaderEntry]:
+    """Top-k by speedup (`by_time`: by time, as under the interpreter, whose ratios to the baseline mean
+    nothing and are never shown), one entry per candidate (its latest measurement), ties broken by iteration."""
     rest = [e for e in board if e.candidate_id != entry.candidate_id]
-    return sorted(rest + [entry], key=lambda e: (-e.speedup, e.iteration))[:k]
+    key = (lambda e: (e.time_ms, e.iteration)) if by_time else (lambda e: (-e.speedup, e.iteration))
+    return sorted(rest + [entry], key=key)[:k]
 
 
 def time_to_compact(iterations_this_run: int, compact_every: int, history_suggests: bool) -> bool:

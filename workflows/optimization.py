@@ -296,7 +296,7 @@ class KernelOptimization:
                 self.st.leaderboard,
                 LeaderEntry(candidate_id=rec.candidate_id, source_key=rec.source_key, speedup=rec.speedup,
                             time_ms=rec.time_ms, iteration=rec.iteration, knobs=rec.knobs),
-                self.spec.top_k)
+                self.spec.top_k, by_time=rec.interpreter)
         assert rec.iteration == self.st.iteration + 1, "iterations are recorded contiguously"
         self.st.iteration = rec.iteration
         self.st.used.iterations += 1

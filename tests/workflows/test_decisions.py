@@ -88,6 +88,14 @@ def test_leaderboard_keeps_top_k_once_per_candidate():
     assert [(e.candidate_id, e.speedup) for e in board] == [("a", 4.0), ("b", 3.0), ("c", 2.0)]
 
 
+def test_under_the_interpreter_the_leaderboard_is_by_time():
+    board = []
+    for i, (cid, s, ms) in enumerate([("a", 0.002, 90.0), ("b", 0.001, 80.0), ("c", 0.003, 120.0)], 1):
+        board = decisions.update_leaderboard(board, LeaderEntry(candidate_id=cid, source_key="k", speedup=s,
+                                                                 time_ms=ms, iteration=i), 2, by_time=True)
+    assert [e.candidate_id for e in board] == ["b", "a"]
+
+
 def test_compaction_time_and_trim():
     assert decisions.time_to_compact(10, 10, False) and decisions.time_to_compact(3, 10, True)
     assert not decisions.time_to_compact(9, 10, False)
