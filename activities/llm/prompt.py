@@ -23,25 +23,43 @@ HISTORY_TURNS = 4  # past turns replayed verbatim in a prompt (older ones live i
 TOOL_CONTENT_CHARS = 6000  # one tool answer of an older turn in a prompt, at most
 LAST_TOOL_CONTENT_CHARS = 24000  # one answer to the latest turn: a whole template fits (KDA's is 22.9 k)
 
-SYSTEM_PROMPT = """You are an expert GPU kernel engineer in a long optimization run. You write Triton \
+_ROLE = """You are an expert GPU kernel engineer in a long optimization run. You write Triton \
 kernels and iterate like an expert: write, compile, check, profile, think, try again. You act only \
 through the tools; every kernel you want measured for real goes through submit_kernel. A submission's \
-answer brings the kernel's profile when it is a new best; ask `profile` for any other.
+answer brings the kernel's profile when it is a new best; ask `profile` for any other."""
 
-A candidate is one Python module that defines `run(inputs, out)`: `inputs` maps names to tensors, `out` \
-maps output names to preallocated tensors that `run` must fill in place (they are poisoned with NaN \
-first). Keep a top-level `KNOBS = {...}` line if you like; it is optional.
+_CANDIDATE = """A candidate is one Python module that defines `run(inputs, out)`: `inputs` maps names to \
+tensors, `out` maps output names to preallocated tensors that `run` must fill in place (they are poisoned with NaN \
+first). Keep a top-level `KNOBS = {...}` line if you like; it is optional."""
 
-Rules (the harness rejects a candidate that breaks one, naming the rule):
+_RULES = """Rules (the harness rejects a candidate that breaks one, naming the rule):
 - Triton only: no third-party kernel libraries (flash_attn, flashinfer, xformers, fla, liger, cutlass, \
 ...), no torch.ops / torch.compile / cuBLAS matmuls / the problem's own PyTorch op doing the work.
 - """ + TORCH_RULE + """
 - """ + LANGUAGE_RULE + """
 - No CUDA streams, events, graphs or synchronisation games with the timer; no try/except fallbacks; \
 no caching keyed by data_ptr/id/storage; no Tensor subclasses or __torch_function__ tricks.
-- Results must match the oracle within the problem's tolerance on every seed and input distribution.
+- Results must match the oracle within the problem's tolerance on every seed and input distribution."""
 
-Reply with tool calls. Put complete sources in the `source` argument, never a fragment or a diff."""
+# The rules in one paragraph (about 100 estimated tokens against 660): the harness names a broken rule in its
+# answer, so a small context spends its room on the kernel and the turns instead
+_RULES_BRIEF = """Rules (the harness rejects a candidate that breaks one, naming the rule): Triton does the \
+work (no third-party kernel libraries, torch ops or cuBLAS doing it); in run(), torch only allocates, \
+views, copies, casts and fills; imports of torch, triton, triton.language and math only; no streams, graphs, \
+try/except fallbacks or pointer-keyed caches; results within the problem's tolerance."""
+
+_REPLY = "Reply with tool calls. Put complete sources in the `source` argument, never a fragment or a diff."
+
+SYSTEM_PROMPT = "\n\n".join([_ROLE, _CANDIDATE, _RULES, _REPLY])
+COMPACT_SYSTEM_PROMPT = "\n\n".join([_ROLE, _CANDIDATE, _RULES_BRIEF, _REPLY])
+COMPACT_CONTEXT = 8192  # an endpoint context of at most this many tokens gets COMPACT_SYSTEM_PROMPT
+
+
+def compact_prompt(s: Profile) -> bool:
+    """Whether the endpoint's known context is small enough for the compact system prompt: there the full
+    rules would take a tenth of the context on every turn (and a 4,096-token context could not hold the
+    first prompt at all), and a CPU-served model evaluates them again whenever the prompt's start changes."""
+    return bool(s.context_tokens) and s.context_tokens <= COMPACT_CONTEXT
 
 
 def _problem_facts(req: LlmTurnRequest) -> list[str]:
@@ -179,22 +197,23 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, 
     return "\n".join(lines)
 
 
-def system_prompt(mode: str) -> str:
+def system_prompt(mode: str, compact: bool = False) -> str:
+    base = COMPACT_SYSTEM_PROMPT if compact else SYSTEM_PROMPT
     if mode != "text":
-        return SYSTEM_PROMPT
-    return (SYSTEM_PROMPT.rsplit("\n\n", 1)[0] + "\n\n" + TEXT_PROTOCOL
+        return base
+    return (base.rsplit("\n\n", 1)[0] + "\n\n" + TEXT_PROTOCOL
             + "; ".join(f"{t['function']['name']} ({t['function']['description']})" for t in TOOLS) + ".")
 
 
 def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "native",
-                   budget: int | None = None) -> list[dict]:
+                   budget: int | None = None, compact: bool = False) -> list[dict]:
     """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
     schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
     turn to turn), the last turns, then the run's state. To fit, it sheds the template once there is a
     best (keeping the two latest turns), old turns, the non-best kernels, the notebook's middle, long tool
     answers, the latest turn's kernels in full (named and diffed instead), then the best kernel's lines
     that the starting kernel has too. The objective, the best (else the template) and the latest turn
-    with its answers always stay."""
+    with its answers always stay. `compact`: the compact system prompt (compact_prompt)."""
     notebook = ""
     if req.notebook_key:
         try:
@@ -248,7 +267,8 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
             state.append(rb)
         if past_hints:
             state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
-        msgs = [{"role": "system", "content": system_prompt(mode)}, {"role": "user", "content": "\n\n".join(stable)}]
+        msgs = [{"role": "system", "content": system_prompt(mode, compact)},
+                {"role": "user", "content": "\n\n".join(stable)}]
         units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base, latest_full)
         for u in units[len(units) - n_turns:] if n_turns else []:
             msgs += u
@@ -290,7 +310,7 @@ def fit_prompt(req: LlmTurnRequest, store: ArtifactStore, s: Profile, shrink: in
                tools: list[dict] = TOOLS) -> list[dict]:
     """The turn's prompt within its budget. Raises ContextTooSmall (with the tokens it needs) when even
     the smallest prompt, which keeps only what always stays, does not fit the endpoint's known context."""
-    msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode, tools))
+    msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode, tools), compact_prompt(s))
     room = endpoint_room(s, shrink, mode, tools)
     if room is not None and estimate_tokens(msgs) > room:
         raise ContextTooSmall(estimate_tokens(msgs) + (estimate_tokens(tools) if mode != "text" else 0))
@@ -309,7 +329,8 @@ def context_fit(ep: Endpoint, s: Profile, mode: str) -> str | None:
         return None
     req = LlmTurnRequest(workflow_id="llm-check", problem="softmax", turn=2, iteration=1, budget=Budget(),
                          used=Used(turns=1))
-    need = estimate_tokens(build_messages(req, None, mode, budget=0)) + LAST_TURN_TOKENS
+    smallest = build_messages(req, None, mode, budget=0, compact=compact_prompt(s))
+    need = estimate_tokens(smallest) + LAST_TURN_TOKENS
     if need <= room:
         return None
     return too_small(ep, s, need + (estimate_tokens(TOOLS) if mode != "text" else 0), then="")

@@ -180,3 +180,29 @@ def test_the_objective_names_the_measured_device_once_known(store):
     text = after[1]["content"]
     assert "GPU: NVIDIA H200; measured ceilings 4.21 TB/s device copy and 788 TFLOP/s bf16 matmul" in text
     assert "floor at those rates is 0.0977 ms" in text and "the worst speedup decides" in text
+
+
+def test_a_small_context_gets_the_compact_system_prompt_and_4096_tokens_hold_the_first_turn(store):
+    from dataclasses import replace
+
+    from activities.llm.context import endpoint_room
+    from activities.llm.endpoint import PROFILES, fit_reply
+    from activities.llm.prompt import COMPACT_SYSTEM_PROMPT, SYSTEM_PROMPT, fit_prompt, system_prompt
+    from rules.torch_ops import TORCH_RULE
+
+    first = req(store, turn=1, iteration=0, used=Used())
+    small = fit_reply(replace(PROFILES["llamacpp"], context_tokens=4096), False)  # Ollama's default context
+    msgs = fit_prompt(first, store, small, 0, "native")
+    assert msgs[0]["content"] == COMPACT_SYSTEM_PROMPT and "# The starting kernel" in msgs[1]["content"]
+    # the full rules would not have let this first prompt fit beside the 1,024-token reply cap
+    full = build_messages(first, store, "native", budget=0)
+    assert full[0]["content"] == SYSTEM_PROMPT and estimate_tokens(full) > endpoint_room(small, 0, "native")
+    assert estimate_tokens(msgs) <= endpoint_room(small, 0, "native")
+    assert estimate_tokens(COMPACT_SYSTEM_PROMPT) * 2 < estimate_tokens(SYSTEM_PROMPT)
+    for rule in ("third-party kernel libraries", "torch only allocates", "imports of torch, triton"):
+        assert rule in COMPACT_SYSTEM_PROMPT
+    # at the llamacpp profile's own 16,384 tokens (and with the context unknown) the rules stay in full
+    for s in (PROFILES["llamacpp"], PROFILES["auto"]):
+        assert TORCH_RULE in fit_prompt(first, store, s, 0, "native")[0]["content"]
+    text = system_prompt("text", compact=True)  # the text tool mode keeps its protocol
+    assert text.startswith(COMPACT_SYSTEM_PROMPT.rsplit("\n\n", 1)[0]) and "TOOL: <name>" in text
