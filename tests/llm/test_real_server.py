@@ -24,7 +24,8 @@ from workflows.optimization import KernelOptimization
 pytestmark = pytest.mark.slow
 
 N_CTX = 8192  # the model's own; it also bounds a reply, as the server writes a call's arguments uncapped
-ITERATIONS = 3
+ITERATIONS = 2  # one submission recorded before the kill, one after the restart
+TURNS_PER_ITERATION = 8  # only submit_kernel is offered after 2 turns without one (llm_progress.narrow_after)
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ async def _in_flight_turn(handle) -> bool:
 
 async def test_a_real_run_survives_the_model_server_killed_mid_turn(env, store, real_gpu, model):
     spec = RunSpec(problem="softmax", policy="llm", budget={"iterations": ITERATIONS, "hours": 0.5},
-                   turns_per_iteration=9)
+                   turns_per_iteration=TURNS_PER_ITERATION)
     async with workers(env.client, real_gpu):
         h = await start(env.client, spec, "llm-real-server")
         deadline = time.monotonic() + 900
