@@ -65,15 +65,25 @@ def test_a_loser_makes_few_round_trips(ev, store, counter):
     assert counter.candidate() <= LIMITS["loser"], counter.commands()
 
 
-def test_verification_is_one_request_of_the_candidate_child(ev, store, counter):
+def test_verification_is_one_request_of_the_candidate_child(ev, store, counter, monkeypatch):
+    """One request, and so one untimed device job of the candidate's child for the stage (on a GPU each job
+    waits its turn behind the timing blocks; there were eleven: the upload, each step, the download)."""
     r = req(store, _unique(canary("fast"), "verify"))
     assert ev.compile(r).ok
     counter.reset()
+    jobs, job = [], ev._device_job
+
+    def counted_job():
+        jobs.append(1)
+        return job()
+
+    monkeypatch.setattr(ev, "_device_job", counted_job)
     v = ev.verify(r)
     assert v.ok, v.reason
     cmds = counter.commands()
     assert cmds.get("verify") == 1 and "prepare" not in cmds, cmds
     assert counter.candidate() <= LIMITS["verify"], cmds
+    assert len(jobs) == 1, jobs
 
 
 def test_round_trips_per_candidate_kind(ev, store, counter):
