@@ -157,7 +157,6 @@ COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
     protocol.Prepare: Server.cmd_prepare,
     protocol.Verify: Server.cmd_verify,
     protocol.WriteExports: Server.cmd_write_exports,
-    protocol.ExportTimed: Server.cmd_export_timed,
     protocol.Capture: Server.cmd_capture,
     protocol.Time: Server.cmd_time,
     protocol.HostLatencyRequest: Server.cmd_host_latency,

@@ -1,5 +1,5 @@
 """What leaves a child besides its replies: outputs copied after a call and written to files for the
-reference child (`verify`'s download, `write_exports`, `export_timed`, with the late-write check), and the
+reference child (the downloads of `verify` and `host_latency`, `write_exports`, with the late-write check), and the
 fingerprints of timed calls (projections onto random vectors)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class ChildExports:
         self._release()
         return protocol.Exported(changed=changed, timing={"download": round(self.T["perf"]() - t0, 4)})
 
-    def cmd_export_timed(self):
+    def _download_timed(self) -> list:
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
         whose files that writes (each names the pool entry its call ran on)."""
         jobs = []
@@ -90,7 +90,7 @@ class ChildExports:
             jobs += [protocol.TimedJob(entry=idx, name=name, out=h) for name, h in handles.items()]
         self.timed_outputs = []
         self._release()
-        return protocol.TimedExported(jobs=jobs)
+        return jobs
 
     def _projections(self, seed: int) -> dict:
         """Per compared floating-point output (as the problem specifies it, not as any tensor says), a

@@ -239,7 +239,7 @@ class ChildTiming:
         its process before that call. The reference child is given the candidate's keys with its entries,
         else derives keys from the worker's `noise_seed` (without one: a seed of its own).
 
-        With `keep_one` the outputs of one repetition, picked at random, are copied for `export_timed`
+        With `keep_one` the outputs of one repetition, picked at random, are copied for `host_latency`'s download
         with the entry it ran on. With `check_seed` every repetition's outputs are also fingerprinted after
         its end event (outside the timed interval, before the next refill): projected onto random vectors
         drawn from the seed; the reference role adds each output's norm. The worker compares the two call
@@ -370,10 +370,11 @@ class ChildTiming:
         return lambda i, e: entry_seed(noise_seed, e) if i is None else given[i]
 
     def cmd_host_latency(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None,
-                         first: int = 0):
+                         first: int = 0, export: bool = False):
         """Host latency of a synchronous call (milliseconds from the call to the end of a synchronize,
         L2 flushed before it): what a caller waits, launch overhead included. Reported beside the device
-        time, never inside a speedup. Call i runs on entry first + i."""
+        time, never inside a speedup. Call i runs on entry first + i. With `export`, then the timed calls'
+        kept outputs downloaded (`_download_timed`): the distribution's last device step of this child."""
         ts = self._timing_set(dist, "host latency")
         fn = self._fn()
         perf = self.T["perf"]
@@ -387,7 +388,7 @@ class ChildTiming:
             fn(*ts.sets[r])
             self._sync()
             walls = walls + ((perf() - t0) * 1e3,)
-        return protocol.HostLatency(walls=list(walls))
+        return protocol.HostLatency(walls=list(walls), jobs=self._download_timed() if export else [])
 
     def cmd_park(self):
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:

@@ -91,7 +91,7 @@ class BenchmarkStage:
                     fig["captures"] = res["captures"]
                     with _phase("timed-outputs"):
                         prints = self._check_fingerprints(problem, shape, dist, res)
-                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb, res["noise_seed"])
+                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb, res)
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
@@ -315,12 +315,15 @@ class BenchmarkStage:
                 out[who] += r.times
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
+            # the candidate's also downloads its timed calls' kept outputs, in this turn (_check_timed_outputs)
             req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, first=take(plan["host_reps"]),
-                                         noise_seed=noise_seed if who == "base" else None)
+                                         noise_seed=noise_seed if who == "base" else None, export=who == "cand")
             if who == "base":
                 r = self._ref_do(sb, hb, req, self.timeouts["time"])
             else:
                 r = self._ask(sb, req, self.timeouts["time"], "benchmark", hb)
             out[who + "_host"] = r.walls
+            if who == "cand":
+                out["timed_jobs"] = r.jobs
         _add_phase("timed-blocks", out["blocks"])
         return out

@@ -157,16 +157,9 @@ class EvaluatorChildren:
             with self.owner.job(also=lock):
                 yield
 
-    def _download(self, sb: Sandbox, request: msg.ExportTimed, stage: str, hb):
-        """A candidate child's timed calls' kept outputs: downloaded in an untimed device job, then written to
-        their files outside any turn. Returns the download's result and the outputs the late-write check
-        found changed."""
-        with _phase("export"), self._device_job():
-            ex = self._ask(sb, request, self.timeouts["verify"], stage, hb)
-        return ex, self._write_exports(sb, stage, hb)
-
     def _write_exports(self, sb: Sandbox, stage: str, hb) -> list[str]:
-        """The late-write check of the outputs a child downloaded and their files: host work, no turn.
+        """The late-write check of the outputs a child downloaded (in its `Verify`, or its `HostLatencyRequest`
+        with `export`) and their files: host work, no turn.
         Returns the outputs that changed after their call returned."""
         with _phase("export-write"):
             return self._ask(sb, msg.WriteExports(), self.timeouts["verify"], stage, hb).changed

@@ -36,17 +36,19 @@ def _check_entries(checks: list, reps: int, expected: list, keys: list | None = 
 class TimedOutputChecks:
     """The Evaluator's checks of timed calls' outputs."""
 
-    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, noise_seed: int) -> tuple[str, list]:
+    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, res: dict) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
         timed call NaN-poisoned, its inputs values of its own) against the baseline's outputs on the
         values that call ran on: a candidate that skips or cheapens its work while being timed, or
         replays a result fixed at capture or cached from an earlier call, is rejected here, within
-        `_timed_output_bound`."""
+        `_timed_output_bound`. `res`: the distribution's timing (_interleave), whose `timed_jobs` the
+        candidate's child downloaded at its end; their files are written here, outside any turn."""
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.interpreter))
-        ex, _ = self._download(cand, msg.ExportTimed(), "benchmark", hb)
-        jobs = [j for j in ex.jobs if j.name in names]
+        self._write_exports(cand, "benchmark", hb)
+        jobs = [j for j in res["timed_jobs"] if j.name in names]
+        noise_seed = res["noise_seed"]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
         bound = self._timed_output_bound(problem, shape)

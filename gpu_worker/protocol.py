@@ -157,10 +157,6 @@ class Exported(Result):
     timing: Timing
 
 
-class TimedExported(Result):
-    jobs: list[TimedJob]
-
-
 class Captured(Result):
     captured: bool
     why: str
@@ -178,6 +174,7 @@ class Timed(Result):
 
 class HostLatency(Result):
     walls: list[float]
+    jobs: list[TimedJob] = []  # with `export`: the kept timed outputs downloaded, for `WriteExports`
 
 
 class Profiled(Result):
@@ -325,11 +322,6 @@ class WriteExports(Request):
     result_type = Exported
 
 
-class ExportTimed(Request):
-    cmd = "export_timed"
-    result_type = TimedExported
-
-
 class Capture(Request):
     cmd = "capture"
     result_type = Captured
@@ -353,12 +345,16 @@ class Time(Request):
 
 
 class HostLatencyRequest(Request):
+    """A side's last step of a distribution's timing block; with `export` (the candidate's) it also
+    downloads the timed calls' kept outputs, for `WriteExports`, with no device job of its own."""
+
     cmd = "host_latency"
     result_type = HostLatency
     reps: int = 10
     dist: str | None = None
     noise_seed: int | None = None
     first: int = 0
+    export: bool = False
 
 
 class Park(Request):
@@ -415,7 +411,7 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, ExportTimed, Capture, Time,
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Capture, Time,
     HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
 
 
