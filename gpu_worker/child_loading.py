@@ -15,7 +15,8 @@ from gpu_worker.child_core import Refused
 class ChildLoading:
     """A candidate child's load and compile commands, and its guarded call."""
 
-    def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list):
+    def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list,
+                 stage: list = ()):
         import importlib.util
 
         from gpu_worker import guard
@@ -53,6 +54,8 @@ class ChildLoading:
             raise Refused("contract", "candidate defines no callable run(inputs, out)")
         self.module = mod
         self.kernels = self._kernel_objects()
+        if stage:  # the compile's case, staged in the same host work (harness_compile: _compile_in)
+            self.cmd_stage(list(stage))
         return protocol.Loaded(kernels=sorted(self.kernels), wall=self.wall)
 
     def _kernel_objects(self) -> dict:

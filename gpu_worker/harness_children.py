@@ -176,8 +176,10 @@ class EvaluatorChildren:
 
         if self.cuda:
             self._cuda_init(sb, hb)  # a spare has both already: then these are two round trips
+        # every load is followed by a compile (_compile_in), whose case is staged with the load: host work
         return self._ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
-                                      trusted_roots=[str(triton_cache_dir(self.settings, self.cuda))]),
+                                      trusted_roots=[str(triton_cache_dir(self.settings, self.cuda))],
+                                      stage=[(problem.distributions[0], 0)]),
                          self.timeouts["load"], "compile", hb)
 
     def _loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, msg.Loaded | None]:

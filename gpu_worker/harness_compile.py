@@ -90,11 +90,11 @@ class CompileStage:
             log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
     def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
-        """Compile the loaded candidate at the child's shape: one case uploaded in an untimed device job (the
-        one device step of compiling), Triton's warmup path outside any turn, so that a timing block never
-        waits for a compiler (under the interpreter: one run). Returns the compile reply."""
+        """Compile the loaded candidate at the child's shape: one case (staged by its `_load`) uploaded in an
+        untimed device job (the one device step of compiling), Triton's warmup path outside any turn, so
+        that a timing block never waits for a compiler (under the interpreter: one run). Returns the compile
+        reply."""
         dist = problem.distributions[0]
-        self._stage(sb, [(dist, 0)], stage, hb)
         with _phase("prepare"), self._device_job():
             pre = self._ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.timeouts["load"], stage, hb)
         for k, v in pre.timing.items():

@@ -273,7 +273,8 @@ class Stage(Request):
 
 
 class Load(Request):
-    """Enclose the child in its wall and execute the candidate's module (candidate role)."""
+    """Enclose the child in its wall and execute the candidate's module (candidate role); then, as `Stage`
+    does, the `stage` cases' inputs into host memory (host work both)."""
 
     cmd = "load"
     result_type = Loaded
@@ -282,6 +283,7 @@ class Load(Request):
     shape: str | None
     write_roots: list[str] = []
     trusted_roots: list[str] = []
+    stage: list[Case] = []
 
 
 class Compile(Request):
