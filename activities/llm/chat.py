@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError
 from activities.llm.endpoint import Endpoint, Profile, client_for, config_error, redact
 from activities.llm.errors import (ContextTooSmall, adaptation, classify, context_error, describe_change,
                                    diagnose)
-from activities.llm.probe import tools_seen
+from activities.llm.probe import answers_seen, tools_seen
 from activities.llm.replies import Reply, normalise
 
 
@@ -166,6 +166,8 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
         reply.adapted, reply.learned, reply.mode = adapted, learned, ("native" if "tools" in kwargs else "text")
         if reply.mode == "native" and (not reply.tool_calls or reply.calls_from_text):
             _check_tools_seen(ep, s, tools, reply)
+        if reply.mode == "native" and any(m.get("role") == "tool" for m in kwargs["messages"]):
+            _check_answers_seen(ep, s, tools, reply)
         return reply
     raise config_error(f"{ep.where()}: refused every variant of the request; run `marathon llm-check`")
 
@@ -198,10 +200,29 @@ def _check_tools_seen(ep: Endpoint, s: Profile, tools: list[dict], reply: Reply)
         reply.tokens_out += got.tokens_out
     reply.tools_seen = got
     if got.seen is False:
-        line = describe_change("dropped", {"probe": got.describe()}, {"tool_mode": "text"}, s)
-        reply.adapted = {**reply.adapted, "tool_mode": "text"}
-        reply.learned = reply.learned + [line]
-        _log_learned(ep, line)
+        _adapt(ep, s, reply, "dropped", got, {"tool_mode": "text"})
+
+
+def _check_answers_seen(ep: Endpoint, s: Profile, tools: list[dict], reply: Reply) -> None:
+    """A native request that carried tool answers has the endpoint probed (once per worker) for whether a
+    tool message's content reaches the model; where it does not, later turns repeat the answers in a user
+    message."""
+    if s.tool_mode != "auto" or s.tool_answers != "tool" or "tool_answers" in ep.explicit:
+        return  # a profile that names its tool mode (OpenAI's) is known to show tool answers
+    got, sent = answers_seen(ep, s, tools, lambda m, t, st: post(ep, m, t, st))
+    if sent:
+        reply.tokens_in += got.tokens_in
+        reply.tokens_out += got.tokens_out
+    if got.seen is False:
+        _adapt(ep, s, reply, "answers", got, {"tool_answers": "user"})
+
+
+def _adapt(ep: Endpoint, s: Profile, reply: Reply, kind: str, got, change: dict) -> None:
+    """A probe's finding as the reply's adaptation, said once."""
+    line = describe_change(kind, {"probe": got.describe()}, change, s)
+    reply.adapted = {**reply.adapted, **change}
+    reply.learned = reply.learned + [line]
+    _log_learned(ep, line)
 
 
 def _raw_json(raw, ep: Endpoint) -> dict:

@@ -9,7 +9,7 @@ from activities.llm.context import with_server_context
 from activities.llm.prompt import context_fit
 from activities.llm.endpoint import PROFILE_ENV, endpoint, env_text
 from activities.llm.errors import describe_change
-from activities.llm.probe import ToolsSeen, tools_seen
+from activities.llm.probe import ToolsSeen, answers_seen, tools_seen
 from activities.llm.sources import extract_code
 from activities.llm.tools import TEXT_PROTOCOL, tool_schema
 
@@ -53,6 +53,10 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
             reply = chat(msgs, ep, [_CHECK_TOOL], adapted=reply.adapted, must_act=True)
         except ApplicationError as e:
             return False, lines + [f"FAILED in text tool mode: {e.message}"]
+    answers = _answers_seen(ep, reply)
+    if answers is not None and answers.seen is False and "tool_answers" not in reply.adapted:
+        line = describe_change("answers", {"probe": answers.describe()}, {"tool_answers": "user"}, p)
+        reply.adapted, reply.learned = {**reply.adapted, "tool_answers": "user"}, reply.learned + [line]
     lines.append(f"reply: {first.latency_s:.2f} s, {first.tokens_in} tokens in / {first.tokens_out} out, model "
                  f"{first.model}, finish_reason {first.finish_reason or '-'}")
     learned = first.learned + [x for x in reply.learned if x not in first.learned]
@@ -63,6 +67,8 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
         lines.append(_DROPPED_CAUSE if a.get("tool_mode") == "text" else _DROPPED_CAUSE + _DROPPED_NATIVE)
     elif seen is not None and seen.seen:
         lines.append(f"tool schemas: they reach the model ({seen.describe()})")
+    if answers is not None and answers.seen:
+        lines.append(f"tool answers: they reach the model ({answers.describe()})")
     env = {k: v for k, v in a.items() if k in PROFILE_ENV and k != "context_tokens"}
     if env:
         sets = " ".join(f"{PROFILE_ENV[k]}={env_text(v)}" for k, v in env.items())
@@ -127,3 +133,12 @@ def _tools_seen(ep, reply) -> ToolsSeen | None:
     if reply.tools_seen is not None:
         return reply.tools_seen
     return tools_seen(ep, ep.settings(reply.adapted), [_CHECK_TOOL], lambda m, t, st: post(ep, m, t, st))[0]
+
+
+def _answers_seen(ep, reply) -> ToolsSeen | None:
+    """Whether a tool message's content reaches the model (the probe a run's first answered turn sends),
+    where a run would ask: native tools in the auto tool mode, the answers' place not set by a variable."""
+    s = ep.settings(reply.adapted)
+    if reply.mode != "native" or s.tool_mode != "auto" or s.tool_answers != "tool" or "tool_answers" in ep.explicit:
+        return None
+    return answers_seen(ep, s, [_CHECK_TOOL], lambda m, t, st: post(ep, m, t, st))[0]

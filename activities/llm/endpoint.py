@@ -35,6 +35,9 @@ class Profile:
     merge_roles: bool = False  # one message per role in a row: strict chat templates (Gemma, Mistral)
     system_role: bool = True  # False: the system prompt goes at the top of the first user message
     context_tokens: int | None = None  # the endpoint's context window (prompt + reply); None: unknown
+    # where tool answers reach the model: tool messages, or (user) also a user message, for servers whose
+    # chat template drops a tool message's content (llama-cpp-python's chatml-function-calling)
+    tool_answers: str = "tool"
 
 
 PROFILES = {
@@ -66,7 +69,7 @@ PROFILE_ENV = {"token_param": "MARATHON_LLM_TOKEN_PARAM", "reply_tokens": "MARAT
                "reasoning_effort": "MARATHON_LLM_REASONING_EFFORT", "tool_mode": "MARATHON_LLM_TOOL_MODE",
                "tool_choice": "MARATHON_LLM_TOOL_CHOICE", "required_turns": "MARATHON_LLM_TOOL_REQUIRED",
                "merge_roles": "MARATHON_LLM_MERGE_ROLES", "system_role": "MARATHON_LLM_SYSTEM_ROLE",
-               "context_tokens": "MARATHON_LLM_CONTEXT_TOKENS"}
+               "context_tokens": "MARATHON_LLM_CONTEXT_TOKENS", "tool_answers": "MARATHON_LLM_TOOL_ANSWERS"}
 _NONE = ("", "none", "off", "unset")
 
 
@@ -85,6 +88,10 @@ def _env_value(field_name: str, raw: str):
         if field_name == "tool_mode":
             if v not in ("native", "text", "auto"):
                 raise ValueError("native, text or auto")
+            return v
+        if field_name == "tool_answers":
+            if v not in ("tool", "user"):
+                raise ValueError("tool or user")
             return v
         if field_name == "tool_choice":
             if v not in ("auto", "required") + _NONE:

@@ -230,6 +230,9 @@ def describe_change(kind: str, info: dict, change: dict, s: Profile) -> str:
     if kind == "dropped":
         return (f"the endpoint drops the tool schemas from the prompt without a word ({info['probe']}): "
                 f"text tool mode (fenced code and TOOL: lines)")
+    if kind == "answers":
+        return (f"the endpoint drops the tools' answers from the prompt without a word ({info['probe']}): "
+                f"each answer repeated in a user message")
     if kind == "choice":
         return (f"the endpoint refuses tool_choice {info.get('sent')!r}: "
                 + ("sending auto" if change.get("tool_choice") == "auto" else "not sent"))

@@ -100,12 +100,18 @@ def _compact_fences(content: str, base: str | None = None) -> str:
     return FENCE.sub(sub, content)
 
 
+#: a tool message's content where the answers follow in a user message (answers_in_user)
+ANSWER_MOVED = "(the answer is in the next user message)"
+
+
 def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactStore, limit: int,
                    mode: str = "native", last_limit: int | None = None, base: str | None = None,
-                   latest_full: bool = True) -> list[list[dict]]:
+                   latest_full: bool = True, answers_in_user: bool = False) -> list[list[dict]]:
     """Each past turn as a unit of messages: the assistant reply, then its answers (as tool messages,
-    or in text mode one user message). Reasoning is never replayed; kernel sources are replayed in full
-    only for the latest turn (not even there without latest_full), older ones by candidate id."""
+    or in text mode one user message; `answers_in_user`: tool messages that point to one user message
+    holding the answers, for servers that drop a tool message's content). Reasoning is never replayed;
+    kernel sources are replayed in full only for the latest turn (not even there without latest_full),
+    older ones by candidate id."""
     units = []
     for i, t in enumerate(turns):
         lim = (last_limit or limit) if i == len(turns) - 1 else limit
@@ -123,9 +129,7 @@ def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactS
                 body += "".join(f"\nTOOL: {c['name']} " + (c["arguments"] if latest else
                                 _compact_source(c["arguments"], parsed.get(c["id"]), base)) for c in calls)
             unit = [{"role": "assistant", "content": body.strip() or "(empty reply)"}]
-            texts = [f"## Result of {c['name']} (call {n})\n" +
-                     (result_text(by_id[c["id"]], store, lim) if c["id"] in by_id else "(no result recorded)")
-                     for n, c in enumerate(calls, 1)]
+            texts = [_answer_text(c, n, by_id, store, lim) for n, c in enumerate(calls, 1)]
         else:
             if a.get("calls_from_text"):
                 content = text_tool_calls(content)[1]
@@ -139,12 +143,18 @@ def history_units(turns: list[dict], pending: list[ToolResult], store: ArtifactS
             unit = [msg]
             for c in calls:
                 r = by_id.get(c["id"])
-                unit.append({"role": "tool", "tool_call_id": c["id"],
-                             "content": result_text(r, store, lim) if r else "(no result recorded)"})
-            texts = []
+                unit.append({"role": "tool", "tool_call_id": c["id"], "content": ANSWER_MOVED if answers_in_user
+                             else result_text(r, store, lim) if r else "(no result recorded)"})
+            texts = [_answer_text(c, n, by_id, store, lim) for n, c in enumerate(calls, 1)] if answers_in_user else []
         implicit = [r for r in answers if r.implicit]
         texts += [result_text(r, store, lim) for r in implicit] + ([t["feedback"]] if t.get("feedback") else [])
         if texts:
             unit.append({"role": "user", "content": "\n\n".join(texts)})
         units.append(unit)
     return units
+
+
+def _answer_text(call: dict, n: int, by_id: dict, store: ArtifactStore, limit: int) -> str:
+    """One call's answer as a user message shows it."""
+    r = by_id.get(call["id"])
+    return f"## Result of {call['name']} (call {n})\n" + (result_text(r, store, limit) if r else "(no result recorded)")

@@ -206,14 +206,15 @@ def system_prompt(mode: str, compact: bool = False) -> str:
 
 
 def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "native",
-                   budget: int | None = None, compact: bool = False) -> list[dict]:
+                   budget: int | None = None, compact: bool = False, answers_in_user: bool = False) -> list[dict]:
     """The turn's prompt, within `budget` estimated tokens (default: req.context_tokens, less the tool
     schemas in native mode): system, the objective, the starting kernel and the notebook (the same from
     turn to turn), the last turns, then the run's state. To fit, it sheds the template once there is a
     best (keeping the two latest turns), old turns, the non-best kernels, the notebook's middle, long tool
     answers, the latest turn's kernels in full (named and diffed instead), then the best kernel's lines
     that the starting kernel has too. The objective, the best (else the template) and the latest turn
-    with its answers always stay. `compact`: the compact system prompt (compact_prompt)."""
+    with its answers always stay. `compact`: the compact system prompt (compact_prompt); `answers_in_user`:
+    the tools' answers repeated in a user message (history_units)."""
     notebook = ""
     if req.notebook_key:
         try:
@@ -269,7 +270,8 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
             state.append("# Operator hints in force\n" + "\n".join(f"- {h}" for h in past_hints))
         msgs = [{"role": "system", "content": system_prompt(mode, compact)},
                 {"role": "user", "content": "\n\n".join(stable)}]
-        units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base, latest_full)
+        units = history_units(turns, req.tool_results, store, tool_limit, mode, last_limit, base, latest_full,
+                              answers_in_user)
         for u in units[len(units) - n_turns:] if n_turns else []:
             msgs += u
         if (not turns or not n_turns) and req.tool_results:  # answers whose turn is not shown: as text
@@ -310,7 +312,8 @@ def fit_prompt(req: LlmTurnRequest, store: ArtifactStore, s: Profile, shrink: in
                tools: list[dict] = TOOLS) -> list[dict]:
     """The turn's prompt within its budget. Raises ContextTooSmall (with the tokens it needs) when even
     the smallest prompt, which keeps only what always stays, does not fit the endpoint's known context."""
-    msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode, tools), compact_prompt(s))
+    msgs = build_messages(req, store, mode, prompt_budget(req, s, shrink, mode, tools), compact_prompt(s),
+                          s.tool_answers == "user")
     room = endpoint_room(s, shrink, mode, tools)
     if room is not None and estimate_tokens(msgs) > room:
         raise ContextTooSmall(estimate_tokens(msgs) + (estimate_tokens(tools) if mode != "text" else 0))

@@ -106,6 +106,7 @@ class Kind:
     # tools dropped without a word: "always" (a chat format without function calling), "without-choice"
     # (llama-cpp-python's chatml-function-calling: kept only with tool_choice auto or a named function)
     drops_tools: str | None = None
+    drops_answers: bool = False  # a tool message rendered without its content (chatml-function-calling)
     required: Reply | None = None  # set: tool_choice "required" gets this
 
 
@@ -132,8 +133,9 @@ KINDS = {
                   no_system=error(400, "System role not supported")),
     "small-context": Kind(context=6000, context_error="vllm"),
     # llama-cpp-python 0.3.36's server, --chat_format chatml-function-calling: no tool_choice (or "none")
-    # renders the prompt without the tools; "required" fails its assertion, an empty 500
-    "llama-cpp-python": Kind(drops_tools="without-choice", required=Reply(500, {"error": {
+    # renders the prompt without the tools; "required" fails its assertion, an empty 500; a tool message
+    # comes out as its role alone
+    "llama-cpp-python": Kind(drops_tools="without-choice", drops_answers=True, required=Reply(500, {"error": {
         "message": "", "type": "internal_server_error", "param": None, "code": None}})),
     # the same server with a chat format that has no function calling (the GGUF's own template)
     "llama-cpp-python-own-template": Kind(drops_tools="always"),
@@ -161,6 +163,9 @@ class Endpoint:
         """The request as the model gets it: without its tools where this kind drops them."""
         drop = self.rules.drops_tools
         choice = body.get("tool_choice")
+        if self.rules.drops_answers:
+            body = {**body, "messages": [{**m, "content": ""} if m.get("role") == "tool" else m
+                                         for m in body.get("messages", [])]}
         if drop == "always" or (drop == "without-choice" and (choice is None or choice == "none")):
             return {k: v for k, v in body.items() if k not in ("tools", "tool_choice")}
         return body

@@ -12,7 +12,7 @@ from activities.ledger import read_ledger
 from activities.llm.chat import chat
 from activities.llm.check import llm_check
 from activities.llm.endpoint import endpoint
-from activities.llm.probe import schemas_counted
+from activities.llm.probe import counted
 from activities.llm.tools import TEXT_PROTOCOL, TOOLS
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import prompt_tokens
@@ -44,8 +44,8 @@ def text_mode(body) -> bool:
 def test_the_probe_threshold_on_the_real_servers_figures():
     # llama-cpp-python 0.3.36 + SmolLM2, one 60-token schema: 58 prompt tokens without tool_choice (the
     # schema dropped) as without tools; 292 with tool_choice auto
-    assert not schemas_counted(58, 58, 60) and schemas_counted(292, 58, 60)
-    assert not schemas_counted(70, 58, 60)  # a template's few tokens of its own are not schemas
+    assert not counted(58, 58, 60) and counted(292, 58, 60)
+    assert not counted(70, 58, 60)  # a template's few tokens of its own are not schemas
 
 
 def test_tool_choice_keeps_the_tools_that_llama_cpp_python_drops_without_it(store, llm_env):
@@ -144,8 +144,12 @@ def test_llm_check_on_llama_cpp_python_with_function_calling(llm_env):
     assert ok, text
     # one tool that must be called: named, the form of "required" that llama-cpp-python takes
     assert seen.body["tool_choice"] == {"type": "function", "function": {"name": "read_notebook"}}
-    assert "tool calls: native (read_notebook)" in text and "adapted:" not in text and "cause:" not in text
+    assert "tool calls: native (read_notebook)" in text and "cause:" not in text
     assert "tool schemas: they reach the model (" in text  # the probe, not the named call, says so
+    # its chat format renders a tool message without the answer: found, and the setting named
+    assert [x for x in lines if x.startswith("adapted:")] == [
+        next(x for x in lines if x.startswith("adapted: the endpoint drops the tools' answers"))]
+    assert "MARATHON_LLM_TOOL_ANSWERS=user" in text
 
 
 def test_arguments_with_raw_newlines_in_a_string_are_read(store, llm_env):
@@ -179,3 +183,39 @@ async def test_a_run_on_a_server_that_drops_tools_records_its_submissions(env, s
     assert [r.iteration for r in read_ledger(store, res.ledger_key)] == [1, 2]
     assert len(probes) == 2 and res.used.turns == 3  # the first turn saw no tools; two in text mode submitted
     assert res.used.tokens_in == server.usage_total()[0]  # the probe's tokens counted too
+
+
+ANSWERED = [{"role": "user", "content": "act"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "read_baseline", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "the baseline takes 1.25 ms"}]
+
+
+def test_dropped_tool_answers_are_found_and_repeated_in_a_user_message_said_once(llm_env):
+    with ChatServer(Endpoint("llama-cpp-python", small_model(("read_baseline", {}), "-"))) as server:
+        llm_env(server)
+        first = chat(ANSWERED, endpoint(), TOOLS)
+        again = chat(ANSWERED, endpoint(), TOOLS, adapted=first.adapted)
+        probes = server.probes()
+    assert first.adapted == {"tool_answers": "user"} and len(probes) == 2
+    assert first.learned[0].startswith("the endpoint drops the tools' answers from the prompt without a word (")
+    assert again.learned == [] and len(probes) == 2  # probed once; the run keeps what it learned
+    with ChatServer(Endpoint("vllm", small_model(("read_baseline", {}), "-"))) as server:
+        llm_env(server)
+        kept = chat(ANSWERED, endpoint(), TOOLS)
+        assert kept.adapted == {} and len(server.probes()) == 2  # a server that shows the answers: no change
+
+
+def test_repeated_answers_reach_the_model_in_a_user_message(store):
+    from activities.llm.history import ANSWER_MOVED, history_units
+    from workflows.contracts import ToolResult
+
+    turns = [{"assistant": {"content": "", "tool_calls": [{"id": "c1", "name": "read_baseline", "arguments": "{}"}]},
+              "calls": [], "results": []}]
+    pending = [ToolResult(call_id="c1", name="read_baseline", content="the baseline takes 1.25 ms")]
+    (plain,) = history_units(turns, pending, store, 4000)
+    (moved,) = history_units(turns, pending, store, 4000, answers_in_user=True)
+    assert [m["role"] for m in plain] == ["assistant", "tool"] and "1.25 ms" in plain[1]["content"]
+    assert [m["role"] for m in moved] == ["assistant", "tool", "user"]  # every call still answered by a tool message
+    assert moved[1]["content"] == ANSWER_MOVED
+    assert moved[2]["content"] == "## Result of read_baseline (call 1)\nthe baseline takes 1.25 ms"

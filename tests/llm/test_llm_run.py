@@ -82,7 +82,8 @@ async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store,
     assert res.used.turns == len(turns) == 1 + 2 * len(LADDER)
     tin, tout = server.usage_total()
     assert (res.used.tokens_in, res.used.tokens_out) == (tin, tout)
-    t_in, t_out = server.usage_total(turns)
+    assert len(server.probes()) == 2  # whether the tools' answers reach the model: once, and they do
+    t_in, t_out = server.usage_total(turns + server.probes())
     assert abs(res.used.cost_usd - (t_in * 1.0 + t_out * 4.0) / 1e6) < 1e-9
     assert st.used == res.used
     details = meta.current_details if hasattr(meta, "current_details") else meta["currentDetails"]
