@@ -104,13 +104,13 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, 
 
 
 async def test_worker_kill_and_server_restart_lose_nothing(tmp_path, store):
-    await _scenario(tmp_path, store, real=False, iterations=30, delay=0.5)
+    await _scenario(tmp_path, store, real=False, iterations=15, delay=0.5)
 
 
 @pytest.mark.slow
 async def test_done_when_scenario_with_the_real_harness(tmp_path, store):
-    """The same scenario through the real harness: 4 softmax iterations (one compaction) under the Triton
-    interpreter on CPU, worker SIGKILLed in the first and dev server restarted in the second."""
-    res, recs = await _scenario(tmp_path, store, real=True, iterations=4, delay=0, compact_every=3)
+    """The same scenario through the real harness: 3 softmax iterations (a compaction at the end) under the
+    Triton interpreter on CPU, worker SIGKILLed in the second and dev server restarted in the third."""
+    res, recs = await _scenario(tmp_path, store, real=True, iterations=3, delay=0, compact_every=3)
     assert res.best is not None and res.best.interpreter
     assert any(r.outcome in ("passed", "improved") for r in recs)
