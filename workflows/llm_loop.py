@@ -45,6 +45,15 @@ _ANSWER_CHARS = 2500
 PROFILE_BESTS_PATCH = "profile-new-bests-only"
 # repeated failing calls answered without running them, narrowed turns, stalled turns ending the run
 PROGRESS_PATCH = "llm-progress"
+# both patches above decided in the run's first activation, before any local activity: a patch marker
+# recorded after a local activity's can be met on replay before the code that makes it has run
+AT_START_PATCH = "llm-patches-at-start"
+
+
+def patch_on(wf: "Loop", name: str) -> bool:
+    """Whether the llm policy's patch `name` is on: at once where the run decided its patches at its start
+    (AT_START_PATCH), else by its own marker where the code meets it (histories recorded before)."""
+    return wf.llm_patches_at_start or workflow.patched(name)
 
 
 class Loop(Protocol):
@@ -55,6 +64,7 @@ class Loop(Protocol):
     records: list[IterationRecord]  # this run's
     stop: StopRequest | None
     llm_stopped_by: str | None
+    llm_patches_at_start: bool  # AT_START_PATCH, decided in the run's first activation
 
     def set_phase(self, phase: Phase) -> None: ...
 
@@ -99,7 +109,7 @@ async def llm_step(wf: Loop) -> bool:
     pending = list(wf.st.pending_tool_results)
     progress = wf.st.llm_progress
     turn = wf.st.used.turns + 1
-    guarded = workflow.patched(PROGRESS_PATCH)
+    guarded = patch_on(wf, PROGRESS_PATCH)
     submit_only = llm_progress.narrow_reason(progress, wf.st.turns_since_submission, wf.spec.turns_per_iteration) \
         if guarded else ""
     req = LlmTurnRequest(
@@ -234,7 +244,7 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
     profile = ""
-    if workflow.patched(PROFILE_BESTS_PATCH):
+    if patch_on(wf, PROFILE_BESTS_PATCH):
         with_profile = decisions.profile_with_verdict(rec.outcome, rec.interpreter)
     else:  # histories recorded before: every timed submission's answer brought one
         with_profile = rec.outcome != "rejected" and not rec.interpreter

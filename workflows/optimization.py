@@ -28,7 +28,7 @@ with workflow.unsafe.imports_passed_through():
         StopRequest, VerifyReport, explain,
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
-    from workflows.llm_loop import llm_step
+    from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
     from workflows.text import evaluation_summary, result_summary, run_details, run_summary
 
 PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
@@ -66,12 +66,15 @@ class KernelOptimization:
         self.st.evaluations = []
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
+        self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
     async def run(self, spec: Any) -> RunResult:
         if self.invalid:
             raise ApplicationError(self.invalid, type="InvalidRunSpec", non_retryable=True)
+        if self.spec.policy == "llm":  # decided before the first local activity, as the summary's patch below
+            self.llm_patches_at_start = workflow.patched(LLM_AT_START_PATCH)
         if self.first_run:
             # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo: set
             # whatever the start's memo holds (a replay may see the memo as it is now), and before the first local

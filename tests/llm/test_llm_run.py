@@ -165,6 +165,15 @@ async def test_worker_restart_mid_run_loses_nothing(env, store, llm_env):
             res = await h.result()
         turns = server.turns()
     assert res.stopped_by == "budget-iterations" and res.runs == 2
+    # the llm patches are decided in the run's first task, before any local activity (replays under load
+    # once met a patch marker recorded after a local activity's before the code that makes it)
+    markers = [(e.marker_recorded_event_attributes.marker_name,
+                b"".join(p.data for ps in e.marker_recorded_event_attributes.details.values() for p in ps.payloads))
+               async for e in env.client.get_workflow_handle(h.id).fetch_history_events()
+               if e.HasField("marker_recorded_event_attributes")]
+    at_start = next(i for i, (_, d) in enumerate(markers) if b"llm-patches-at-start" in d)
+    assert all(name != "core_local_activity" for name, _ in markers[:at_start])
+    assert not any(b"llm-progress" in d for _, d in markers)  # the per-turn patch is never recorded now
     assert_contiguous(store, res, 5)
     recs = read_ledger(store, res.ledger_key)
     assert len({r.candidate_id for r in recs}) == 5
