@@ -348,9 +348,15 @@ class DispatchTurns(_Turns):
 
 class StageTurns:
     """StageGate's decisions (see gpu_worker.device_owner): stages counted; one retried alone (after running
-    out of memory beside others) enters once no other stage runs, and none enters while it runs or waits."""
+    out of memory beside others) enters once no other stage runs, and none enters while it runs or waits.
 
-    def __init__(self) -> None:
+    `beside` > 0 (a proposal, for the schedule's simulator; StageGate keeps 0): the retried stage waits for
+    memory, not for an empty device: it enters once at most `beside` other stages run (the memory they hold
+    and the idle children shed, it has what it lacked), none entering while it waits; while it runs, others
+    enter while at most `beside` run beside it."""
+
+    def __init__(self, beside: int = 0) -> None:
+        self.beside = max(0, beside)
         self.stages = 0  # stages running
         self.alone_on = False  # a stage retried alone is running
         self.alone_waiting = 0
@@ -362,7 +368,9 @@ class StageTurns:
         self.alone_waiting -= alone
 
     def may_enter(self, alone: bool) -> bool:
-        return not self.alone_on and (self.stages == 0 if alone else not self.alone_waiting)
+        if alone:
+            return not self.alone_on and self.stages <= self.beside
+        return not self.alone_waiting and (not self.alone_on or self.stages - 1 < self.beside)
 
     def enter(self, alone: bool) -> None:
         self.stages += 1

@@ -3,15 +3,20 @@ policy's own decisions (gpu_worker.device_turns: OwnerTurns or DispatchTurns, th
 drive) on a simulated device, in simulated time: no threads, no sleeps, the same figures for the same seed.
 
 What is modelled: `candidates` in flight, each going compile -> verify -> benchmark and then replaced by the
-next; each stage through the stage gate (StageTurns), retried alone with chance `retry_alone` (it ran out of
-memory); host work (outside any turn) on `cores` cores, first come first served; each stage's untimed jobs
-and timing blocks asked for one at a time and started as the policy decides; the reference child's lock as
-the harness takes it (a job: the lock first, given back while its turn waits; a block: once on the device).
+next; each stage's steps before the stage gate (loading a child), then the gate (StageTurns: with `beside`
+> 0 the proposed retry that waits for memory, not for an empty device), then its steps inside; a stage's
+attempt running out of memory with chance `retry_alone`, at peaks of `retry_burst` stages (the one drawn and
+the next ones to end an attempt: they ran beside it at the peak), each retried alone; host work (outside
+any turn) on `cores` cores, first come first served; each stage's untimed jobs and timing blocks asked for
+one at a time and started as the policy decides; the reference child's lock as the harness takes it (a job:
+the lock first, given back while its turn waits; a block: once on the device).
 Left out: the Temporal round trips between stages, how jobs beside each other slow each other (each holds
-its turn for its own length), memory beyond the jobs' declarations, and the agent that proposes candidates
-(one is always ready).
+its turn for its own length), memory beyond the jobs' declarations (when a stage runs out of it is drawn),
+a retried stage's fresh children (a retry repeats its attempt's steps), and the agent that proposes
+candidates (one is always ready).
 
-Costs (gpu_worker.schedule_costs): the H200 KDA run's, or a GPU worker's phase log's.
+Costs (gpu_worker.schedule_costs): the H200 KDA run's laid out as the harness asks now (or as it did then),
+or a GPU worker's phase log's.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from gpu_worker.device_turns import StageTurns, UntimedJob
-from gpu_worker.schedule_costs import RETRY_ALONE, STAGES, CostTable, h200_table
+from gpu_worker.schedule_costs import RETRY_ALONE, RETRY_BURST, STAGES, CostTable, h200_table
 
 
 @dataclass
@@ -67,10 +72,11 @@ class Simulation:
     their costs from `table`, host work on `cores` cores. `run(seconds, warmup_s)` -> Report."""
 
     def __init__(self, turns, table: CostTable, candidates: int = 24, cores: int = 14, seed: int = 0,
-                 retry_alone: float = 0.0):
+                 retry_alone: float = 0.0, retry_burst: int = 1, beside: int = 0):
         self.turns, self.table, self.cores = turns, table, max(1, cores)
-        self.retry_alone = retry_alone
-        self.stage_turns = StageTurns()
+        self.retry_alone, self.retry_burst = retry_alone, max(1, retry_burst)
+        self._oom_left = 0  # stages beside a memory peak still to end their attempt: they ran out too
+        self.stage_turns = StageTurns(beside)
         self._gate_waiting: list = []  # stages waiting at the gate: (candidate, stage, alone, asked at)
         self.rng = random.Random(seed)
         self.now = 0.0
@@ -105,11 +111,13 @@ class Simulation:
                 t0, cost, alone = self.now, self.table.draw(stage, self.rng), False
                 self._acc[i] = defaultdict(float)
                 while True:
+                    for what, seconds in cost.before:
+                        yield stage, what, seconds, cost.mem_gb
                     yield stage, "gate", alone, 0.0
                     for what, seconds in cost.steps():
                         yield stage, what, seconds, cost.mem_gb
                     yield stage, "leave", alone, 0.0
-                    if alone or self.rng.random() >= self.retry_alone:
+                    if alone or not self._ran_out():
                         break
                     alone = True  # it ran out of memory beside others: again, alone
                     self._note(i, "stage-alone", 1)
@@ -120,6 +128,17 @@ class Simulation:
                     self._stage_counts[stage] += 1
                 if stage == "benchmark":
                     self._done.append((self.now, i))
+
+    def _ran_out(self) -> bool:
+        """Whether an attempt that just ended ran out of memory: one beside a peak drawn earlier, or a new
+        peak (chance retry_alone / retry_burst), which the next retry_burst - 1 attempts to end share."""
+        if self._oom_left:
+            self._oom_left -= 1
+            return True
+        if self.rng.random() < self.retry_alone / self.retry_burst:
+            self._oom_left = self.retry_burst - 1
+            return True
+        return False
 
     def _note(self, i: int, what: str, seconds: float) -> None:
         """Seconds of `what` in candidate `i`'s present stage."""
@@ -328,8 +347,9 @@ class Simulation:
 
 
 def simulate(turns, table: CostTable | None = None, candidates: int = 24, cores: int = 14, hours: float = 1.0,
-             warmup_s: float = 300.0, seed: int = 0, retry_alone: float = RETRY_ALONE) -> Report:
+             warmup_s: float = 300.0, seed: int = 0, retry_alone: float = RETRY_ALONE,
+             retry_burst: int = RETRY_BURST, beside: int = 0) -> Report:
     """One simulated run of `turns` (a fresh OwnerTurns or DispatchTurns) under `table` (the H200 KDA costs
-    by default)."""
-    sim = Simulation(turns, table or h200_table(), candidates, cores, seed, retry_alone)
+    as the harness asks for them now, by default); `beside`: the stage gate's (StageTurns)."""
+    sim = Simulation(turns, table or h200_table(), candidates, cores, seed, retry_alone, retry_burst, beside)
     return sim.run(hours * 3600, warmup_s)

@@ -1,11 +1,13 @@
 """The device's policies and their knobs compared on the simulated schedule (gpu_worker.schedule_sim): the
-policies' own decisions, simulated time, the H200 KDA run's per-stage costs (or a phase log's), a table of
-evaluations an hour, device busy share (any turn held), timing share, time shut to new jobs, blocks per drain,
-host cores busy and the waits per evaluation; then each stage's time and waits. Every list-valued knob is swept; each row is the mean of
---seeds runs (seeds 0, 1, ...), with the lowest and highest rate beside it.
+policies' own decisions, simulated time, the H200 KDA run's per-stage costs laid out as the harness asks for
+them now (--engine recorded: as it did when the run was recorded), or a phase log's; a table of evaluations
+an hour, device busy share (any turn held), timing share, time shut to new jobs, blocks per drain, host cores
+busy and the waits per evaluation; then each stage's time and waits. Every list-valued knob is swept; each
+row is the mean of --seeds runs (seeds 0, 1, ...), with the lowest and highest rate beside it.
 
     python scripts/schedule_sim.py --policy owner dispatcher --candidates 24 --jobs 4 8 --batch 2 4 \\
         --window-s 4 --hours 1
+    python scripts/schedule_sim.py --beside 0 8 16        # the retried stage waits for memory, not an empty device
     python scripts/schedule_sim.py --log gpu0.log --run kda --after 240     # costs from a phase log
 """
 
@@ -20,24 +22,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_worker.device_turns import DispatchTurns, OwnerTurns  # noqa: E402
-from gpu_worker.schedule_costs import RETRY_ALONE, SPREAD, h200_table, table_from_activities  # noqa: E402
+from gpu_worker.schedule_costs import (ENGINES, RETRY_ALONE, RETRY_BURST, SPREAD, h200_table,  # noqa: E402
+                                        table_from_activities)
 from gpu_worker.schedule_sim import simulate  # noqa: E402
 
-COLUMNS = ["policy", "cand", "jobs", "batch", "window_s", "max_wait_s", "evals_per_h", "range", "busy", "timing",
-           "shut", "blocks_per_drain", "host", "job_wait_s", "block_wait_s", "stage_wait_s", "bad"]
+COLUMNS = ["policy", "cand", "jobs", "batch", "window_s", "max_wait_s", "beside", "evals_per_h", "range", "busy",
+           "timing", "shut", "blocks_per_drain", "host", "job_wait_s", "block_wait_s", "stage_wait_s", "bad"]
 
 
 def settings(a) -> list[dict]:
     """Every combination of the knobs, once per policy (the owner has no batch or max wait)."""
     out, seen = [], set()
-    for policy, cand, jobs, batch, window, wait in itertools.product(a.policy, a.candidates, a.jobs, a.batch,
-                                                                     a.window_s, a.max_wait_s):
+    for policy, cand, jobs, batch, window, wait, beside in itertools.product(
+            a.policy, a.candidates, a.jobs, a.batch, a.window_s, a.max_wait_s, a.beside):
         if policy == "owner":
             batch = wait = None
-        key = (policy, cand, jobs, batch, window, wait)
+        key = (policy, cand, jobs, batch, window, wait, beside)
         if key not in seen:
             seen.add(key)
-            out.append(dict(zip(("policy", "cand", "jobs", "batch", "window_s", "max_wait_s"), key)))
+            out.append(dict(zip(COLUMNS[:7], key)))
     return out
 
 
@@ -49,7 +52,8 @@ def turns_for(s: dict, mem_gb: float | None):
 
 def row(s: dict, a, table) -> dict:
     reports = [simulate(turns_for(s, a.mem_gb), table, s["cand"], a.cores, a.hours, a.warmup_s, seed,
-                        retry_alone=a.retry_alone) for seed in range(a.seeds)]
+                        retry_alone=a.retry_alone, retry_burst=a.retry_burst, beside=s["beside"])
+               for seed in range(a.seeds)]
 
     def mean(f) -> float:
         return sum(f(r) for r in reports) / len(reports)
@@ -77,7 +81,7 @@ def table_text(rows: list[dict]) -> str:
     lines.append("per stage, seconds per activity (stage: its whole time; waits for a job, a block, the stage gate, "
                  "the reference child's lock, a core):")
     for r in rows:
-        knobs = " ".join(f"{c}={r[c]}" for c in COLUMNS[:6] if r[c] is not None)
+        knobs = " ".join(f"{c}={r[c]}" for c in COLUMNS[:7] if r[c] is not None)
         parts = [f"{st} {w.get('stage', 0):.1f} ({w.get('gpu-job-wait', 0):.1f} / {w.get('gpu-wait', 0):.1f} / "
                  f"{w.get('stage-wait', 0):.1f} / {w.get('ref-wait', 0):.1f} / {w.get('host-wait', 0):.1f})"
                  for st, w in r["stages"].items()]
@@ -87,11 +91,11 @@ def table_text(rows: list[dict]) -> str:
 
 def load_table(a):
     if not a.log:
-        return h200_table(a.spread).scaled(a.job_scale)
+        return h200_table(a.spread, a.engine).scaled(a.job_scale)
     from scripts.phase_summary import activities
 
     rows = activities(a.log, a.run, a.after)
-    return table_from_activities(rows, 0.0 if a.spread is None else a.spread).scaled(a.job_scale)
+    return table_from_activities(rows, 0.0 if a.spread is None else a.spread, a.engine).scaled(a.job_scale)
 
 
 def main(argv=None) -> int:
@@ -103,6 +107,10 @@ def main(argv=None) -> int:
     ap.add_argument("--window-s", nargs="+", type=float, default=[4.0], help="MARATHON_TIMING_WINDOW_S")
     ap.add_argument("--max-wait-s", nargs="+", type=float, default=[1.0], help="dispatcher: MARATHON_TIMING_MAX_WAIT_S")
     ap.add_argument("--mem-gb", type=float, default=None, help="dispatcher: device memory its jobs may declare")
+    ap.add_argument("--beside", nargs="+", type=int, default=[0], help="stages that may run beside one retried "
+                    "alone (0: the engine's: it waits for an empty device)")
+    ap.add_argument("--engine", choices=ENGINES, default="present", help="the stages' turns as the harness asks "
+                    "for them now, or as it did when the H200 run was recorded")
     ap.add_argument("--hours", type=float, default=1.0, help="simulated hours measured, after the warm-up")
     ap.add_argument("--warmup-s", type=float, default=300.0)
     ap.add_argument("--seeds", type=int, default=3, help="runs per row, seeds 0..N-1")
@@ -110,14 +118,17 @@ def main(argv=None) -> int:
     ap.add_argument("--spread", type=float, default=None, help=f"the turns' and host steps' lognormal width "
                     f"(default {SPREAD} for the H200 table, 0 for a log's)")
     ap.add_argument("--retry-alone", type=float, default=RETRY_ALONE, help="chance a stage is retried alone")
+    ap.add_argument("--retry-burst", type=int, default=RETRY_BURST, help="stages that run out of memory at one peak")
     ap.add_argument("--job-scale", type=float, default=1.0, help="what if every job turn took this times as long")
     ap.add_argument("--log", default="", help="a GPU worker's phase log (JSON lines) to take the costs from")
     ap.add_argument("--run", default="", help="with --log: only the runs whose workflow id starts with this")
     ap.add_argument("--after", type=float, default=0.0, help="with --log: activities started this many s in")
     ap.add_argument("--json", action="store_true", help="the rows as JSON")
     a = ap.parse_args(argv)
-    if a.hours <= 0 or a.seeds < 1 or a.cores < 1 or min(a.candidates + a.jobs + a.batch) < 1:
-        ap.error("--hours must be > 0 and --seeds, --cores, --candidates, --jobs, --batch >= 1")
+    if a.hours <= 0 or a.seeds < 1 or a.cores < 1 or a.retry_burst < 1 or min(a.candidates + a.jobs + a.batch) < 1:
+        ap.error("--hours must be > 0 and --seeds, --cores, --candidates, --jobs, --batch, --retry-burst >= 1")
+    if min(a.beside) < 0 or not 0 <= a.retry_alone <= 1:
+        ap.error("--beside must be >= 0 and --retry-alone between 0 and 1")
     if a.log and not Path(a.log).is_file():
         ap.error(f"--log {a.log}: no such file")
     if a.spread is None and not a.log:

@@ -85,6 +85,29 @@ def test_a_stage_retried_alone_waits_for_the_others_and_keeps_new_ones_out():
     assert g.may_enter(False)
 
 
+def test_a_retry_beside_others_waits_for_room_not_for_an_empty_device():
+    """The proposed policy (`beside`): the retried stage enters with up to `beside` others running, none
+    entering while it waits; while it runs, others enter up to `beside` beside it."""
+    g = StageTurns(beside=2)
+    for _ in range(3):
+        g.enter(False)
+    g.ask(True)
+    assert not g.may_enter(True) and not g.may_enter(False)
+    g.leave(False)
+    assert g.may_enter(True)
+    g.unask(True)
+    g.enter(True)
+    assert not g.may_enter(False)  # two beside it already
+    g.leave(False)
+    assert g.may_enter(False)
+    g.enter(False)
+    g.ask(True)
+    assert not g.may_enter(True)  # one retried stage at a time
+    g.unask(True)
+    g.leave(True)
+    assert g.may_enter(False)
+
+
 def test_stretches_are_told_as_they_end():
     told = []
     s = Stretches(on_busy=told.append)

@@ -1,12 +1,14 @@
-"""The schedule's simulator (gpu_worker.schedule_sim) on the policies' own decisions: the present owner
-policy under the H200 KDA costs predicted at the measured rate (docs/results.md, "Search throughput": 1,050
-an hour past warm-up), the dispatcher's figures and invariants, the mechanics on a load small enough to
-follow by hand, a phase log's costs replayed."""
+"""The schedule's simulator (gpu_worker.schedule_sim) on the policies' own decisions: the owner under the H200
+KDA costs laid out as the harness asked for them when the run was recorded, predicted at the measured rate
+(docs/results.md, "Search throughput": 1,050 an hour past warm-up); the present harness's predicted rate held;
+the dispatcher's figures and invariants; the retry alone in bursts and the proposed retry beside others; the
+mechanics on a load small enough to follow by hand; a phase log's costs, recorded and present."""
 
 from __future__ import annotations
 
 from gpu_worker.device_turns import DispatchTurns, OwnerTurns
-from gpu_worker.schedule_costs import H200_KDA, CostTable, StageCost, h200_table, table_from_activities
+from gpu_worker.schedule_costs import (PRESENT, RECORDED, TURN_S, CostTable, StageCost, as_present, h200_table,
+                                       seconds, table_from_activities, turn_overhead)
 from gpu_worker.schedule_sim import simulate
 
 SEEDS = (0, 1, 2)
@@ -16,39 +18,72 @@ def _mean(reports, key):
     return sum(getattr(r, key) for r in reports) / len(reports)
 
 
-def test_the_owner_is_predicted_near_the_measured_rate():
-    """The present policy (4 job slots, 4 s windows, 24 in flight) under the H200 costs: within 15% of the
-    measured 1,050 an hour; its timing share near the measured 36% and about two blocks a drain (2.0)."""
-    reports = [simulate(OwnerTurns(4, 4.0), seed=s) for s in SEEDS]
+def _stage_wait(r) -> float:
+    return sum(w.get("stage-wait", 0.0) for w in r.waits.values())
+
+
+def test_the_recorded_harness_is_predicted_near_the_measured_rate():
+    """The owner (4 job slots, 4 s windows, 24 in flight) under the costs as the harness asked for them then:
+    within 15% of the measured 1,050 an hour; its timing share near the measured 36%, about two blocks a
+    drain (2.0), new jobs shut out most of the time (78%)."""
+    reports = [simulate(OwnerTurns(4, 4.0), h200_table(engine="recorded"), seed=s) for s in SEEDS]
     rate = _mean(reports, "evaluations_per_hour")
     assert 1050 * 0.85 <= rate <= 1050 * 1.15, rate
     assert 0.30 <= _mean(reports, "timing") <= 0.42
     assert 1.5 <= _mean(reports, "blocks_per_drain") <= 3.0
+    assert 0.6 <= _mean(reports, "shut_to_jobs") <= 0.9
     assert all(not r.bad for r in reports)
 
 
-def test_the_dispatcher_keeps_its_invariants_and_its_predicted_figures():
+def test_the_present_harness_is_predicted_at_its_rate():
+    """The present policy (owner, 4 slots, 4 s windows, 24 in flight) under the costs as the harness asks for
+    them now (verification one job and the comparison; the timed outputs' download in the block): the
+    predicted rate of docs/results.md ("The schedule, simulated"), held within about 10%."""
+    reports = [simulate(OwnerTurns(4, 4.0), seed=s) for s in SEEDS]
+    rate = _mean(reports, "evaluations_per_hour")
+    assert 930 <= rate <= 1140, rate
+    assert 0.34 <= _mean(reports, "timing") <= 0.46
+    assert all(not r.bad for r in reports)
+
+
+def test_the_present_layout_asks_for_fewer_turns_with_the_same_device_seconds():
+    """Verification: the recorded eleven turns become two (the candidate child's one job, the comparison),
+    their seconds less nine turns' overhead; a benchmark's distribution loses its export job to the block."""
+    (rv,), (pv,) = RECORDED["verify"], PRESENT["verify"]
+    assert (rv.jobs, pv.jobs) == (11, 2)
+    held = lambda c: sum(seconds(s) for k, s in c.turns if k != "block")  # noqa: E731
+    assert abs(held(pv) - (held(rv) - 9 * TURN_S)) < 1e-9
+    assert abs(rv.host - pv.host) < 1e-9
+    for rb, pb in zip(RECORDED["benchmark"], PRESENT["benchmark"]):
+        blocks = sum(k == "block" for k, _ in rb.turns)
+        assert pb.jobs == rb.jobs - blocks and abs(rb.host - pb.host) < 0.5
+        device = lambda c: sum(seconds(s) for _, s in c.turns)  # noqa: E731
+        assert abs(device(pb) - (device(rb) - blocks * TURN_S)) < 1e-9
+
+
+def test_the_dispatcher_keeps_its_invariants():
     """8 job slots, batches of 2, 4 GB of declared memory: no job beside a block, never more jobs or memory
     than allowed (`bad` is the simulator's own record of the device), every candidate slot finishing
-    evaluations (none starved), no wait without end; its rate and busy share where they were predicted."""
+    evaluations (none starved), no wait without end."""
     reports = [simulate(DispatchTurns(8, 2, 1.0, 4.0, mem_gb=4.0), seed=s) for s in SEEDS]
     for r in reports:
         assert not r.bad, r.bad[:3]
         assert r.fewest_evaluations >= 15  # ~35 an hour per slot: none starved
-        assert r.longest_job_wait < 60 and r.longest_block_wait < 60
+        assert r.longest_job_wait < 90 and r.longest_block_wait < 90
         assert 0 < r.timing <= r.busy <= 1.0 and r.shut_to_jobs <= 1.0
-    assert 700 <= _mean(reports, "evaluations_per_hour") <= 1000
-    assert 0.75 <= _mean(reports, "busy") <= 0.95
+    assert 700 <= _mean(reports, "evaluations_per_hour") <= 1300
 
 
 def test_a_lone_candidate_waits_for_nothing():
-    """One candidate, no spread, no retries: each stage takes exactly its host work and its turns."""
+    """One candidate, no spread, no retries: each stage takes exactly its host work and its turns, those
+    before the stage gate (a child's load) included."""
     r = simulate(OwnerTurns(4, 4.0), h200_table(0.0), candidates=1, hours=0.5, warmup_s=60, retry_alone=0.0)
-    c, v = H200_KDA["compile"][0], H200_KDA["verify"][0]
-    assert abs(r.waits["compile"]["stage"] - (c.host_s + 0.3)) < 1e-6
-    assert abs(r.waits["verify"]["stage"] - (v.host_s + 2.0 + 11 * v.gap_s)) < 1e-6
+    (c,), (v,) = PRESENT["compile"], PRESENT["verify"]
+    assert abs(r.waits["compile"]["stage"] - (c.host + TURN_S + 0.3)) < 1e-6
+    verify_held = sum(seconds(s) for _, s in v.turns)
+    assert abs(r.waits["verify"]["stage"] - (v.host + verify_held)) < 1e-6
+    assert abs(r.waits["verify"]["gpu-job-held"] - verify_held) < 1e-6
     assert r.waits["verify"].get("gpu-job-wait", 0.0) < 1e-9 and r.waits["benchmark"].get("gpu-wait", 0.0) < 1e-9
-    assert abs(r.waits["verify"]["gpu-job-held"] - 2.0) < 1e-6
 
 
 def test_more_candidates_than_the_device_serves_wait_and_the_same_seed_gives_the_same_figures():
@@ -56,28 +91,73 @@ def test_more_candidates_than_the_device_serves_wait_and_the_same_seed_gives_the
     b = simulate(DispatchTurns(4, 2, 1.0, 4.0), hours=0.2, seed=5)
     c = simulate(DispatchTurns(4, 2, 1.0, 4.0), hours=0.2, seed=6)
     assert a == b and a != c
-    assert a.waits["verify"]["gpu-job-wait"] > 5.0  # 24 in flight: the device is the queue
+    assert a.waits["verify"]["gpu-job-wait"] > 3.0  # 24 in flight: the device is the queue
 
 
-def test_a_phase_log_gives_the_costs():
-    """Activity lines as the GPU worker logs them: host time is what the waits and turns leave; jobs and
-    blocks share their held time; the layout (which job takes the reference child's lock) is the table's."""
-    rows = [{"event": "compile", "seconds": 12.0, "phases": {"gpu-job-wait": 2.0, "gpu-job-held": 0.5,
-                                                              "gpu-jobs": 1, "compile": 8.0}},
+def test_stages_run_out_of_memory_in_bursts_and_a_retry_beside_others_drains_less():
+    """Stages retried alone at the drawn share, a peak's in one burst; the proposed retry that waits for
+    memory (at most 8 stages beside it) waits at the gate less than the engine's (an empty device) and
+    finishes more, the invariants kept."""
+    def run(beside: int, burst: int = 3):
+        return [simulate(OwnerTurns(16, 8.0), retry_alone=0.03, retry_burst=burst, beside=beside, hours=0.5,
+                         seed=s) for s in SEEDS]
+
+    alone, beside = run(0), run(8)
+    for r in alone:
+        retried = sum(w.get("stage-alone", 0.0) for w in r.waits.values()) / 3
+        assert 0.01 <= retried <= 0.06, retried  # per stage: about the 3% drawn
+    assert sum(map(_stage_wait, beside)) < 0.5 * sum(map(_stage_wait, alone))
+    assert _mean(beside, "evaluations_per_hour") > 1.05 * _mean(alone, "evaluations_per_hour")
+    assert all(not r.bad for r in alone + beside)
+    # the same retries one at a time: a drain each, so more waiting at the gate than in bursts of three
+    assert sum(map(_stage_wait, run(0, burst=1))) > sum(map(_stage_wait, alone))
+
+
+def _rows(recorded: bool) -> list[dict]:
+    """Activity lines as the GPU worker logs them, by the recorded harness (outputs exported in jobs of
+    their own, under "export") or the present one."""
+    export = {"export": 0.4} if recorded else {}
+    return [{"event": "compile", "seconds": 12.0, "phases": {"gpu-job-wait": 2.0, "gpu-job-held": 0.5,
+                                                              "gpu-jobs": 2, "compile": 8.0}},
             {"event": "verify", "seconds": 20.0, "phases": {"gpu-job-wait": 15.0, "gpu-job-held": 2.2,
-                                                             "stage-wait": 0.8}},
+                                                             "stage-wait": 0.8, "run-cases": 0.5,
+                                                             "run-cases.call": 0.3, "run-cases.export": 0.12,
+                                                             **export}},
             {"event": "benchmark", "seconds": 30.0, "phases": {"gpu-job-wait": 18.0, "gpu-job-held": 1.1,
-                                                                "gpu-jobs": 11, "gpu-wait": 3.0, "gpu-held": 1.9,
-                                                                "gpu-blocks": 2}},
+                                                                "gpu-jobs": 11 if recorded else 9, "gpu-wait": 3.0,
+                                                                "gpu-held": 1.9, "gpu-blocks": 2, **export}},
             {"event": "record", "seconds": 1.0}]
-    t = table_from_activities(rows)
+
+
+def test_a_phase_log_gives_the_costs_as_the_present_harness_asks_for_them():
+    """Host time is what the waits and turns leave; jobs share their held time in the table's proportions,
+    blocks their timed time. A recorded activity is laid out as the present harness asks: verification's
+    jobs of the candidate's child in one (less the merged turns' overhead, which the log's run-cases shows:
+    (0.5 - 0.42) / 8 requests), each export job folded into its block; a present one is taken as it is."""
+    rec = _rows(True)
+    assert abs(turn_overhead(rec) - 0.01) < 1e-9 and abs(turn_overhead(_rows(False)) - 0.08) < 1e-9
+    t = table_from_activities(rec)
     (c,), (v,), (b,) = t.samples["compile"], t.samples["verify"], t.samples["benchmark"]
-    assert c.turns == (("job", 0.5),) and abs(c.host_s - 9.5) < 1e-9
-    assert v.jobs == 11 and abs(sum(s for _, s in v.turns) - 2.2) < 1e-9 and v.turns[-1][0] == "ref"
-    assert abs(v.host_s + 11 * v.gap_s - 2.0) < 1e-9  # 20 - 15 - 2.2 - 0.8
-    assert b.jobs == 11 and [s for k, s in b.turns if k == "block"] == [0.95, 0.95]
+    assert c.before[0][0] == "job" and c.turns[0][0] == "job" and abs(c.before[0][1] + c.turns[0][1] - 0.5) < 1e-9
+    assert abs(c.host - 9.5) < 1e-9
+    assert [k for k, _ in v.turns] == ["job", "ref"] and abs(seconds(v.turns[0][1]) + v.turns[1][1]
+                                                             - (2.2 - 9 * 0.01)) < 1e-9
+    assert abs(v.host - 2.0) < 1e-9  # 20 - 15 - 2.2 - 0.8
+    blocks = [s for k, s in b.turns if k == "block"]
+    assert b.jobs == 9 and len(blocks) == 2 and all(x > 0.95 for x in blocks)
+    assert abs(sum(s for _, s in b.turns) - (1.1 + 1.9 - 2 * 0.01)) < 1e-9
+    old = table_from_activities(rec, engine="recorded")
+    assert old.samples["verify"][0].jobs == 11 and old.samples["benchmark"][0].jobs == 11
+    now = table_from_activities(_rows(False))
+    assert now.samples["verify"][0].jobs == 2 and now.samples["benchmark"][0].jobs == 9
+    assert [s for k, s in now.samples["benchmark"][0].turns if k == "block"] == [0.95, 0.95]
     r = simulate(OwnerTurns(4, 4.0), t, candidates=4, hours=0.2, warmup_s=60)
     assert r.evaluations_per_hour > 0 and not r.bad
+
+
+def test_as_present_leaves_a_compile_as_it_is():
+    turns = (("job", 0.3),)
+    assert as_present("compile", turns, 0.01) == turns
 
 
 def test_a_table_must_cost_every_stage():

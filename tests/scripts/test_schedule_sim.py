@@ -17,8 +17,10 @@ def test_both_policies_and_a_swept_knob_in_one_table(capsys):
                                                         ("dispatcher", 8)]
     for r in rows:
         assert r["evals_per_h"] > 0 and 0 < r["timing"] <= r["busy"] <= 1.0 and r["bad"] == 0
-    assert main(["--hours", "0.05", "--seeds", "1", "--policy", "owner"]) == 0
+    assert main(["--hours", "0.05", "--seeds", "1", "--policy", "owner", "--beside", "0", "8", "--engine",
+                 "recorded"]) == 0
     text = capsys.readouterr().out.splitlines()
+    assert [line.split()[6] for line in text[1:3]] == ["0", "8"]  # the beside column, swept
     assert text[0].split()[:3] == ["policy", "cand", "jobs"] and text[1].split()[0] == "owner"
 
 
@@ -38,7 +40,8 @@ def test_costs_from_a_phase_log(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [["--log", "/nonexistent/gpu0.log"], ["--hours", "0"], ["--jobs", "0"],
-                                  ["--policy", "fifo"]])
+                                  ["--policy", "fifo"], ["--beside", "-1"], ["--retry-burst", "0"],
+                                  ["--engine", "then"]])
 def test_bad_input_is_refused_with_exit_2(argv, capsys):
     from scripts.schedule_sim import main
 
