@@ -73,7 +73,7 @@ class StageCost:
 # benchmark 33.7 = 20.8 + 3.6 waiting + 1.3 holding ~7.5 jobs + 1.23 timing (36% of 617 s over 181 benchmarks;
 #   236 blocks, 1.3 a benchmark: 30% time a second distribution) + 2.8 compiling children before the first
 #   job + 4.0 host spread after the jobs. Per distribution: the candidate's and the best's timing sets, the
-#   reference child's, the block, then (then) the timed outputs' export and their comparison in the
+#   reference child's, the block, then the timed outputs' export (a job then) and their comparison in the
 #   reference child.
 # What varies: SPREAD, the one figure fitted (so that the owner's predicted rate under RECORDED meets the
 # measured 1,050 an hour: tests/gpu_worker/test_schedule_sim.py); RETRY_ALONE, the run's 3 stages retried
@@ -111,7 +111,6 @@ PRESENT = {
                          1.6 / 2, mem_gb=1.9)],
     "benchmark": _benchmarks(_DIST),
 }
-H200_KDA = PRESENT
 SPREAD = 1.5
 RETRY_ALONE = 3 / 543
 RETRY_BURST = 3
