@@ -226,7 +226,7 @@ class StageGate:
     @contextlib.contextmanager
     def alone(self, on_start: Callable[[], None] | None = None):
         """The calling thread's stages run alone (see stage): for the retry of a stage that ran out of
-        device memory beside others (Evaluator._retried_alone). `on_start`: called once no other stage
+        device memory beside others (CandidateChildren.retried_alone). `on_start`: called once no other stage
         runs, before the stage itself (the worker frees its idle children's memory there)."""
         before = getattr(self._local, "alone", False), getattr(self._local, "on_alone", None)
         self._local.alone, self._local.on_alone = True, on_start

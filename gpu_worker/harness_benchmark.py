@@ -8,11 +8,17 @@ import os
 import time
 
 from gpu_worker import protocol as msg
+from gpu_worker.harness_best_checks import BestOnlyChecks
+from gpu_worker.harness_children import CandidateChildren, DeviceTurns
+from gpu_worker.harness_compile import CompileStage
+from gpu_worker.harness_context import StageContext
+from gpu_worker.harness_ncu_proof import NcuProofCheck
+from gpu_worker.harness_references import ReferenceChildren
+from gpu_worker.harness_timed_outputs import TimedOutputChecks, _check_entries
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
-from gpu_worker.harness_timed_outputs import _check_entries
 from gpu_worker.sandbox import Rejection, SandboxFailure
 from gpu_worker.timing import (another_block, choose_mode, decide, decisive_dist, distribution_figures, median,
                                shown_slower)
@@ -20,78 +26,78 @@ from workflows.contracts import BenchReport, BenchRequest, DeviceFacts, Distribu
 
 
 class BenchmarkStage:
-    """The Evaluator's benchmark stage (see the module's docstring)."""
+    """The Evaluator's benchmark stage (see the module's docstring). What a would-be best gets besides
+    goes through `best` (the profiler cross-check) and `proof` (the ncu proof); what timed calls returned
+    is checked by `timed_outputs`."""
 
-    def ensure_ceilings(self, problem, shape, hb) -> msg.Ceilings | None:
-        if not self.cuda:
-            return None
-        if self.ceilings is None:
-            with self._ceilings_lock:
-                if self.ceilings is None:
-                    self.ceilings = self._ref_call(problem, shape, hb, msg.MeasureCeilings(), 300, timing=True)
-        return self.ceilings
+    def __init__(self, ctx: StageContext, turns: DeviceTurns, children: CandidateChildren,
+                 refs: ReferenceChildren, compiler: CompileStage, timed_outputs: TimedOutputChecks,
+                 best: BestOnlyChecks, proof: NcuProofCheck):
+        self.ctx, self.turns, self.children, self.refs = ctx, turns, children, refs
+        self.compiler, self.timed_outputs, self.best, self.proof = compiler, timed_outputs, best, proof
 
     def benchmark(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
-        return self._retried_alone(lambda: self._benchmark_once(req, hb))
+        return self.children.retried_alone(lambda: self._benchmark_once(req, hb))
 
     def _benchmark_once(self, req: BenchRequest, hb: Heartbeat = None) -> BenchReport:
         """Candidate, baseline (and the current best, when given) timed interleaved by device time on every
         input distribution of the problem; the worst speedup decides (gpu_worker.timing)."""
         _waiting_heartbeat(hb)
-        source = self._source(req.source_key)
-        best_source = self._source(req.best.source_key) if req.best else None
+        ctx = self.ctx
+        source = ctx.source(req.source_key)
+        best_source = ctx.source(req.best.source_key) if req.best else None
         gpu_s = [0.0]
         try:
-            problem = self._problem(req.problem)
-            shape = self._shape(problem, req.shape)
-            self._rules(source, req.problem)
-            ref_sb, ref_lock, ref_info = self._ref(problem, shape, hb)
-            ceil = self.ensure_ceilings(problem, shape, hb)
+            problem = ctx.problem(req.problem)
+            shape = ctx.shape(problem, req.shape)
+            ctx.rules(source, req.problem)
+            ref_sb, ref_lock, ref_info = self.refs.child(problem, shape, hb)
+            ceil = self.refs.ensure_ceilings(problem, shape, hb)
             sbs, keep = [], {}
             stage = contextlib.ExitStack()  # the stage, counted by the device owner: uploads to last comparison
             per_dist, timed_jobs, prof = [], [], None
             try:
-                cand_key = self._child_key(req.problem, shape, req.source_key)
-                cand, cand_loaded = self._loaded_child(cand_key, source, problem, shape, hb)
+                cand_key = ctx.child_key(req.problem, shape, req.source_key)
+                cand, cand_loaded = self.children.loaded_child(cand_key, source, problem, shape, hb)
                 sbs.append(cand)
                 best = best_loaded = None
                 if best_source:
                     # the current best's child stays loaded from one benchmark to the next (the best
                     # takes part in every one; benchmarks at once load children of their own)
-                    best_key = self._child_key(req.problem, shape, req.best.source_key)
-                    best, best_loaded = self._loaded_child(best_key, best_source, problem, shape, hb)
+                    best_key = ctx.child_key(req.problem, shape, req.best.source_key)
+                    best, best_loaded = self.children.loaded_child(best_key, best_source, problem, shape, hb)
                     sbs.append(best)
-                stage.enter_context(self._stage_turn())
+                stage.enter_context(self.turns.stage())
                 # a child loaded now compiles first, outside any turn, as verification's does: else Triton
                 # compiles its kernels inside the timing set's upload job (KDA: about 8 s, every timing
                 # block waiting behind it)
                 for sb, loaded_now in ((cand, cand_loaded), (best, best_loaded)):
                     if loaded_now is not None:
-                        self._compile_in(sb, problem, hb, "benchmark")
+                        self.compiler.compile_in(sb, problem, hb, "benchmark")
                 # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
-                    receipt = self._ref_do(ref_sb, hb, msg.Receipt(), 60)
+                    receipt = self.refs.do(ref_sb, hb, msg.Receipt(), 60)
                 fresh = None
-                if req.fresh_process and self.cuda:
-                    fresh = self.pool.acquire()
+                if req.fresh_process and ctx.cuda:
+                    fresh = self.children.pool.acquire()
                     sbs.append(fresh)
-                    ld = self._load(fresh, source, problem, shape, hb)
-                    self._compile_in(fresh, problem, hb, "benchmark")
+                    ld = self.children.load(fresh, source, problem, shape, hb)
+                    self.compiler.compile_in(fresh, problem, hb, "benchmark")
                 dists = list(problem.distributions)
                 decisive = decisive_dist(dists, req.best.deciding_dist if best is not None else None)
                 if decisive is not None:  # the distribution that can show a loser is timed first
                     dists.remove(decisive)
                     dists.insert(0, decisive)
                 for dist in dists:
-                    res = self._time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s,
-                                                  decisive=dist == decisive)
+                    res = self.time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s,
+                                                 decisive=dist == decisive)
                     fig = distribution_figures(dist, res["cand"], res["base"], res["best"] or None,
                                                res["cand_host"], res["base_host"])
                     fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
                     fig["captures"] = res["captures"]
                     with _phase("timed-outputs"):
-                        prints = self._check_fingerprints(problem, shape, dist, res)
-                        kept, jobs = self._check_timed_outputs(problem, shape, dist, cand, hb, res)
+                        prints = self.timed_outputs.check_fingerprints(problem, shape, dist, res)
+                        kept, jobs = self.timed_outputs.check_timed_outputs(problem, shape, dist, cand, hb, res)
                         fig["timed_outputs"] = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
@@ -100,8 +106,8 @@ class BenchmarkStage:
                 verdict = decide(per_dist)
                 if fresh is not None:
                     with _phase("crosscheck"):
-                        prof = self._crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
-                                                ld.kernels, hb, gpu_s)
+                        prof = self.best.crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
+                                                    ld.kernels, hb, gpu_s)
                 stage.close()
                 cand_log = cand.log_tail()
                 if best is not None:
@@ -111,16 +117,16 @@ class BenchmarkStage:
             finally:
                 stage.close()
                 for s in sbs:
-                    if id(s) in keep and self._park(s):
-                        self.loaded.put(keep[id(s)], s)
+                    if id(s) in keep and self.children.park(s):
+                        ctx.loaded.put(keep[id(s)], s)
                     else:
                         s.close()
             w = verdict["worst"]
             t_ms, b_ms = w["time_ms"], w["baseline_ms"]
             modes = sorted({d["mode"] for d in per_dist})
-            mode = "interpreter" if self.interpreter else ", ".join(modes)
+            mode = "interpreter" if ctx.interpreter else ", ".join(modes)
             # the ncu proof, in a separate process: every would-be best, a random share of the others
-            proof = self._proof_if_due(bool(req.fresh_process), problem, shape, source, w, hb, gpu_s)
+            proof = self.proof.proof_if_due(bool(req.fresh_process), problem, shape, source, w, hb, gpu_s)
             rec = Receipt(device=receipt.device, driver=receipt.driver, clocks=receipt.clocks, torch=receipt.torch,
                           triton=receipt.triton, repetitions=sum(d["samples"] for d in per_dist),
                           spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
@@ -142,7 +148,7 @@ class BenchmarkStage:
                 lines.append(f"not timed: {', '.join(skipped)} (already shown slower than the current best)")
             lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
                       f"receipt: {rec.model_dump()}"]
-            if self.cuda:
+            if ctx.cuda:
                 floor = problem.floor_ms(shape, 1.1 * ceil.bandwidth, 1.1 * ceil.flops)
                 facts = DeviceFacts(device=receipt.device, bandwidth_tbps=ceil.bandwidth / 1e12,
                                     matmul_tflops=ceil.flops / 1e12,
@@ -182,62 +188,50 @@ class BenchmarkStage:
                                speedup=verdict["speedup"], speedup_ci=verdict["speedup_ci"],
                                best_time_ms=w["best_time_ms"], vs_best_ci=vs_best,
                                vs_best=req.best.candidate_id if vs_best else None,
-                               interpreter=self.interpreter, receipt=rec, log_key=self._log("\n".join(lines)),
-                               gpu_seconds=gpu_s[0] if self.cuda else 0.0, distributions=dists,
+                               interpreter=ctx.interpreter, receipt=rec, log_key=ctx.log("\n".join(lines)),
+                               gpu_seconds=gpu_s[0] if ctx.cuda else 0.0, distributions=dists,
                                deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
                                host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"],
                                kernel_ms=prof["kernel_ms"] if prof else None, device_facts=facts)
         except Rejection as rej:
-            return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
-                               log_key=self._log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])
+            return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=ctx.interpreter,
+                               log_key=ctx.log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])
         except SandboxFailure as f:
-            return BenchReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
-                               log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s[0])
+            return BenchReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=ctx.interpreter,
+                               log_key=ctx.log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s[0])
 
-    def _plan(self):
-        if self.cuda:
-            return {"blocks": self.settings.bench_blocks, "reps": self.settings.bench_reps, "warmup": 3,
-                    "rotate": 2, "pool": 3, "host_reps": 5}
-        # Interpreter: a cold first baseline call (thread pools, caches) would otherwise inflate the
-        # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
-        return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
-
-    def _timing_set_request(self, dist: str) -> msg.Prepare:
-        """What every side gets to prepare one distribution's timing set: the same seeds, so that the
-        reference child holds the values each timed repetition of a candidate ran on."""
-        plan = self._plan()
-        return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed)
-
-    def _time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
-                           decisive: bool = True) -> dict:
+    def time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
+                          decisive: bool = True) -> dict:
         """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
         block each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
-        plan = self._plan()
-        prep = self._timing_set_request(dist)
+        ctx = self.ctx
+        plan = ctx.plan()
+        prep = ctx.timing_set_request(dist)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         for _, sb in sides:  # one job each: a waiting timing block waits for the shorter one
-            with _phase("prepare"), self._device_job():
-                pre = self._ask(sb, prep, self.timeouts["load"], "benchmark", hb)
+            with _phase("prepare"), self.turns.job():
+                pre = self.children.ask(sb, prep, ctx.timeouts["load"], "benchmark", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
-        with self._with_ref(ref_lock):
-            ref_pre = self._ref_do(ref, hb, prep, self.timeouts["load"])
+        with self.turns.with_ref(ref_lock):
+            ref_pre = self.refs.do(ref, hb, prep, ctx.timeouts["load"])
         if ref_pre.timing.get("flush-on-stream"):
             _add_phase("ref.prepare.flush-on-stream", 1)
         timed_children = [cand, ref, best]
-        with self._with_ref(ref_lock, timing=True):
+        with self.turns.with_ref(ref_lock, timing=True):
             g0 = time.monotonic()
-            self.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
+            ctx.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
                 with _phase("interleave"):
-                    return self._interleave(problem, dist, cand, ref, best, plan, hb, decisive)
+                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive)
             finally:
-                self.sched.pin(timed_children, timed=False)
+                ctx.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
-    def _interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True) -> dict:
+    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True) -> dict:
         """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
+        ctx = self.ctx
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
         # Every repetition of every side runs on values of its own: an entry, handed out once per
@@ -252,33 +246,33 @@ class BenchmarkStage:
             counter[0] += n
             return counter[0] - n
 
-        if self.cuda:
+        if ctx.cuda:
             for who, sb in parties:
                 if sb is None:
                     continue
-                if who == "base":  # the trusted child: its failure is the harness's (_ref_do)
-                    r = self._ref_do(sb, hb, msg.Capture(dist=dist), self.timeouts["time"])
+                if who == "base":  # the trusted child: its failure is the harness's (ReferenceChildren.do)
+                    r = self.refs.do(sb, hb, msg.Capture(dist=dist), ctx.timeouts["time"])
                 else:
-                    r = self._ask(sb, msg.Capture(dist=dist), self.timeouts["time"], "benchmark", hb)
+                    r = self.children.ask(sb, msg.Capture(dist=dist), ctx.timeouts["time"], "benchmark", hb)
                 captures[who] = r.captured
                 if not r.captured:
                     _add_phase(f"no-capture.{who}", 1)
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about
             # bench_block_ms of baseline time per block, never fewer than 5 (25 samples a side) ...
-            probe = self._ref_do(ref, hb, msg.Time(reps=3, warmup=1, mode=mode, dist=dist, noise_seed=noise_seed,
-                                                   first=take(4)), self.timeouts["time"])
+            probe = self.refs.do(ref, hb, msg.Time(reps=3, warmup=1, mode=mode, dist=dist, noise_seed=noise_seed,
+                                                  first=take(4)), ctx.timeouts["time"])
             base_ms = median(probe.times)
-            budget_ms = self.settings.bench_block_ms
+            budget_ms = ctx.settings.bench_block_ms
             plan = {**plan, "reps": max(5, min(plan["reps"], int(budget_ms / max(base_ms, 1e-6))))}
             # ... and fewer blocks, never fewer than 3: about bench_total_ms of baseline time a distribution
-            total_ms = self.settings.bench_total_ms
+            total_ms = ctx.settings.bench_total_ms
             plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
         else:
             mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter
         out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
                "planned_blocks": plan["blocks"], "captures": captures,
-               "mode": mode if self.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
+               "mode": mode if ctx.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
                "check_seed": int.from_bytes(os.urandom(6), "little"),  # secret: drawn per benchmark
                "noise_seed": noise_seed}
         for b in range(plan["blocks"]):
@@ -299,14 +293,14 @@ class BenchmarkStage:
                                   check_seed=out["check_seed"])
                     else:
                         kw["first"] = take(warm + plan["reps"])
-                    r = self._ref_do(sb, hb, msg.Time(**kw), self.timeouts["time"])
+                    r = self.refs.do(sb, hb, msg.Time(**kw), ctx.timeouts["time"])
                     out["base_checks"] += r.checks
                     out["check_names"] = r.check_names or out["check_names"]  # the trusted side's
                 else:
                     kw["first"] = take(warm + plan["reps"])
                     if who == "cand":
                         kw["check_seed"] = out["check_seed"]
-                    r = self._ask(sb, msg.Time(**kw), self.timeouts["time"], "benchmark", hb)
+                    r = self.children.ask(sb, msg.Time(**kw), ctx.timeouts["time"], "benchmark", hb)
                     if who == "cand":
                         cand_block, cand_keys = r.checks, r.keys
                         given = range(kw["first"] + warm, kw["first"] + warm + plan["reps"])
@@ -315,13 +309,13 @@ class BenchmarkStage:
                 out[who] += r.times
             out["blocks"] = b + 1
         for who, sb in parties[:2]:
-            # the candidate's also downloads its timed calls' kept outputs, in this turn (_check_timed_outputs)
+            # the candidate's also downloads its timed calls' kept outputs, in this turn (check_timed_outputs)
             req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, first=take(plan["host_reps"]),
                                          noise_seed=noise_seed if who == "base" else None, export=who == "cand")
             if who == "base":
-                r = self._ref_do(sb, hb, req, self.timeouts["time"])
+                r = self.refs.do(sb, hb, req, ctx.timeouts["time"])
             else:
-                r = self._ask(sb, req, self.timeouts["time"], "benchmark", hb)
+                r = self.children.ask(sb, req, ctx.timeouts["time"], "benchmark", hb)
             out[who + "_host"] = r.walls
             if who == "cand":
                 out["timed_jobs"] = r.jobs

@@ -8,13 +8,16 @@ import threading
 import time
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_verify import other_shapes
+from gpu_worker.harness_children import CandidateChildren, DeviceTurns
+from gpu_worker.harness_context import StageContext
+from gpu_worker.harness_references import ReferenceChildren
+from gpu_worker.harness_cases import CaseVerification, other_shapes
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
 from gpu_worker.timing import crosscheck, foreign_kernels
 from workflows.contracts import EvalRequest
 
-RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (_verify_random_shape)
+RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (verify_random_shape)
 
 # the verdicts of a verification that say the kernel's answer is wrong (at a random shape: shape-specific)
 SHAPE_WRONG = ("wrong:", "non-finite:", "degenerate:", "nondeterministic:", "output-cache:", "late-write:")
@@ -33,25 +36,32 @@ def shape_to_prepare(problem, verified, prepared: set) -> str | None:
 class BestOnlyChecks:
     """The Evaluator's checks of a would-be best (see the module's docstring)."""
 
-    def _prepare_next_shape(self, problem, verified, candidate_id: str) -> threading.Thread | None:
+    def __init__(self, ctx: StageContext, turns: DeviceTurns, children: CandidateChildren,
+                 refs: ReferenceChildren, verification: CaseVerification):
+        self.ctx, self.turns, self.children, self.refs = ctx, turns, children, refs
+        self.verification = verification
+        self.prepared_shapes: set[tuple[str, str]] = set()  # (problem, shape) prepared ahead for a best's checks
+        self._prepared_lock = threading.Lock()
+
+    def prepare_next_shape(self, problem, verified, candidate_id: str) -> threading.Thread | None:
         """After a problem's first passing verification: its next listed shape's reference child, baseline
         and oracles for this candidate's cases, prepared in a background thread, once per worker and shape.
         The baseline's first call there (FLA autotunes) and the oracles take about a minute of host and
         device work that the first would-be best would otherwise wait for in its second verification; the
         device jobs go through the owner like any other. A failure leaves the shape to that verification."""
-        with self._refs_lock:
-            self._prepared_shapes.add((problem.name, verified.name))  # its reference child serves it now
-            name = shape_to_prepare(problem, verified, self._prepared_shapes) if self.cuda else None
+        with self._prepared_lock:
+            self.prepared_shapes.add((problem.name, verified.name))  # its reference child serves it now
+            name = shape_to_prepare(problem, verified, self.prepared_shapes) if self.ctx.cuda else None
             if name is None:
                 return None
-            self._prepared_shapes.add((problem.name, name))
+            self.prepared_shapes.add((problem.name, name))
         shape = problem.shape_named(name)
-        cases = self.cases(problem, candidate_id)
+        cases = self.ctx.cases(problem, candidate_id)
 
         def run():
             t0 = time.monotonic()
             try:
-                self.reference(problem, shape, cases, None)
+                self.refs.reference(problem, shape, cases, None)
                 print(f"prepared {problem.name} at {name} for a best's second verification in "
                       f"{time.monotonic() - t0:.1f} s", flush=True)
             except Exception as e:  # noqa: BLE001 - the verification that needs it prepares it again
@@ -62,27 +72,26 @@ class BestOnlyChecks:
         t.start()
         return t
 
-    def _verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
+    def verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
         """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
         once more, at a shape drawn from the problem's random space with the worker's secret generator, on
         inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone
         fails (`shape-specific`). The threshold is RANDOM_SLACK times the
         verified shape's, as the baseline is not run there (its first call at every new size would compile
         and autotune). Returns (the line for the log, the shape's name or None)."""
-        shape = problem.random_shape(self._secret, cpu=self.interpreter)
+        shape = problem.random_shape(self.ctx.secret, cpu=self.ctx.interpreter)
         if shape is None:
             return "random shape: none (the problem has no random space)", None
-        cases = [(d, self._secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
+        cases = [(d, self.ctx.secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
         # each distribution's threshold, doubled: base_err such that max(floor, alpha * base_err) is that
         base_err = {d: RANDOM_SLACK * max(t, problem.tolerance_floor) / problem.tolerance_alpha
                     for d, t in res["thresholds"].items()}
-        with self._refs_lock:  # two verifications may draw the same shape: its reference child serves both
-            self._random_users[(problem.name, shape.name)] += 1
+        self.refs.use_random(problem, shape)
         with _phase("random-shape"):
             try:
-                self._ref(problem, shape, hb)  # a new reference child: its context in a device job (_ref)
-                r = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key, cases=cases,
-                                 base_err=base_err, hand_on=False)
+                self.refs.child(problem, shape, hb)  # a new reference child: its context in a device job
+                r = self.verification.verify(source, problem, shape, req.candidate_id, hb, req.source_key,
+                                             cases=cases, base_err=base_err, hand_on=False)
             except Rejection as rej:
                 # only a wrong answer there is the shape's; a guard's refusal, or the device's memory taken by
                 # the neighbours (retried alone), keeps its own reason
@@ -93,41 +102,27 @@ class BestOnlyChecks:
                 wrapped.rel_err, wrapped.threshold = getattr(rej, "rel_err", None), getattr(rej, "threshold", None)
                 raise wrapped from None
             finally:
-                self._forget_shape(problem, shape, cases)
+                self.refs.release_random(problem, shape, cases)
         return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
                 shape.name)
 
-    def _forget_shape(self, problem, shape, cases: list) -> None:
-        """A random shape's records of `cases`, dropped once its verification is over, and its reference
-        child once no other verification uses it."""
-        key = (problem.name, shape.name)
-        with self._refs_lock:
-            self._random_users[key] -= 1
-            entry = self._refs.pop(key, None) if self._random_users[key] <= 0 else None
-            if self._random_users[key] <= 0:
-                del self._random_users[key]
-        if entry is not None:
-            entry[0].close()
-        with self._ref_meta_lock:
-            for d, seed in cases:
-                self._ref_meta.pop((problem.name, shape.name, d, seed), None)
-
-    def _crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
+    def crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
         """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with
         the judged device time, for both sides (the candidate in a fresh process, the baseline in the
         reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
         dist = worst["dist"]
-        prep = self._timing_set_request(dist)
-        with self._device_job():
-            self._ask(fresh, prep, self.timeouts["load"], "benchmark", hb)
-        with self._with_ref(ref_lock):
-            self._ref_do(ref, hb, prep, self.timeouts["load"])
-        with self._with_ref(ref_lock, timing=True):
+        prep = self.ctx.timing_set_request(dist)
+        with self.turns.job():
+            self.children.ask(fresh, prep, self.ctx.timeouts["load"], "benchmark", hb)
+        with self.turns.with_ref(ref_lock):
+            self.refs.do(ref, hb, prep, self.ctx.timeouts["load"])
+        with self.turns.with_ref(ref_lock, timing=True):
             g0 = time.monotonic()
             try:
                 # values of their own for both (a profile takes 2 + 2 x reps entries): drawn by each child
-                p = self._ask(fresh, msg.Profile(reps=10, dist=dist), self.timeouts["profile"], "benchmark", hb)
-                pb = self._ref_do(ref, hb, msg.Profile(reps=10, dist=dist), self.timeouts["profile"])
+                p = self.children.ask(fresh, msg.Profile(reps=10, dist=dist), self.ctx.timeouts["profile"],
+                                      "benchmark", hb)
+                pb = self.refs.do(ref, hb, msg.Profile(reps=10, dist=dist), self.ctx.timeouts["profile"])
             finally:
                 gpu_s[0] += time.monotonic() - g0
         seen = [k for k in p.kernels if k in names]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 
 from gpu_worker import protocol as msg
+from gpu_worker.harness_children import CandidateChildren, DeviceTurns
+from gpu_worker.harness_context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -29,26 +31,30 @@ def shared_over_limit(kernels: list[msg.CompiledKernel], limit: int | None) -> s
 
 
 class CompileStage:
-    """The Evaluator's compile stage."""
+    """The Evaluator's compile stage; `compile_in` also compiles a child loaded afresh for a later stage."""
+
+    def __init__(self, ctx: StageContext, turns: DeviceTurns, children: CandidateChildren):
+        self.ctx, self.turns, self.children = ctx, turns, children
 
     def compile(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
-        return self._retried_alone(lambda: self._compile_once(req, hb))
+        return self.children.retried_alone(lambda: self._compile_once(req, hb))
 
     def _compile_once(self, req: EvalRequest, hb: Heartbeat = None) -> CompileReport:
         _waiting_heartbeat(hb)
+        ctx = self.ctx
         t0 = time.monotonic()
-        source = self._source(req.source_key)
+        source = ctx.source(req.source_key)
         try:
-            problem = self._problem(req.problem)
-            shape = self._shape(problem, req.shape)
-            self._rules(source, req.problem)
-            sb = self.pool.acquire()
+            problem = ctx.problem(req.problem)
+            shape = ctx.shape(problem, req.shape)
+            ctx.rules(source, req.problem)
+            sb = self.children.pool.acquire()
             kept = False
             try:
                 with _phase("load"):
-                    self._load(sb, source, problem, shape, hb)
-                with self._stage_turn():
-                    r = self._compile_in(sb, problem, hb, "compile")
+                    self.children.load(sb, source, problem, shape, hb)
+                with self.turns.stage():
+                    r = self.compile_in(sb, problem, hb, "compile")
                 for k, v in r.timing.items():
                     _add_phase(f"compile.{k}", v)
                 kernels = r.kernels
@@ -58,24 +64,24 @@ class CompileStage:
                 with _phase("sass"):
                     sass = scan_sass([k.model_dump() for k in kernels])
                 log = sb.log_tail()
-                self.loaded.put(self._child_key(req.problem, shape, req.source_key), sb)
+                ctx.loaded.put(ctx.child_key(req.problem, shape, req.source_key), sb)
                 kept = True
             finally:
                 if not kept:
                     sb.close()
         except Rejection as rej:
-            return CompileReport(ok=False, error=rej.reason[:4000], interpreter=self.interpreter,
-                                 log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
+            return CompileReport(ok=False, error=rej.reason[:4000], interpreter=ctx.interpreter,
+                                 log_key=ctx.log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
         except SandboxFailure as f:
-            return CompileReport(ok=False, error=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
-                                 log_key=self._log(f.log), seconds=time.monotonic() - t0)
+            return CompileReport(ok=False, error=f"{f.kind}: {f.reason}", interpreter=ctx.interpreter,
+                                 log_key=ctx.log(f.log), seconds=time.monotonic() - t0)
 
         def mx(key):
             vals = [getattr(k, key) for k in kernels if getattr(k, key) is not None]
             return max(vals) if vals else None
 
         tc = tma = None
-        if self.cuda and kernels:
+        if ctx.cuda and kernels:
             tc = any(k.ptx_mma for k in kernels) or sass.get("hgmma", False)
             tma = any(k.ptx_tma for k in kernels) or sass.get("tma", False)
         lines = [f"{k.name}: regs={k.registers} spills={k.spills} shared={k.shared} "
@@ -86,18 +92,19 @@ class CompileStage:
         return CompileReport(
             ok=True, registers=mx("registers"), spills=mx("spills"), shared_bytes=mx("shared"),
             num_warps=mx("num_warps"), num_stages=mx("num_stages"), tensor_cores=tc, tma=tma,
-            kernels=sorted({k.name for k in kernels if k.name}), interpreter=self.interpreter,
-            log_key=self._log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
+            kernels=sorted({k.name for k in kernels if k.name}), interpreter=ctx.interpreter,
+            log_key=ctx.log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
 
-    def _compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
-        """Compile the loaded candidate at the child's shape: one case (staged by its `_load`) uploaded in an
+    def compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
+        """Compile the loaded candidate at the child's shape: one case (staged by its load) uploaded in an
         untimed device job (the one device step of compiling), Triton's warmup path outside any turn, so
         that a timing block never waits for a compiler (under the interpreter: one run). Returns the compile
         reply."""
         dist = problem.distributions[0]
-        with _phase("prepare"), self._device_job():
-            pre = self._ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.timeouts["load"], stage, hb)
+        with _phase("prepare"), self.turns.job():
+            pre = self.children.ask(sb, msg.Prepare(cases=[(dist, 0)], kernels=False), self.ctx.timeouts["load"],
+                                    stage, hb)
         for k, v in pre.timing.items():
             _add_phase(f"prepare.{k}", v)
         with _phase("compile"):
-            return self._ask(sb, msg.Compile(dist=dist), self.timeouts["compile"], stage, hb)
+            return self.children.ask(sb, msg.Compile(dist=dist), self.ctx.timeouts["compile"], stage, hb)

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from gpu_worker.harness_children import DeviceTurns
+from gpu_worker.harness_context import StageContext
 from gpu_worker.ncu_trace import (Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
                                   parse_ncu_csv, proof_due, source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
@@ -31,18 +33,22 @@ NOT_PROVEN_NO_NCU = "not proven: ncu absent (neither on PATH nor under /opt/nvid
 
 
 class NcuProofCheck:
-    """The Evaluator's ncu proof (see the module's docstring)."""
+    """The benchmark's ncu proof (see the module's docstring)."""
 
-    def _proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict | None:
+    def __init__(self, ctx: StageContext, turns: DeviceTurns):
+        self.ctx, self.turns = ctx, turns
+
+    def proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict | None:
         """The proof's result for a candidate that is due one (`proof_due`, drawn with the worker's secret
         generator); None when none is drawn or there is no CUDA. The result's `ok` is None when it could not
         be made here (no ncu): its text says so, and nothing is proven."""
-        if not self.cuda or not proof_due(would_be_best, self.settings.ncu_proof_share, self._secret.random):
+        ctx = self.ctx
+        if not ctx.cuda or not proof_due(would_be_best, ctx.settings.ncu_proof_share, ctx.secret.random):
             return None
         ncu = find_ncu()
         if ncu is None:
             return {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
-        root = tempfile.mkdtemp(prefix="proof-", dir=work_root(self.settings.gpu_workdir))
+        root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
         try:
             with _phase("ncu-proof"):
                 return self._ncu_proof(ncu, root, problem, shape, source, worst, hb, gpu_s)
@@ -52,16 +58,17 @@ class NcuProofCheck:
     def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict:
         from gpu_worker.caches import triton_cache_dir
 
+        ctx = self.ctx
         tmp = os.path.join(root, "child")  # the only directory the proof process may write
         os.makedirs(tmp)
         markers = Markers.fresh(secrets.token_hex(6))
         spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": worst["dist"],
-                "seed": self.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
+                "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
                 "markers": list(markers.names()), "marker_dir": root, "tmp": tmp,
                 "device": os.path.join(root, "device"), "go": os.path.join(root, "go"),
-                "wait_s": self.timeouts["profile"], "settle_s": SETTLE_S,
-                "unix_sockets": self.settings.ncu_proof_wall == "unix",
-                "trusted_roots": [str(triton_cache_dir(self.settings, True))]}
+                "wait_s": ctx.timeouts["profile"], "settle_s": SETTLE_S,
+                "unix_sockets": ctx.settings.ncu_proof_wall == "unix",
+                "trusted_roots": [str(triton_cache_dir(ctx.settings, True))]}
         spec_path = os.path.join(root, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -70,9 +77,9 @@ class NcuProofCheck:
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
         env.update(PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
-                   TMPDIR=front, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(self.settings.gpu_workdir)),
+                   TMPDIR=front, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(ctx.settings.gpu_workdir)),
                    PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", MARATHON_CHILD_LIMITS=json.dumps({"core": 0}),
-                   **{CHILD_SETTINGS: self.settings.to_child()}, **triton_env("candidate", tmp, self.settings, True))
+                   **{CHILD_SETTINGS: ctx.settings.to_child()}, **triton_env("candidate", tmp, ctx.settings, True))
         csv_path = os.path.join(root, "ncu.csv")
         cmd = ncu_command(ncu, csv_path, [sys.executable, "-m", "gpu_worker.ncu_proof_child", spec_path])
         try:
@@ -85,17 +92,17 @@ class NcuProofCheck:
         try:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
             # untimed device job; the compilation outside any turn (as a child's); its calls in a timing block
-            if self._proof_wait(proc, os.path.join(tmp, "host.json"), self.timeouts["load"] * 2, hb) is not None:
-                with self._device_job():
+            if self._proof_wait(proc, os.path.join(tmp, "host.json"), ctx.timeouts["load"] * 2, hb) is not None:
+                with self.turns.job():
                     open(spec["device"], "w").close()
-                    loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), self.timeouts["load"] * 2, hb)
+                    loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
             if loaded is not None:
-                ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), self.timeouts["compile"], hb)
+                ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
             if ready is not None:
-                with self._timing_block():  # nothing else of this worker's on the device while ncu measures
+                with self.turns.timing():  # nothing else of this worker's on the device while ncu measures
                     g0 = time.monotonic()
                     open(spec["go"], "w").close()
-                    self._proof_wait(proc, os.path.join(tmp, "done.json"), self.timeouts["profile"], hb)
+                    self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
                     gpu_s[0] += time.monotonic() - g0
                     _add_phase("ncu-proof.calls", time.monotonic() - g0)
             self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended

@@ -6,9 +6,12 @@ from __future__ import annotations
 import math
 
 from gpu_worker import protocol as msg
+from gpu_worker.harness_children import CandidateChildren
+from gpu_worker.harness_context import StageContext
+from gpu_worker.harness_references import ReferenceChildren
 from gpu_worker.sandbox import Rejection, Sandbox
 
-FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see _check_fingerprints)
+FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see check_fingerprints)
 
 
 def _check_entries(checks: list, reps: int, expected: list, keys: list | None = None) -> None:
@@ -34,26 +37,30 @@ def _check_entries(checks: list, reps: int, expected: list, keys: list | None = 
 
 
 class TimedOutputChecks:
-    """The Evaluator's checks of timed calls' outputs."""
+    """The benchmark's checks of timed calls' outputs."""
 
-    def _check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, res: dict) -> tuple[str, list]:
+    def __init__(self, ctx: StageContext, children: CandidateChildren, refs: ReferenceChildren):
+        self.ctx, self.children, self.refs = ctx, children, refs
+
+    def check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, res: dict) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
         timed call NaN-poisoned, its inputs values of its own) against the baseline's outputs on the
         values that call ran on: a candidate that skips or cheapens its work while being timed, or
         replays a result fixed at capture or cached from an earlier call, is rejected here, within
-        `_timed_output_bound`. `res`: the distribution's timing (_interleave), whose `timed_jobs` the
-        candidate's child downloaded at its end; their files are written here, outside any turn."""
+        `timed_output_bound`. `res`: the distribution's timing (BenchmarkStage.interleave), whose
+        `timed_jobs` the candidate's child downloaded at its end; their files are written here, outside any
+        turn."""
         from gpu_worker.child import compared_outputs
 
-        names = set(compared_outputs(problem, shape, self.interpreter))
-        self._write_exports(cand, "benchmark", hb)
+        names = set(compared_outputs(problem, shape, self.ctx.interpreter))
+        self.children.write_exports(cand, "benchmark", hb)
         jobs = [j for j in res["timed_jobs"] if j.name in names]
         noise_seed = res["noise_seed"]
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
-        bound = self._timed_output_bound(problem, shape)
-        cr = self._ref_call(problem, shape, hb, msg.CompareTimed(jobs=jobs, dist=dist, noise_seed=noise_seed),
-                            self.timeouts["reference"])
+        bound = self.timed_output_bound(problem, shape)
+        cr = self.refs.call(problem, shape, hb, msg.CompareTimed(jobs=jobs, dist=dist, noise_seed=noise_seed),
+                            self.ctx.timeouts["reference"])
         worst = 0.0
         for job, c in zip(jobs, cr.results):
             err = c.rel_err
@@ -65,17 +72,15 @@ class TimedOutputChecks:
             worst = max(worst, err)
         return f"{len(jobs)} outputs, worst rel-RMS {worst:.3e} vs bound {bound:.3e}", jobs
 
-    def _timed_output_bound(self, problem, shape) -> float:
+    def timed_output_bound(self, problem, shape) -> float:
         """rel-RMS a timed call's output may be off the baseline's on the same inputs: the verification
         threshold plus the baseline's own error, doubled (candidate and baseline each sit within their error
         of the oracle; the timing values are other inputs than the verification cases)."""
-        with self._ref_meta_lock:
-            errs = [m.baseline_err for k, m in self._ref_meta.items()
-                    if k[:2] == (problem.name, shape.name) and math.isfinite(m.baseline_err)]
+        errs = self.refs.baseline_errors(problem, shape)
         base_err = max(errs) if errs else problem.tolerance_floor
         return 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
 
-    def _check_fingerprints(self, problem, shape, dist: str, res: dict) -> str:
+    def check_fingerprints(self, problem, shape, dist: str, res: dict) -> str:
         """Every timed call of the candidate, not only the kept ones: its outputs' projections onto random
         vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's,
         timed in the same block on the same pool entries and projected onto the same vectors. For an
@@ -90,7 +95,7 @@ class TimedOutputChecks:
             raise Rejection("benchmark", f"timed-output: the baseline's {len(base)} fingerprinted calls do not pair "
                             f"with the candidate's {len(checks)} (harness error)")
         names = res.get("check_names") or []
-        bound = self._timed_output_bound(problem, shape)
+        bound = self.timed_output_bound(problem, shape)
         worst = 0.0
         for n, ((entry, fps), (_, fbs, norms)) in enumerate(zip(checks, base)):
             if not len(fbs) == len(norms) == len(names):

@@ -1,174 +1,55 @@
-"""The verify stage: the candidate's outputs on the cases of its seeds against the oracle (in the reference
-child), with the input-mutation, output-type, late-write, determinism, degenerate-output and stale-output
-checks."""
+"""The verify stage: the candidate's outputs on the cases of its seeds against the oracle
+(harness_cases.CaseVerification), then, for a would-be best, a random shape (harness_best_checks)."""
 
 from __future__ import annotations
 
-import contextlib
-import math
 import time
 
-from gpu_worker import protocol as msg
+from gpu_worker.harness_best_checks import BestOnlyChecks
+from gpu_worker.harness_cases import CaseVerification, other_shapes
+from gpu_worker.harness_children import CandidateChildren
+from gpu_worker.harness_context import StageContext
 from gpu_worker.phases import Heartbeat
-from gpu_worker.phases import add_phase as _add_phase
-from gpu_worker.phases import phase as _phase
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.sandbox import Rejection, SandboxFailure
 from workflows.contracts import EvalRequest, VerifyReport
 
 
-def other_shapes(problem, verified) -> list[str]:
-    """The problem's shapes other than `verified`, cheapest first (by the bytes of their outputs): a
-    kernel correct only at the shape it was verified at fails at the first of them."""
-    import math
-
-    def cost(shape) -> int:
-        return sum(math.prod(o.shape) for o in problem.output_specs(shape).values())
-
-    return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
-
-
 class VerifyStage:
-    """The Evaluator's verify stage."""
+    """The Evaluator's verify stage: the candidate's cases at its shape (CaseVerification), then, for a
+    would-be best, the best-only checks' random shape; the first pass prepares the next listed shape."""
+
+    def __init__(self, ctx: StageContext, children: CandidateChildren, verification: CaseVerification,
+                 best: BestOnlyChecks):
+        self.ctx, self.children, self.verification, self.best = ctx, children, verification, best
 
     def verify(self, req: EvalRequest, hb: Heartbeat = None, prepare_next: bool = True) -> VerifyReport:
         """`prepare_next`: after the problem's first passing verification, prepare the shape a would-be best
-        is verified at next (_prepare_next_shape); the canaries, which crown nothing, do not."""
-        return self._retried_alone(lambda: self._verify_once(req, hb, prepare_next))
+        is verified at next (BestOnlyChecks.prepare_next_shape); the canaries, which crown nothing, do not."""
+        return self.children.retried_alone(lambda: self._verify_once(req, hb, prepare_next))
 
     def _verify_once(self, req: EvalRequest, hb: Heartbeat = None, prepare_next: bool = True) -> VerifyReport:
         _waiting_heartbeat(hb)
+        ctx = self.ctx
         t0 = time.monotonic()
-        source = self._source(req.source_key)
+        source = ctx.source(req.source_key)
         try:
-            problem = self._problem(req.problem)
-            shape = self._shape(problem, req.shape)
-            self._rules(source, req.problem)
-            res = self._verify(source, problem, shape, req.candidate_id, hb, req.source_key)
+            problem = ctx.problem(req.problem)
+            shape = ctx.shape(problem, req.shape)
+            ctx.rules(source, req.problem)
+            res = self.verification.verify(source, problem, shape, req.candidate_id, hb, req.source_key)
             if prepare_next:
-                self._prepare_next_shape(problem, shape, req.candidate_id)
-            probe, drawn = self._verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
+                self.best.prepare_next_shape(problem, shape, req.candidate_id)
+            probe, drawn = self.best.verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
                 else ("", None)
             return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
-                                threshold=res["threshold"], interpreter=self.interpreter,
-                                log_key=self._log(res["log"] + "\n" + probe), seconds=time.monotonic() - t0,
-                                other_shapes=other_shapes(problem, shape) if self.cuda else [], random_shape=drawn)
+                                threshold=res["threshold"], interpreter=ctx.interpreter,
+                                log_key=ctx.log(res["log"] + "\n" + probe), seconds=time.monotonic() - t0,
+                                other_shapes=other_shapes(problem, shape) if ctx.cuda else [], random_shape=drawn)
         except Rejection as rej:
-            return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=self.interpreter,
+            return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=ctx.interpreter,
                                 rel_err=getattr(rej, "rel_err", None), threshold=getattr(rej, "threshold", None),
-                                log_key=self._log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
+                                log_key=ctx.log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
         except SandboxFailure as f:
-            return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=self.interpreter,
-                                log_key=self._log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)
-
-    def _verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
-                base_err: dict | None = None, hand_on: bool = True) -> dict:
-        """Verification at `shape` on `cases` (default: the candidate's seeds from the pool, every
-        distribution). `base_err`: per distribution, the baseline error the thresholds are taken from,
-        instead of the baseline's own on each case (which is then not computed). `hand_on`: keep the
-        passing child for the candidate's benchmark. Returns the worst errors, the smallest threshold and
-        each distribution's (the smallest over its cases), and the log."""
-        from gpu_worker.child import compared_outputs
-
-        names = compared_outputs(problem, shape, self.interpreter)
-        cases = cases or self.cases(problem, candidate_id)
-        base_err_given = base_err
-        key = self._child_key(problem.name, shape, source_key)
-        sb, loaded_now = self._loaded_child(key, source, problem, shape, hb)
-        handed_on = False
-        stage = contextlib.ExitStack()  # the stage, counted by the device owner: upload to last comparison
-        try:
-            stage.enter_context(self._stage_turn())
-            if loaded_now:  # a child loaded for this shape compiles first, outside the verification's turns
-                self._compile_in(sb, problem, hb, "verify")
-            listed = [(d, s) for d, s in cases]
-            self._stage(sb, listed, "verify", hb)
-            with _phase("reference"):  # the oracles, from the bank (computed there if missing)
-                refs = self.reference(problem, shape, cases, hb, baseline=base_err is None)
-            # verification is untimed device work: one job for the stage's one command, which uploads the
-            # cases, runs them, the rerun and the stale probe, and downloads the kept outputs (child_verify)
-            with self._device_job(), _phase("run-cases"):
-                r = self._ask(sb, msg.Verify(cases=listed, stale=len(cases) > 1), self.timeouts["verify"],
-                              "verify", hb)
-            for k, v in r.timing.items():
-                _add_phase(f"run-cases.{k}", v)
-            for (dist, seed), ref, got in zip(cases, refs, r.cases):
-                if got.hash_before != ref.hash:
-                    raise Rejection("verify", f"harness error: candidate and reference inputs differ for {dist}/seed {seed}")
-                if got.mutated:
-                    raise Rejection("verify", f"input-mutation: the candidate modified its inputs {got.mutated} "
-                                    f"({dist}, seed {seed}; compared bitwise with a copy taken before the call)")
-                if not got.out_type_ok:
-                    raise Rejection("verify", "output-type: run must write into the tensors it is given in out, in "
-                                    "place; an entry of out was replaced or removed")
-            # The outputs' copies go to files and then onto the reference child's device, where they are
-            # compared with the oracle.
-            changed = r.changed + self._write_exports(sb, "verify", hb)
-            if changed:
-                raise Rejection("verify", f"late-write: outputs {changed} changed after the call returned "
-                                "(work still running outside the call is not timed)")
-            # Every comparison runs in the reference child, where the oracle already lives on the device;
-            # the candidate's outputs reach it as files in the candidate's temp dir (see child_exports).
-            jobs = [msg.CompareJob(case=(dist, seed), name=n, out=got.outputs[n])
-                    for (dist, seed), got in zip(cases, r.cases) for n in names]
-            if r.rerun is not None:
-                jobs += [msg.CompareJob(name=n, out=r.rerun[n], other=r.cases[0].outputs[n]) for n in names]
-            if r.stale is not None:
-                jobs += [msg.CompareJob(case=tuple(cases[r.stale.case]), name=n, out=r.stale.outputs[n])
-                         for n in names]
-            with _phase("compare"):  # one call: the reference child reads each output file as it compares it
-                cr = self._ref_call(problem, shape, hb, msg.Compare(jobs=jobs), self.timeouts["reference"])
-            stage.close()
-            cmp = iter(cr.results)  # in the order the jobs were listed
-            for k, v in cr.timing.items():
-                _add_phase(f"compare.{k}", v)
-            log_tail = sb.log_tail()
-            worst, base_worst, lines, thresholds, by_dist = 0.0, 0.0, [], [], {}
-            for (dist, seed), ref in zip(cases, refs):
-                base_err = ref.baseline_err if base_err_given is None else base_err_given[dist]
-                thr = max(problem.tolerance_floor, problem.tolerance_alpha * base_err) if math.isfinite(base_err) \
-                    else problem.tolerance_floor
-                thresholds.append(thr)
-                by_dist[dist] = min(thr, by_dist.get(dist, thr))
-                base_worst = max(base_worst, base_err)
-                for name in names:
-                    c = next(cmp)
-                    err = c.rel_err
-                    lines.append(f"{dist:>8} seed {seed:>3} {name}: rel_err={err:.3e} baseline={base_err:.3e} threshold={thr:.3e}")
-                    if c.nonfinite or math.isnan(err):
-                        raise Rejection("verify", f"non-finite: {c.nonfinite} of {c.numel} elements of {name!r} are "
-                                        f"NaN/Inf ({dist}, seed {seed}); outputs are NaN-poisoned, so unwritten elements "
-                                        "show as NaN", "\n".join(lines))
-                    if c.constant:
-                        raise Rejection("verify", f"degenerate: output {name!r} is constant ({dist}, seed {seed})", "\n".join(lines))
-                    if err > thr:
-                        rej = Rejection("verify", f"wrong: rel_err {err:.3e} > threshold {thr:.3e} on {name!r} "
-                                        f"({dist}, seed {seed}; baseline's own error {base_err:.3e})", "\n".join(lines))
-                        rej.rel_err, rej.threshold = err, thr
-                        raise rej
-                    worst = max(worst, err)
-            thr_min = min(thresholds)
-            if r.rerun is not None:
-                for name in names:
-                    d = next(cmp).rel_err
-                    lines.append(f"determinism rerun {name}: rel_diff={d:.3e}")
-                    if not (d <= 0.1 * thr_min):
-                        raise Rejection("verify", f"nondeterministic: rerun on fresh buffers differs by {d:.3e} on {name!r}",
-                                        "\n".join(lines))
-            if r.stale is not None:
-                for name in names:
-                    e = next(cmp).rel_err
-                    lines.append(f"stale-output probe {name}: rel_err={e:.3e}")
-                    if not (e <= thresholds[r.stale.case]):
-                        raise Rejection("verify", f"output-cache: with the same buffers refilled with new inputs the "
-                                        f"candidate returned stale/wrong {name!r} (rel_err {e:.3e})", "\n".join(lines))
-            lines.append(log_tail)
-            if hand_on:  # passed: the benchmark of this candidate gets this child, kernels loaded
-                self.loaded.put(key, sb)
-                handed_on = True
-            return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "thresholds": by_dist,
-                    "log": "\n".join(lines)}
-        finally:
-            stage.close()
-            if not handed_on:
-                sb.close()
+            return VerifyReport(ok=False, stage="sandbox", reason=f"{f.kind}: {f.reason}", interpreter=ctx.interpreter,
+                                log_key=ctx.log(f"{f.kind}: {f.reason}\n{f.log}"), seconds=time.monotonic() - t0)

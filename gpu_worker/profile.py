@@ -101,7 +101,7 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
     from gpu_worker import protocol as msg
     from gpu_worker.sandbox import Rejection, SandboxFailure
 
-    source = ev._source(req.source_key)
+    source = ev.ctx.source(req.source_key)
     comp = ev.compile(req, hb)
     if not comp.ok:
         return ProfileReport(ok=False, summary=f"does not compile: {comp.error[:500]}", tool="compile",
@@ -113,7 +113,7 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
                      f"tensor cores {comp.tensor_cores}, TMA {comp.tma}")
     tool, bound = "compile+torch.profiler", "unknown"
     if ev.cuda:
-        with ev._timing_block():
+        with ev.turns.timing():
             text, b, err = _ncu(ev, req, source, comp.kernels, hb)
         if err is None:
             tool, bound = "ncu", b
@@ -121,20 +121,22 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
         else:
             parts.append(f"(ncu unavailable: {err})")
     try:
-        problem = ev._problem(req.problem)
-        shape = ev._shape(problem, req.shape)
+        problem = ev.ctx.problem(req.problem)
+        shape = ev.ctx.shape(problem, req.shape)
         # the child compile left loaded (else a fresh one), loaded and fed before the timing block: loading
         # takes untimed device jobs, which cannot be had inside a timing block
-        sb, _ = ev._loaded_child(ev._child_key(req.problem, shape, req.source_key), source, problem, shape, hb)
+        key = ev.ctx.child_key(req.problem, shape, req.source_key)
+        sb, _ = ev.children.loaded_child(key, source, problem, shape, hb)
         dist = problem.distributions[0]
         with sb:
-            with ev._device_job():
-                ev._ask(sb, ev._timing_set_request(dist), ev.timeouts["load"], "profile", hb)
-            with ev._timing_block():
+            with ev.turns.job():
+                ev.children.ask(sb, ev.ctx.timing_set_request(dist), ev.timeouts["load"], "profile", hb)
+            with ev.turns.timing():
                 # device time, back to back (a profile is one side: no comparison to keep in one mode)
-                t = ev._ask(sb, msg.Time(reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1, mode="back-to-back",
-                                         dist=dist), ev.timeouts["time"], "profile", hb)
-                p = ev._ask(sb, msg.Profile(reps=5 if ev.cuda else 1, dist=dist), ev.timeouts["profile"], "profile", hb)
+                t = ev.children.ask(sb, msg.Time(reps=10 if ev.cuda else 1, warmup=2 if ev.cuda else 1,
+                                                 mode="back-to-back", dist=dist), ev.timeouts["time"], "profile", hb)
+                p = ev.children.ask(sb, msg.Profile(reps=5 if ev.cuda else 1, dist=dist), ev.timeouts["profile"],
+                                    "profile", hb)
         from gpu_worker.timing import median
 
         t_ms = median(t.times)
@@ -161,4 +163,4 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
     summary = "\n".join(parts)
     if bound != "unknown":
         summary = f"{bound}-bound. " + summary
-    return ProfileReport(ok=True, summary=summary[:3000], bound=bound, tool=tool, report_key=ev._log(summary))
+    return ProfileReport(ok=True, summary=summary[:3000], bound=bound, tool=tool, report_key=ev.ctx.log(summary))

@@ -101,10 +101,10 @@ if name == "future_values":
     plan = {"blocks": 1, "reps": 3, "warmup": 1, "rotate": 2, "pool": 2, "host_reps": 1}
     for s in (cand, ref):
         s.cmd_prepare(rotate=2, pool=2, dist="normal", seed=ev.timing_seed)
-    res = ev._interleave(ref.problem, "normal", InProcess(cand), InProcess(ref), None, plan, None)
+    res = ev.bench_stage.interleave(ref.problem, "normal", InProcess(cand), InProcess(ref), None, plan, None)
     out["prepared"] = len(mod.PLAN)
     try:
-        ev._check_fingerprints(ref.problem, ref.shape, "normal", res)
+        ev.timed_outputs.check_fingerprints(ref.problem, ref.shape, "normal", res)
         out["verdict"] = "passed"
     except Rejection as e:
         out["verdict"] = e.reason

@@ -178,7 +178,7 @@ def test_a_restarted_worker_warms_from_the_cache_and_rebuilds_a_corrupt_entry(st
         try:
             t0 = time.perf_counter()
             w = ev.warm("softmax")
-            meta = {k: (m.hash, m.baseline_err, "cached" in m.timing) for k, m in ev._ref_meta.items()}
+            meta = {k: (m.hash, m.baseline_err, "cached" in m.timing) for k, m in ev.refs.meta.items()}
             runs.append((time.perf_counter() - t0, w["parts"], w["oracles"], meta))
         finally:
             ev.close()
@@ -248,7 +248,7 @@ def test_warming_other_shapes_leaves_their_children_closed_but_one(store, tmp_pa
     ev = _evaluator(store, tmp_path)
     try:
         out = ev.warm_shapes("softmax", [p.cpu_shape.name], keep=None)
-        assert out[0]["oracles"] == len(p.distributions) and out[0]["parts"]["cached"] == 0 and not ev._refs
+        assert out[0]["oracles"] == len(p.distributions) and out[0]["parts"]["cached"] == 0 and not ev.refs.children
     finally:
         ev.close()
     ev = _evaluator(store, tmp_path)  # restarted
@@ -256,7 +256,7 @@ def test_warming_other_shapes_leaves_their_children_closed_but_one(store, tmp_pa
         out = ev.warm_shapes("softmax", [p.cpu_shape.name], keep=p.cpu_shape.name)
         # the first worker's, read back, but the first case: a new child's baseline runs once
         assert out[0]["parts"]["cached"] == len(p.distributions) - 1
-        assert list(ev._refs) == [("softmax", p.cpu_shape.name)]
+        assert list(ev.refs.children) == [("softmax", p.cpu_shape.name)]
     finally:
         ev.close()
 

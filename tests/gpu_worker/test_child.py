@@ -31,8 +31,8 @@ def test_verification_is_one_command_with_each_steps_time(ev, store):
     from gpu_worker.protocol import Verify, WriteExports
 
     p = get_problem("softmax")
-    cases = list(ev.cases(p, "steps"))
-    sb, _ = ev._loaded_child(("x",), canary("fast"), p, ev._shape(p, None), None)
+    cases = list(ev.ctx.cases(p, "steps"))
+    sb, _ = ev.children.loaded_child(("x",), canary("fast"), p, ev.ctx.shape(p, None), None)
     try:
         r = sb.call(Verify(cases=cases), 120).result
         assert [(c.dist, c.seed) for c in r.cases] == cases

@@ -268,7 +268,7 @@ def _evaluator(tmp_path, policy: str = "owner"):
     owner = DeviceDispatcher(batch=2, max_wait_s=0.01) if policy == "dispatcher" else None
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True,
                   scheduler=Scheduler(spares=0, owner=owner))
-    e.cuda = True  # the device owner is only used with a device; nothing below touches one
+    e.ctx.cuda = True  # the device owner is only used with a device; nothing below touches one
     return e
 
 
@@ -284,14 +284,14 @@ def test_reference_wait_holds_no_device_turn(tmp_path):
 
     held = []
     ref_lock = threading.Lock()
-    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {"baseline": "stand-in"})
+    e.refs.child = lambda problem, shape, hb: (Child(), ref_lock, {"baseline": "stand-in"})
     ref_lock.acquire()  # the reference child is busy with someone else's call
-    caller = start(e._ref_call, None, None, None, Compare(jobs=[]), 10)
+    caller = start(e.refs.call, None, None, None, Compare(jobs=[]), 10)
     time.sleep(0.2)  # the caller now waits for the child
     timed = threading.Event()
 
     def timing():
-        with e._timing_block():
+        with e.turns.timing():
             timed.set()
 
     t = start(timing)
@@ -315,10 +315,10 @@ def test_reference_lock_not_held_while_a_timing_block_runs(tmp_path):
             ran.append((request.cmd, e.owner.turns.jobs, ref_lock.locked()))
             return Reply(seq=None, result=Staged(seconds=0.0))
 
-    e._ref = lambda problem, shape, hb: (Child(), ref_lock, {})
-    block = e._timing_block()
+    e.refs.child = lambda problem, shape, hb: (Child(), ref_lock, {})
+    block = e.turns.timing()
     block.__enter__()
-    caller = start(e._ref_call, None, None, None, Stage(cases=[]), 10)
+    caller = start(e.refs.call, None, None, None, Stage(cases=[]), 10)
     time.sleep(0.3)
     assert ref_lock.acquire(timeout=2), "the reference child's lock was held while waiting for the device"
     ref_lock.release()
@@ -327,7 +327,7 @@ def test_reference_lock_not_held_while_a_timing_block_runs(tmp_path):
     caller.join(5)
     assert ran == [("stage", 1, True)]
     # a timing block with the child: the turn first, then the lock
-    with e._with_ref(ref_lock, timing=True):
+    with e.turns.with_ref(ref_lock, timing=True):
         assert e.owner.turns.timing_on and ref_lock.locked()
     assert not ref_lock.locked() and not e.owner.turns.timing_on
     e.close()
@@ -349,16 +349,16 @@ def test_turns_and_reference_lock_mixed_load_never_deadlocks(tmp_path, policy):
             way = rnd.randrange(4)
             hold = rnd.uniform(0, 0.002)
             if way == 0:
-                with e._device_job():
+                with e.turns.job():
                     rec.inside("job", f"{seed}.{n}", hold)
             elif way == 1:
-                with e._with_ref(ref_lock):
+                with e.turns.with_ref(ref_lock):
                     rec.inside("job", f"{seed}.{n}", hold)
             elif way == 2:
-                with e._timing_block():
+                with e.turns.timing():
                     rec.inside("timing", f"{seed}.{n}", hold)
             else:
-                with e._with_ref(ref_lock, timing=True):
+                with e.turns.with_ref(ref_lock, timing=True):
                     rec.inside("timing", f"{seed}.{n}", hold)
 
     threads = [start(worker, i) for i in range(8)]
@@ -383,31 +383,31 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path, policy):
             calls.append(bool(getattr(e.owner.stages._local, "alone", False)))
             if len(calls) == 1:
                 return VerifyReport(ok=False, stage="sandbox", reason=first_reason, seconds=2.0,
-                                    log_key=e._log(first_reason))
+                                    log_key=e.ctx.log(first_reason))
             return then
         return run
 
-    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
-    rep = e._retried_alone(attempt("oom: OutOfMemoryError: CUDA out of memory", ok))
+    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e.ctx.log("passed"))
+    rep = e.children.retried_alone(attempt("oom: OutOfMemoryError: CUDA out of memory", ok))
     assert rep.ok and calls == [False, True] and rep.seconds == 5.0
     log = e.store.get_text(rep.log_key)
     assert log.startswith("first attempt beside other candidates: oom:") and log.rstrip().endswith("passed")
     calls.clear()
     still = VerifyReport(ok=False, stage="sandbox", reason="oom: again, alone", seconds=1.0)
-    rep = e._retried_alone(attempt("crash: sandbox process died with SIGKILL during verify", still))
+    rep = e.children.retried_alone(attempt("crash: sandbox process died with SIGKILL during verify", still))
     assert not rep.ok and rep.reason == "oom: again, alone" and calls == [False, True]
     for reason in ("verify: wrong output", "crash: sandbox process died with SIGSEGV during verify"):
         calls.clear()
-        rep = e._retried_alone(attempt(reason, ok))
+        rep = e.children.retried_alone(attempt(reason, ok))
         assert not rep.ok and rep.reason == reason and calls == [False]  # the candidate's own failure
     # compile reports carry the reason as `error`
     calls.clear()
-    rep = e._retried_alone(lambda: (calls.append(1), CompileReport(ok=False, error="oom: x") if len(calls) == 1
+    rep = e.children.retried_alone(lambda: (calls.append(1), CompileReport(ok=False, error="oom: x") if len(calls) == 1
                                     else CompileReport(ok=True))[1])
     assert rep.ok and len(calls) == 2
-    e.cuda = False  # on the CPU (no device owner at work) nothing is retried
+    e.ctx.cuda = False  # on the CPU (no device owner at work) nothing is retried
     calls.clear()
-    assert not e._retried_alone(attempt("oom: x", ok)).ok and calls == [False]
+    assert not e.children.retried_alone(attempt("oom: x", ok)).ok and calls == [False]
     e.close()
 
 
@@ -443,19 +443,19 @@ def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alo
                 return then
         return run
 
-    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e._log("passed"))
-    rep = e._retried_alone(attempt(ok))
+    ok = VerifyReport(ok=True, rel_err=1e-3, seconds=3.0, log_key=e.ctx.log("passed"))
+    rep = e.children.retried_alone(attempt(ok))
     assert rep.ok and calls == [False, True] and rep.seconds == 3.0
     assert kept.closed and len(e.loaded) == 0, "the retry alone runs with the idle children's memory freed"
     assert e.store.get_text(rep.log_key).startswith(
         "first attempt beside other candidates: oom: the reference process's compare_timed")
     calls.clear()
     with pytest.raises(ReferenceOutOfMemory):
-        e._retried_alone(attempt(None))
+        e.children.retried_alone(attempt(None))
     assert calls == [False, True]
-    e.cuda = False  # on the CPU nothing is retried: the error is the harness's at once
+    e.ctx.cuda = False  # on the CPU nothing is retried: the error is the harness's at once
     calls.clear()
     with pytest.raises(ReferenceOutOfMemory):
-        e._retried_alone(attempt(ok))
+        e.children.retried_alone(attempt(ok))
     assert calls == [False]
     e.close()

@@ -41,9 +41,9 @@ def bench(tmp_path):
                 "best": samples(medians["best"][dist], rng), "cand_host": [1.0], "base_host": [2.0],
                 "mode": "interpreter", "blocks": 1, "planned_blocks": 2, "captures": {}, "noise_seed": 1}
 
-    e._time_distribution = time_distribution
-    e._check_fingerprints = lambda *a: "stand-in"
-    e._check_timed_outputs = lambda *a: ("stand-in", [])
+    e.bench_stage.time_distribution = time_distribution
+    e.timed_outputs.check_fingerprints = lambda *a: "stand-in"
+    e.timed_outputs.check_timed_outputs = lambda *a: ("stand-in", [])
     src = {n: canary_source(n) for n in ("fast", "slow")}
     keys = {n: store.put_text(s) for n, s in src.items()}
     ids = {n: hashlib.sha256(s.encode()).hexdigest()[:16] for n, s in src.items()}

@@ -15,11 +15,11 @@ def test_warm_fills_oracle_bank(store):
                     settings=GpuWorkerSettings(seed_pool=3))
     try:
         w = e.warm("softmax")
-        assert w["oracles"] == 6 and len(e._ref_meta) == 6
+        assert w["oracles"] == 6 and len(e.refs.meta) == 6
         # a later verification needs no new oracle: every case hits the bank
-        before = dict(e._ref_meta)
+        before = dict(e.refs.meta)
         v = e.verify(req(store, canary("fast")))
-        assert v.ok and set(e._ref_meta) == set(before)
+        assert v.ok and set(e.refs.meta) == set(before)
     finally:
         e.close()
 
@@ -41,7 +41,7 @@ def test_input_bank_written_by_reference_read_by_candidates(store, tmp_path):
         bank = sorted((tmp_path / "input-bank").glob("*.pt"))
         # one file per pool case, plus each distribution's timing values the warm-up prepared
         dists = len(get_problem("softmax").distributions)
-        assert len(bank) == 3 * dists + dists * e._plan()["pool"]
+        assert len(bank) == 3 * dists + dists * e.ctx.plan()["pool"]
         assert all(p.stat().st_mode & 0o777 == 0o444 for p in bank)
         assert e.verify(req(store, canary("fast"))).ok
         for p in bank:

@@ -62,7 +62,7 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
 
     def run(cand_ms, with_best=True, decisive=True):
         cand, base, best = Child(cand_ms), Child(2.0), Child(1.0) if with_best else None
-        return e._interleave(None, "normal", cand, base, best, plan, None, decisive), cand
+        return e.bench_stage.interleave(None, "normal", cand, base, best, plan, None, decisive), cand
 
     res, cand = run(1.2)
     assert res["blocks"] == 1 and res["planned_blocks"] == 5 and cand.calls == 1

@@ -21,7 +21,7 @@ def test_verified_at_a_random_shape_on_request(judge, store):
     honest = judge.verify(req(store, p.template()).model_copy(update={"random_shape": True}))
     assert honest.ok and honest.random_shape and honest.random_shape.startswith(RANDOM_SHAPE), honest
     assert f"random shape {honest.random_shape}: worst rel_err" in store.get_text(honest.log_key)
-    assert not any(k[1].startswith(RANDOM_SHAPE) for k in judge._refs), "a random shape's reference child stays"
+    assert not any(k[1].startswith(RANDOM_SHAPE) for k in judge.refs.children), "a random shape's reference child stays"
 
 
 def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge, store, monkeypatch):
@@ -33,7 +33,7 @@ def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge,
     from gpu_worker.sandbox import Sandbox
 
     held, calls = [], []  # held: the threads inside a device job (spares take theirs on threads of their own)
-    real_job, real_call = judge._device_job, Sandbox.call
+    real_job, real_call = judge.turns.job, Sandbox.call
 
     @contextlib.contextmanager
     def job():
@@ -48,7 +48,7 @@ def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge,
         calls.append((request.cmd, threading.get_ident() in held))
         return real_call(sb, request, *a, **kw)
 
-    monkeypatch.setattr(judge, "_device_job", job)
+    monkeypatch.setattr(judge.turns, "job", job)
     monkeypatch.setattr(Sandbox, "call", call)
     v = judge.verify(req(store, get_problem("softmax").template()).model_copy(update={"random_shape": True}))
     assert v.ok and v.random_shape, v
@@ -61,7 +61,7 @@ def test_the_next_listed_shape_is_prepared_once_after_a_first_verification(judge
     # the first would-be best's second verification finds the shape's reference ready (FLA autotuned there)
     from baselines.registry import get_problem
     from gpu_worker.harness_best_checks import shape_to_prepare
-    from gpu_worker.harness_verify import other_shapes
+    from gpu_worker.harness_cases import other_shapes
 
     p = get_problem("kda")
     primary, nxt = p.shapes[0], other_shapes(p, p.shapes[0])[0]
@@ -70,14 +70,14 @@ def test_the_next_listed_shape_is_prepared_once_after_a_first_verification(judge
     assert shape_to_prepare(get_problem("mla_prefill"), get_problem("mla_prefill").shapes[0], set()) is None
 
     if judge.interpreter:
-        assert judge._prepare_next_shape(p, primary, "c0") is None, "the CPU verifies at one shape"
+        assert judge.best_checks.prepare_next_shape(p, primary, "c0") is None, "the CPU verifies at one shape"
     calls = []
-    monkeypatch.setattr(judge, "cuda", True)
-    monkeypatch.setattr(judge, "_prepared_shapes", set())
-    monkeypatch.setattr(judge, "reference", lambda problem, shape, cases, hb: calls.append((shape.name, cases)))
-    t = judge._prepare_next_shape(p, primary, "c1")
+    monkeypatch.setattr(judge.ctx, "cuda", True)
+    monkeypatch.setattr(judge.best_checks, "prepared_shapes", set())
+    monkeypatch.setattr(judge.refs, "reference", lambda problem, shape, cases, hb: calls.append((shape.name, cases)))
+    t = judge.best_checks.prepare_next_shape(p, primary, "c1")
     t.join(10)
-    assert calls == [(nxt, judge.cases(p, "c1"))]
-    assert judge._prepare_next_shape(p, primary, "c2") is None, "once per worker and shape"
+    assert calls == [(nxt, judge.ctx.cases(p, "c1"))]
+    assert judge.best_checks.prepare_next_shape(p, primary, "c2") is None, "once per worker and shape"
     # a best verified at that shape next: the primary shape, serving already, is not prepared again
-    assert judge._prepare_next_shape(p, p.shape_named(nxt), "c1") is None and len(calls) == 1
+    assert judge.best_checks.prepare_next_shape(p, p.shape_named(nxt), "c1") is None and len(calls) == 1

@@ -19,8 +19,8 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
-        p = e._problem("softmax")
-        sh = e._shape(p, None)
+        p = e.ctx.problem("softmax")
+        sh = e.ctx.shape(p, None)
         case = (p.distributions[0], 0)
         other = (p.distributions[0], 1)  # not computed by anyone yet: computed below, once
         first = ReferenceCase(dist=case[0], seed=0, hash="h", baseline_err=1e-7, timing={"oracle": 20.0})
@@ -37,15 +37,15 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         @contextlib.contextmanager
         def racing_lock(lock, timing=False):
             # the other caller finished its computation of the case while this one waited for the child
-            e._ref_meta[(p.name, sh.name, *case)] = first
+            e.refs.meta[(p.name, sh.name, *case)] = first
             yield
 
-        e._ref = lambda problem, shape, hb: (Child(), threading.Lock(), {})
-        e._with_ref = racing_lock
-        assert e.reference(p, sh, [case], None) == [first]
+        e.refs.child = lambda problem, shape, hb: (Child(), threading.Lock(), {})
+        e.turns.with_ref = racing_lock
+        assert e.refs.reference(p, sh, [case], None) == [first]
         assert "reference" not in calls  # (its inputs were staged, host work before the device turn)
         calls.clear()
-        assert e.reference(p, sh, [case, other], None)[0] == first and calls == ["stage", "reference"]
+        assert e.refs.reference(p, sh, [case, other], None)[0] == first and calls == ["stage", "reference"]
     finally:
         e.close()
 

@@ -56,7 +56,7 @@ class RecordingOwner:
 
     @contextlib.contextmanager
     def with_ref(self, lock, timing: bool = False):
-        """Evaluator._with_ref's order: a timing block takes its turn, then the child's lock."""
+        """DeviceTurns.with_ref's order: a timing block takes its turn, then the child's lock."""
         if timing:
             with self.timing(), lock:
                 yield
@@ -91,7 +91,7 @@ def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     monkeypatch.setattr(Sandbox, "__init__", recorded_init)
     store = ArtifactStore(tmp_path / "art")
     e = harness.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
-    e._device_job, e._timing_block, e._with_ref = rec.job, rec.timing, rec.with_ref
+    e.turns.job, e.turns.timing, e.turns.with_ref = rec.job, rec.timing, rec.with_ref
     get, put = store.get_text, store.put_text
     store.get_text = lambda key: (rec.note("store", "read"), get(key))[1]
     store.put_text = lambda text: (rec.note("store", "write"), put(text))[1]
@@ -159,7 +159,7 @@ def test_a_child_loaded_for_a_benchmark_compiles_before_its_upload(tmp_path, mon
     monkeypatch.setattr(Sandbox, "call", recorded_call)
     store = ArtifactStore(tmp_path / "art")
     e = harness.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
-    e._device_job, e._timing_block, e._with_ref = rec.job, rec.timing, rec.with_ref
+    e.turns.job, e.turns.timing, e.turns.with_ref = rec.job, rec.timing, rec.with_ref
 
     def req(name):
         src = canary_source(name)

@@ -63,24 +63,33 @@ def test_the_marker_source_defines_three_triton_kernels_under_the_fresh_names():
     assert all(ast.unparse(d.decorator_list[0]) == "triton.jit" for d in defs)
 
 
-class _Harness(NcuProofCheck):
-    def __init__(self, cuda: bool, share: float = 0.0):
-        self.cuda = cuda
-        self.settings = GpuWorkerSettings(ncu_proof_share=share)
-        self._secret = random.Random(3)
+def _plumbing(tmp_path: Path, cuda: bool = True, share: float = 0.0) -> NcuProofCheck:
+    """The harness's side alone, its device turns a serial caller's (none to wait for): `cuda` as on a device."""
+    from gpu_worker.harness_children import DeviceTurns
+    from gpu_worker.harness_context import StageContext
+    from gpu_worker.harness_serial import SerialScheduler
+    from workflows.artifacts import ArtifactStore
+
+    sched = SerialScheduler()
+    settings = GpuWorkerSettings(gpu_workdir=tmp_path / "work", cache_dir=tmp_path / "cache", ncu_proof_share=share)
+    ctx = StageContext(store=ArtifactStore(tmp_path / "art"), settings=settings, cuda=cuda, interpreter=not cuda,
+                       sched=sched, owner=sched.owner, loaded=sched.loaded,
+                       timeouts={"load": 120, "compile": 120, "profile": 120}, timing_seed=1000,
+                       secret=random.Random(5))
+    return NcuProofCheck(ctx, DeviceTurns(ctx))
 
 
-def test_without_ncu_a_would_be_best_is_plainly_not_proven(monkeypatch):
+def test_without_ncu_a_would_be_best_is_plainly_not_proven(monkeypatch, tmp_path):
     monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: None)
-    r = _Harness(cuda=True)._proof_if_due(True, None, None, "", {"dist": "normal", "time_ms": 0.02}, None, [0.0])
+    r = _plumbing(tmp_path).proof_if_due(True, None, None, "", {"dist": "normal", "time_ms": 0.02}, None, [0.0])
     assert r == {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
     assert r["text"].startswith("not proven: ncu absent")
 
 
-def test_a_candidate_not_drawn_and_the_interpreter_get_no_proof(monkeypatch):
+def test_a_candidate_not_drawn_and_the_interpreter_get_no_proof(monkeypatch, tmp_path):
     monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: pytest.fail("no proof was due"))
-    assert _Harness(cuda=True, share=0.0)._proof_if_due(False, None, None, "", {}, None, [0.0]) is None
-    assert _Harness(cuda=False, share=1.0)._proof_if_due(True, None, None, "", {}, None, [0.0]) is None
+    assert _plumbing(tmp_path, cuda=True, share=0.0).proof_if_due(False, None, None, "", {}, None, [0.0]) is None
+    assert _plumbing(tmp_path, cuda=False, share=1.0).proof_if_due(True, None, None, "", {}, None, [0.0]) is None
 
 
 def test_the_proof_settings_parse_and_refuse_bad_values():
@@ -164,20 +173,6 @@ sys.exit(rc)
 '''
 
 
-class _Plumbing(NcuProofCheck):
-    """The harness's side alone (its device turns trivial: no device here)."""
-
-    def __init__(self, tmp_path: Path):
-        import contextlib
-
-        self.cuda = True
-        self.settings = GpuWorkerSettings(gpu_workdir=tmp_path / "work", cache_dir=tmp_path / "cache")
-        self._secret = random.Random(5)
-        self.timing_seed = 1000
-        self.timeouts = {"load": 120, "compile": 120, "profile": 120}
-        self._device_job = self._timing_block = contextlib.nullcontext
-
-
 @pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
 def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_trace(tmp_path, monkeypatch):
     from baselines.registry import get_problem
@@ -188,21 +183,21 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     stand_in.chmod(0o755)
     monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: str(stand_in))
     p = get_problem("softmax")
-    h, worst = _Plumbing(tmp_path), {"dist": p.distributions[0], "time_ms": 0.02}
-    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    h, worst = _plumbing(tmp_path), {"dist": p.distributions[0], "time_ms": 0.02}
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is True, r["text"]
     assert r["verdict"]["seen"] == ["canary_fast_softmax"] and r["verdict"]["calls"] == 11
     assert r["text"].startswith(f"[{worst['dist']}] proven: ncu kernel time 0.02 ms/call vs judged 0.02 ms")
     assert not list((tmp_path / "work").glob("proof-*"))  # nothing of the proof is left behind
     monkeypatch.setenv("STAND_IN_MODE", "no-counters")
-    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is None and r["text"].startswith("not proven: ncu may not read")
     stand_in.chmod(0o644)  # an ncu that cannot run: the host's fault, said so
-    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is None and r["text"].startswith(f"not proven: ncu ({stand_in}) could not start")
     stand_in.chmod(0o755)
     monkeypatch.setenv("STAND_IN_MODE", "no-launch")
-    r = h._proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
     assert r["ok"] is False and "not proven: the proof process did not complete its calls (it never got ready)" in r["text"]
 
 
@@ -224,7 +219,7 @@ def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof
     p = get_problem("softmax")
     late = canary_source("fast").replace("def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
                                          "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()")
-    r = _Plumbing(tmp_path)._proof_if_due(True, p, p.cpu_shape, late, {"dist": p.distributions[0], "time_ms": 0.02},
+    r = _plumbing(tmp_path).proof_if_due(True, p, p.cpu_shape, late, {"dist": p.distributions[0], "time_ms": 0.02},
                                           None, [0.0])
     assert r["verdict"]["ok"] is True  # the stand-in's trace holds the calls' kernels alone
     assert r["ok"] is False and r["family"] == "lazy-output", r["text"]

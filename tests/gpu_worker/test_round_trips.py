@@ -73,13 +73,13 @@ def test_verification_is_one_request_of_the_candidate_child(ev, store, counter, 
     r = req(store, _unique(canary("fast"), "verify"))
     assert ev.compile(r).ok
     counter.reset()
-    jobs, job = [], ev._device_job
+    jobs, job = [], ev.turns.job
 
     def counted_job():
         jobs.append(1)
         return job()
 
-    monkeypatch.setattr(ev, "_device_job", counted_job)
+    monkeypatch.setattr(ev.turns, "job", counted_job)
     v = ev.verify(r)
     assert v.ok, v.reason
     cmds = counter.commands()

@@ -47,7 +47,7 @@ def test_timing_cpus_explicit():
 
 
 def test_pool_readies_spares_before_handing_them_out():
-    # on CUDA the harness passes its _cuda_init here (the context is made in an untimed device job);
+    # on CUDA the harness passes its CandidateChildren.cuda_init here (the context is made in an untimed device job);
     # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
     import time as _t
 

@@ -1,5 +1,5 @@
 """Every timed call runs on values never met before (gpu_worker.timing_inputs): the real benchmark loop
-(Evaluator._interleave, with the children's Servers in this process) is recorded refill by refill, for every
+(BenchmarkStage.interleave, with the children's Servers in this process) is recorded refill by refill, for every
 built-in problem and a KernelBench file. Within each side no input set, and no row of one, comes back, not
 even as a permutation or roll (rows and sets compared as sorted values); the baseline's timed calls run on
 exactly the candidate's values, and the fingerprints compare like with like. The device-side memo cheats
@@ -99,10 +99,10 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
         plan = {"blocks": 3, "reps": 4, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 2}
         for s in (cand, ref, best):
             s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=ev.timing_seed)
-        res = ev._interleave(p, dist, InProcess(cand), InProcess(ref), InProcess(best), plan, None)
+        res = ev.bench_stage.interleave(p, dist, InProcess(cand), InProcess(ref), InProcess(best), plan, None)
         cand.cmd_profile(reps=2, dist=dist)  # the cross-check's refills: values of their own too
         assert len(res["checks"]) == len(res["base_checks"]) == 3 * 4
-        assert "12 timed calls fingerprinted, worst 0 of" in ev._check_fingerprints(p, ref.shape, dist, res)
+        assert "12 timed calls fingerprinted, worst 0 of" in ev.timed_outputs.check_fingerprints(p, ref.shape, dist, res)
     finally:
         ev.close()
     # within each side (the candidate's profile included) no set and no row comes back, in any order, and

@@ -48,7 +48,7 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
         for part in ("'reference-child'", "'ceilings'", "'oracles'", "'oracles.inputs'", "'oracles.oracle'",
                      "'oracles.baseline'", "'timing-sets'"):
             assert part in out
-        assert ev._ref_meta  # ... and kept for the verifications to come
+        assert ev.refs.meta  # ... and kept for the verifications to come
         assert "warm softmax failed" in out and "no such shape" in out  # printed, not raised
     finally:
         ev.close()
@@ -56,7 +56,7 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
 
 def test_the_other_listed_shapes_are_warmed_cheapest_first_and_the_next_ones_child_kept():
     from baselines.registry import get_problem
-    from gpu_worker.harness_verify import other_shapes
+    from gpu_worker.harness_cases import other_shapes
     from gpu_worker.worker import other_listed_shapes
 
     kda = get_problem("kda")
