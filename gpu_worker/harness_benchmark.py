@@ -132,7 +132,7 @@ class BenchmarkStage:
                           spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
                                            f"{d['baseline_iqr_ms'][0]:.4g}-{d['baseline_iqr_ms'][1]:.4g} ms)"
                                            for d in per_dist),
-                          mode=mode, proof=f"ncu proof: {proof['text']}" if proof else "")
+                          mode=mode, proof=f"ncu proof: {proof.text}" if proof else "")
             lines = [f"judge: device time ({mode}); the worst speedup over {len(per_dist)} distributions decides"]
             for d in per_dist:
                 host = (f"host latency of a synchronous call {d['host_ms']:.4g} ms (baseline {d['baseline_host_ms']:.4g} ms)"
@@ -166,17 +166,17 @@ class BenchmarkStage:
                 facts = None
                 lines.append("physical floor: not checked (no GPU; interpreter timings say nothing about speed)")
             if prof is not None:
-                lines.append(f"profiler cross-check: {prof['text']}")
-                if not prof["ok"]:
-                    why = "library-kernel: " if prof["foreign"] else ""  # a kernel not its own Triton did work
-                    raise Rejection("benchmark", f"{why}profiler cross-check failed: {prof['text']}", "\n".join(lines))
+                lines.append(f"profiler cross-check: {prof.text}")
+                if not prof.ok:
+                    why = "library-kernel: " if prof.foreign else ""  # a kernel not its own Triton did work
+                    raise Rejection("benchmark", f"{why}profiler cross-check failed: {prof.text}", "\n".join(lines))
             elif req.fresh_process:
                 lines.append("profiler cross-check: skipped under the interpreter (no device kernels)")
             if proof is not None:
-                lines.append(f"ncu proof: {proof['text']}")
-                if proof["ok"] is False:  # None: not made here (no ncu), which the line and the receipt say
-                    why = f"{proof['family']}: " if proof.get("family") else ""
-                    raise Rejection("benchmark", f"{why}ncu proof failed: {proof['text']}", "\n".join(lines))
+                lines.append(f"ncu proof: {proof.text}")
+                if proof.ok is False:  # None: not made here (no ncu), which the line and the receipt say
+                    why = f"{proof.family}: " if proof.family else ""
+                    raise Rejection("benchmark", f"{why}ncu proof failed: {proof.text}", "\n".join(lines))
             lines.append(cand_log)
             dists = [DistributionTiming(dist=d["dist"], time_ms=d["time_ms"], baseline_ms=d["baseline_ms"],
                                         speedup=d["speedup"], speedup_ci=d["speedup_ci"], best_time_ms=d["best_time_ms"],
@@ -192,7 +192,7 @@ class BenchmarkStage:
                                gpu_seconds=gpu_s[0] if ctx.cuda else 0.0, distributions=dists,
                                deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
                                host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"],
-                               kernel_ms=prof["kernel_ms"] if prof else None, device_facts=facts)
+                               kernel_ms=prof.kernel_ms if prof else None, device_facts=facts)
         except Rejection as rej:
             return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=ctx.interpreter,
                                log_key=ctx.log(rej.reason + "\n" + rej.log), gpu_seconds=gpu_s[0])

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 
 from gpu_worker import protocol as msg
 from gpu_worker.harness_children import CandidateChildren, DeviceTurns
 from gpu_worker.harness_context import StageContext
 from gpu_worker.harness_references import ReferenceChildren
-from gpu_worker.harness_cases import CaseVerification, other_shapes
+from gpu_worker.harness_cases import CasesPassed, CaseVerification, other_shapes
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
 from gpu_worker.timing import crosscheck, foreign_kernels
@@ -21,6 +22,17 @@ RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified s
 
 # the verdicts of a verification that say the kernel's answer is wrong (at a random shape: shape-specific)
 SHAPE_WRONG = ("wrong:", "non-finite:", "degenerate:", "nondeterministic:", "output-cache:", "late-write:")
+
+
+@dataclass(frozen=True)
+class ProfilerCheck:
+    """The profiler cross-check's verdict (BestOnlyChecks.crosscheck): `foreign`, the kernels its work
+    launched that are not the candidate's own Triton; `kernel_ms`, the profiler's per-call kernel time."""
+
+    ok: bool
+    text: str
+    foreign: list[str]
+    kernel_ms: float
 
 
 def shape_to_prepare(problem, verified, prepared: set) -> str | None:
@@ -72,7 +84,7 @@ class BestOnlyChecks:
         t.start()
         return t
 
-    def verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: dict) -> tuple:
+    def verify_random_shape(self, source, problem, verified, req: EvalRequest, hb, res: CasesPassed) -> tuple:
         """For a request with `random_shape` (a would-be best; `marathon verify`): the candidate verified
         once more, at a shape drawn from the problem's random space with the worker's secret generator, on
         inputs from secret seeds, one case per distribution: a kernel written for the listed shapes alone
@@ -85,7 +97,7 @@ class BestOnlyChecks:
         cases = [(d, self.ctx.secret.randrange(1 << 20, 1 << 40)) for d in problem.distributions]
         # each distribution's threshold, doubled: base_err such that max(floor, alpha * base_err) is that
         base_err = {d: RANDOM_SLACK * max(t, problem.tolerance_floor) / problem.tolerance_alpha
-                    for d, t in res["thresholds"].items()}
+                    for d, t in res.thresholds.items()}
         self.refs.use_random(problem, shape)
         with _phase("random-shape"):
             try:
@@ -103,10 +115,11 @@ class BestOnlyChecks:
                 raise wrapped from None
             finally:
                 self.refs.release_random(problem, shape, cases)
-        return (f"random shape {shape.name}: worst rel_err {r['rel_err']:.3e} (threshold {r['threshold']:.3e})",
+        return (f"random shape {shape.name}: worst rel_err {r.rel_err:.3e} (threshold {r.threshold:.3e})",
                 shape.name)
 
-    def crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb, gpu_s: list) -> dict:
+    def crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb,
+                   gpu_s: list) -> ProfilerCheck:
         """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with
         the judged device time, for both sides (the candidate in a fresh process, the baseline in the
         reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
@@ -135,5 +148,4 @@ class BestOnlyChecks:
                 f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb.kernel_ms_per_call:.4g} ms/call (allowed gap "
                 f"{allowed_b:.3g} ms); candidate kernels in trace: {seen or 'NONE'}; kernels not the candidate's Triton: "
                 f"{foreign or 'none'}")
-        return {"ok": ok, "text": text, "foreign": foreign, "kernel_ms": p.kernel_ms_per_call,
-                "baseline_kernel_ms": pb.kernel_ms_per_call}
+        return ProfilerCheck(ok=ok, text=text, foreign=foreign, kernel_ms=p.kernel_ms_per_call)

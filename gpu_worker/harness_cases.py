@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass
 
 from gpu_worker import protocol as msg
 from gpu_worker.harness_children import CandidateChildren, DeviceTurns
@@ -29,6 +30,18 @@ def other_shapes(problem, verified) -> list[str]:
     return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
 
 
+@dataclass(frozen=True)
+class CasesPassed:
+    """A passing verification: the worst error over the cases and outputs, the baseline's worst own error,
+    the smallest threshold and each distribution's (the smallest over its cases), and the log's lines."""
+
+    rel_err: float
+    baseline_err: float
+    threshold: float
+    thresholds: dict[str, float]
+    log: str
+
+
 class CaseVerification:
     """A loaded candidate's outputs on a list of cases at one shape, checked against the oracle in the
     reference child: the verify stage's work, and a would-be best's at a random shape."""
@@ -38,12 +51,11 @@ class CaseVerification:
         self.ctx, self.turns, self.children, self.refs, self.compiler = ctx, turns, children, refs, compiler
 
     def verify(self, source, problem, shape, candidate_id, hb, source_key: str, cases: list | None = None,
-               base_err: dict | None = None, hand_on: bool = True) -> dict:
+               base_err: dict | None = None, hand_on: bool = True) -> CasesPassed:
         """Verification at `shape` on `cases` (default: the candidate's seeds from the pool, every
         distribution). `base_err`: per distribution, the baseline error the thresholds are taken from,
         instead of the baseline's own on each case (which is then not computed). `hand_on`: keep the
-        passing child for the candidate's benchmark. Returns the worst errors, the smallest threshold and
-        each distribution's (the smallest over its cases), and the log."""
+        passing child for the candidate's benchmark. A failing case raises its Rejection."""
         from gpu_worker.child import compared_outputs
 
         ctx = self.ctx
@@ -143,8 +155,8 @@ class CaseVerification:
             if hand_on:  # passed: the benchmark of this candidate gets this child, kernels loaded
                 ctx.loaded.put(key, sb)
                 handed_on = True
-            return {"rel_err": worst, "baseline_err": base_worst, "threshold": thr_min, "thresholds": by_dist,
-                    "log": "\n".join(lines)}
+            return CasesPassed(rel_err=worst, baseline_err=base_worst, threshold=thr_min, thresholds=by_dist,
+                               log="\n".join(lines))
         finally:
             stage.close()
             if not handed_on:

@@ -16,10 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 
 from gpu_worker.harness_children import DeviceTurns
 from gpu_worker.harness_context import StageContext
-from gpu_worker.ncu_trace import (Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
+from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
                                   parse_ncu_csv, proof_due, source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -32,13 +33,26 @@ SETTLE_S = 1.0  # after the last call: a thread's late launch still lands in the
 NOT_PROVEN_NO_NCU = "not proven: ncu absent (neither on PATH nor under /opt/nvidia/nsight-compute)"
 
 
+@dataclass(frozen=True)
+class ProofResult:
+    """The proof's verdict: `ok` True (proven), False (refused: `family` names the run-time guard's rule
+    when its guard refused the candidate) or None (not made here: a host's limit, which `text` says);
+    `verdict`: the trace's judgement, when a trace was judged."""
+
+    ok: bool | None
+    text: str
+    family: str | None = None
+    verdict: ProofVerdict | None = None
+
+
 class NcuProofCheck:
     """The benchmark's ncu proof (see the module's docstring)."""
 
     def __init__(self, ctx: StageContext, turns: DeviceTurns):
         self.ctx, self.turns = ctx, turns
 
-    def proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict | None:
+    def proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb,
+                     gpu_s: list) -> ProofResult | None:
         """The proof's result for a candidate that is due one (`proof_due`, drawn with the worker's secret
         generator); None when none is drawn or there is no CUDA. The result's `ok` is None when it could not
         be made here (no ncu): its text says so, and nothing is proven."""
@@ -47,7 +61,7 @@ class NcuProofCheck:
             return None
         ncu = find_ncu()
         if ncu is None:
-            return {"ok": None, "text": NOT_PROVEN_NO_NCU, "verdict": None}
+            return ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
         root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
         try:
             with _phase("ncu-proof"):
@@ -55,7 +69,8 @@ class NcuProofCheck:
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
-    def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, worst: dict, hb, gpu_s: list) -> dict:
+    def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, worst: dict, hb,
+                   gpu_s: list) -> ProofResult:
         from gpu_worker.caches import triton_cache_dir
 
         ctx = self.ctx
@@ -87,7 +102,7 @@ class NcuProofCheck:
                 proc = subprocess.Popen(cmd, cwd=front, env=env, stdin=subprocess.DEVNULL, stdout=out,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as e:  # the host's ncu, not the candidate
-            return {"ok": None, "verdict": None, "text": f"not proven: ncu ({ncu}) could not start: {e}"}
+            return ProofResult(ok=None, text=f"not proven: ncu ({ncu}) could not start: {e}")
         ready = loaded = None
         try:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
@@ -112,8 +127,8 @@ class NcuProofCheck:
                 proc.wait(10)
         done = _read_json(os.path.join(tmp, "done.json"))
         if counters_refused(_text(os.path.join(root, "ncu-out.txt")) + "\n" + _text(csv_path)):
-            return {"ok": None, "verdict": None, "text": "not proven: ncu may not read this GPU's performance "
-                    "counters here (ERR_NVGPUCTRPERM: a host setting)"}
+            return ProofResult(ok=None, text="not proven: ncu may not read this GPU's performance counters here "
+                               "(ERR_NVGPUCTRPERM: a host setting)")
         if ready is None or not done or "error" in done:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
             return _failed(f"the proof process did not complete its calls ({why}); ncu: "
@@ -129,8 +144,9 @@ class NcuProofCheck:
         if ok and inproc:  # the trace is clean, but the guard in the proof's process refused: that decides
             ok, family = False, guard_rule(inproc[0])
         note = f"; refused in the proof process too: {' | '.join(inproc[:3])}" if inproc else ""
-        return {"ok": ok, "family": family, "text": f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in "
-                f"a separate process{note}", "verdict": v.as_dict()}
+        return ProofResult(ok=ok, family=family, verdict=v,
+                           text=f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a separate "
+                                f"process{note}")
 
     @staticmethod
     def _proof_wait(proc, path: str | None, timeout: float, hb) -> dict | None:
@@ -182,7 +198,7 @@ def guard_rule(refusal: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _failed(why: str, worst: dict, family: str | None = None) -> dict:
+def _failed(why: str, worst: dict, family: str | None = None) -> ProofResult:
     """A refused proof; `family`: the rule of the run-time guard that refused the candidate in the proof's
     process, which names the refusal as it would in a candidate child."""
-    return {"ok": False, "family": family, "text": f"[{worst['dist']}] REFUSED: not proven: {why}", "verdict": None}
+    return ProofResult(ok=False, family=family, text=f"[{worst['dist']}] REFUSED: not proven: {why}")

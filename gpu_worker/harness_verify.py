@@ -42,9 +42,9 @@ class VerifyStage:
                 self.best.prepare_next_shape(problem, shape, req.candidate_id)
             probe, drawn = self.best.verify_random_shape(source, problem, shape, req, hb, res) if req.random_shape \
                 else ("", None)
-            return VerifyReport(ok=True, rel_err=res["rel_err"], baseline_rel_err=res["baseline_err"],
-                                threshold=res["threshold"], interpreter=ctx.interpreter,
-                                log_key=ctx.log(res["log"] + "\n" + probe), seconds=time.monotonic() - t0,
+            return VerifyReport(ok=True, rel_err=res.rel_err, baseline_rel_err=res.baseline_err,
+                                threshold=res.threshold, interpreter=ctx.interpreter,
+                                log_key=ctx.log(res.log + "\n" + probe), seconds=time.monotonic() - t0,
                                 other_shapes=other_shapes(problem, shape) if ctx.cuda else [], random_shape=drawn)
         except Rejection as rej:
             return VerifyReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=ctx.interpreter,

@@ -79,13 +79,13 @@ def judged(ev):
     return b, src
 
 
-def _prove(ev, source: str, judged_report) -> dict:
+def _prove(ev, source: str, judged_report):
     from baselines.registry import get_problem
 
     p = get_problem("softmax")
     worst = {"dist": judged_report.deciding_dist, "time_ms": judged_report.time_ms}
     r = ev.proof.proof_if_due(True, p, p.shapes[0], source, worst, None, [0.0])
-    print(f"ncu proof: {r['text']}")
+    print(f"ncu proof: {r.text}")
     return r
 
 
@@ -117,12 +117,12 @@ def test_a_kernel_a_thread_launches_after_the_call_returned_is_refused(ev, judge
     """Refused by one of two layers: the run-time guard in the proof's own process (the thread left running,
     seen first on an H100) or, should a candidate slip past it, ncu's trace (its kernel outside any call)."""
     r = _prove(ev, LATE_THREAD, judged[0])
-    assert r["ok"] is False and r["family"] == "lazy-output", r["text"]
-    if r["verdict"] is None:
-        assert "thread(s) of its own running after its call returned" in r["text"]
+    assert r.ok is False and r.family == "lazy-output", r.text
+    if r.verdict is None:
+        assert "thread(s) of its own running after its call returned" in r.text
     else:
         assert any("'late_softmax'" in x and "outside any call (after the last call returned)" in x
-                   for x in r["verdict"]["refusals"])
+                   for x in r.verdict.refusals)
 
 
 @pytest.mark.parametrize("update", [{"ncu_proof_wall": "unix"}, {"wall": "off"}], ids=["unix-sockets", "no-os-wall"])
@@ -130,10 +130,10 @@ def test_the_wall_variants_prove_the_honest_candidate_too(ev, judged, update):
     """Which wall lets ncu work, should the default fail: the candidate children's plus AF_UNIX sockets
     (a setting), and, to tell the wall from the rest, none at all (an operator's opt-out, MARATHON_WALL=off)."""
     b, src = judged
-    keep = ev.settings
-    ev.settings = keep.model_copy(update=update)
+    keep = ev.ctx.settings
+    ev.ctx.settings = keep.model_copy(update=update)
     try:
         r = _prove(ev, src, b)
     finally:
-        ev.settings = keep
-    assert r["ok"] is True, r["text"]
+        ev.ctx.settings = keep
+    assert r.ok is True, r.text
