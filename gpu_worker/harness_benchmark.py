@@ -14,7 +14,7 @@ from gpu_worker.harness_compile import CompileStage
 from gpu_worker.harness_context import StageContext
 from gpu_worker.harness_ncu_proof import NcuProofCheck
 from gpu_worker.harness_references import ReferenceChildren
-from gpu_worker.harness_timed_outputs import TimedOutputChecks, _check_entries
+from gpu_worker.harness_timed_outputs import TimedDistribution, TimedOutputChecks, _check_entries
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -91,10 +91,10 @@ class BenchmarkStage:
                 for dist in dists:
                     res = self.time_distribution(problem, shape, dist, cand, ref_sb, ref_lock, best, hb, gpu_s,
                                                  decisive=dist == decisive)
-                    fig = distribution_figures(dist, res["cand"], res["base"], res["best"] or None,
-                                               res["cand_host"], res["base_host"])
-                    fig["mode"], fig["blocks"], fig["planned_blocks"] = res["mode"], res["blocks"], res["planned_blocks"]
-                    fig["captures"] = res["captures"]
+                    fig = distribution_figures(dist, res.cand, res.base, res.best or None, res.cand_host,
+                                               res.base_host)
+                    fig["mode"], fig["blocks"], fig["planned_blocks"] = res.mode, res.blocks, res.planned_blocks
+                    fig["captures"] = res.captures
                     with _phase("timed-outputs"):
                         prints = self.timed_outputs.check_fingerprints(problem, shape, dist, res)
                         kept, jobs = self.timed_outputs.check_timed_outputs(problem, shape, dist, cand, hb, res)
@@ -201,7 +201,7 @@ class BenchmarkStage:
                                log_key=ctx.log(f"{f.kind}: {f.reason}\n{f.log}"), gpu_seconds=gpu_s[0])
 
     def time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
-                          decisive: bool = True) -> dict:
+                          decisive: bool = True) -> TimedDistribution:
         """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
         block each side tries to capture, the mode is chosen for all of them, and candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
@@ -229,7 +229,8 @@ class BenchmarkStage:
                 ctx.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
-    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True) -> dict:
+    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb,
+                   decisive: bool = True) -> TimedDistribution:
         """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
         ctx = self.ctx
         parties = [("cand", cand), ("base", ref), ("best", best)]
@@ -270,13 +271,11 @@ class BenchmarkStage:
             plan["blocks"] = max(3, min(plan["blocks"], int(total_ms / (plan["reps"] * max(base_ms, 1e-6)))))
         else:
             mode = "back-to-back"  # the interpreter stand-in: the same steps, timed by perf_counter
-        out = {"cand": [], "base": [], "best": [], "cand_host": [], "base_host": [], "blocks": 0,
-               "planned_blocks": plan["blocks"], "captures": captures,
-               "mode": mode if ctx.cuda else "interpreter", "checks": [], "base_checks": [], "check_names": [],
-               "check_seed": int.from_bytes(os.urandom(6), "little"),  # secret: drawn per benchmark
-               "noise_seed": noise_seed}
+        out = TimedDistribution(mode=mode if ctx.cuda else "interpreter", planned_blocks=plan["blocks"],
+                                captures=captures, noise_seed=noise_seed,
+                                check_seed=int.from_bytes(os.urandom(6), "little"))  # secret: drawn per benchmark
         for b in range(plan["blocks"]):
-            if not another_block(b, out["best"], out["cand"], decisive):  # a clear loser stops after one block
+            if not another_block(b, out.best, out.cand, decisive):  # a clear loser stops after one block
                 break
             warm = plan["warmup"] if b == 0 else 1
             cand_block, cand_keys = [], []
@@ -285,29 +284,29 @@ class BenchmarkStage:
                     continue
                 # the side's fastest timed work so far bounds the device's time per repetition from below
                 kw = dict(reps=plan["reps"], warmup=warm, mode=mode, keep_one=(who == "cand"), dist=dist,
-                          device_floor_ms=min(out[who]) if out[who] else 0.0)
+                          device_floor_ms=min(out.times(who)) if out.times(who) else 0.0)
                 if who == "base":
                     kw["noise_seed"] = noise_seed
                     if cand_block:  # the baseline runs on the candidate's block's entries, fingerprinted alike
                         kw.update(first=take(warm), entries=[c[0] for c in cand_block], keys=cand_keys,
-                                  check_seed=out["check_seed"])
+                                  check_seed=out.check_seed)
                     else:
                         kw["first"] = take(warm + plan["reps"])
                     r = self.refs.do(sb, hb, msg.Time(**kw), ctx.timeouts["time"])
-                    out["base_checks"] += r.checks
-                    out["check_names"] = r.check_names or out["check_names"]  # the trusted side's
+                    out.base_checks += r.checks
+                    out.check_names = r.check_names or out.check_names  # the trusted side's
                 else:
                     kw["first"] = take(warm + plan["reps"])
                     if who == "cand":
-                        kw["check_seed"] = out["check_seed"]
+                        kw["check_seed"] = out.check_seed
                     r = self.children.ask(sb, msg.Time(**kw), ctx.timeouts["time"], "benchmark", hb)
                     if who == "cand":
                         cand_block, cand_keys = r.checks, r.keys
                         given = range(kw["first"] + warm, kw["first"] + warm + plan["reps"])
                         _check_entries(cand_block, len(r.times), list(given), cand_keys)
-                        out["checks"] += cand_block
-                out[who] += r.times
-            out["blocks"] = b + 1
+                        out.checks += cand_block
+                out.times(who).extend(r.times)
+            out.blocks = b + 1
         for who, sb in parties[:2]:
             # the candidate's also downloads its timed calls' kept outputs, in this turn (check_timed_outputs)
             req = msg.HostLatencyRequest(reps=plan["host_reps"], dist=dist, first=take(plan["host_reps"]),
@@ -316,8 +315,9 @@ class BenchmarkStage:
                 r = self.refs.do(sb, hb, req, ctx.timeouts["time"])
             else:
                 r = self.children.ask(sb, req, ctx.timeouts["time"], "benchmark", hb)
-            out[who + "_host"] = r.walls
             if who == "cand":
-                out["timed_jobs"] = r.jobs
-        _add_phase("timed-blocks", out["blocks"])
+                out.cand_host, out.timed_jobs = r.walls, r.jobs
+            else:
+                out.base_host = r.walls
+        _add_phase("timed-blocks", out.blocks)
         return out

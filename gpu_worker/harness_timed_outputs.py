@@ -4,6 +4,7 @@ timed calls against the baseline's on the same values, and every timed call's fi
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 from gpu_worker import protocol as msg
 from gpu_worker.harness_children import CandidateChildren
@@ -12,6 +13,36 @@ from gpu_worker.harness_references import ReferenceChildren
 from gpu_worker.sandbox import Rejection, Sandbox
 
 FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see check_fingerprints)
+
+
+@dataclass
+class TimedDistribution:
+    """One distribution's timing (BenchmarkStage.interleave), what the checks below read: each side's
+    device times per timed repetition and host latencies; the candidate's fingerprints of its timed calls
+    ([entry, [projection per output]]) and the baseline's on the same entries ([entry, [projection],
+    [norm]]) with the outputs' names; the kept outputs of timed calls (`timed_jobs`), downloaded with the
+    candidate's host latency; the blocks timed of those planned, the mode, the captures; and the seeds:
+    the fingerprints' (secret to the candidate until its timing began) and the reference's noise."""
+
+    mode: str
+    planned_blocks: int
+    captures: dict[str, bool]
+    check_seed: int
+    noise_seed: int
+    blocks: int = 0
+    cand: list[float] = field(default_factory=list)
+    base: list[float] = field(default_factory=list)
+    best: list[float] = field(default_factory=list)
+    cand_host: list[float] = field(default_factory=list)
+    base_host: list[float] = field(default_factory=list)
+    checks: list = field(default_factory=list)
+    base_checks: list = field(default_factory=list)
+    check_names: list[str] = field(default_factory=list)
+    timed_jobs: list = field(default_factory=list)
+
+    def times(self, who: str) -> list[float]:
+        """A side's device times: `cand`, `base` or `best`."""
+        return {"cand": self.cand, "base": self.base, "best": self.best}[who]
 
 
 def _check_entries(checks: list, reps: int, expected: list, keys: list | None = None) -> None:
@@ -42,20 +73,20 @@ class TimedOutputChecks:
     def __init__(self, ctx: StageContext, children: CandidateChildren, refs: ReferenceChildren):
         self.ctx, self.children, self.refs = ctx, children, refs
 
-    def check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb, res: dict) -> tuple[str, list]:
+    def check_timed_outputs(self, problem, shape, dist: str, cand: Sandbox, hb,
+                            res: TimedDistribution) -> tuple[str, list]:
         """The outputs of timed calls (one per block, picked at random by the candidate's child, every
         timed call NaN-poisoned, its inputs values of its own) against the baseline's outputs on the
         values that call ran on: a candidate that skips or cheapens its work while being timed, or
         replays a result fixed at capture or cached from an earlier call, is rejected here, within
-        `timed_output_bound`. `res`: the distribution's timing (BenchmarkStage.interleave), whose
-        `timed_jobs` the candidate's child downloaded at its end; their files are written here, outside any
+        `timed_output_bound`. `res`: the distribution's timing, whose `timed_jobs` the candidate's child downloaded at its end; their files are written here, outside any
         turn."""
         from gpu_worker.child import compared_outputs
 
         names = set(compared_outputs(problem, shape, self.ctx.interpreter))
         self.children.write_exports(cand, "benchmark", hb)
-        jobs = [j for j in res["timed_jobs"] if j.name in names]
-        noise_seed = res["noise_seed"]
+        jobs = [j for j in res.timed_jobs if j.name in names]
+        noise_seed = res.noise_seed
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
         bound = self.timed_output_bound(problem, shape)
@@ -80,7 +111,7 @@ class TimedOutputChecks:
         base_err = max(errs) if errs else problem.tolerance_floor
         return 2 * (max(problem.tolerance_floor, problem.tolerance_alpha * base_err) + base_err)
 
-    def check_fingerprints(self, problem, shape, dist: str, res: dict) -> str:
+    def check_fingerprints(self, problem, shape, dist: str, res: TimedDistribution) -> str:
         """Every timed call of the candidate, not only the kept ones: its outputs' projections onto random
         vectors (drawn from a seed secret to the candidate until its timing began) against the baseline's,
         timed in the same block on the same pool entries and projected onto the same vectors. For an
@@ -88,13 +119,13 @@ class TimedOutputChecks:
         output has |e| <= bound |baseline|, so a gap over FINGERPRINT_SIGMAS times that is a call whose
         work was skipped, or whose result is stale or cached per buffer (an honest output's gap is at most
         half a bound: 12 standard deviations short)."""
-        checks, base = res.get("checks") or [], res.get("base_checks") or []
+        checks, base = res.checks, res.base_checks
         if not checks:
             raise Rejection("benchmark", "timed-output: no fingerprint of a timed call came back (harness error)")
         if len(base) != len(checks) or any(int(c[0]) != int(b[0]) for c, b in zip(checks, base)):
             raise Rejection("benchmark", f"timed-output: the baseline's {len(base)} fingerprinted calls do not pair "
                             f"with the candidate's {len(checks)} (harness error)")
-        names = res.get("check_names") or []
+        names = res.check_names
         bound = self.timed_output_bound(problem, shape)
         worst = 0.0
         for n, ((entry, fps), (_, fbs, norms)) in enumerate(zip(checks, base)):

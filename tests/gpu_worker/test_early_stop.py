@@ -23,6 +23,7 @@ def bench(tmp_path):
     timed lists the distributions in the order they were timed."""
     from gpu_worker.canaries import canary_source
     from gpu_worker.harness import Evaluator
+    from gpu_worker.harness_timed_outputs import TimedDistribution
     from gpu_worker.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
@@ -37,9 +38,10 @@ def bench(tmp_path):
     def time_distribution(problem, shape, dist, cand, ref, ref_lock, best, hb, gpu_s, decisive=True):
         timed.append(dist)
         rng = random.Random(dist)
-        return {"cand": samples(medians["cand"][dist], rng), "base": samples(2.0, rng),
-                "best": samples(medians["best"][dist], rng), "cand_host": [1.0], "base_host": [2.0],
-                "mode": "interpreter", "blocks": 1, "planned_blocks": 2, "captures": {}, "noise_seed": 1}
+        return TimedDistribution(cand=samples(medians["cand"][dist], rng), base=samples(2.0, rng),
+                                 best=samples(medians["best"][dist], rng), cand_host=[1.0], base_host=[2.0],
+                                 mode="interpreter", blocks=1, planned_blocks=2, captures={}, noise_seed=1,
+                                 check_seed=2)
 
     e.bench_stage.time_distribution = time_distribution
     e.timed_outputs.check_fingerprints = lambda *a: "stand-in"

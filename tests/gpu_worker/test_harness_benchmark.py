@@ -65,14 +65,14 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
         return e.bench_stage.interleave(None, "normal", cand, base, best, plan, None, decisive), cand
 
     res, cand = run(1.2)
-    assert res["blocks"] == 1 and res["planned_blocks"] == 5 and cand.calls == 1
-    assert len(res["cand"]) == len(res["base"]) == len(res["best"]) == 20
+    assert res.blocks == 1 and res.planned_blocks == 5 and cand.calls == 1
+    assert len(res.cand) == len(res.base) == len(res.best) == 20
     res, cand = run(1.0)  # level with the best: no decision, every block
-    assert res["blocks"] == 5 and cand.calls == 5
+    assert res.blocks == 5 and cand.calls == 5
     res, cand = run(0.8)  # faster: every block, for the acceptance's interval
-    assert res["blocks"] == 5
+    assert res.blocks == 5
     res, cand = run(1.2, decisive=False)  # slower where the best is not at its slowest: decides nothing
-    assert res["blocks"] == 5 and cand.calls == 5
+    assert res.blocks == 5 and cand.calls == 5
     res, cand = run(1.2, with_best=False)  # no best to compare with
-    assert res["blocks"] == 5 and len(res["cand"]) == 100
+    assert res.blocks == 5 and len(res.cand) == 100
     e.close()

@@ -101,7 +101,7 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
             s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=ev.timing_seed)
         res = ev.bench_stage.interleave(p, dist, InProcess(cand), InProcess(ref), InProcess(best), plan, None)
         cand.cmd_profile(reps=2, dist=dist)  # the cross-check's refills: values of their own too
-        assert len(res["checks"]) == len(res["base_checks"]) == 3 * 4
+        assert len(res.checks) == len(res.base_checks) == 3 * 4
         assert "12 timed calls fingerprinted, worst 0 of" in ev.timed_outputs.check_fingerprints(p, ref.shape, dist, res)
     finally:
         ev.close()
@@ -115,7 +115,7 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
     # other repetition of the benchmark shares
     mine = dict(cand.seen)
     shared = [e for e, _ in ref.seen if e in mine]
-    assert sorted(e for e, _ in shared) == sorted(c[0] for c in res["checks"])
+    assert sorted(e for e, _ in shared) == sorted(c[0] for c in res.checks)
     for e, values in ref.seen:
         if e in mine:
             assert all(torch.equal(values[k], mine[e][k]) for k in values), e
