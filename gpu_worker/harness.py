@@ -70,7 +70,6 @@ class Evaluator:
         self.refs = ReferenceChildren(self.ctx, self.turns)
         # a CUDA pool's background thread readies spares as soon as the children are made
         self.children = CandidateChildren(self.ctx, self.turns)
-        self.pool = self.children.pool
         self.compile_stage = CompileStage(self.ctx, self.turns, self.children)
         self.verification = CaseVerification(self.ctx, self.turns, self.children, self.refs, self.compile_stage)
         self.best_checks = BestOnlyChecks(self.ctx, self.turns, self.children, self.refs, self.verification)
@@ -133,13 +132,7 @@ class Evaluator:
         for i in range(0, len(cases), 4):
             self.refs.reference(problem, shape, cases[i:i + 4], hb, timing=True)
         parts["oracles"] = time.monotonic() - t
-        per_case = {}
-        with self.refs.meta_lock:
-            for d, s_ in cases:
-                meta = self.refs.meta.get((problem.name, shape.name, d, s_))
-                for k, v in (meta.timing if meta is not None else {}).items():
-                    per_case[k] = per_case.get(k, 0.0) + v
-        parts.update({f"oracles.{k}": v for k, v in per_case.items()})
+        parts.update({f"oracles.{k}": v for k, v in self.refs.case_timing(problem, shape, cases).items()})
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
         for dist in problem.distributions:

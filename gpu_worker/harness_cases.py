@@ -22,7 +22,6 @@ from gpu_worker.sandbox import Rejection
 def other_shapes(problem, verified) -> list[str]:
     """The problem's shapes other than `verified`, cheapest first (by the bytes of their outputs): a
     kernel correct only at the shape it was verified at fails at the first of them."""
-    import math
 
     def cost(shape) -> int:
         return sum(math.prod(o.shape) for o in problem.output_specs(shape).values())

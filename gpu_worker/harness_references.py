@@ -132,6 +132,16 @@ class ReferenceChildren:
             return [m.baseline_err for k, m in self.meta.items()
                     if k[:2] == (problem.name, shape.name) and math.isfinite(m.baseline_err)]
 
+    def case_timing(self, problem, shape, cases) -> dict[str, float]:
+        """Where the computation of `cases` at (problem, shape) went (inputs, oracle, baseline), summed."""
+        out: dict[str, float] = {}
+        with self.meta_lock:
+            for d, seed in cases:
+                meta = self.meta.get((problem.name, shape.name, d, seed))
+                for k, v in (meta.timing if meta is not None else {}).items():
+                    out[k] = out.get(k, 0.0) + v
+        return out
+
     def ensure_ceilings(self, problem, shape, hb) -> msg.Ceilings | None:
         """The device's bandwidth and matmul rate, measured once in a timing block; None on the CPU."""
         if not self.ctx.cuda:
