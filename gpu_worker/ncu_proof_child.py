@@ -1,5 +1,5 @@
 """The Nsight Compute proof's process: `python -m gpu_worker.ncu_proof_child SPEC.json`, started under ncu
-by the harness (gpu_worker.harness_ncu_proof) in a fresh process of its own.
+by the harness (gpu_worker.harness.ncu_proof) in a fresh process of its own.
 
 It is a candidate child in all but its channel (gpu_worker.child.Server: the same trusted references and
 pins, the same load behind the guard and the OS wall, the same static timing set and L2 flush), run as a

@@ -166,7 +166,7 @@ class Timed(Result):
     times: list[float]  # device milliseconds per timed repetition
     mode: str
     # per timed repetition: [entry, [projection per output]] (candidate) or [entry, [projection], [norm]]
-    # (reference); their shape is checked by the harness (harness_timed_outputs: _check_entries, check_fingerprints)
+    # (reference); their shape is checked by the harness (harness.timed_outputs: _check_entries, check_fingerprints)
     checks: list[list[Any]]
     check_names: list[str]
     keys: list[int] = []  # per timed repetition, the key its values were drawn with (gpu_worker.timing_inputs)

@@ -11,7 +11,7 @@ it; what this module adds is throughput when many evaluations run at once on one
 * `timing_cpus` / `pin`: cores kept for the timed processes.
 
 `Scheduler` bundles them for `Evaluator(scheduler=...)`; the GPU worker builds one. Without it the
-Evaluator runs serially (harness_serial.SerialScheduler): no device owner, no spares, no hand-on, no pinning.
+Evaluator runs serially (harness.serial.SerialScheduler): no device owner, no spares, no hand-on, no pinning.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ def other_listed_shapes(problem_name: str, primary: str) -> tuple[list[str], str
     """A warmed problem's listed shapes besides `primary`, cheapest first, and the one among them whose
     reference child stays up (a would-be best's second verification goes there: the first of them)."""
     from baselines.registry import get_problem
-    from gpu_worker.harness_verify import other_shapes
+    from gpu_worker.harness.verify import other_shapes
 
     problem = get_problem(problem_name)
     others = other_shapes(problem, problem.shape_named(primary))

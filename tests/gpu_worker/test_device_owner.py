@@ -118,7 +118,7 @@ def test_cancelled_waits_leave_nothing_taken():
     """An activity's cancellation arrives as an exception in its waiting thread (here: its heartbeat
     raises). A cancelled timing request must not keep jobs waiting, and a cancelled job with the reference
     child's lock must not keep that lock."""
-    from gpu_worker.harness import _waiting_heartbeat
+    from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 
     class Cancelled(Exception):
         pass
@@ -176,7 +176,7 @@ def test_cancelled_waits_leave_nothing_taken():
 
 def test_waits_beat_the_activitys_heartbeat():
     # a long wait for the device must keep the activity alive (Temporal cancels one that stops beating)
-    from gpu_worker.harness import _waiting_heartbeat
+    from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 
     owner = DeviceOwner()
     beats = []
@@ -416,7 +416,7 @@ def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alo
     fault and no infrastructure failure: the stage runs again alone; failing alone too, it is the harness's."""
     import pytest
 
-    from gpu_worker.harness_children import ReferenceOutOfMemory
+    from gpu_worker.harness.children import ReferenceOutOfMemory
     from workflows.contracts import VerifyReport
 
     e = _evaluator(tmp_path)

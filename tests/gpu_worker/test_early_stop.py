@@ -23,7 +23,7 @@ def bench(tmp_path):
     timed lists the distributions in the order they were timed."""
     from gpu_worker.canaries import canary_source
     from gpu_worker.harness import Evaluator
-    from gpu_worker.harness_timed_outputs import TimedDistribution
+    from gpu_worker.harness.timed_outputs import TimedDistribution
     from gpu_worker.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 

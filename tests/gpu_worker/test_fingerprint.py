@@ -106,7 +106,7 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
 
 
 def test_a_candidates_report_of_its_timed_calls_is_checked_before_the_baseline_runs_on_it():
-    from gpu_worker.harness import _check_entries
+    from gpu_worker.harness.timed_outputs import _check_entries
     from gpu_worker.sandbox import Rejection
 
     good = [[3, [0.5]], [4, [1.5]]]

@@ -1,4 +1,4 @@
-"""The benchmark stage (gpu_worker.harness_benchmark): the starting kernel compiled, verified and timed
+"""The benchmark stage (gpu_worker.harness.benchmark): the starting kernel compiled, verified and timed
 against the baseline and the current best, and the interleaved blocks stopped early only for a candidate
 already shown slower than the best."""
 

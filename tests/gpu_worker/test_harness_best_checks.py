@@ -1,4 +1,4 @@
-"""The checks only a would-be best gets (gpu_worker.harness_best_checks): verification at a random shape,
+"""The checks only a would-be best gets (gpu_worker.harness.best_checks): verification at a random shape,
 whose child compiles outside any device job."""
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def test_a_child_loaded_for_another_shape_compiles_outside_any_device_job(judge,
 def test_the_next_listed_shape_is_prepared_once_after_a_first_verification(judge, monkeypatch):
     # the first would-be best's second verification finds the shape's reference ready (FLA autotuned there)
     from baselines.registry import get_problem
-    from gpu_worker.harness_best_checks import shape_to_prepare
-    from gpu_worker.harness_cases import other_shapes
+    from gpu_worker.harness.best_checks import shape_to_prepare
+    from gpu_worker.harness.cases import other_shapes
 
     p = get_problem("kda")
     primary, nxt = p.shapes[0], other_shapes(p, p.shapes[0])[0]

@@ -1,4 +1,4 @@
-"""The Evaluator's children (gpu_worker.harness_children): an oracle computed once however many callers want
+"""The Evaluator's children (gpu_worker.harness.children): an oracle computed once however many callers want
 it, and a candidate's loaded child handed on from compile to verify to benchmark."""
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
 
 
 def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
-    from gpu_worker.harness import Evaluator, phases_begin, phases_end
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.phases import phases_begin, phases_end
     from gpu_worker.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))

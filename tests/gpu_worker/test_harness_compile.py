@@ -1,4 +1,4 @@
-"""The compile stage (gpu_worker.harness_compile): the compiler's error handed back as it is, and the SASS
+"""The compile stage (gpu_worker.harness.compile): the compiler's error handed back as it is, and the SASS
 scan of the compiled kernels in its report."""
 
 from __future__ import annotations

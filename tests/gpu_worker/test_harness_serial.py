@@ -1,4 +1,4 @@
-"""The Evaluator's default scheduler for one caller at a time (gpu_worker.harness_serial)."""
+"""The Evaluator's default scheduler for one caller at a time (gpu_worker.harness.serial)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from tests.gpu_worker.harnesses import canary, req
 
 def test_the_serial_default_gives_the_scheduled_verdicts(ev, store):
     """An Evaluator without a scheduler: no device owner, no spares, no hand-on; same verdicts."""
-    from gpu_worker.harness import Evaluator, SerialScheduler
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.harness.serial import SerialScheduler
 
     serial = Evaluator(store=store, interpreter=True, timeouts={"verify": 40, "compile": 60})
     try:

@@ -1,4 +1,4 @@
-"""The checks of what timed calls returned (gpu_worker.harness_timed_outputs): work skipped while timed, on
+"""The checks of what timed calls returned (gpu_worker.harness.timed_outputs): work skipped while timed, on
 every timed call or on some, is rejected; an honest benchmark reports the outputs and fingerprints it
 checked."""
 

@@ -1,4 +1,4 @@
-"""The verify stage (gpu_worker.harness_verify) on the Triton interpreter: honest kernels pass, every
+"""The verify stage (gpu_worker.harness.verify) on the Triton interpreter: honest kernels pass, every
 cheating family it checks for is rejected with the right reason (the cheats judged by `judge`/`judge_raw`:
 on the interpreter and, where CUDA is, on the GPU too), and it reports where its time went."""
 
@@ -60,7 +60,7 @@ def test_an_output_buffer_replaced_instead_of_written_is_rejected(judge, store):
 
 def test_verification_reports_where_its_time_went(ev, store):
     # the activity wrapper logs these phases with every GPU activity (scripts/phase_summary.py reads them)
-    from gpu_worker.harness import phases_begin, phases_end
+    from gpu_worker.phases import phases_begin, phases_end
 
     phases_begin()
     v = ev.verify(req(store, canary("fast")))

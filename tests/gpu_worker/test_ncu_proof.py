@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker import harness_ncu_proof, wall
-from gpu_worker.harness_ncu_proof import NOT_PROVEN_NO_NCU, NcuProofCheck, ProofResult
+from gpu_worker import wall
+from gpu_worker.harness import ncu_proof
+from gpu_worker.harness.ncu_proof import NOT_PROVEN_NO_NCU, NcuProofCheck, ProofResult
 from gpu_worker.ncu_proof_child import marker_source
 from gpu_worker.ncu_trace import Markers
 from gpu_worker.settings import GpuWorkerSettings, SettingsError
@@ -65,9 +66,9 @@ def test_the_marker_source_defines_three_triton_kernels_under_the_fresh_names():
 
 def _plumbing(tmp_path: Path, cuda: bool = True, share: float = 0.0) -> NcuProofCheck:
     """The harness's side alone, its device turns a serial caller's (none to wait for): `cuda` as on a device."""
-    from gpu_worker.harness_children import DeviceTurns
-    from gpu_worker.harness_context import StageContext
-    from gpu_worker.harness_serial import SerialScheduler
+    from gpu_worker.harness.children import DeviceTurns
+    from gpu_worker.harness.context import StageContext
+    from gpu_worker.harness.serial import SerialScheduler
     from workflows.artifacts import ArtifactStore
 
     sched = SerialScheduler()
@@ -80,14 +81,14 @@ def _plumbing(tmp_path: Path, cuda: bool = True, share: float = 0.0) -> NcuProof
 
 
 def test_without_ncu_a_would_be_best_is_plainly_not_proven(monkeypatch, tmp_path):
-    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: None)
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: None)
     r = _plumbing(tmp_path).proof_if_due(True, None, None, "", {"dist": "normal", "time_ms": 0.02}, None, [0.0])
     assert r == ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
     assert r.text.startswith("not proven: ncu absent")
 
 
 def test_a_candidate_not_drawn_and_the_interpreter_get_no_proof(monkeypatch, tmp_path):
-    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: pytest.fail("no proof was due"))
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: pytest.fail("no proof was due"))
     assert _plumbing(tmp_path, cuda=True, share=0.0).proof_if_due(False, None, None, "", {}, None, [0.0]) is None
     assert _plumbing(tmp_path, cuda=False, share=1.0).proof_if_due(True, None, None, "", {}, None, [0.0]) is None
 
@@ -181,7 +182,7 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     stand_in = tmp_path / "ncu"
     stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
     stand_in.chmod(0o755)
-    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: str(stand_in))
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
     p = get_problem("softmax")
     h, worst = _plumbing(tmp_path), {"dist": p.distributions[0], "time_ms": 0.02}
     r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
@@ -202,9 +203,9 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
 
 
 def test_a_guard_refusal_names_its_rule():
-    assert harness_ncu_proof.guard_rule("call 2: GuardViolation: [lazy-output] the candidate left 1 thread(s)") == "lazy-output"
-    assert harness_ncu_proof.guard_rule("compile: [escape] sys._getframe") == "escape"
-    assert harness_ncu_proof.guard_rule("call 1: RuntimeError: boom") is None
+    assert ncu_proof.guard_rule("call 2: GuardViolation: [lazy-output] the candidate left 1 thread(s)") == "lazy-output"
+    assert ncu_proof.guard_rule("compile: [escape] sys._getframe") == "escape"
+    assert ncu_proof.guard_rule("call 1: RuntimeError: boom") is None
 
 
 @pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
@@ -215,7 +216,7 @@ def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof
     stand_in = tmp_path / "ncu"
     stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
     stand_in.chmod(0o755)
-    monkeypatch.setattr(harness_ncu_proof, "find_ncu", lambda: str(stand_in))
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
     p = get_problem("softmax")
     late = canary_source("fast").replace("def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
                                          "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()")

@@ -21,7 +21,7 @@ def test_warm_list_refuses_an_unknown_problem_at_start():
 
 
 def test_kernels_over_the_shared_memory_limit_are_a_compile_rejection():
-    from gpu_worker.harness import shared_over_limit
+    from gpu_worker.harness.compile import shared_over_limit
     from gpu_worker.protocol import CompiledKernel
 
     ks = [CompiledKernel(name="prep", shared=131072), CompiledKernel(name="state", shared=241664)]
@@ -56,7 +56,7 @@ def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(ca
 
 def test_the_other_listed_shapes_are_warmed_cheapest_first_and_the_next_ones_child_kept():
     from baselines.registry import get_problem
-    from gpu_worker.harness_cases import other_shapes
+    from gpu_worker.harness.cases import other_shapes
     from gpu_worker.worker import other_listed_shapes
 
     kda = get_problem("kda")

@@ -11,7 +11,7 @@ import asyncio
 from temporalio import activity
 
 from activities.ledger import read_ledger
-from gpu_worker.harness import other_shapes
+from gpu_worker.harness.cases import other_shapes
 from baselines.registry import get_problem
 from tests import evaluators
 from tests.workflows.helpers import start, workers

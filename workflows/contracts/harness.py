@@ -91,7 +91,7 @@ class Receipt(Strict):
     repetitions: int = 0
     spread: str = ""  # e.g. "IQR 0.41-0.44 ms"
     mode: str = ""  # "cuda-graph", "back-to-back" ("eager" in older records), "interpreter"
-    proof: str = ""  # the ncu proof's line (gpu_worker.harness_ncu_proof); "" when none was drawn
+    proof: str = ""  # the ncu proof's line (gpu_worker.harness.ncu_proof); "" when none was drawn
 
 
 class BenchRequest(Strict):

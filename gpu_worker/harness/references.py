@@ -11,8 +11,8 @@ import threading
 import time
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_children import DeviceTurns, ReferenceOutOfMemory
-from gpu_worker.harness_context import StageContext
+from gpu_worker.harness.children import DeviceTurns, ReferenceOutOfMemory
+from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.sandbox import Sandbox, SandboxFailure
 

@@ -8,13 +8,13 @@ import os
 import time
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_best_checks import BestOnlyChecks
-from gpu_worker.harness_children import CandidateChildren, DeviceTurns
-from gpu_worker.harness_compile import CompileStage
-from gpu_worker.harness_context import StageContext
-from gpu_worker.harness_ncu_proof import NcuProofCheck
-from gpu_worker.harness_references import ReferenceChildren
-from gpu_worker.harness_timed_outputs import TimedDistribution, TimedOutputChecks, _check_entries
+from gpu_worker.harness.best_checks import BestOnlyChecks
+from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.compile import CompileStage
+from gpu_worker.harness.context import StageContext
+from gpu_worker.harness.ncu_proof import NcuProofCheck
+from gpu_worker.harness.references import ReferenceChildren
+from gpu_worker.harness.timed_outputs import TimedDistribution, TimedOutputChecks, _check_entries
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase

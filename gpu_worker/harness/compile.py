@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_children import CandidateChildren, DeviceTurns
-from gpu_worker.harness_context import StageContext
+from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase

@@ -10,7 +10,7 @@ Process layout (why the numbers can be trusted):
   the candidate's module executed. Timing inside that child uses event/synchronize/perf_counter objects
   captured before the load and re-checked for identity after every call; a new best is additionally
   re-measured in another fresh child and cross-checked against torch.profiler's kernel time, then proven
-  by Nsight Compute's trace of a separate process (harness_ncu_proof).
+  by Nsight Compute's trace of a separate process (harness.ncu_proof).
 
 All rejections are returned as reports; only infrastructure failures (artifact store) raise.
 """
@@ -20,18 +20,18 @@ from __future__ import annotations
 import time
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_benchmark import BenchmarkStage
-from gpu_worker.harness_best_checks import BestOnlyChecks
-from gpu_worker.harness_children import CandidateChildren, DeviceTurns
-from gpu_worker.harness_compile import CompileStage, shared_over_limit  # noqa: F401 - re-exported
-from gpu_worker.harness_context import StageContext, default_timeouts
-from gpu_worker.harness_ncu_proof import NcuProofCheck
-from gpu_worker.harness_references import ReferenceChildren
-from gpu_worker.harness_serial import SerialScheduler
-from gpu_worker.harness_timed_outputs import TimedOutputChecks, _check_entries  # noqa: F401 - re-exported
-from gpu_worker.harness_cases import CaseVerification, other_shapes  # noqa: F401 - re-exported
-from gpu_worker.harness_verify import VerifyStage
-from gpu_worker.phases import Heartbeat, phases_begin, phases_end  # noqa: F401 - the activities read them here
+from gpu_worker.harness.benchmark import BenchmarkStage
+from gpu_worker.harness.best_checks import BestOnlyChecks
+from gpu_worker.harness.cases import CaseVerification
+from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.compile import CompileStage
+from gpu_worker.harness.context import StageContext, default_timeouts
+from gpu_worker.harness.ncu_proof import NcuProofCheck
+from gpu_worker.harness.references import ReferenceChildren
+from gpu_worker.harness.serial import SerialScheduler
+from gpu_worker.harness.timed_outputs import TimedOutputChecks
+from gpu_worker.harness.verify import VerifyStage
+from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.selftest_verdict import SelfTestVerdict
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
@@ -41,11 +41,11 @@ from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRe
 
 class Evaluator:
     """Judges candidates stage by stage. Each stage is an object of its own, built here with exactly what
-    it uses: the shared `ctx` (harness_context.StageContext), the device turns (`turns`), the candidates'
+    it uses: the shared `ctx` (harness.context.StageContext), the device turns (`turns`), the candidates'
     children (`children`), the reference children (`refs`) and the other stages it calls:
-    `compile_stage` (harness_compile), `verify_stage` (harness_verify) over `verification`
-    (harness_cases), `bench_stage` (harness_benchmark) with `timed_outputs` (harness_timed_outputs),
-    `best_checks` (harness_best_checks) and `proof` (harness_ncu_proof). The public methods delegate.
+    `compile_stage` (harness.compile), `verify_stage` (harness.verify) over `verification`
+    (harness.cases), `bench_stage` (harness.benchmark) with `timed_outputs` (harness.timed_outputs),
+    `best_checks` (harness.best_checks) and `proof` (harness.ncu_proof). The public methods delegate.
 
     `settings`: the worker's (GpuWorkerSettings.from_env at its start); None takes the defaults. They are
     resolved here for this evaluator's device and handed to every child it starts."""

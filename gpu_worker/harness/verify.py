@@ -1,14 +1,14 @@
 """The verify stage: the candidate's outputs on the cases of its seeds against the oracle
-(harness_cases.CaseVerification), then, for a would-be best, a random shape (harness_best_checks)."""
+(harness.cases.CaseVerification), then, for a would-be best, a random shape (harness.best_checks)."""
 
 from __future__ import annotations
 
 import time
 
-from gpu_worker.harness_best_checks import BestOnlyChecks
-from gpu_worker.harness_cases import CaseVerification, other_shapes
-from gpu_worker.harness_children import CandidateChildren
-from gpu_worker.harness_context import StageContext
+from gpu_worker.harness.best_checks import BestOnlyChecks
+from gpu_worker.harness.cases import CaseVerification, other_shapes
+from gpu_worker.harness.children import CandidateChildren
+from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import waiting_heartbeat as _waiting_heartbeat
 from gpu_worker.sandbox import Rejection, SandboxFailure

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_children import CandidateChildren
-from gpu_worker.harness_context import StageContext
-from gpu_worker.harness_references import ReferenceChildren
+from gpu_worker.harness.children import CandidateChildren
+from gpu_worker.harness.context import StageContext
+from gpu_worker.harness.references import ReferenceChildren
 from gpu_worker.sandbox import Rejection, Sandbox
 
 FINGERPRINT_SIGMAS = 6.0  # a timed call's projection may be off by this many bounds (see check_fingerprints)

@@ -10,7 +10,7 @@ import time
 from typing import Callable
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_context import StageContext
+from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase

@@ -9,10 +9,10 @@ import time
 from dataclasses import dataclass
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_children import CandidateChildren, DeviceTurns
-from gpu_worker.harness_context import StageContext
-from gpu_worker.harness_references import ReferenceChildren
-from gpu_worker.harness_cases import CasesPassed, CaseVerification, other_shapes
+from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.context import StageContext
+from gpu_worker.harness.references import ReferenceChildren
+from gpu_worker.harness.cases import CasesPassed, CaseVerification, other_shapes
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
 from gpu_worker.timing import crosscheck, foreign_kernels

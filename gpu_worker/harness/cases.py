@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 
 from gpu_worker import protocol as msg
-from gpu_worker.harness_children import CandidateChildren, DeviceTurns
-from gpu_worker.harness_compile import CompileStage
-from gpu_worker.harness_context import StageContext
-from gpu_worker.harness_references import ReferenceChildren
+from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.compile import CompileStage
+from gpu_worker.harness.context import StageContext
+from gpu_worker.harness.references import ReferenceChildren
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection

@@ -3,7 +3,7 @@ candidates) is run again in a fresh process under ncu (gpu_worker.ncu_proof_chil
 front end writes, outside anything that process can write, is judged by gpu_worker.ncu_trace: every kernel
 inside a call the candidate's own Triton kernel or torch's fill/copy, none of its kernels outside a call,
 two markers per call, and the per-call kernel time within the cross-check's tolerance of the judged time.
-Unlike the CUPTI cross-check (harness_best_checks), no figure comes from the candidate's own process."""
+Unlike the CUPTI cross-check (harness.best_checks), no figure comes from the candidate's own process."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from gpu_worker.harness_children import DeviceTurns
-from gpu_worker.harness_context import StageContext
+from gpu_worker.harness.children import DeviceTurns
+from gpu_worker.harness.context import StageContext
 from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
                                   parse_ncu_csv, proof_due, source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase

@@ -33,14 +33,14 @@ def default_timeouts(cuda: bool, given: dict | None = None) -> dict:
 class StageContext:
     """The inputs every stage is built with. `cuda` and `interpreter` are set apart (not derived) so that a
     test may give a CPU evaluator the device owner's turns. `sched`: the scheduler whose `owner` and
-    `loaded` these are (harness_serial.SerialScheduler or scheduling.Scheduler)."""
+    `loaded` these are (harness.serial.SerialScheduler or scheduling.Scheduler)."""
 
     store: ArtifactStore
     settings: GpuWorkerSettings
     cuda: bool
     interpreter: bool
     sched: Any
-    owner: Any  # when this worker's work goes on the device (device_owner.DeviceOwner or harness_serial.NoOwner)
+    owner: Any  # when this worker's work goes on the device (device_owner.DeviceOwner or harness.serial.NoOwner)
     loaded: Any  # a candidate's child goes on from compile to verify to benchmark (scheduling.LoadedChildren)
     timeouts: dict
     static_rules: bool = True  # False only in tests of the run-time guard
