@@ -74,6 +74,10 @@ class BenchmarkStage:
                 for sb, loaded_now in ((cand, cand_loaded), (best, best_loaded)):
                     if loaded_now is not None:
                         self.compiler.compile_in(sb, problem, hb, "benchmark")
+                # the timed calls' checks are bounded by the baseline's own error here, measured now if no
+                # verification on this worker measured it: on the candidate's first seed, every distribution
+                self.refs.ensure_baseline_errors(
+                    problem, shape, ctx.cases(problem, req.candidate_id)[:len(problem.distributions)], hb)
                 # clocks read before the timed sections: nvidia-smi, host work, the reference child's lock only
                 with _phase("receipt"), ref_lock:
                     receipt = self.refs.do(ref_sb, hb, msg.Receipt(), 60)
