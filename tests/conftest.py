@@ -56,3 +56,11 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+    # The long tests first, longest first (stable otherwise): under `make test`'s `--dist load
+    # --maxschedchunk 1` each worker takes the next test as it frees, so the long ones overlap at the start
+    # and the short ones fill in. `@pytest.mark.slow(seconds)` may say how long (default 20).
+    def expected_s(item) -> float:
+        m = item.get_closest_marker("slow")
+        return 0.0 if m is None else float(m.args[0]) if m.args else 20.0
+
+    items.sort(key=lambda item: -expected_s(item))

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from activities.ledger import read_ledger
 from baselines.registry import get_problem
 from tests.llm.script import TurnScript, turn
@@ -17,6 +19,7 @@ from workflows.contracts import RunSpec
 UNSAFE = (Path(__file__).resolve().parents[2] / "gpu_worker" / "canaries" / "wrong.py").read_text()
 
 
+@pytest.mark.slow(40)
 async def test_llm_with_real_interpreter_kernels(env, store, llm_env, real_gpu):
     from tests.workflows.helpers import workers
 

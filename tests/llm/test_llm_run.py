@@ -7,6 +7,8 @@ import asyncio
 import base64
 import json
 
+import pytest
+
 from activities.ledger import read_ledger
 from activities.search import candidate_id
 from tests.llm.kernels import LADDER, MARKER, softmax_kernel
@@ -52,6 +54,7 @@ def improving_script() -> list:
     return items
 
 
+@pytest.mark.slow
 async def test_llm_run_improves_across_turns_with_compaction_and_can(env, store, llm_env):
     script = TurnScript(improving_script())
     with ChatServer(script) as server:

@@ -21,7 +21,7 @@ from tests.workflows.helpers import start, workers
 from workflows.contracts import RunResult, RunSpec
 from workflows.optimization import KernelOptimization
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(240)
 
 N_CTX = 8192  # the model's own; it also bounds a reply, as the server writes a call's arguments uncapped
 ITERATIONS = 2  # one submission recorded before the kill, one after the restart
@@ -38,6 +38,7 @@ def model(tmp_path, monkeypatch):
     m.kill()
 
 
+@pytest.mark.slow(15)
 def test_llm_check_on_the_real_server(model):
     ok, lines = llm_check()
     text = "\n".join(lines)

@@ -36,7 +36,7 @@ def test_submission_kinds(load_script):
     assert lat.parse_variant("num_warps=2, VARIANT=single") == {"num_warps": 2, "VARIANT": "single"}
 
 
-@pytest.mark.slow  # a whole stack on this host's shared cores: about 2 minutes
+@pytest.mark.slow(80)  # a whole stack on this host's shared cores: about 2 minutes
 def test_every_scripted_submission_gets_a_timed_verdict(tmp_path):
     out = tmp_path / "out"
     # the script ends at the last verdict; the budget is headroom for a host busy with the other tests

@@ -173,6 +173,7 @@ def test_unreachable_server_is_one_clear_line():
     assert "`marathon dev`" in p.stderr and "TEMPORAL_ADDRESS" in p.stderr
 
 
+@pytest.mark.slow(40)
 async def test_client_commands_against_the_dev_server(env, store):
     address = env.client.service_client.config.target_host
     wid = run_id("cli")
@@ -503,6 +504,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_one_dev_server_per_database_and_no_worker_said_at_once(tmp_path):
     """`marathon dev` holds its SQLite file: a second one on it is refused in one line. On a server no worker
     polls, `status` says so in one line at once (not a query time-out) and `watch` says what it waits for."""

@@ -66,6 +66,7 @@ async def test_no_worker_start_warns_and_the_rest_answer_at_once(bare, capsys):
     assert said.getvalue().startswith(f"waiting: run '{wid}': no worker is polling task queue marathon-agent")
 
 
+@pytest.mark.slow
 async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
     """The server lists a stopped worker's poller for a minute: status and budget give up after a few seconds
     with one line instead of waiting for an answer that cannot come."""

@@ -103,11 +103,12 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, 
     return res, recs
 
 
+@pytest.mark.slow(45)
 async def test_worker_kill_and_server_restart_lose_nothing(tmp_path, store):
     await _scenario(tmp_path, store, real=False, iterations=15, delay=0.5)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(150)
 async def test_done_when_scenario_with_the_real_harness(tmp_path, store):
     """The same scenario through the real harness: 3 softmax iterations (a compaction at the end) under the
     Triton interpreter on CPU, worker SIGKILLed in the second and dev server restarted in the third."""

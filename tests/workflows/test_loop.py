@@ -158,6 +158,7 @@ async def test_status_and_search_attributes(env, store):
     assert res.best.interpreter and "MarathonBestSpeedup" not in sa
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("population", [1, 3])
 async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, store, population):
     """The store breaks mid-run (its objects directory replaced by a file: even root cannot write there):

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import pytest
+
 from activities.ledger import read_ledger
 from activities.worker import build_agent_worker
 from tests.workflows import standin_gpu
@@ -50,6 +52,7 @@ def _workers_by_candidate() -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.slow(30)
 async def test_each_candidate_stays_on_its_worker_and_two_workers_add_up(env, store):
     spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=6)
     standin_gpu.reset()

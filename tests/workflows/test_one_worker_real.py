@@ -40,7 +40,7 @@ async def _stages(client, child_id: str) -> list[tuple[str, str, str]]:
     return out
 
 
-@pytest.mark.slow  # two worker processes starting their sandboxes on this host: 1.5-2.5 minutes
+@pytest.mark.slow(60)  # two worker processes starting their sandboxes on this host: 1.5-2.5 minutes
 async def test_two_real_gpu_workers_keep_each_candidate_on_the_worker_that_compiled_it(env, store, tmp_path):
     address = env.client.service_client.config.target_host
     logs = [open(tmp_path / f"gpu{i}.log", "wb") for i in range(2)]

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from activities.ledger import read_ledger
 from tests.llm.script import TurnScript, turn
 from tests.llm.server import ChatServer
@@ -41,6 +43,7 @@ async def llm_file_run(env, real_gpu, monkeypatch, path, script, iterations: int
             return h, await asyncio.wait_for(h.result(), 300)
 
 
+@pytest.mark.slow(60)
 async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, real_gpu, tmp_path, monkeypatch,
                                                                     capsys):
     good = (FILES / "rmsnorm_kernel.py").read_text()
@@ -66,6 +69,7 @@ async def test_marathon_start_path_runs_the_file_problem_end_to_end(env, store, 
     await export_and_reverify(wid, address, key, good, tmp_path, capsys)
 
 
+@pytest.mark.slow
 async def test_a_kernelbench_softmax_file_runs_end_to_end(env, store, real_gpu, tmp_path, monkeypatch):
     """The second KernelBench-format file, with no parameters: one LLM-proposed kernel judged against it."""
     good = (FILES / "softmax_kernel.py").read_text()
@@ -151,6 +155,7 @@ async def folder_search_run(env, gpu, tmp_path, iterations: int, wid: str, wait_
         return await asyncio.wait_for(h.result(), wait_s)
 
 
+@pytest.mark.slow
 async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env, store, real_gpu, tmp_path):
     res = await folder_search_run(env, real_gpu, tmp_path, 3, run_id("folder"), 300)
     assert res.problem.startswith("folder:")
@@ -166,6 +171,7 @@ async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env,
     assert res.best.candidate_id == later[-1].candidate_id and res.best.iteration > 1, res.best
 
 
+@pytest.mark.slow(50)
 async def test_marathon_start_file_with_a_starting_kernel_runs_the_search_policy(env, store, real_gpu, tmp_path):
     """`marathon start FILE --kernel START.py --policy search`: a KernelBench file has no template, the user's
     starting kernel (KNOBS and KNOB_SPACE) is tuned by the search against the file's reference; both files

@@ -72,6 +72,7 @@ async def _until(predicate, within: float, what: str):
         await asyncio.sleep(0.5)
 
 
+@pytest.mark.slow(35)
 async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, store, gpu_side, capsys):
     from temporalio.api.enums.v1 import EventType, PendingActivityState
 
