@@ -363,7 +363,7 @@ class ReferenceCaseCache:
 def reference_key(problem, shape, outputs, cpu_mode: bool, inputs_tag: str | None, baseline: str,
                   device: str) -> dict | None:
     """What decides a reference case's values besides its distribution and seed: the problem and shape,
-    the compared outputs, the input generator's tag (child_inputs._generator_tag), the problem's code, the
+    the compared outputs, the input generator's tag (child_core.generator_tag), the problem's code, the
     baseline, torch/Triton/FLA, and the device (`device`: its name; `cpu`). None where something cannot be
     told, or for a random shape (secret seeds, each used once)."""
     from baselines.problem import RANDOM_SHAPE

@@ -10,10 +10,11 @@ sha256, Tensor methods) is captured *before* the candidate loads (child_core.Chi
 trusted code calls through is pinned then (gpu_worker.pins) and checked after every call of the candidate
 and after every command.
 
-This module is the process: its limits, its serving loop and the dispatch table (`COMMANDS`) from each
-request type to its handler. The handlers live by concern: child_core (context, memory, violations),
-child_inputs, child_loading (load and compile), child_verify (verification checks), child_exports
-(output files and fingerprints), child_timing, child_reference (the reference role).
+This module is the process: its limits, its serving loop, the Server composed of the child's parts and
+the dispatch table (`COMMANDS`) from each request type to the Server's command. The parts live by
+concern: child_core (context, memory, violations), child_inputs, child_loading (load and compile),
+child_verify (verification checks), child_exports (output files and fingerprints), child_timing,
+child_profile and child_reference (the reference role).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from gpu_worker.child_core import ChildCore, Refused, compared_outputs  # noqa: 
 from gpu_worker.child_exports import ChildExports
 from gpu_worker.child_inputs import ChildInputs
 from gpu_worker.child_loading import ChildLoading
+from gpu_worker.child_profile import ChildProfiling
 from gpu_worker.child_reference import ChildReference
-from gpu_worker.child_timing import ChildTiming
+from gpu_worker.child_timing import ChildTiming, TimingSet
 from gpu_worker.child_verify import ChildVerification
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings
 
@@ -92,7 +94,7 @@ def main(argv: list[str]) -> int:
     import triton  # noqa: F401
 
     server = Server(tmp, role, GpuWorkerSettings.from_child(settings))
-    server.guard_fd = int(guard_fd) if guard_fd else None
+    server.core.guard_fd = int(guard_fd) if guard_fd else None
     # held in this frame from before any candidate exists: after every command the slots the trusted code
     # calls are checked here too, by a check no candidate can rebind (gpu_worker.pins)
     pins, check, handle = server.pins, server.pins.check, serve
@@ -143,10 +145,102 @@ def serve(server: "Server", request: protocol.Request) -> protocol.Result:
     return handler(server, **{name: getattr(request, name) for name in type(request).model_fields})
 
 
-class Server(ChildCore, ChildInputs, ChildLoading, ChildVerification, ChildExports, ChildTiming, ChildReference):
-    """One child's command handlers, by concern: core (context, memory, violations), inputs, loading and
-    compilation, verification checks, exports and fingerprints, timing, and the reference role's."""
+class Server:
+    """One child's command handlers, each part an object of its own built with exactly what it uses: the
+    shared `core` (child_core.ChildCore: trusted references, pins, context, problem, loaded candidate), its
+    `inputs` (child_inputs), `exports` (child_exports: output files, fingerprints), `loading` (child_loading:
+    load, compile, the guarded call), `timing` (child_timing: preparation, timing sets, timed blocks),
+    `profiling` (child_profile), `verification` (child_verify) and the `reference` role's (child_reference).
+    The commands delegate. In a candidate's child every part, and which of them each holds, is pinned by
+    identity before the candidate loads (ChildCore.pin_trusted)."""
 
+    def __init__(self, tmp: str, role: str, settings=None):
+        """`settings`: the worker's GpuWorkerSettings, as the child's channel carried them (main)."""
+        self.core = core = ChildCore(tmp, role, settings)
+        self.inputs = ChildInputs(core)
+        self.exports = ChildExports(core, self.inputs)
+        self.loading = ChildLoading(core, self.inputs)
+        self.timing = ChildTiming(core, self.inputs, self.exports, self.loading)
+        self.profiling = ChildProfiling(core, self.timing)
+        self.verification = ChildVerification(core, self.inputs, self.loading, self.exports, self.timing)
+        self.reference = ChildReference(core, self.inputs, self.timing)
+        if role == "candidate":
+            core.pin_trusted(self, {name: getattr(self, name) for name in PARTS}, state_classes=(TimingSet,))
+
+    @property
+    def cuda(self) -> bool:
+        return self.core.cuda
+
+    @property
+    def pins(self):
+        return self.core.pins
+
+    def violations(self) -> list:
+        return self.core.violations()
+
+    def describe_failure(self, e: BaseException) -> protocol.Failure:
+        return self.core.describe_failure(e)
+
+    def cmd_cuda_init(self):
+        return self.core.cmd_cuda_init()
+
+    def cmd_warm_triton(self):
+        return self.core.cmd_warm_triton()
+
+    def cmd_stage(self, cases: list):
+        return self.inputs.cmd_stage(cases, uncached=self.reference._stage_cached)
+
+    def cmd_load(self, **request):
+        return self.loading.cmd_load(**request)
+
+    def cmd_compile(self, dist: str):
+        return self.loading.cmd_compile(dist)
+
+    def cmd_prepare(self, **request):
+        return self.timing.cmd_prepare(**request)
+
+    def cmd_verify(self, **request):
+        return self.verification.cmd_verify(**request)
+
+    def cmd_write_exports(self):
+        return self.exports.cmd_write_exports()
+
+    def cmd_capture(self, dist: str | None = None):
+        return self.timing.cmd_capture(dist)
+
+    def cmd_time(self, **request):
+        return self.timing.cmd_time(**request)
+
+    def cmd_host_latency(self, **request):
+        return self.timing.cmd_host_latency(**request)
+
+    def cmd_park(self):
+        return self.timing.cmd_park()
+
+    def cmd_profile(self, **request):
+        return self.profiling.cmd_profile(**request)
+
+    def cmd_setup(self, problem: str, shape: str | None):
+        return self.reference.cmd_setup(problem, shape)
+
+    def cmd_reference(self, **request):
+        return self.reference.cmd_reference(**request)
+
+    def cmd_compare(self, jobs: list):
+        return self.reference.cmd_compare(jobs)
+
+    def cmd_compare_timed(self, **request):
+        return self.reference.cmd_compare_timed(**request)
+
+    def cmd_ceilings(self):
+        return self.reference.cmd_ceilings()
+
+    def cmd_receipt(self):
+        return self.reference.cmd_receipt()
+
+
+#: the Server's parts, by attribute name (each pinned in a candidate's child)
+PARTS = ("core", "inputs", "exports", "loading", "timing", "profiling", "verification", "reference")
 
 COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
     protocol.CudaInit: Server.cmd_cuda_init,

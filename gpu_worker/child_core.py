@@ -1,6 +1,7 @@
-"""A sandbox child's foundation (gpu_worker.child.Server's base): the trusted references it captures before
-any candidate code exists in its process, its CUDA context and device memory, the problem and shape it
-serves, the violations it reports with every reply and how a failure is described."""
+"""A sandbox child's core, which every part of gpu_worker.child.Server is built with: the trusted references
+it captures before any candidate code exists in its process (and the pins over them), its CUDA context and
+device memory, the problem and shape it serves, the loaded candidate, the violations it reports with every
+reply and how a failure is described."""
 
 from __future__ import annotations
 
@@ -9,15 +10,10 @@ import sys
 import threading
 import time
 import traceback
-from collections import OrderedDict
-from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 from gpu_worker.guard_torch import mode_stacks
 from gpu_worker.pins import Pins
-
-if TYPE_CHECKING:
-    from gpu_worker.child_timing import TimingSet
 
 
 class Refused(Exception):
@@ -55,6 +51,28 @@ def compared_outputs(problem, shape, cpu: bool) -> tuple:
     return tuple(n for n in problem.outputs if n in specs)
 
 
+def generator_tag(problem) -> str | None:
+    """Names the input generator's version: its source files and torch's version (torch's RNG
+    streams may change between versions), so that a bank file is never read by other code."""
+    import hashlib
+
+    import torch
+
+    import baselines.perturb  # noqa: F401 - a file's parameters are drawn through it
+
+    h = hashlib.sha256(torch.__version__.encode())
+    try:
+        for mod in (getattr(problem.make_inputs, "__module__", None), "baselines.problem", "baselines.perturb"):
+            f = getattr(sys.modules.get(mod), "__file__", None)
+            if not f:
+                return None
+            with open(f, "rb") as fh:
+                h.update(fh.read())
+    except OSError:
+        return None
+    return h.hexdigest()[:16]
+
+
 def _unreaped_child() -> str | None:
     """A child process of this one that nobody waited for: the compiler programs the guard admits are run
     and waited for within one command, so any other was started by the candidate, even one whose program
@@ -83,7 +101,9 @@ def _torch_rewrap(torch):
 
 
 class ChildCore:
-    """The state every command of a child builds on, and the commands that make its context."""
+    """The state every part of a child shares, and the commands that make its context."""
+
+    PINNED = ("T", "pins", "watch", "saved")  # by identity, in a candidate's child (pin_trusted)
 
     def __init__(self, tmp: str, role: str, settings=None):
         """`settings`: the worker's GpuWorkerSettings, as the child's channel carried them (child.main)."""
@@ -99,28 +119,16 @@ class ChildCore:
         self.device = "cuda" if self.cuda else "cpu"
         self.cuda_ready = False
         self.triton_warm = False  # Triton's per-process keys computed (cmd_warm_triton)
+        self.guard_fd: int | None = None  # the guard's channel to the worker (child.main)
+        self.unix_sockets = False  # the OS wall lets the ncu proof's channel through (ncu_proof_child)
+        self.seal = self.wall = None  # the guard and the OS wall, once a candidate loads (ChildLoading.cmd_load)
         self.module = None
-        self.ran = False  # the candidate has run for real here: its kernels are loaded (see cmd_prepare)
+        self.ran = False  # the candidate has run for real here: its kernels are loaded (see ChildTiming.cmd_prepare)
         self.problem = None
         self.shape = None
         self.cpu_mode = not self.cuda
         self.bank_tag = None
-        self._prefetched: dict = {}
-        self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
-        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls: _download_verified
-        self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
-        self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
-        # reference role: per static output set (the id of its dict), what the timed baseline returned last;
-        # a graph's replays rewrite the tensors it returned when captured
-        self.base_outputs: dict = {}
-        self.prep_timing: dict = {}
-        self.timing: dict[str, TimingSet] = {}  # distribution -> its timing set (see the timing section)
-        self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
-        self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random, see cmd_time
-        self.entry_keys: OrderedDict = OrderedDict()  # reference role: (noise seed, entry) -> a candidate's key
-        self.oracles: OrderedDict = OrderedDict()  # reference role: (dist, seed) -> oracle outputs, see _oracle
-        self.flush = None
-        self.flush_graph = None
+        self.baseline_name, self.baseline = None, None  # the reference role's (ChildReference.cmd_setup)
         # trusted references, captured before any candidate code exists in this process
         self.T = {
             "perf": time.perf_counter,
@@ -158,33 +166,33 @@ class ChildCore:
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
         self.T.update(threads=threading.enumerate, listdir=os.listdir)
         self.pins = Pins(same=_torch_rewrap(torch))
-        if role == "candidate":
-            self._pin_trusted()
-            # torch's intra-op threads start at its first parallel op: here, not inside a call of the
-            # candidate, where new threads alive after the call are refused (after_candidate)
-            torch.ones(1 << 20).sum()
 
-    def _pin_trusted(self) -> None:
-        """Before any candidate exists here: what the trusted code calls (gpu_worker.pins), by identity."""
+    def pin_trusted(self, server, parts: dict, state_classes: tuple) -> None:
+        """Before any candidate exists here: what the trusted code calls (gpu_worker.pins), by identity,
+        with the composed `server` and its `parts` (name -> part, this core among them): their classes, which
+        of the server's attributes holds each part, and in each part what it was built with and holds for
+        the trusted code (the part class's PINNED); `state_classes`: those of the state the parts make later
+        (the timing set). Candidate role only."""
         import multiprocessing.connection
 
         import torch
 
         from gpu_worker import guard, guard_torch, pins, timing_inputs, wall  # noqa: F401 - loaded to be pinned
-        from gpu_worker.child_timing import TimingSet
 
         for m in pins.trusted_modules():
             self.pins.add_module(m, shadowing=m.__name__.startswith("gpu_worker."))
         for m in (torch, torch.cuda, torch.nn.functional):
             self.pins.add_module(m)
-        for c in (type(self), torch.Tensor, torch.Generator, TimingSet, timing_inputs.FreshValues, guard.Seal,
-                  multiprocessing.connection.Connection):
+        for c in (type(server), *(type(p) for p in parts.values()), *state_classes, torch.Tensor, torch.Generator,
+                  timing_inputs.FreshValues, guard.Seal, multiprocessing.connection.Connection):
             self.pins.add_class(c)
         if self.cuda:
             for c in (torch.cuda.Event, torch.cuda.CUDAGraph, torch.cuda.Stream):
                 self.pins.add_class(c)
         self.pins.add("T", self.T, list(self.T))
-        self.pins.add("server", vars(self), ["T", "pins", "watch", "saved", "timing"])
+        self.pins.add("server", vars(server), list(parts))
+        for name, part in parts.items():
+            self.pins.add(name, vars(part), list(type(part).PINNED))
         # the modules the trusted code imports later, loaded now: a module planted under one of these names
         # would be what that import returns
         import gpu_worker.devicetime  # noqa: F401
@@ -195,6 +203,9 @@ class ChildCore:
         self.pins.add("sys.modules", sys.modules, [n for n in list(sys.modules) if n.split(".")[0] in tops])
         self.pins.add("sys", vars(sys), ["excepthook", "unraisablehook", "displayhook", "breakpointhook",
                                          "meta_path", "path_hooks", "modules"])
+        # torch's intra-op threads start at its first parallel op: here, not inside a call of the
+        # candidate, where new threads alive after the call are refused (after_candidate)
+        torch.ones(1 << 20).sum()
 
     def candidate_threads(self) -> tuple:
         """The threads alive now, Python's and the process's tasks: taken before a call of the candidate."""
@@ -214,7 +225,7 @@ class ChildCore:
         """Right after every call of the candidate, before any trusted code runs on: a thread it started that
         is still alive (work finished after the call returned is never timed nor checked), or a slot of the
         trusted code rebound (gpu_worker.pins), is refused at once."""
-        seal = getattr(self, "seal", None)
+        seal = self.seal
         if seal is not None and mode_stacks() != seal.modes:  # torch would run its code inside the harness's
             self._refuse("lazy-output", f"torch modes left active by the candidate (function/dispatch stacks "
                          f"{mode_stacks()[:2]} where {seal.modes[:2]} were before it loaded)")
@@ -234,7 +245,7 @@ class ChildCore:
         """Hooks through which the interpreter would run candidate code later, inside the harness's own:
         the garbage collector's callbacks, import finders and path hooks, trace and profile functions
         (threads' included). Empty when every one is the libraries' own."""
-        seal = getattr(self, "seal", None)
+        seal = self.seal
         if seal is None:
             return ""
         import gc
@@ -256,7 +267,7 @@ class ChildCore:
         candidate is loaded), recorded, and raised."""
         from gpu_worker import guard
 
-        seal = getattr(self, "seal", None)
+        seal = self.seal
         if seal is not None:
             seal.report(rule, detail)
         else:
@@ -291,7 +302,7 @@ class ChildCore:
         from gpu_worker import guard
 
         out = list(guard.VIOLATIONS)
-        seal = getattr(self, "seal", None)
+        seal = self.seal
         if seal is not None:
             out += [v for v in seal.broken() if v not in out]
         out += [(self._family_of_slots([n]), f"{n} was rebound by the candidate") for n in self.pins.changed()
@@ -376,7 +387,7 @@ class ChildCore:
         # taken now, before any candidate loads: one that rebinds the problem's methods changes nothing
         self.perturbed = p.perturbed
         self.outputs = compared_outputs(p, self.shape, self.cpu_mode)
-        self.bank_tag = self._generator_tag(p)
+        self.bank_tag = generator_tag(p)
         if self.role == "candidate":  # what derives the timed values, before the candidate loads
             import sys
 
@@ -386,6 +397,6 @@ class ChildCore:
             for m in {sys.modules[type(p).__module__], baselines.perturb, baselines.problem}:
                 self.pins.add_module(m, shadowing=True)
             self.pins.add_class(type(p))
-            self.pins.add("server", vars(self), ["problem", "shape", "make_inputs", "output_specs", "perturbed",
+            self.pins.add("core", vars(self), ["problem", "shape", "make_inputs", "output_specs", "perturbed",
                                                  "outputs"])
         return p

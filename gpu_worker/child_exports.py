@@ -6,15 +6,30 @@ from __future__ import annotations
 
 import math
 import os
+from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 from gpu_worker.child_core import compared_outputs
+
+if TYPE_CHECKING:
+    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child_inputs import ChildInputs
 
 FINGERPRINT_CHUNK = 1 << 24  # elements per step of a fingerprint: its temporaries stay at 64 MB in fp32
 
 
 class ChildExports:
-    """A child's output files and fingerprints."""
+    """A child's output files and fingerprints. Built with the child's core and its inputs (the late-write
+    check compares as the mutation check does)."""
+
+    PINNED = ("core", "inputs")  # by identity (ChildCore.pin_trusted)
+
+    def __init__(self, core: ChildCore, inputs: ChildInputs):
+        self.core, self.inputs = core, inputs
+        self._pending: list = []  # (tag, outputs, device copies, handles) of verify calls: _download_verified
+        self._to_write: list = []  # (host bytes, path) downloaded, not yet written: see cmd_write_exports
+        self._to_check: list = []  # (tag, outputs as downloaded, copies taken after the call): cmd_write_exports
+        self.timed_outputs: list = []  # (pool index, outputs) of timed calls picked at random (ChildTiming.cmd_time)
 
     def _export(self, outs: dict, tag: str) -> dict:
         """A device copy of each output, taken now and kept for `_download_verified`, and the handles
@@ -23,14 +38,18 @@ class ChildExports:
         twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
         # the copy goes to host memory at once (a device copy per output per case held a prefill
         # verification at ~17 GB and made the device memory the pipeline's bottleneck)
-        snap = {k: self.T["to"](v.detach(), "cpu", copy=True) for k, v in outs.items()
+        snap = {k: self.core.T["to"](v.detach(), "cpu", copy=True) for k, v in outs.items()
                 if type(v) is __import__("torch").Tensor}
         handles = self._handles(snap, tag)  # an output that is no plain Tensor is reported by out_type_ok
         self._pending.append((tag, outs, snap, handles))
         return handles
 
+    def clear_pending(self) -> None:
+        """Drop what an earlier verification kept and never downloaded: a new one starts."""
+        self._pending = []
+
     def _handles(self, outs: dict, tag: str) -> dict[str, protocol.OutputHandle]:
-        return {name: protocol.OutputHandle(path=os.path.join(self.tmp, f"out-{tag}-{name}.bin"),
+        return {name: protocol.OutputHandle(path=os.path.join(self.core.tmp, f"out-{tag}-{name}.bin"),
                                             dtype=str(v.dtype).replace("torch.", ""), shape=tuple(v.shape))
                 for name, v in outs.items()}
 
@@ -40,23 +59,23 @@ class ChildExports:
         import torch
 
         for name, v in snap.items():
-            flat = self.T["contiguous"](self.T["to"](v, "cpu")).reshape(-1)
-            self._to_write.append((self.T["view"](flat, torch.uint8), handles[name].path))
+            flat = self.core.T["contiguous"](self.core.T["to"](v, "cpu")).reshape(-1)
+            self._to_write.append((self.core.T["view"](flat, torch.uint8), handles[name].path))
 
     def cmd_write_exports(self):
         """Host work, outside any device turn: the late-write check of the outputs `verify` downloaded, then
         the downloads' files. Returns the outputs that changed after their call returned."""
-        t0 = self.T["perf"]()
+        t0 = self.core.T["perf"]()
         changed = []
         for tag, now, snap in self._to_check:  # bitwise, NaN-safe: the buffers as downloaded vs the copies
-            changed += [f"{tag}/{name}" for name in self._mutated(now, snap)]
+            changed += [f"{tag}/{name}" for name in self.inputs._mutated(now, snap)]
         self._to_check = []
-        t1 = self.T["perf"]()
+        t1 = self.core.T["perf"]()
         for raw, path in self._to_write:
             raw.numpy().tofile(path)
         self._to_write = []
         return protocol.Exported(changed=changed,
-                                 timing={"check": round(t1 - t0, 4), "write": round(self.T["perf"]() - t1, 4)})
+                                 timing={"check": round(t1 - t0, 4), "write": round(self.core.T["perf"]() - t1, 4)})
 
     def _download_verified(self):
         """Download the outputs `verify` kept, for `write_exports`, as `verify`'s last step. They are the
@@ -66,19 +85,19 @@ class ChildExports:
         on the host, outside any turn. An output no longer a plain tensor is reported at once."""
         import torch
 
-        t0 = self.T["perf"]()
+        t0 = self.core.T["perf"]()
         changed = []
         for tag, outs, snap, handles in self._pending:
             if any(type(outs.get(name)) is not torch.Tensor for name in snap):
                 changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
             else:  # the buffers as they are now, for write_exports' comparison with the copies
-                self._to_check.append((tag, {name: self.T["to"](outs[name].detach(), "cpu", copy=True)
+                self._to_check.append((tag, {name: self.core.T["to"](outs[name].detach(), "cpu", copy=True)
                                              for name in snap}, snap))
             self._download(snap, handles)
         self._pending = []
-        self._sync()
-        self._release()
-        return protocol.Exported(changed=changed, timing={"download": round(self.T["perf"]() - t0, 4)})
+        self.core._sync()
+        self.core._release()
+        return protocol.Exported(changed=changed, timing={"download": round(self.core.T["perf"]() - t0, 4)})
 
     def _download_timed(self) -> list:
         """Download the timed calls' kept outputs (see cmd_time) for `write_exports`; returns the jobs
@@ -89,7 +108,7 @@ class ChildExports:
             self._download(kept, handles)
             jobs += [protocol.TimedJob(entry=idx, name=name, out=h) for name, h in handles.items()]
         self.timed_outputs = []
-        self._release()
+        self.core._release()
         return jobs
 
     def _projections(self, seed: int) -> dict:
@@ -99,19 +118,19 @@ class ChildExports:
         `cmd_time`'s `check_seed`)."""
         import torch
 
-        specs = self.problem.output_specs(self.shape, cpu=self.cpu_mode)
-        g = self.T["Generator"](device=self.device)
+        core, T = self.core, self.core.T
+        specs = core.problem.output_specs(core.shape, cpu=core.cpu_mode)
+        g = T["Generator"](device=core.device)
         g.manual_seed(int(seed))
         out = {}
-        for n in compared_outputs(self.problem, self.shape, self.cpu_mode):
+        for n in compared_outputs(core.problem, core.shape, core.cpu_mode):
             if not getattr(torch, specs[n].dtype).is_floating_point:
                 continue
             size = math.prod(specs[n].shape)
-            v = self.T["empty"](size, dtype=self.T["bfloat16"], device=self.device)  # half an fp32 vector's memory
+            v = T["empty"](size, dtype=T["bfloat16"], device=core.device)  # half an fp32 vector's memory
             for c in range(0, size, FINGERPRINT_CHUNK):  # drawn chunk by chunk: no fp32 copy of the whole
                 w = min(FINGERPRINT_CHUNK, size - c)
-                self.T["copy_"](self.T["narrow"](v, 0, c, w),
-                                self.T["randn"](w, generator=g, device=self.device, dtype=self.T["float32"]))
+                T["copy_"](T["narrow"](v, 0, c, w), T["randn"](w, generator=g, device=core.device, dtype=T["float32"]))
             out[n] = v
         return out
 
@@ -119,7 +138,7 @@ class ChildExports:
         """Each compared output projected onto its random vector, in fp32 chunks (device scalars; no
         synchronisation); with `squares`, [projection, sum of squares] per output, from the same chunks
         (the norm is the bound's scale). An output whose size is not its spec's fails here."""
-        T, f32 = self.T, self.T["float32"]
+        T, f32 = self.core.T, self.core.T["float32"]
         res = []
         for n, v in proj.items():
             flat = T["view"](T["contiguous"](outs[n]), -1)

@@ -7,13 +7,26 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 from gpu_worker.child_core import Refused
 
+if TYPE_CHECKING:
+    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child_inputs import ChildInputs
+
 
 class ChildLoading:
-    """A candidate child's load and compile commands, and its guarded call."""
+    """A candidate child's load and compile commands, and its guarded call. Built with the child's core
+    (which holds the loaded module, the guard's seal and the wall) and its inputs (the compile's case)."""
+
+    PINNED = ("core", "inputs")  # by identity (ChildCore.pin_trusted)
+
+    def __init__(self, core: ChildCore, inputs: ChildInputs):
+        self.core, self.inputs = core, inputs
+        self.kernels: dict = {}  # name -> the candidate's Triton kernel (_kernel_objects)
+        self.before_modules: set = set()  # the modules loaded before the candidate (guard.audit_modules)
 
     def cmd_load(self, source: str, problem: str, shape: str | None, write_roots: list, trusted_roots: list,
                  stage: list = ()):
@@ -21,47 +34,47 @@ class ChildLoading:
 
         from gpu_worker import guard
 
-        assert self.role == "candidate"
-        self._setup_problem(problem, shape)
+        core = self.core
+        assert core.role == "candidate"
+        core._setup_problem(problem, shape)
         # hide the project's modules: a run-time import of them must go through the (refused) import system
         for name in [m for m in sys.modules if m.split(".")[0] in ("baselines", "activities", "workflows")]:
             del sys.modules[name]
-        path = os.path.join(self.tmp, "candidate.py")
+        path = os.path.join(core.tmp, "candidate.py")
         with open(path, "w") as f:
             f.write(source)
         before = set(sys.modules)
-        if self.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
-            self.cmd_cuda_init()
-            self.cmd_warm_triton()
+        if core.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
+            core.cmd_cuda_init()
+            core.cmd_warm_triton()
         from gpu_worker import wall
 
-        self.seal, self.wall = wall.enclose(self.tmp, list(write_roots), list(trusted_roots), self.cuda,
-                                            getattr(self, "guard_fd", None), self.settings.wall,
-                                            unix_sockets=getattr(self, "unix_sockets", False))  # ncu proof only
-        self.pins.repin()  # the guard's own wrappers of torch's entries (guard_torch.seal_dispatch_entries)
+        core.seal, core.wall = wall.enclose(core.tmp, list(write_roots), list(trusted_roots), core.cuda, core.guard_fd,
+                                            core.settings.wall, unix_sockets=core.unix_sockets)  # ncu proof only
+        core.pins.repin()  # the guard's own wrappers of torch's entries (guard_torch.seal_dispatch_entries)
         spec = importlib.util.spec_from_file_location("candidate", path)
         mod = importlib.util.module_from_spec(spec)
-        threads = self.candidate_threads()
+        threads = core.candidate_threads()
         try:
             spec.loader.exec_module(mod)
         except OSError as e:
             self._refused_by_wall(e)
             raise
-        self.after_candidate(threads)
+        core.after_candidate(threads)
         guard.audit_modules(before)
         self.before_modules = before
         if not callable(getattr(mod, "run", None)):
             raise Refused("contract", "candidate defines no callable run(inputs, out)")
-        self.module = mod
+        core.module = mod
         self.kernels = self._kernel_objects()
         if stage:  # the compile's case, staged in the same host work (harness_compile: _compile_in)
-            self.cmd_stage(list(stage))
-        return protocol.Loaded(kernels=sorted(self.kernels), wall=self.wall)
+            self.inputs.cmd_stage(list(stage))
+        return protocol.Loaded(kernels=sorted(self.kernels), wall=core.wall)
 
     def _kernel_objects(self) -> dict:
         """name -> JITFunction-like object for every Triton kernel the module defines."""
         found = {}
-        for name, obj in vars(self.module).items():
+        for name, obj in vars(self.core.module).items():
             f, depth = obj, 0
             while hasattr(f, "fn") and depth < 4 and not hasattr(f, "device_caches"):
                 f, depth = f.fn, depth + 1
@@ -72,53 +85,53 @@ class ChildLoading:
     def _call(self, inputs, outs, guarded: bool):
         from gpu_worker import guard
 
-        threads = self.candidate_threads()
+        threads = self.core.candidate_threads()
         try:
             if guarded:
                 with guard.dispatch_guard(outputs=outs):
-                    self.module.run(inputs, outs)
+                    self.core.module.run(inputs, outs)
             else:
-                self.module.run(inputs, outs)
+                self.core.module.run(inputs, outs)
         except OSError as e:
             self._refused_by_wall(e)
             raise
-        self._sync()
-        self.after_candidate(threads)
+        self.core._sync()
+        self.core.after_candidate(threads)
         guard.audit_modules(self.before_modules)
-        for rule, detail in self.seal.broken():  # a mode left on torch's stacks, a rewritten guard
+        for rule, detail in self.core.seal.broken():  # a mode left on torch's stacks, a rewritten guard
             raise guard.GuardViolation(rule, detail)
 
     def _refused_by_wall(self, e: OSError) -> None:
         """An act the OS wall refused (one the guard did not see first) becomes a violation of its family."""
         from gpu_worker import guard, wall
 
-        family = wall.family_of(e, [self.tmp]) if self.wall.get("os") == "on" else None
+        family = wall.family_of(e, [self.core.tmp]) if self.core.wall.get("os") == "on" else None
         if family:
-            self.seal.report(family, f"refused by the OS wall: {type(e).__name__}: {e}")
+            self.core.seal.report(family, f"refused by the OS wall: {type(e).__name__}: {e}")
             raise guard.GuardViolation(family, f"refused by the OS wall: {e}") from e
 
     def cmd_compile(self, dist: str):
         """CUDA: compile every kernel the candidate launches without running it (Triton's warmup path,
         so compilation uses CPU cores, not the GPU), then report the compiler's view of each kernel.
         Interpreter: run once, which is where an interpreted kernel's errors surface."""
-        self.prep_timing = {}
+        self.inputs.prep_timing = {}
         # the worker uploaded this case beforehand (prepare, in a device job); on CUDA nothing below
         # touches the device but the candidate's own host-side torch calls: Triton's warmup path compiles
         # without launching, and the outputs are not poisoned (their contents are never read here)
-        pre = self._prefetched.get((dist, 0))
-        inputs = self._inputs(dist, 0) if pre is None else self._to_device(pre)  # no copy when already there
-        outs = self._outputs(poison=not self.cuda)
+        pre = self.inputs.prefetched.get((dist, 0))
+        inputs = self.inputs._inputs(dist, 0) if pre is None else self.inputs._to_device(pre)  # no copy if there
+        outs = self.core._outputs(poison=not self.core.cuda)
         t0 = time.perf_counter()
-        if self.cuda:
+        if self.core.cuda:
             self._warmup_call(inputs, outs)
         else:
             self._call(inputs, outs, guarded=True)
         secs = time.perf_counter() - t0
-        timing = {k: round(v, 4) for k, v in self.prep_timing.items()}
+        timing = {k: round(v, 4) for k, v in self.inputs.prep_timing.items()}
         timing["triton"] = round(secs, 4)
         del inputs, outs
-        self._prefetched = {}
-        self._release()  # this child may wait, kernels loaded, for the candidate's verification
+        self.inputs.prefetched = {}
+        self.core._release()  # this child may wait, kernels loaded, for the candidate's verification
         return protocol.Compiled(seconds=secs, kernels=self._compiled_info(), max_shared=self._max_shared(),
                                  timing=timing)
 
@@ -126,7 +139,7 @@ class ChildLoading:
         """The device's shared-memory limit per block (opt-in), as Triton sees it; None without CUDA.
         Triton's warmup path compiles kernels that need more without complaint (they fail at launch), so
         the harness compares each kernel's need with this at compile time."""
-        if not self.cuda:
+        if not self.core.cuda:
             return None
         try:
             import torch
@@ -194,7 +207,7 @@ class ChildLoading:
                     d["ptx_tma"] = "cp.async.bulk.tensor" in ptx
                     cubin = asm.get("cubin")
                     if isinstance(cubin, (bytes, bytearray)):
-                        p = os.path.join(self.tmp, f"{d['name']}-{len(info)}.cubin")
+                        p = os.path.join(self.core.tmp, f"{d['name']}-{len(info)}.cubin")
                         with open(p, "wb") as fh:
                             fh.write(cubin)
                         d["cubin_path"] = p

@@ -7,22 +7,38 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 
+if TYPE_CHECKING:
+    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child_inputs import ChildInputs
+    from gpu_worker.child_timing import ChildTiming
+
 
 class ChildReference:
-    """The reference role's commands."""
+    """The reference role's commands. Built with the child's core, its inputs and its timing (the timed
+    calls' comparison runs the baseline on a timing set's values)."""
 
-    def cmd_setup(self, problem: str, shape: str | None):
-        assert self.role == "reference"
-        p = self._setup_problem(problem, shape)
-        bases = p.baselines()
-        self.baseline_name, self.baseline = next(iter(bases.items()))
+    PINNED = ("core", "inputs", "timing")  # by identity (ChildCore.pin_trusted)
+
+    def __init__(self, core: ChildCore, inputs: ChildInputs, timing: ChildTiming):
+        self.core, self.inputs, self.timing = core, inputs, timing
+        self.oracles: OrderedDict = OrderedDict()  # (dist, seed) -> oracle outputs on the device, see _oracle
+        self.case_cache = None  # the cases' cache on disk, from cmd_setup on (_case_cache)
         self._cached_cases: dict = {}  # (dist, seed) -> cached values read while staging, taken once
         self._baseline_ran = False  # see _baseline_warm
+
+    def cmd_setup(self, problem: str, shape: str | None):
+        assert self.core.role == "reference"
+        p = self.core._setup_problem(problem, shape)
+        bases = p.baselines()
+        self.core.baseline_name, self.core.baseline = next(iter(bases.items()))
+        self._cached_cases, self._baseline_ran = {}, False
         self.case_cache = self._case_cache()
-        return protocol.SetUp(baseline=self.baseline_name, shape=self.shape.name, cuda=self.cuda)
+        return protocol.SetUp(baseline=self.core.baseline_name, shape=self.core.shape.name, cuda=self.core.cuda)
 
     def _case_cache(self):
         """The cases' cache on disk (caches.ReferenceCaseCache), which a restarted worker's reference reads
@@ -31,21 +47,22 @@ class ChildReference:
 
         from gpu_worker.caches import ReferenceCaseCache, cache_root, reference_key
 
-        device = torch.cuda.get_device_name(0) if self.cuda else "cpu"
-        base = reference_key(self.problem, self.shape, self.outputs, self.cpu_mode, self.bank_tag,
-                             self.baseline_name, device)
-        return ReferenceCaseCache(cache_root(self.settings), base, self.settings.oracle_disk_gb * (1 << 30))
+        core = self.core
+        device = torch.cuda.get_device_name(0) if core.cuda else "cpu"
+        base = reference_key(core.problem, core.shape, core.outputs, core.cpu_mode, core.bank_tag,
+                             core.baseline_name, device)
+        return ReferenceCaseCache(cache_root(core.settings), base, core.settings.oracle_disk_gb * (1 << 30))
 
     def _stage_cached(self, cases: list) -> list:
         """Of the cases a staging asks for, those still to generate: a reference case found in the cache
         is read into host memory here instead (host work, outside any device turn), unless the input bank
         lacks its inputs (then they are generated, and banked, for the candidates)."""
-        if self.role != "reference" or getattr(self, "case_cache", None) is None or not self.case_cache.enabled:
+        if self.core.role != "reference" or self.case_cache is None or not self.case_cache.enabled:
             return cases
         rest = []
         self._cached_cases = {}  # replaced, as the staged inputs are: what no reference took is dropped
         for dist, seed in cases:
-            bank = self._bank_path(dist, seed)
+            bank = self.inputs._bank_path(dist, seed)
             if not self._baseline_warm() and not rest:  # the first case runs the baseline here (_cached_case)
                 entry = None
             else:
@@ -60,12 +77,12 @@ class ChildReference:
         """Whether the baseline has run in this process: until it has, a case is computed in full, so that
         its first call (compiling, loading Triton's kernels and autotuning choices) happens where it did
         before the cache, in the warm-up, not in a benchmark's first timing block."""
-        return getattr(self, "_baseline_ran", False)
+        return self._baseline_ran
 
     def _cached_case(self, dist: str, seed: int, baseline: bool) -> dict | None:
         """A case's cached values (staged ahead, else read now), if they answer a request for them:
         with `baseline`, only an entry that holds the baseline's error."""
-        if getattr(self, "case_cache", None) is None or (baseline and not self._baseline_warm()):
+        if self.case_cache is None or (baseline and not self._baseline_warm()):
             return None
         entry = self._cached_cases.pop((dist, seed), None) or self.case_cache.get(dist, seed)
         if entry is None or (baseline and entry.get("baseline_err") is None):
@@ -82,16 +99,20 @@ class ChildReference:
             return self.oracles[key]
         entry = self._cached_case(dist, seed, baseline=False) if inputs is None else None
         if entry is not None:
-            return self._keep_oracle(dist, seed, {k: self.T["to"](v, self.device) for k, v in entry["oracle"].items()})
+            return self._keep_oracle(dist, seed, self._uploaded(entry["oracle"]))
         if inputs is None:
-            inputs = self._inputs(dist, seed)
-        return self._keep_oracle(dist, seed, {k: v.detach() for k, v in self.problem.oracle(inputs).items()
-                                              if k in self.outputs})
+            inputs = self.inputs._inputs(dist, seed)
+        return self._keep_oracle(dist, seed, {k: v.detach() for k, v in self.core.problem.oracle(inputs).items()
+                                              if k in self.core.outputs})
+
+    def _uploaded(self, tensors: dict) -> dict:
+        """A cached entry's tensors on this child's device."""
+        return {k: self.core.T["to"](v, self.core.device) for k, v in tensors.items()}
 
     def _keep_oracle(self, dist: str, seed: int, ref: dict) -> dict:
         cache = self.oracles
         cache[(dist, seed)] = ref
-        limit = self.settings.oracle_cache_gb * (1 << 30)
+        limit = self.core.settings.oracle_cache_gb * (1 << 30)
 
         def nbytes():
             return sum(t.numel() * t.element_size() for r in cache.values() for t in r.values())
@@ -110,28 +131,28 @@ class ChildReference:
             t0 = time.perf_counter()
             entry = self._cached_case(dist, seed, baseline)
             if entry is not None:  # computed by an earlier reference child: only the upload of its oracle
-                self._keep_oracle(dist, seed, {k: self.T["to"](v, self.device) for k, v in entry["oracle"].items()})
-                self._sync()
+                self._keep_oracle(dist, seed, self._uploaded(entry["oracle"]))
+                self.core._sync()
                 err = entry["baseline_err"] if baseline else math.nan
                 out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=entry["hash"], baseline_err=err,
                                                   timing={"cached": time.perf_counter() - t0}))
                 continue
-            inputs = self._inputs(dist, seed)
-            h = self._hash(inputs)
-            self._sync()
+            inputs = self.inputs._inputs(dist, seed)
+            h = self.inputs._hash(inputs)
+            self.core._sync()
             t1 = time.perf_counter()
             ref = self._oracle(dist, seed, inputs)
-            self._sync()
+            self.core._sync()
             t2 = time.perf_counter()
-            base = self.baseline(inputs) if baseline else None  # a first call compiles and autotunes
+            base = self.core.baseline(inputs) if baseline else None  # a first call compiles and autotunes
             if baseline:
                 self._baseline_ran = True
-            self._sync()
+            self.core._sync()
             t3 = time.perf_counter()
-            errs = [rel_rms(ref[k], base[k]) for k in self.outputs] if baseline else [math.nan]
-            if getattr(self, "case_cache", None) is not None:  # copied off the device now, written on its own thread
+            errs = [rel_rms(ref[k], base[k]) for k in self.core.outputs] if baseline else [math.nan]
+            if self.case_cache is not None:  # copied off the device now, written on its own thread
                 self.case_cache.put(dist, seed, h, max(errs) if baseline else None,
-                                    {k: self.T["to"](v, "cpu") for k, v in ref.items()})
+                                    {k: self.core.T["to"](v, "cpu") for k, v in ref.items()})
             out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
                                               timing={"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}))
         return protocol.References(cases=out)
@@ -146,7 +167,7 @@ class ChildReference:
             raise ValueError(f"output file {handle.path} holds {os.path.getsize(handle.path)} bytes, "
                              f"expected {nbytes}")
         raw = torch.from_file(handle.path, shared=False, size=nbytes, dtype=torch.uint8)
-        return raw.view(dtype).reshape(handle.shape).to(self.device)
+        return raw.view(dtype).reshape(handle.shape).to(self.core.device)
 
     def cmd_compare_timed(self, jobs: list, noise_seed: int, dist: str | None = None):
         """Each job: a candidate's output from a timed call that ran on entry `set` of the timing set of
@@ -156,17 +177,17 @@ class ChildReference:
 
         from baselines.problem import rel_rms
 
-        ts = self._timing_set(dist, "compare_timed")
+        ts = self.timing._timing_set(dist, "compare_timed")
         res, last = [], [None, None]
         for job in jobs:
             o = self._import(job.out)  # one output on the device at a time
             if last[0] != job.entry:  # a call's outputs come together: the baseline runs once per entry
-                last = [job.entry, self._baseline_at(ts, job.entry, noise_seed)]
+                last = [job.entry, self.timing._baseline_at(ts, job.entry, noise_seed)]
             ref = last[1][job.name]
             of = o.double()
             res.append(protocol.TimedComparison(rel_err=rel_rms(ref, of), nonfinite=int((~torch.isfinite(of)).sum())))
             o = of = None  # noqa: F841 - freed before the next output is read, and before the release below
-        self._release()
+        self.core._release()
         return protocol.TimedCompared(results=res)
 
     def cmd_compare(self, jobs: list):
@@ -180,7 +201,7 @@ class ChildReference:
 
         res = []
         t_import = t_math = 0.0
-        perf = self.T["perf"]
+        perf = self.core.T["perf"]
         for job in jobs:
             t0 = perf()
             o = self._import(job.out)  # one output on the device at a time
@@ -197,13 +218,13 @@ class ChildReference:
                                            constant=constant))
             del o, of
             t_math += perf() - t0
-        self._release()  # the imported outputs are gone: their blocks go back, the worker's budget sees it
+        self.core._release()  # the imported outputs are gone: their blocks go back, the worker's budget sees it
         return protocol.Compared(results=res, timing={"import": round(t_import, 4), "oracle-and-math": round(t_math, 4)})
 
     def cmd_ceilings(self):
         """Measured ceilings for the physical floor: device-to-device copy bandwidth (read + write bytes)
         and bf16 matmul rate. CUDA only; read from the ceilings' cache where this GPU has been measured."""
-        if not self.cuda:
+        if not self.core.cuda:
             return protocol.Ceilings(bandwidth=None, flops=None)
         cache, key = self._ceilings_cache()
         found = cache.get_json(key)
@@ -220,7 +241,7 @@ class ChildReference:
 
         from gpu_worker.caches import DiskCache, cache_root, ceilings_key
 
-        return DiskCache(cache_root(self.settings), "ceilings"), ceilings_key(torch.cuda.get_device_name(0))
+        return DiskCache(cache_root(self.core.settings), "ceilings"), ceilings_key(torch.cuda.get_device_name(0))
 
     def _measure_ceilings(self):
         import torch
@@ -261,7 +282,7 @@ class ChildReference:
 
         d = {"torch": torch.__version__, "triton": triton.__version__, "device": "cpu (Triton interpreter)",
              "driver": "", "clocks": ""}
-        if self.cuda:
+        if self.core.cuda:
             d["device"] = torch.cuda.get_device_name(0)
             try:
                 q = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw",

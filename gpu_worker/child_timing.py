@@ -1,12 +1,21 @@
-"""A child's timing, both roles: the timing sets (static buffers refilled with fresh values before every
-repetition), CUDA-graph capture, the timed blocks (`time`), host latency and the profiler's view."""
+"""A child's timing, both roles: the inputs and timing sets prepared ahead (`prepare`), the timing sets
+(static buffers refilled with fresh values before every repetition), CUDA-graph capture, the timed blocks
+(`time`) and host latency. The profiler's view of the same steps is child_profile's."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 from gpu_worker.timing_inputs import FreshValues, check_entries, check_keys, draw_key, entry_seed
+
+if TYPE_CHECKING:
+    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child_exports import ChildExports
+    from gpu_worker.child_inputs import ChildInputs
+    from gpu_worker.child_loading import ChildLoading
 
 
 @dataclass
@@ -29,7 +38,11 @@ class TimingSet:
 
 
 class ChildTiming:
-    """A child's timing commands, both roles."""
+    """A child's timing commands, both roles, and the preparation of inputs and timing sets ahead of them.
+    Built with the child's core, its inputs, its exports (fingerprints, kept outputs) and its loading
+    (the candidate's kernels loaded ahead)."""
+
+    PINNED = ("core", "inputs", "exports", "loading", "timing_sets")  # by identity (ChildCore.pin_trusted)
 
     # A timing set is `rotate` static input/output buffer sets (one CUDA graph each, when captured) and a
     # pool of `pool` input value sets generated from the worker's timing seeds. Before every repetition,
@@ -41,32 +54,83 @@ class ChildTiming:
     # The reference child keeps one timing set per distribution (benchmarks share it, each under its
     # lock); a candidate child keeps the one it is being timed on.
 
+    def __init__(self, core: ChildCore, inputs: ChildInputs, exports: ChildExports, loading: ChildLoading):
+        self.core, self.inputs, self.exports, self.loading = core, inputs, exports, loading
+        self.timing_sets: dict[str, TimingSet] = {}  # distribution -> its timing set
+        self._pinned_timing: list = []  # (mapping, keys) of the timing set pinned in a candidate's child
+        # reference role: per static output set (the id of its dict), what the timed baseline returned last;
+        # a graph's replays rewrite the tensors it returned when captured
+        self.base_outputs: dict = {}
+        self.entry_keys: OrderedDict = OrderedDict()  # reference role: (noise seed, entry) -> a candidate's key
+        self.sleep_rate = None  # device spin cycles per millisecond (cmd_time's cushion)
+        self.flush = self.flush_sink = self.flush_graph = None  # the L2 flush's buffer, its sum's sink, its graph
+
+    def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
+                    kernels: bool = True, seed: int = 1000, pool: int = 3):
+        """Generate inputs ahead (on the CPU side, before the worker's timing block): the verification
+        cases' inputs and/or the timing sets."""
+        core, inputs = self.core, self.inputs
+        inputs.prep_timing = {}
+        if cases:
+            # uploaded now, before the timing block (the worker holds an untimed device job for this);
+            # bounded so that many children at once stay within the device's memory
+            host = {(d, s): inputs._host_inputs(d, s) for d, s in cases}
+            nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
+                         if hasattr(v, "element_size"))
+            # only small sets wait on the device; larger ones are uploaded case by case during the run
+            # (KDA's six cases are 1.9 GB, prefill's 6.8 GB: held per waiting child, they filled the device)
+            limit = core.settings.prefetch_gb * (1 << 30)
+            t0 = core.T["perf"]()
+            inputs.prefetched = {k: (inputs._to_device(v) if nbytes <= limit else v) for k, v in host.items()}
+            core._sync()
+            inputs._count("upload", t0)
+            if kernels and core.cuda and core.module is not None:
+                t0 = core.T["perf"]()
+                self.loading._load_kernels(inputs._inputs(*cases[0]), core._outputs())
+                inputs._count("kernels", t0)
+        if rotate:
+            t0 = core.T["perf"]()
+            self._prepare_timing(rotate, dist or core.problem.distributions[0], seed, pool)
+            inputs._count("timing-sets", t0)
+            # a child that has run the candidate (verified or timed it) has its kernels loaded already;
+            # the pre-load is for a fresh one (it holds an untimed device job's turn for seconds)
+            if not cases and core.cuda and core.module is not None and not core.ran:
+                t0 = core.T["perf"]()
+                self.loading._load_kernels(*self._timing_set(dist, "prepare").sets[0])
+                inputs._count("kernels", t0)
+        if rotate and core.cuda and self.flush is not None and self.flush_graph is None:
+            # a flush that did not capture runs on the stream, which delays the timed graph behind it: named
+            # in the phase log, since a child's own output goes nowhere
+            inputs.prep_timing["flush-on-stream"] = 1
+        return protocol.Prepared(timing={k: round(v, 4) for k, v in inputs.prep_timing.items()})
+
     def _prepare_timing(self, rotate: int, dist: str, seed: int = 1000, pool: int = 3):
         import torch
 
         key = (rotate, int(seed), pool)
-        have = self.timing.get(dist)
+        have = self.timing_sets.get(dist)
         if have is not None and have.key == key:
             return
-        if self.role == "candidate":
+        if self.core.role == "candidate":
             self._drop_timing()
         else:
-            self.timing.pop(dist, None)
+            self.timing_sets.pop(dist, None)
             self.base_outputs.clear()  # the next timed call of each set fills its entry again
         if pool < 2:
             raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
-        entries = [self._inputs(dist, int(seed) + k) for k in range(pool)]
-        sets = [({k: (self.T["clone"](v) if isinstance(v, torch.Tensor) else v)
-                  for k, v in entries[i % pool].items()}, self._outputs()) for i in range(rotate)]
-        fresh = FreshValues(self.perturbed, dist, self.device, self.T["Generator"])
-        ts = self.timing[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
+        entries = [self.inputs._inputs(dist, int(seed) + k) for k in range(pool)]
+        sets = [({k: (self.core.T["clone"](v) if isinstance(v, torch.Tensor) else v)
+                  for k, v in entries[i % pool].items()}, self.core._outputs()) for i in range(rotate)]
+        fresh = FreshValues(self.core.perturbed, dist, self.core.device, self.core.T["Generator"])
+        ts = self.timing_sets[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
                                            outs=[dict(out) for _, out in sets])
-        if self.role == "candidate":  # what derives and holds the timed values, by identity (gpu_worker.pins)
-            self._pinned_timing = [(self.timing, [dist]), (vars(ts), ["key", "sets", "pool", "fresh", "outs"]),
+        if self.core.role == "candidate":  # what derives and holds the timed values, by identity (gpu_worker.pins)
+            self._pinned_timing = [(self.timing_sets, [dist]),
+                                   (vars(ts), ["key", "sets", "pool", "fresh", "outs"]),
                                    (vars(fresh), ["perturbed", "dist", "gen"])]
             for m, keys in self._pinned_timing:
-                self.pins.add("timing set", m, keys)
-        if self.cuda and self.flush is None:
+                self.core.pins.add("timing set", m, keys)
+        if self.core.cuda and self.flush is None:
             from gpu_worker.devicetime import cold_bytes
 
             nbytes = cold_bytes()
@@ -75,25 +139,25 @@ class ChildTiming:
             self.flush_graph = self._capture_flush()
 
     def _drop_timing(self):
-        for m, keys in getattr(self, "_pinned_timing", ()):
-            self.pins.forget(m, keys)
+        for m, keys in self._pinned_timing:
+            self.core.pins.forget(m, keys)
         self._pinned_timing = []
-        self.timing.clear()
+        self.timing_sets.clear()
 
     def _timing_set(self, dist: str | None, what: str) -> "TimingSet":
-        dist = dist or self.problem.distributions[0]
-        ts = self.timing.get(dist)
+        dist = dist or self.core.problem.distributions[0]
+        ts = self.timing_sets.get(dist)
         if ts is None:
             raise ValueError(f"{what} before the timing set of distribution {dist!r} was prepared")
         return ts
 
     def _fn(self):
-        if self.role == "candidate":
+        if self.core.role == "candidate":
             # the same dispatch guard as when verified: a timed call cannot be told from a checked one
             # (its host cost is no device time)
             from gpu_worker.guard import dispatch_guard
 
-            run, threads, after = self.module.run, self.candidate_threads, self.after_candidate
+            run, threads, after = self.core.module.run, self.core.candidate_threads, self.core.after_candidate
 
             def run_guarded(inputs, out):
                 before = threads()
@@ -102,7 +166,7 @@ class ChildTiming:
                 after(before)  # no thread left running, no slot of the trusted code rebound
 
             return run_guarded
-        base, last = self.baseline, self.base_outputs
+        base, last = self.core.baseline, self.base_outputs
 
         def run_baseline(inputs, out):  # its own outputs, not copied into `out`: the copy is no baseline work
             last[id(out)] = base(inputs)
@@ -115,19 +179,19 @@ class ChildTiming:
 
         for k, v in inp.items():
             if isinstance(v, torch.Tensor):
-                self.T["copy_"](v, src[k])
+                self.core.T["copy_"](v, src[k])
 
     def _poison(self, out: dict) -> None:
         import torch
 
         for v in out.values():
             if type(v) is torch.Tensor and v.is_floating_point():
-                self.T["fill_"](v, float("nan"))
+                self.core.T["fill_"](v, float("nan"))
 
     def _flush_l2(self) -> None:
         # read, not written: a flush that leaves L2 full of dirty lines slows the next kernel (a float sum
         # reads the buffer once and writes one scalar; a widening sum would first write a widened copy)
-        self.T["sum"](self.flush, 0, out=self.flush_sink)
+        self.core.T["sum"](self.flush, 0, out=self.flush_sink)
 
     def _capture_flush(self):
         """The L2 flush as a CUDA graph, or None if it does not capture. A graph replayed right after
@@ -137,14 +201,14 @@ class ChildTiming:
         import torch
 
         try:
-            g = self.T["graph"]()
+            g = self.core.T["graph"]()
             with torch.cuda.graph(g):
                 self._flush_l2()
-            self.T["sync"]()
+            self.core.T["sync"]()
             return g
         except Exception as e:  # noqa: BLE001 - a flush that does not capture runs on the stream
             print(f"L2 flush not captured ({type(e).__name__}: {e}); it runs on the stream", flush=True)
-            self.T["sync"]()
+            self.core.T["sync"]()
             return None
 
     def _before_rep(self, ts: "TimingSet", r: int, e: int, key: int, graph: bool = False) -> None:
@@ -153,9 +217,9 @@ class ChildTiming:
         poisoned, and the L2 flush last, launched the way the timed work is (`graph`: as a graph replay)."""
         self._refill(ts.sets[r][0], ts.values(e, key))
         self._poison(ts.outs[r])
-        if self.cuda:
+        if self.core.cuda:
             if graph and self.flush_graph is not None:
-                self.T["replay"](self.flush_graph)
+                self.core.T["replay"](self.flush_graph)
             else:
                 self._flush_l2()
 
@@ -164,9 +228,9 @@ class ChildTiming:
         times graph replays only when every side of the comparison does)."""
         ts = self._timing_set(dist, "capture")
         ts.graphs = None
-        if self.role == "candidate":
-            self.pins.forget(vars(ts), ["graphs"])
-        if not self.cuda:
+        if self.core.role == "candidate":
+            self.core.pins.forget(vars(ts), ["graphs"])
+        if not self.core.cuda:
             return protocol.Captured(captured=False, why="no CUDA device")
         import torch
 
@@ -178,44 +242,44 @@ class ChildTiming:
                 for inp, out in ts.sets:
                     fn(inp, out)
             torch.cuda.current_stream().wait_stream(s)
-            self.T["sync"]()
+            self.core.T["sync"]()
             graphs = []
             for inp, out in ts.sets:
-                g = self.T["graph"]()
+                g = self.core.T["graph"]()
                 with torch.cuda.graph(g):
                     fn(inp, out)
                 graphs.append(g)
-            self.T["sync"]()
+            self.core.T["sync"]()
         except Exception as e:  # noqa: BLE001 - a side that does not capture is timed back to back
             try:
-                self.T["sync"]()
+                self.core.T["sync"]()
             except Exception:  # noqa: BLE001 - a broken context shows at the next call
                 pass
             return protocol.Captured(captured=False, why=f"{type(e).__name__}: {str(e)[:300]}")
         ts.graphs = graphs
-        if self.role == "candidate":  # what a graph-mode block replays, by identity
-            self.pins.add("timing set", vars(ts), ["graphs"])
+        if self.core.role == "candidate":  # what a graph-mode block replays, by identity
+            self.core.pins.add("timing set", vars(ts), ["graphs"])
             self._pinned_timing.append((vars(ts), ["graphs"]))
         return protocol.Captured(captured=True, why="")
 
     def _cycles_per_ms(self) -> float:
         """The device's spin rate for torch.cuda._sleep, measured once per process."""
         if self.sleep_rate is None:
-            start, end = self.T["Event"](enable_timing=True), self.T["Event"](enable_timing=True)
-            self.T["sleep"](1000)  # first launch outside the measurement
-            self.T["record"](start)
-            self.T["sleep"](2_000_000)
-            self.T["record"](end)
-            self.T["sync"]()
-            self.sleep_rate = 2_000_000 / max(self.T["elapsed"](start, end), 1e-3)
+            start, end = self.core.T["Event"](enable_timing=True), self.core.T["Event"](enable_timing=True)
+            self.core.T["sleep"](1000)  # first launch outside the measurement
+            self.core.T["record"](start)
+            self.core.T["sleep"](2_000_000)
+            self.core.T["record"](end)
+            self.core.T["sync"]()
+            self.sleep_rate = 2_000_000 / max(self.core.T["elapsed"](start, end), 1e-3)
         return self.sleep_rate
 
     def _baseline_at(self, ts: "TimingSet", e: int, noise_seed: int) -> dict:
         """The baseline's outputs on entry e's values (each entry is met once: nothing is kept): drawn with
         the key the candidate's child reported for it when the baseline was timed on it, else the noise seed's."""
         key = self.entry_keys.get((int(noise_seed), int(e)), None) or entry_seed(noise_seed, e)
-        outs = {k: v.detach() for k, v in self.baseline(ts.values(int(e), key)).items()}
-        self._sync()
+        outs = {k: v.detach() for k, v in self.core.baseline(ts.values(int(e), key)).items()}
+        self.core._sync()
         return outs
 
     def cmd_time(self, reps: int, warmup: int = 3, mode: str = "back-to-back", keep_one: bool = False,
@@ -248,7 +312,7 @@ class ChildTiming:
         What the loop needs is bound before it starts, in this frame, and every call of the candidate is
         followed by its checks (ChildCore.after_candidate): the timers, the refill and the fingerprint
         cannot be rebound under it, and the times and keys it records are tuples."""
-        T = self.T
+        T = self.core.T
         perf, urandom, record, sync = T["perf"], T["urandom"], T.get("record"), T.get("sync")
         ts = self._timing_set(dist, "time")
         if mode == "cuda-graph" and ts.graphs is None:
@@ -278,30 +342,30 @@ class ChildTiming:
                 fn(*ts.sets[r])
 
         timed = order[warmup:]
-        proj = self._projections(check_seed) if check_seed is not None else None
-        reference = self.role == "reference"
+        proj = self.exports._projections(check_seed) if check_seed is not None else None
+        reference = self.core.role == "reference"
         fps: list = []
         used: tuple = ()  # each timed repetition's key, in order
 
         def check(r: int, into: list | None):
             if proj is not None:
                 outs = self.base_outputs[id(ts.sets[r][1])] if reference else ts.outs[r]
-                f = self._fingerprint(outs, proj, squares=reference)
+                f = self.exports._fingerprint(outs, proj, squares=reference)
                 if into is not None:
                     into.append(f)
 
         host_rep_ms = 0.0
         for n, (r, j) in enumerate(order[:warmup]):
-            if self.cuda and n == warmup - 1:
+            if self.core.cuda and n == warmup - 1:
                 sync()
                 t0 = perf()  # how long the host takes to queue one repetition: the device's wait covers the block
             self._before_rep(ts, r, j, key_of(None, j), graph=graph)
             launch(r)
             check(r, None)  # queued like a timed repetition's, so the host's queueing time counts it
-            if self.cuda and n == warmup - 1:
+            if self.core.cuda and n == warmup - 1:
                 host_rep_ms = (perf() - t0) * 1e3
         times: tuple = ()
-        if not self.cuda:
+        if not self.core.cuda:
             for i, (r, j) in enumerate(timed):
                 key = key_of(i, j)
                 self._before_rep(ts, r, j, key)
@@ -310,11 +374,12 @@ class ChildTiming:
                 times = times + ((perf() - t0) * 1e3,)
                 used = used + (key,)
                 if i == pick:
-                    self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
+                    self.exports.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
                 check(r, fps)
             return protocol.Timed(times=list(times), keys=list(used),
-                                  mode="interpreter" if self.role == "candidate" or self.cpu_mode else "cpu",
-                                  checks=self._checks(timed, fps, proj, reference), check_names=list(proj or {}))
+                                  mode="interpreter" if self.core.role == "candidate" or self.core.cpu_mode else "cpu",
+                                  checks=self.exports._checks(timed, fps, proj, reference),
+                                  check_names=list(proj or {}))
         sync()
         from gpu_worker.timing import cushion_ms
 
@@ -329,13 +394,13 @@ class ChildTiming:
             record(ends[i])
             used = used + (key,)
             if i == pick:
-                self.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
+                self.exports.timed_outputs.append((j, {k: T["clone"](v) for k, v in ts.outs[r].items()}))
             check(r, fps)
         sync()
         times = tuple(T["elapsed"](s, e) for s, e in zip(starts, ends))
-        self.ran = True
+        self.core.ran = True
         return protocol.Timed(times=list(times), keys=list(used), mode=mode,
-                              checks=self._checks(timed, fps, proj, reference), check_names=list(proj or {}))
+                              checks=self.exports._checks(timed, fps, proj, reference), check_names=list(proj or {}))
 
     def _key_source(self, noise_seed: int | None, first: int, entries: list | None = None, keys: list | None = None,
                     shared: bool = False):
@@ -346,8 +411,8 @@ class ChildTiming:
         false), a seed of its own drawn now."""
         if type(first) is not int or first < 0:
             raise ValueError(f"first must be a non-negative int, got {first!r}")
-        urandom = self.T["urandom"]
-        if self.role == "candidate":
+        urandom = self.core.T["urandom"]
+        if self.core.role == "candidate":
             if noise_seed is not None or keys is not None:
                 raise ValueError("a candidate's child draws every repetition's values itself: it is handed no "
                                  "noise seed and no keys")
@@ -377,65 +442,23 @@ class ChildTiming:
         kept outputs downloaded (`_download_timed`): the distribution's last device step of this child."""
         ts = self._timing_set(dist, "host latency")
         fn = self._fn()
-        perf = self.T["perf"]
+        perf = self.core.T["perf"]
         key_of = self._key_source(noise_seed, first)
         walls: tuple = ()
         for i in range(reps):
             r = i % len(ts.sets)
             self._before_rep(ts, r, first + i, key_of(None, first + i))
-            self._sync()
+            self.core._sync()
             t0 = perf()
             fn(*ts.sets[r])
-            self._sync()
+            self.core._sync()
             walls = walls + ((perf() - t0) * 1e3,)
-        return protocol.HostLatency(walls=list(walls), jobs=self._download_timed() if export else [])
+        return protocol.HostLatency(walls=list(walls), jobs=self.exports._download_timed() if export else [])
 
     def cmd_park(self):
         """Drop the timing sets and the flush buffer before this child waits, kept, for a later benchmark:
         they cost ~0.3 s to make again and ~1.4 GB (KDA) of device memory to keep per waiting child."""
         self._drop_timing()
         self.flush = self.flush_graph = None
-        self._release()
+        self.core._release()
         return protocol.Empty()
-
-    def cmd_profile(self, reps: int = 10, dist: str | None = None, noise_seed: int | None = None, first: int = 0):
-        """torch.profiler (CUPTI) over the timed loop's steps, once with the work and once without it: the
-        difference is the work's device kernel time per call, which the worker compares with the judged
-        device time. Also returns the kernel names the work launched. Each refill takes the next entry from
-        `first` on (2 + 2 x reps of them)."""
-        from torch.profiler import ProfilerActivity, profile
-
-        ts = self._timing_set(dist, "profile")
-        fn = self._fn()
-        rotate = len(ts.sets)
-        key_of = self._key_source(noise_seed, first)
-        entry = iter(range(first, first + 2 + 2 * reps))
-        for i in range(2):
-            e = next(entry)
-            self._before_rep(ts, i % rotate, e, key_of(None, e))
-            fn(*ts.sets[i % rotate])
-        self._sync()
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-
-        def device_events(with_work: bool) -> dict:
-            with profile(activities=acts) as prof:
-                for i in range(reps):
-                    e = next(entry)
-                    self._before_rep(ts, i % rotate, e, key_of(None, e))
-                    if with_work:
-                        fn(*ts.sets[i % rotate])
-                self._sync()
-            kernels: dict[str, list] = {}
-            for ev in prof.events():
-                if self.cuda and "CUDA" in str(getattr(ev, "device_type", "")) and getattr(ev, "device_time", None) is not None:
-                    k = kernels.setdefault(ev.name, [0.0, 0])
-                    k[0] += ev.device_time / 1e3  # us -> ms
-                    k[1] += 1
-            return kernels
-
-        with_work, without = device_events(True), device_events(False)
-        total = (sum(v[0] for v in with_work.values()) - sum(v[0] for v in without.values())) / reps
-        launches = (sum(v[1] for v in with_work.values()) - sum(v[1] for v in without.values())) / reps
-        work = {k: (v[0] - without.get(k, [0.0, 0])[0]) / reps for k, v in with_work.items()
-                if v[1] > without.get(k, [0.0, 0])[1]}
-        return protocol.Profiled(kernels=work, kernel_ms_per_call=total, launches_per_call=launches)

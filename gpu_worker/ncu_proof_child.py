@@ -85,22 +85,22 @@ def run(spec: dict) -> dict:
     server.cmd_cuda_init()  # (the harness proves on CUDA only; under the interpreter the same steps run on the CPU)
     server.cmd_warm_triton()
     # trusted work only, before the candidate exists: every kernel name here is the trusted side's vocabulary
-    flag = torch.zeros(1, dtype=torch.int32, device=server.device)
+    flag = torch.zeros(1, dtype=torch.int32, device=server.core.device)
     markers = _load_markers(spec["marker_dir"], spec["markers"])
     open_k, begin, end = markers
-    server._setup_problem(spec["problem"], spec["shape"])
-    server._prepare_timing(spec["rotate"], spec["dist"], spec["seed"], spec["pool"])
-    ts = server._timing_set(spec["dist"], "proof")
-    urandom, sync = server.T["urandom"], server._sync
+    server.core._setup_problem(spec["problem"], spec["shape"])
+    server.timing._prepare_timing(spec["rotate"], spec["dist"], spec["seed"], spec["pool"])
+    ts = server.timing._timing_set(spec["dist"], "proof")
+    urandom, sync = server.core.T["urandom"], server.core._sync
     for e in range(spec["pool"]):  # every pool entry's refill, poison and flush once: their kernels' names
-        server._before_rep(ts, e % len(ts.sets), e, draw_key(urandom))
+        server.timing._before_rep(ts, e % len(ts.sets), e, draw_key(urandom))
     begin[(1,)](flag)
     end[(1,)](flag)
     sync()
     open_k[(1,)](flag)
     sync()
-    server.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
-    loaded = server.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
+    server.core.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
+    loaded = server.loading.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
     _write(os.path.join(tmp, "loaded.json"), {"kernels": loaded.kernels})  # the device job ends here
     refusals: list[str] = []
     if server.cuda:  # compiled as the judge compiles (Triton's warmup path), before the harness's timing turn
@@ -108,13 +108,13 @@ def run(spec: dict) -> dict:
             server.cmd_compile(spec["dist"])
         except guard.GuardViolation as e:  # refused in-process: noted, the calls go on for the trace
             refusals.append(f"compile: {e}"[:300])
-    fn = server._fn()
+    fn = server.timing._fn()
     _write(os.path.join(tmp, "ready.json"), {"kernels": loaded.kernels, "wall": loaded.wall})
     if not _wait_for(spec["go"], spec["wait_s"]):
         return {"error": "no go signal"}
     for i in range(spec["warmup"] + spec["reps"]):
         r = i % len(ts.sets)
-        server._before_rep(ts, r, i, draw_key(urandom))  # this call's values: a key drawn only now
+        server.timing._before_rep(ts, r, i, draw_key(urandom))  # this call's values: a key drawn only now
         begin[(1,)](flag)
         try:
             fn(*ts.sets[r])
@@ -124,7 +124,7 @@ def run(spec: dict) -> dict:
         sync()
     time.sleep(spec["settle_s"])  # work a thread of the candidate's launches late still lands in the trace
     sync()
-    names = sorted(set(server.kernels) | {d["name"] for d in server._compiled_info()})
+    names = sorted(set(server.loading.kernels) | {d["name"] for d in server.loading._compiled_info()})
     return {"kernels": names, "refusals": refusals[:20], "violations": [list(v) for v in server.violations()][:20]}
 
 

@@ -127,7 +127,7 @@ def trusted_modules() -> list:
     """The loaded modules whose code serves a candidate child's commands."""
     names = ("gpu_worker.child", "gpu_worker.child_core", "gpu_worker.child_inputs", "gpu_worker.child_loading",
              "gpu_worker.child_verify", "gpu_worker.child_exports", "gpu_worker.child_timing",
-             "gpu_worker.child_reference", "gpu_worker.timing_inputs", "gpu_worker.protocol", "gpu_worker.guard",
-             "gpu_worker.pins", "gpu_worker.wall", "multiprocessing.connection", "pickle", "time", "os", "threading",
-             "hashlib", "math")
+             "gpu_worker.child_profile", "gpu_worker.child_reference", "gpu_worker.timing_inputs",
+             "gpu_worker.protocol", "gpu_worker.guard", "gpu_worker.pins", "gpu_worker.wall",
+             "multiprocessing.connection", "pickle", "time", "os", "threading", "hashlib", "math")
     return [sys.modules[n] for n in names if n in sys.modules]

@@ -89,8 +89,8 @@ def server(role):
     if role == "reference":
         s.cmd_setup("softmax", None)
     else:
-        s._setup_problem("softmax", None)
-        s.module, s._fn = mod, (lambda: mod.run)
+        s.core._setup_problem("softmax", None)
+        s.core.module, s.timing._fn = mod, (lambda: mod.run)
     return s
 
 
@@ -101,10 +101,10 @@ if name == "future_values":
     plan = {"blocks": 1, "reps": 3, "warmup": 1, "rotate": 2, "pool": 2, "host_reps": 1}
     for s in (cand, ref):
         s.cmd_prepare(rotate=2, pool=2, dist="normal", seed=ev.timing_seed)
-    res = ev.bench_stage.interleave(ref.problem, "normal", InProcess(cand), InProcess(ref), None, plan, None)
+    res = ev.bench_stage.interleave(ref.core.problem, "normal", InProcess(cand), InProcess(ref), None, plan, None)
     out["prepared"] = len(mod.PLAN)
     try:
-        ev.timed_outputs.check_fingerprints(ref.problem, ref.shape, "normal", res)
+        ev.timed_outputs.check_fingerprints(ref.core.problem, ref.core.shape, "normal", res)
         out["verdict"] = "passed"
     except Rejection as e:
         out["verdict"] = e.reason

@@ -84,11 +84,11 @@ def test_a_flush_that_did_not_capture_is_named_in_the_prepare_reply(tmp_path):
 
     s = child.Server(str(tmp_path), "reference")
     s.cmd_setup("softmax", None)
-    dist = s.problem.distributions[0]
+    dist = s.core.problem.distributions[0]
     assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing  # no CUDA: no flush
-    s.cuda, s.flush = True, torch.zeros(4)  # as on a GPU where the flush's capture failed
+    s.core.cuda, s.timing.flush = True, torch.zeros(4)  # as on a GPU where the flush's capture failed
     assert s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing["flush-on-stream"] == 1
-    s.flush_graph = object()  # captured
+    s.timing.flush_graph = object()  # captured
     assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing
 
 
@@ -106,3 +106,32 @@ def test_an_out_of_memory_ends_a_candidate_child_but_not_the_reference_child(tmp
         except OutOfMemoryError as e:
             f = core.describe_failure(e)
         assert f.kind == "oom" and f.fatal is fatal, (role, f)
+
+
+def test_a_candidate_childs_parts_and_what_each_was_built_with_are_pinned(tmp_path):
+    """The Server is composed of parts; in a candidate's child, which part each attribute holds, what each
+    part was built with (its PINNED) and each part's methods are pinned by identity before the candidate
+    loads: a rebinding of any of them is named (gpu_worker.pins)."""
+    from gpu_worker import child
+    from gpu_worker.child_timing import ChildTiming
+
+    s = child.Server(str(tmp_path), "candidate")
+    pins = s.pins
+    assert pins.changed() == []
+    slots = [(s, name) for name in child.PARTS]
+    slots += [(getattr(s, name), key) for name in child.PARTS for key in type(getattr(s, name)).PINNED]
+    assert len(slots) > 2 * len(child.PARTS)
+    for holder, key in slots:
+        name = "server" if holder is s else next(n for n in child.PARTS if getattr(s, n) is holder)
+        was = vars(holder)[key]
+        vars(holder)[key] = object()
+        assert pins.changed() == [f"{name}.{key}"], (name, key)
+        vars(holder)[key] = was
+    assert pins.changed() == []
+    original = ChildTiming._before_rep
+    try:
+        ChildTiming._before_rep = lambda *a, **k: None  # a part's method
+        assert pins.changed() == ["gpu_worker.child_timing.ChildTiming._before_rep"]
+    finally:
+        ChildTiming._before_rep = original
+    assert pins.changed() == []

@@ -28,22 +28,22 @@ def server(tmp_path, monkeypatch, chunk: int):
 
 def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
     s = server(tmp_path, monkeypatch, chunk=1000)  # 19,200 elements: 20 chunks, the last one short
-    proj = s._projections(seed=12345)
+    proj = s.exports._projections(seed=12345)
     assert list(proj) == ["y"] and proj["y"].numel() == 64 * 300
     y = torch.randn(64, 300)
-    (fp,) = s._fingerprint({"y": y}, proj)
+    (fp,) = s.exports._fingerprint({"y": y}, proj)
     whole = float(torch.dot(y.reshape(-1).double(), proj["y"].double()))
     assert math.isclose(float(fp), whole, rel_tol=1e-5, abs_tol=1e-3)
-    ((fp2, sq),) = s._fingerprint({"y": y}, proj, squares=True)
+    ((fp2, sq),) = s.exports._fingerprint({"y": y}, proj, squares=True)
     assert float(fp2) == float(fp)
     norm = math.sqrt(float(sq))
     assert math.isclose(norm, float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
     other = y.clone()
     other[5] = torch.randn(300)  # one row stale
-    (fo,) = s._fingerprint({"y": other}, proj)
+    (fo,) = s.exports._fingerprint({"y": other}, proj)
     assert abs(float(fo) - float(fp)) > 1e-3 * norm
     try:
-        s._fingerprint({"y": torch.randn(64, 299)}, proj)
+        s.exports._fingerprint({"y": torch.randn(64, 299)}, proj)
         raise AssertionError("an output of another size was fingerprinted")
     except ValueError as e:
         assert "holds 19136 elements, its spec 19200" in str(e)
@@ -51,16 +51,16 @@ def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
 
 def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monkeypatch):
     s = server(tmp_path, monkeypatch, chunk=child_exports.FINGERPRINT_CHUNK)
-    here = s._projections(seed=777)["y"].float()
+    here = s.exports._projections(seed=777)["y"].float()
     code = ("import sys, torch\nfrom gpu_worker import child\n"
             "s = child.Server(sys.argv[1], 'reference'); s.cmd_setup('softmax', None)\n"
-            "torch.save(s._projections(seed=777)['y'], sys.argv[1] + '/v.pt')\n")
+            "torch.save(s.exports._projections(seed=777)['y'], sys.argv[1] + '/v.pt')\n")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
                        cwd=REPO)
     assert p.returncode == 0, p.stderr[-2000:]
     there = torch.load(tmp_path / "v.pt").float()
     assert torch.equal(here, there)
-    assert not torch.equal(here, s._projections(seed=778)["y"].float())
+    assert not torch.equal(here, s.exports._projections(seed=778)["y"].float())
 
 
 def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerprints_them(tmp_path, monkeypatch):
@@ -69,11 +69,11 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
     entries = [4, 1, 7, 9, 2]
     r = s.cmd_time(reps=20, warmup=1, dist="normal", check_seed=99, entries=entries, noise_seed=5, first=100)
     assert len(r.times) == 5 and [c[0] for c in r.checks] == entries and r.check_names == ["y"]
-    ts = s.timing["normal"]
-    proj = s._projections(99)
+    ts = s.timing.timing_sets["normal"]
+    proj = s.exports._projections(99)
     for (e, fps, norms) in r.checks:  # each the baseline's own output on that entry's values, with its norm
-        y = s.baseline(ts.values(e, entry_seed(5, e)))["y"]
-        assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
+        y = s.core.baseline(ts.values(e, entry_seed(5, e)))["y"]
+        assert math.isclose(fps[0], float(s.exports._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
         assert math.isclose(norms[0], float(torch.linalg.vector_norm(y.double())), rel_tol=1e-5)
     for bad, why in (([-1], "non-negative"), ([], "non-empty"), ([3, 3], "distinct"), ([100], "distinct"),
                      ([2.0], "non-negative ints")):
@@ -89,9 +89,9 @@ def test_the_reference_times_the_baseline_on_the_candidates_entries_and_fingerpr
                    noise_seed=5, first=300)
     assert r.keys == keys
     for (e, fps, _), k in zip(r.checks, keys):
-        y = s.baseline(ts.values(e, k))["y"]
-        assert math.isclose(fps[0], float(s._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
-        assert torch.equal(s._baseline_at(ts, e, 5)["y"], y)
+        y = s.core.baseline(ts.values(e, k))["y"]
+        assert math.isclose(fps[0], float(s.exports._fingerprint({"y": y}, proj)[0]), rel_tol=1e-4, abs_tol=1e-4)
+        assert torch.equal(s.timing._baseline_at(ts, e, 5)["y"], y)
     for bad in ([1, 1, 2], [1, 2], [-1, 2, 3], [1, 2, 2.0]):
         try:
             s.cmd_time(reps=3, dist="normal", check_seed=99, entries=[200, 201, 202], keys=bad, noise_seed=5, first=300)

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from gpu_worker import child
+from gpu_worker.child_timing import ChildTiming
 from gpu_worker.protocol import Reply
 from gpu_worker.timing_inputs import FreshValues, check_entries, entry_seed
 from tests.gpu_worker.harnesses import KERNELS, req
@@ -43,22 +44,22 @@ def _server(tmp_path, name: str, role: str, problem: str):
     if role == "reference":
         s.cmd_setup(problem, None)
     else:  # the candidate: the baseline's answers, written into the harness's outputs
-        s._setup_problem(problem, None)
-        base = next(iter(s.problem.baselines().values()))
-        s._fn = lambda: (lambda inputs, out: [out[k].copy_(v) for k, v in base(inputs).items() if k in out])
-    s.seen = []  # ((entry, key), the static inputs after the refill)
+        s.core._setup_problem(problem, None)
+        base = next(iter(s.core.problem.baselines().values()))
+        s.timing._fn = lambda: (lambda inputs, out: [out[k].copy_(v) for k, v in base(inputs).items() if k in out])
+    s.seen = s.timing.seen = []  # ((entry, key), the static inputs after the refill)
     return s
 
 
 def _record(monkeypatch):
-    original = child.Server._before_rep
+    original = ChildTiming._before_rep
 
     def before_rep(self, ts, r, e, key, graph=False):
         original(self, ts, r, e, key, graph)
         held = ts.sets[r][0]
         self.seen.append(((e, key), {k: v.clone() for k, v in held.items() if isinstance(v, torch.Tensor)}))
 
-    monkeypatch.setattr(child.Server, "_before_rep", before_rep)
+    monkeypatch.setattr(ChildTiming, "_before_rep", before_rep)
 
 
 def _digests(values: dict) -> list[bytes]:
@@ -94,7 +95,7 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
     try:
         cand, ref, best = (_server(tmp_path, n, role, problem)
                            for n, role in (("cand", "candidate"), ("ref", "reference"), ("best", "candidate")))
-        p = ref.problem
+        p = ref.core.problem
         dist = p.distributions[-1]
         plan = {"blocks": 3, "reps": 4, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 2}
         for s in (cand, ref, best):
@@ -102,15 +103,15 @@ def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, m
         res = ev.bench_stage.interleave(p, dist, InProcess(cand), InProcess(ref), InProcess(best), plan, None)
         cand.cmd_profile(reps=2, dist=dist)  # the cross-check's refills: values of their own too
         assert len(res.checks) == len(res.base_checks) == 3 * 4
-        assert "12 timed calls fingerprinted, worst 0 of" in ev.timed_outputs.check_fingerprints(p, ref.shape, dist, res)
+        assert "12 timed calls fingerprinted, worst 0 of" in ev.timed_outputs.check_fingerprints(p, ref.core.shape, dist, res)
     finally:
         ev.close()
     # within each side (the candidate's profile included) no set and no row comes back, in any order, and
     # none is a pool set (what the buffers held when captured)
     for s in (cand, ref, best):
-        digests = [d for values in s.timing[dist].pool for d in _digests(values)]
+        digests = [d for values in s.timing.timing_sets[dist].pool for d in _digests(values)]
         digests += [d for _, values in s.seen for d in _digests(values)]
-        assert len(s.seen) >= 3 * 4 + 2 and len(set(digests)) == len(digests), s.tmp
+        assert len(s.seen) >= 3 * 4 + 2 and len(set(digests)) == len(digests), s.core.tmp
     # the baseline's timed calls ran on the candidate's very values: the keys its child drew, which no
     # other repetition of the benchmark shares
     mine = dict(cand.seen)
