@@ -40,7 +40,7 @@ run-llm: install
 	$(VENV)/bin/marathon demo $(PROBLEM) --policy llm --local-model --iterations $(LLM_ITERATIONS) --port $(PORT)$(if $(UI_PORT), --ui-port $(UI_PORT))
 
 test: install
-	$(PY) -m pytest -q -n 2 --dist load --maxschedchunk 1 --durations=15
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15
 
 bench-overhead: install
 	$(PY) -m tests.bench_overhead

@@ -56,11 +56,16 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
-    # The long tests first, longest first (stable otherwise): under `make test`'s `--dist load
-    # --maxschedchunk 1` each worker takes the next test as it frees, so the long ones overlap at the start
-    # and the short ones fill in. `@pytest.mark.slow(seconds)` may say how long (default 20).
+    # The modules with long tests first, the longest first (stable otherwise; a module's tests stay together,
+    # so its module-scoped fixtures are made once): under `make test`'s `--dist loadscope
+    # --no-loadscope-reorder` each worker takes the next module as it frees, so the long ones overlap from the
+    # start and the short ones fill in. `@pytest.mark.slow(seconds)` says how long (default 20).
     def expected_s(item) -> float:
         m = item.get_closest_marker("slow")
         return 0.0 if m is None else float(m.args[0]) if m.args else 20.0
 
-    items.sort(key=lambda item: -expected_s(item))
+    weight: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        weight[module] = weight.get(module, 0.0) + expected_s(item)
+    items.sort(key=lambda item: -weight[item.nodeid.split("::")[0]])

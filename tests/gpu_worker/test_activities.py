@@ -45,6 +45,7 @@ def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
     assert ei.value.non_retryable and "not writable" in str(ei.value)
 
 
+@pytest.mark.slow(25)
 def test_selftest_canaries_and_refusal(ev, store, monkeypatch):
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment

@@ -3,6 +3,8 @@ candidates read and the fingerprint guards), and the interpreter's profile."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.gpu_worker.harnesses import canary, req
 
 
@@ -24,6 +26,7 @@ def test_warm_fills_oracle_bank(store):
         e.close()
 
 
+@pytest.mark.slow(40)
 def test_input_bank_written_by_reference_read_by_candidates(store, tmp_path):
     """The reference child leaves each case's inputs in the bank (read-only); candidate children read
     them there. The reference never reads the bank, so an altered bank file is caught by the fingerprint."""

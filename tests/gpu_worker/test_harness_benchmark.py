@@ -4,11 +4,14 @@ already shown slower than the best."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_worker.protocol import Reply
 from tests.gpu_worker.harnesses import canary, req
 from workflows.contracts import BenchRequest, BestRef
 
 
+@pytest.mark.slow(45)
 def test_template_compiles_verifies_and_benchmarks(ev, store):
     from baselines.registry import get_problem
 

@@ -3,9 +3,12 @@ whose child compiles outside any device job."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.gpu_worker.harnesses import kernel, req
 
 
+@pytest.mark.slow(40)
 def test_verified_at_a_random_shape_on_request(judge, store):
     from baselines.problem import RANDOM_SHAPE
     from baselines.registry import get_problem

@@ -3,6 +3,8 @@ it, and a candidate's loaded child handed on from compile to verify to benchmark
 
 from __future__ import annotations
 
+import pytest
+
 from tests.gpu_worker.harnesses import canary, kernel, req
 from workflows.contracts import BenchRequest, BestRef
 
@@ -50,6 +52,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         e.close()
 
 
+@pytest.mark.slow(90)
 def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
     from gpu_worker.harness import Evaluator
     from gpu_worker.phases import phases_begin, phases_end

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.gpu_worker.harnesses import canary, req
 
 
+@pytest.mark.slow(35)
 def test_the_serial_default_gives_the_scheduled_verdicts(ev, store):
     """An Evaluator without a scheduler: no device owner, no spares, no hand-on; same verdicts."""
     from gpu_worker.harness import Evaluator

@@ -8,6 +8,8 @@ spawn and artifact-store access with the turns its thread held at that moment.""
 
 from __future__ import annotations
 
+import pytest
+
 import contextlib
 import hashlib
 import threading
@@ -69,6 +71,7 @@ class RecordingOwner:
             self.events.append((kind, what, time.monotonic(), self.depth()))
 
 
+@pytest.mark.slow(25)
 def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkeypatch):
     from gpu_worker import harness
     from gpu_worker.canaries import canary_source
@@ -136,6 +139,7 @@ def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
             assert any(t0 <= when <= t1 for t0, t1 in timed)
 
 
+@pytest.mark.slow(55)
 def test_a_child_loaded_for_a_benchmark_compiles_before_its_upload(tmp_path, monkeypatch):
     """The candidate's and the current best's children, loaded afresh for a benchmark (none kept from an
     earlier stage), compile outside any turn before their timing sets are uploaded: on CUDA the upload job

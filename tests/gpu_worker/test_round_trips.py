@@ -59,6 +59,7 @@ def counter(monkeypatch):
     return Counter(monkeypatch)
 
 
+@pytest.mark.slow(20)
 def test_a_loser_makes_few_round_trips(ev, store, counter):
     r = req(store, _unique(canary("wrong"), "loser"))
     assert ev.compile(r).ok
@@ -88,6 +89,7 @@ def test_verification_is_one_request_of_the_candidate_child(ev, store, counter, 
     assert len(jobs) == 1, jobs
 
 
+@pytest.mark.slow(65)
 def test_round_trips_per_candidate_kind(ev, store, counter):
     """Passing and would-be best: the counts, printed for the record, each within its ceiling."""
     r = req(store, _unique(canary("fast"), "passing"))

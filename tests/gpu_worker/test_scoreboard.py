@@ -245,6 +245,7 @@ def test_marathon_bench_merge_refuses_a_missing_file_with_one_line(tmp_path):
         asyncio.run(args.fn(args))
 
 
+@pytest.mark.slow(30)
 def test_measure_keeps_where_the_time_of_verify_and_benchmark_went(store):
     """The starting softmax kernel through the real harness (the Triton interpreter, CPU shape): the row's
     phases name the steps of its verification and its benchmark, each in seconds."""
