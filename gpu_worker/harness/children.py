@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from typing import Callable
 
 from gpu_worker import protocol as msg
@@ -68,6 +69,7 @@ class CandidateChildren:
 
     def __init__(self, ctx: StageContext, turns: DeviceTurns):
         self.ctx, self.turns = ctx, turns
+        self.cuda_ready: weakref.WeakSet = weakref.WeakSet()  # children whose CUDA context and Triton keys are made
         # last: a CUDA pool's background thread readies spares through cuda_init, which needs the above
         self.pool = ctx.sched.pool(ctx.interpreter, ready=self.cuda_init if ctx.cuda else None,
                                    settings=ctx.settings)
@@ -103,15 +105,18 @@ class CandidateChildren:
     def cuda_init(self, sb: Sandbox, hb: Heartbeat = None) -> None:
         """A candidate child's CUDA context, made in an untimed device job (once per child); then Triton's
         per-process keys, host work, outside any turn."""
+        if sb in self.cuda_ready:
+            return
         with self.turns.job():
             self.ask(sb, msg.CudaInit(), self.ctx.timeouts["load"], "sandbox", hb)
         self.ask(sb, msg.WarmTriton(), self.ctx.timeouts["load"], "sandbox", hb)
+        self.cuda_ready.add(sb)
 
     def load(self, sb: Sandbox, source: str, problem, shape, hb) -> msg.Loaded:
         from gpu_worker.caches import triton_cache_dir
 
         if self.ctx.cuda:
-            self.cuda_init(sb, hb)  # a spare has both already: then these are two round trips
+            self.cuda_init(sb, hb)  # a spare readied by the pool has both already: then nothing to do
         # every load is followed by a compile (CompileStage.compile_in), whose case is staged with the
         # load: host work
         return self.ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],

@@ -52,6 +52,40 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
         e.close()
 
 
+
+def test_a_childs_cuda_context_is_made_once_not_again_at_its_load(store):
+    """A spare the pool readied (CUDA context and Triton's keys made) asks for no device job at its load:
+    one job and two commands a child, whether readied early or at the load."""
+    import contextlib
+
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    try:
+        p = e.ctx.problem("softmax")
+        sh = e.ctx.shape(p, None)
+        asked, jobs = [], []
+
+        @contextlib.contextmanager
+        def job():
+            jobs.append(1)
+            yield
+
+        e.children.ask = lambda sb, request, timeout, stage, hb: asked.append((sb, request.cmd))
+        e.turns.job = job
+        e.ctx.cuda = True  # the CUDA path of a load, its commands answered by the stand-in above
+        spare, fresh = object.__new__(type("Child", (), {})), object.__new__(type("Child", (), {}))
+        e.children.cuda_init(spare)  # the pool readying a spare
+        e.children.load(spare, "src", p, sh, None)
+        e.children.load(fresh, "src", p, sh, None)
+        assert [c for sb, c in asked if sb is spare] == ["cuda_init", "warm_triton", "load"], asked
+        assert [c for sb, c in asked if sb is fresh] == ["cuda_init", "warm_triton", "load"], asked
+        assert len(jobs) == 2
+    finally:
+        e.ctx.cuda = False
+        e.close()
+
 @pytest.mark.slow(90)
 def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
     from gpu_worker.harness import Evaluator
