@@ -48,9 +48,7 @@ class BenchmarkStage:
         best_source = ctx.source(req.best.source_key) if req.best else None
         gpu_s = [0.0]
         try:
-            problem = ctx.problem(req.problem)
-            shape = ctx.shape(problem, req.shape)
-            ctx.rules(source, req.problem)
+            problem, shape = ctx.checked(req, source)
             ref_sb, ref_lock, ref_info = self.refs.child(problem, shape, hb)
             ceil = self.refs.ensure_ceilings(problem, shape, hb)
             sbs, keep = [], {}

@@ -45,9 +45,7 @@ class CompileStage:
         t0 = time.monotonic()
         source = ctx.source(req.source_key)
         try:
-            problem = ctx.problem(req.problem)
-            shape = ctx.shape(problem, req.shape)
-            ctx.rules(source, req.problem)
+            problem, shape = ctx.checked(req, source)
             sb = self.children.pool.acquire()
             kept = False
             try:

@@ -93,6 +93,14 @@ class StageContext:
         if not rep.ok:
             raise Rejection("rules", f"{rep.rule}: {rep.detail}")
 
+    def checked(self, req, source: str) -> tuple:
+        """A stage's request as (problem, shape), its candidate's source past the static rules; an unknown
+        shape or a broken rule raises its Rejection."""
+        problem = self.problem(req.problem)
+        shape = self.shape(problem, req.shape)
+        self.rules(source, req.problem)
+        return problem, shape
+
     def plan(self) -> dict:
         """A benchmark's blocks, repetitions and timing sets per distribution."""
         if self.cuda:

@@ -34,9 +34,7 @@ class VerifyStage:
         t0 = time.monotonic()
         source = ctx.source(req.source_key)
         try:
-            problem = ctx.problem(req.problem)
-            shape = ctx.shape(problem, req.shape)
-            ctx.rules(source, req.problem)
+            problem, shape = ctx.checked(req, source)
             res = self.verification.verify(source, problem, shape, req.candidate_id, hb, req.source_key)
             if prepare_next:
                 self.best.prepare_next_shape(problem, shape, req.candidate_id)
