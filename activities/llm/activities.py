@@ -15,15 +15,12 @@ from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolResult
 from workflows.text import clip
 from activities.llm.calls import parse_calls
-from activities.llm.chat import chat
+from activities.llm.chat import chat, offered_tools
 from activities.llm.context import with_server_context
 from activities.llm.endpoint import Profile, cost, endpoint
 from activities.llm.prompt import fit_prompt
 from activities.llm.sources import FENCE
 from activities.llm.tools import READ_LINES_DEFAULT, TOOLS, text_tool_calls
-
-
-SUBMIT_TOOLS = [t for t in TOOLS if t["function"]["name"] == "submit_kernel"]
 
 
 def _store() -> ArtifactStore:
@@ -80,16 +77,17 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
     store = _store()
     ep = with_server_context(endpoint(req.model))
     built: dict = {}
-    # a model stuck without submitting is offered the submission alone (workflows/llm_progress.py)
-    tools = SUBMIT_TOOLS if req.submit_only else TOOLS
+    # a model stuck without submitting must call the submission alone (workflows/llm_progress.py)
+    only = "submit_kernel" if req.submit_only else None
 
     def build(s: Profile, shrink: int) -> list[dict]:
         mode = "text" if s.tool_mode == "text" else "native"
+        tools = offered_tools(TOOLS, s, only)
         try:
             msgs = fit_prompt(req, store, s, shrink, mode, tools)
         except ArtifactStoreError as e:
             raise _infra(e) from e
-        built.update(messages=msgs, mode=mode)
+        built.update(messages=msgs, mode=mode, tools=tools)
         return msgs
 
     try:
@@ -97,13 +95,13 @@ def llm_turn(req: LlmTurnRequest) -> LlmTurnResult:
     except ArtifactStoreError as e:
         raise _infra(e) from e
     try:  # only the submission open: a call is required (tool_choice, where the profile allows)
-        reply = chat(build, ep, tools, adapted=req.adapted, must_act=bool(req.submit_only))
+        reply = chat(build, ep, TOOLS, adapted=req.adapted, only=only)
     except ApplicationError as e:
         raise _retry_quietly(e, req.turn) from None
     messages = built["messages"]
     try:
         prompt_key = store.put_json({"kind": "llm-prompt", "model": ep.model, "messages": messages,
-                                     "tools": [t["function"]["name"] for t in tools] if reply.mode == "native" else [],
+                                     "tools": [t["function"]["name"] for t in built["tools"]] if reply.mode == "native" else [],
                                      "mode": reply.mode})
         try:
             calls, feedback = parse_calls(reply, req.turn, req.problem, store, seen, req.submit_only)

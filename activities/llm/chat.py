@@ -77,14 +77,26 @@ def tool_choice(s: Profile, must_act: bool) -> str | None:
     return s.tool_choice
 
 
+def offered_tools(tools: list[dict] | None, s: Profile, only: str | None) -> list[dict] | None:
+    """The tools a request offers: all of them, or where the turn must call `only`, that one alone unless
+    the profile narrows by tool_choice (Profile.narrow_by_choice, native tools, a required call allowed)."""
+    if not tools or only is None:
+        return tools
+    if s.narrow_by_choice and s.tool_mode != "text" and s.tool_choice == "auto" and s.required_turns:
+        return tools
+    return [t for t in tools if t["function"]["name"] == only]
+
+
 def request_kwargs(ep: Endpoint, s: Profile, messages: list[dict], tools: list[dict] | None,
-                   must_act: bool = False) -> dict:
+                   must_act: bool = False, only: str | None = None) -> dict:
+    """`only`: the one tool this turn must call (must_act implied), offered as offered_tools says."""
     kwargs: dict = {"model": ep.model, "messages": shape_roles(messages, s)}
+    tools = offered_tools(tools, s, only)
     if tools and s.tool_mode != "text":
         kwargs["tools"] = tools
-        choice = tool_choice(s, must_act)
-        if choice == "required" and len(tools) == 1:  # the same, in the form more servers take
-            choice = {"type": "function", "function": {"name": tools[0]["function"]["name"]}}
+        choice = tool_choice(s, must_act or only is not None)
+        if choice == "required" and (only is not None or len(tools) == 1):  # the form more servers take
+            choice = {"type": "function", "function": {"name": only or tools[0]["function"]["name"]}}
         if choice:
             kwargs["tool_choice"] = choice
     if s.reply_tokens:
@@ -112,7 +124,7 @@ MAX_SHRINKS = 3
 
 
 def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict | None = None,
-         must_act: bool = False) -> Reply:
+         must_act: bool = False, only: str | None = None) -> Reply:
     """One Chat Completions exchange through the openai client. `messages` is a list, or a function
     (settings, shrink) -> messages that builds the prompt for the settings in force and a shrink level
     (0, 1, ...: smaller each time). A refusal that names a fix the profile allows (a parameter to drop
@@ -121,7 +133,8 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
     native reply without a native tool call in the auto tool mode has the endpoint probed once for
     whether the schemas reach the model at all: where they do not, later turns use the text tool mode
     (this reply is kept and answered as it is). `must_act`: the turn must call a tool (tool_choice
-    required where the profile allows). Raises ApplicationError (classified) for everything else."""
+    required where the profile allows); `only`: that tool (offered_tools). Raises ApplicationError
+    (classified) for everything else."""
     build = messages if callable(messages) else (lambda s, shrink: messages)
     adapted = dict(adapted or {})
     learned: list[str] = []
@@ -132,7 +145,7 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
             msgs = build(s, shrink)
         except ContextTooSmall as e:
             raise context_error(ep, s, adapted, e.needed) from None
-        kwargs = request_kwargs(ep, s, msgs, tools, must_act)
+        kwargs = request_kwargs(ep, s, msgs, tools, must_act, only)
         t0 = time.monotonic()
         try:
             raw = _heartbeating(lambda: client_for(ep).chat.completions.with_raw_response.create(**kwargs))
@@ -165,9 +178,9 @@ def chat(messages, ep: Endpoint, tools: list[dict] | None = None, adapted: dict 
         reply.latency_s = time.monotonic() - t0
         reply.adapted, reply.learned, reply.mode = adapted, learned, ("native" if "tools" in kwargs else "text")
         if reply.mode == "native" and (not reply.tool_calls or reply.calls_from_text):
-            _check_tools_seen(ep, s, tools, reply)
+            _check_tools_seen(ep, s, kwargs["tools"], reply)
         if reply.mode == "native" and any(m.get("role") == "tool" for m in kwargs["messages"]):
-            _check_answers_seen(ep, s, tools, reply)
+            _check_answers_seen(ep, s, kwargs["tools"], reply)
         return reply
     raise config_error(f"{ep.where()}: refused every variant of the request; run `marathon llm-check`")
 

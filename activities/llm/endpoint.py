@@ -38,6 +38,10 @@ class Profile:
     # where tool answers reach the model: tool messages, or (user) also a user message, for servers whose
     # chat template drops a tool message's content (llama-cpp-python's chatml-function-calling)
     tool_answers: str = "tool"
+    # a turn that must call one tool offers every tool and names that one in tool_choice, so the prompt's
+    # tools stay as the turn before rendered them and a server's prompt cache covers it (llama-cpp-python's,
+    # which renders the tools first and forces a named function by grammar); else that tool is offered alone
+    narrow_by_choice: bool = False
 
 
 PROFILES = {
@@ -48,7 +52,8 @@ PROFILES = {
     "vllm": Profile("vllm", reply_tokens=8192, merge_roles=True),
     "sglang": Profile("sglang", reply_tokens=8192, merge_roles=True),
     "ollama": Profile("ollama", reply_tokens=4096, merge_roles=True, context_tokens=16384),
-    "llamacpp": Profile("llamacpp", reply_tokens=4096, merge_roles=True, context_tokens=16384),
+    "llamacpp": Profile("llamacpp", reply_tokens=4096, merge_roles=True, context_tokens=16384,
+                        narrow_by_choice=True),
 }
 
 REPLY_SHARE = 4  # in a known context a reply may take a quarter of it; the prompt needs the rest

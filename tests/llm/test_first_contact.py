@@ -219,3 +219,25 @@ def test_repeated_answers_reach_the_model_in_a_user_message(store):
     assert [m["role"] for m in moved] == ["assistant", "tool", "user"]  # every call still answered by a tool message
     assert moved[1]["content"] == ANSWER_MOVED
     assert moved[2]["content"] == "## Result of read_baseline (call 1)\nthe baseline takes 1.25 ms"
+
+
+def test_a_turn_that_must_submit_keeps_every_tool_where_the_profile_narrows_by_choice():
+    """llama-cpp-python renders the tools ahead of the messages: a narrowed turn that offered submit_kernel
+    alone began a new prompt, evaluated in full on a CPU; with every tool and the function named, the
+    prompt's start is the last turn's and the server's cache covers it. Other profiles offer it alone."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from activities.llm.chat import request_kwargs
+    from activities.llm.endpoint import PROFILES
+
+    ep, msgs = SimpleNamespace(model="m"), [{"role": "user", "content": "submit"}]
+    named = {"type": "function", "function": {"name": "submit_kernel"}}
+    kw = request_kwargs(ep, PROFILES["llamacpp"], msgs, TOOLS, only="submit_kernel")
+    assert kw["tools"] == TOOLS and kw["tool_choice"] == named
+    kw = request_kwargs(ep, PROFILES["vllm"], msgs, TOOLS, only="submit_kernel")
+    assert [t["function"]["name"] for t in kw["tools"]] == ["submit_kernel"] and kw["tool_choice"] == named
+    # where a required call was refused (the run adapted to auto), the tool is offered alone again
+    kw = request_kwargs(ep, replace(PROFILES["llamacpp"], required_turns=False), msgs, TOOLS, only="submit_kernel")
+    assert [t["function"]["name"] for t in kw["tools"]] == ["submit_kernel"] and kw["tool_choice"] == "auto"
+    assert request_kwargs(ep, PROFILES["llamacpp"], msgs, TOOLS)["tool_choice"] == "auto"  # not narrowed
