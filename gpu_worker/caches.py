@@ -282,7 +282,7 @@ def host_key() -> dict[str, str]:
 
 
 def ceilings_key(device: str) -> dict:
-    """What decides the measured ceilings (child_reference.cmd_ceilings): the GPU (`device`, its name), the
+    """What decides the measured ceilings (child.reference.cmd_ceilings): the GPU (`device`, its name), the
     host, torch and CUDA; a card's copy bandwidth and matmul rate do not change between a worker's starts."""
     return {"kind": "ceilings", "device": device, **host_key(),
             **{k: v for k, v in versions().items() if k in ("torch", "cuda")}}
@@ -363,7 +363,7 @@ class ReferenceCaseCache:
 def reference_key(problem, shape, outputs, cpu_mode: bool, inputs_tag: str | None, baseline: str,
                   device: str) -> dict | None:
     """What decides a reference case's values besides its distribution and seed: the problem and shape,
-    the compared outputs, the input generator's tag (child_core.generator_tag), the problem's code, the
+    the compared outputs, the input generator's tag (child.core.generator_tag), the problem's code, the
     baseline, torch/Triton/FLA, and the device (`device`: its name; `cpu`). None where something cannot be
     told, or for a random shape (secret seeds, each used once)."""
     from baselines.problem import RANDOM_SHAPE

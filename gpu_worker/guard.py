@@ -281,7 +281,7 @@ class Seal:
 
     def __init__(self, hook, blocker, report, violations: list, cfg: tuple, modes: tuple):
         self.hook, self.blocker, self.violations, self.cfg, self.modes = hook, blocker, violations, cfg, modes
-        self.report = report  # records a refusal seen elsewhere (the OS wall's, see child_loading.ChildLoading._call)
+        self.report = report  # records a refusal seen elsewhere (the OS wall's, see child.loading.ChildLoading._call)
         self.find_spec = type(blocker).find_spec
         self.functions = _closure_functions(hook) + _closure_functions(self.find_spec)
         self.snapshot = [(f, f.__code__, _cells(f)) for f in self.functions]  # held: their ids stay theirs

@@ -137,7 +137,7 @@ def main(argv: list[str]) -> int:
     import tempfile
 
     tempfile.tempdir = None
-    from gpu_worker.child import _redirect, apply_limits
+    from gpu_worker.child.process import _redirect, apply_limits
 
     apply_limits(os.environ.pop("MARATHON_CHILD_LIMITS", None))
     _redirect(spec["tmp"])  # the candidate's prints go to its log, never into ncu's CSV

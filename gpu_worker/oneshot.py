@@ -35,7 +35,7 @@ def main(argv):
     outs = {n: torch.empty(s.shape, dtype=getattr(torch, s.dtype), device=dev)
             for n, s in p.output_specs(shape, cpu=not cuda).items()}
     if cuda:  # what Triton runs once per process (ldconfig, `ptxas --version`), before the guard, as a child does
-        from gpu_worker.child_core import _warm_triton
+        from gpu_worker.child.core import _warm_triton
 
         _warm_triton()
     ptxas = wall.compiler_binaries() if cuda else []

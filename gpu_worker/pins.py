@@ -5,7 +5,7 @@ module's attribute (`time.perf_counter`), an entry of a class's dict (`torch.Ten
 the child's), of an instance's dict or of a dict the harness keeps (`self.T["perf"]`). `Pins` holds, for
 every such slot the trusted code depends on, the object it held when the slot was pinned; `changed()` names
 the slots that hold another object now. The child checks after every call of the candidate, before any of
-its own code runs again (gpu_worker.child_core.ChildCore.after_candidate), so a rebinding is refused before
+its own code runs again (gpu_worker.child.core.ChildCore.after_candidate), so a rebinding is refused before
 it is used, even one the candidate would undo later.
 
 The check cannot be rebound itself the same ways: it is a function whose state lives in its default
@@ -125,9 +125,10 @@ class Pins:
 
 def trusted_modules() -> list:
     """The loaded modules whose code serves a candidate child's commands."""
-    names = ("gpu_worker.child", "gpu_worker.child_core", "gpu_worker.child_inputs", "gpu_worker.child_loading",
-             "gpu_worker.child_verify", "gpu_worker.child_exports", "gpu_worker.child_timing",
-             "gpu_worker.child_profile", "gpu_worker.child_reference", "gpu_worker.timing_inputs",
-             "gpu_worker.protocol", "gpu_worker.guard", "gpu_worker.pins", "gpu_worker.wall",
-             "multiprocessing.connection", "pickle", "time", "os", "threading", "hashlib", "math")
+    names = ("gpu_worker.child", "gpu_worker.child.process", "gpu_worker.child.server", "gpu_worker.child.core",
+             "gpu_worker.child.inputs", "gpu_worker.child.loading", "gpu_worker.child.verify",
+             "gpu_worker.child.exports", "gpu_worker.child.timing", "gpu_worker.child.profile",
+             "gpu_worker.child.reference", "gpu_worker.timing_inputs", "gpu_worker.protocol", "gpu_worker.guard",
+             "gpu_worker.pins", "gpu_worker.wall", "multiprocessing.connection", "pickle", "time", "os", "threading",
+             "hashlib", "math")
     return [sys.modules[n] for n in names if n in sys.modules]

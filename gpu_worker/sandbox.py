@@ -60,7 +60,7 @@ def triton_env(role: str, tmp: str, settings: GpuWorkerSettings, cuda: bool) -> 
 
 
 def input_bank_dir(workdir: Path | None = None) -> Path:
-    """Inputs the reference child generated, read by candidate children (see child_inputs)."""
+    """Inputs the reference child generated, read by candidate children (see child.inputs)."""
     d = work_root(workdir) / "input-bank"
     d.mkdir(parents=True, exist_ok=True)
     return d

@@ -16,7 +16,7 @@ child reads them at its start; users do not set them.
 * `MARATHON_CHILD_SETTINGS`: this model, resolved, as JSON (the child's copy of the worker's settings);
 * `MARATHON_CHILD_LIMITS`: the child's resource limits and cores (child.apply_limits);
 * `MARATHON_GUARD_FD`: the pipe a candidate child's guard reports refusals on;
-* `MARATHON_INPUT_BANK`: the directory of generated inputs the children share (child_inputs);
+* `MARATHON_INPUT_BANK`: the directory of generated inputs the children share (child.inputs);
 * `TRITON_INTERPRET`: Triton's own switch, set for a child under the interpreter.
 """
 

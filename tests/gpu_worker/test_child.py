@@ -1,4 +1,4 @@
-"""A sandbox child's own commands and limits (gpu_worker.child, child_core, child_verify): its CUDA
+"""A sandbox child's own commands and limits (gpu_worker.child, child.core, child.verify): its CUDA
 context and Triton keys, the verification in one command, the limits it sets itself."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_a_flush_that_did_not_capture_is_named_in_the_prepare_reply(tmp_path):
 
 def test_an_out_of_memory_ends_a_candidate_child_but_not_the_reference_child(tmp_path):
     # the candidate's context is never trusted again; the trusted child failed beside the neighbours' memory
-    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child.core import ChildCore
 
     class OutOfMemoryError(RuntimeError):
         pass
@@ -113,7 +113,7 @@ def test_a_candidate_childs_parts_and_what_each_was_built_with_are_pinned(tmp_pa
     part was built with (its PINNED) and each part's methods are pinned by identity before the candidate
     loads: a rebinding of any of them is named (gpu_worker.pins)."""
     from gpu_worker import child
-    from gpu_worker.child_timing import ChildTiming
+    from gpu_worker.child.timing import ChildTiming
 
     s = child.Server(str(tmp_path), "candidate")
     pins = s.pins
@@ -131,7 +131,7 @@ def test_a_candidate_childs_parts_and_what_each_was_built_with_are_pinned(tmp_pa
     original = ChildTiming._before_rep
     try:
         ChildTiming._before_rep = lambda *a, **k: None  # a part's method
-        assert pins.changed() == ["gpu_worker.child_timing.ChildTiming._before_rep"]
+        assert pins.changed() == ["gpu_worker.child.timing.ChildTiming._before_rep"]
     finally:
         ChildTiming._before_rep = original
     assert pins.changed() == []

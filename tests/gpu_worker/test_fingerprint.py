@@ -1,4 +1,4 @@
-"""A timed call's fingerprint (gpu_worker.child_exports): the projection computed in chunks equals the projection
+"""A timed call's fingerprint (gpu_worker.child.exports): the projection computed in chunks equals the projection
 of the whole output onto the same vector, the vectors are the same for the same seed in another process,
 and a different output, or one of another size, does not pass for the right one. The reference child times
 the baseline on the entries the candidate's block ran on, and a candidate's report of them is checked
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from gpu_worker import child, child_exports
+from gpu_worker import child
+from gpu_worker.child import exports as child_exports
 from gpu_worker.timing_inputs import entry_seed
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import types
 
 import torch
 
-from gpu_worker.child_core import _torch_rewrap
+from gpu_worker.child.core import _torch_rewrap
 from gpu_worker.pins import Pins
 
 

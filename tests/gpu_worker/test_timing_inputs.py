@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from gpu_worker import child
-from gpu_worker.child_timing import ChildTiming
+from gpu_worker.child.timing import ChildTiming
 from gpu_worker.protocol import Reply
 from gpu_worker.timing_inputs import FreshValues, check_entries, entry_seed
 from tests.gpu_worker.harnesses import KERNELS, req

@@ -190,7 +190,7 @@ def test_a_process_whose_exec_the_wall_refused_is_still_seen(tmp_path):
     own.mkdir()
     true = "/bin/true" if os.path.exists("/bin/true") else "/usr/bin/true"
     probe = ("import _posixsubprocess, json, os, sys, time\nfrom gpu_worker import wall\n"
-             "from gpu_worker.child_core import _unreaped_child\n"
+             "from gpu_worker.child.core import _unreaped_child\n"
              "wall.install([sys.argv[1]], exec_files=[sys.argv[2]])\n"
              "before = _unreaped_child()\n"
              "r, w = os.pipe()\n"

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from gpu_worker import protocol
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_exports import ChildExports
-    from gpu_worker.child_inputs import ChildInputs
-    from gpu_worker.child_loading import ChildLoading
-    from gpu_worker.child_timing import ChildTiming
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.exports import ChildExports
+    from gpu_worker.child.inputs import ChildInputs
+    from gpu_worker.child.loading import ChildLoading
+    from gpu_worker.child.timing import ChildTiming
 
 
 class ChildVerification:

@@ -9,11 +9,11 @@ import os
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
-from gpu_worker.child_core import compared_outputs
+from gpu_worker.child.core import compared_outputs
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_inputs import ChildInputs
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.inputs import ChildInputs
 
 FINGERPRINT_CHUNK = 1 << 24  # elements per step of a fingerprint: its temporaries stay at 64 MB in fp32
 

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from gpu_worker import protocol
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_inputs import ChildInputs
-    from gpu_worker.child_timing import ChildTiming
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.inputs import ChildInputs
+    from gpu_worker.child.timing import ChildTiming
 
 
 class ChildReference:

@@ -1,5 +1,5 @@
 """A child's profiler view of its timed work (`profile`, a new best's cross-check): torch.profiler's kernel
-time per call, measured over the same steps as a timed block (gpu_worker.child_timing)."""
+time per call, measured over the same steps as a timed block (gpu_worker.child.timing)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from gpu_worker import protocol
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_timing import ChildTiming
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.timing import ChildTiming
 
 
 class ChildProfiling:

@@ -1,6 +1,6 @@
 """A child's timing, both roles: the inputs and timing sets prepared ahead (`prepare`), the timing sets
 (static buffers refilled with fresh values before every repetition), CUDA-graph capture, the timed blocks
-(`time`) and host latency. The profiler's view of the same steps is child_profile's."""
+(`time`) and host latency. The profiler's view of the same steps is child.profile's."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from gpu_worker import protocol
 from gpu_worker.timing_inputs import FreshValues, check_entries, check_keys, draw_key, entry_seed
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_exports import ChildExports
-    from gpu_worker.child_inputs import ChildInputs
-    from gpu_worker.child_loading import ChildLoading
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.exports import ChildExports
+    from gpu_worker.child.inputs import ChildInputs
+    from gpu_worker.child.loading import ChildLoading
 
 
 @dataclass

@@ -10,11 +10,11 @@ import time
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
-from gpu_worker.child_core import Refused
+from gpu_worker.child.core import Refused
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
-    from gpu_worker.child_inputs import ChildInputs
+    from gpu_worker.child.core import ChildCore
+    from gpu_worker.child.inputs import ChildInputs
 
 
 class ChildLoading:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from gpu_worker import protocol
 
 if TYPE_CHECKING:
-    from gpu_worker.child_core import ChildCore
+    from gpu_worker.child.core import ChildCore
 
 
 class ChildInputs:
