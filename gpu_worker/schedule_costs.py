@@ -33,7 +33,7 @@ class StageCost:
     loading a child); then, inside the gate, `host_s` of host work before its first turn, then its `turns`
     in order, each (kind, seconds): "job" an untimed job (its seconds a tuple where it merges several: the
     parts, each varied on its own when drawn), "ref" an untimed job with the reference child's
-    lock (the harness's _with_ref: the lock first, given back while the turn waits), "block" a timing block
+    lock (the harness's DeviceTurns.with_ref: the lock first, given back while the turn waits), "block" a timing block
     (which takes the reference child's lock once on the device); each job followed by `gap_s` of host
     work. `mem_gb`: the device memory each of its jobs declares."""
 

@@ -67,7 +67,7 @@ class ChildLoading:
             raise Refused("contract", "candidate defines no callable run(inputs, out)")
         core.module = mod
         self.kernels = self._kernel_objects()
-        if stage:  # the compile's case, staged in the same host work (harness_compile: _compile_in)
+        if stage:  # the compile's case, staged in the same host work (harness/compile.py: compile_in)
             self.inputs.cmd_stage(list(stage))
         return protocol.Loaded(kernels=sorted(self.kernels), wall=core.wall)
 

@@ -74,7 +74,7 @@ class CaseVerification:
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.refs.reference(problem, shape, cases, hb, baseline=base_err is None)
             # verification is untimed device work: one job for the stage's one command, which uploads the
-            # cases, runs them, the rerun and the stale probe, and downloads the kept outputs (child_verify)
+            # cases, runs them, the rerun and the stale probe, and downloads the kept outputs (child/verify.py)
             with self.turns.job(), _phase("run-cases"):
                 r = self.children.ask(sb, msg.Verify(cases=listed, stale=len(cases) > 1), ctx.timeouts["verify"],
                               "verify", hb)
@@ -96,7 +96,7 @@ class CaseVerification:
                 raise Rejection("verify", f"late-write: outputs {changed} changed after the call returned "
                                 "(work still running outside the call is not timed)")
             # Every comparison runs in the reference child, where the oracle already lives on the device;
-            # the candidate's outputs reach it as files in the candidate's temp dir (see child_exports).
+            # the candidate's outputs reach it as files in the candidate's temp dir (see child/exports.py).
             jobs = [msg.CompareJob(case=(dist, seed), name=n, out=got.outputs[n])
                     for (dist, seed), got in zip(cases, r.cases) for n in names]
             if r.rerun is not None:

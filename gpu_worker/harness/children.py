@@ -146,7 +146,7 @@ class CandidateChildren:
 
     @staticmethod
     def park(sb: Sandbox) -> bool:
-        """A child about to wait for a later benchmark drops its timing sets (child_timing: park); False if it
+        """A child about to wait for a later benchmark drops its timing sets (child/timing.py: park); False if it
         cannot (then it is closed, not kept)."""
         try:
             return sb.alive() and sb.call(msg.Park(), 60).ok

@@ -28,7 +28,7 @@ class ReferenceChildren:
         self.children: dict[tuple, tuple[Sandbox, threading.Lock, dict]] = {}
         self.lock = threading.Lock()  # over `children` and `random_users`
         # per (problem, shape, dist, seed): the inputs' fingerprint and the baseline's own error. Small and
-        # deterministic, so never evicted; the oracle itself lives in the reference child (child_reference).
+        # deterministic, so never evicted; the oracle itself lives in the reference child (gpu_worker/child/reference.py).
         self.meta: dict[tuple, msg.ReferenceCase] = {}
         self.meta_lock = threading.Lock()
         self.random_users: collections.Counter = collections.Counter()  # (problem, random shape) -> verifications

@@ -37,11 +37,24 @@ def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     assert "[normal] interpreter" in log and "[wide] interpreter" in log
     assert log.count("timed outputs 2 outputs") == 2, log
     assert log.count("6 timed calls fingerprinted, worst ") == 2, log  # every timed call: 2 blocks of 3
-    # no verification ran on this worker: the timed calls' bound is the baseline's error measured for it
-    # (an output-precision floor guessed instead failed every honest bf16 mla_decode kernel on a GPU)
-    from baselines.registry import get_problem
 
-    p = get_problem("softmax")
-    errs = ev.refs.baseline_errors(p, ev.ctx.shape(p, None))
-    assert len(errs) == len(p.distributions), errs
-    assert f"vs bound {ev.timed_outputs.timed_output_bound(p, ev.ctx.shape(p, None)):.3e}" in log, log
+
+def test_a_benchmark_where_nothing_was_verified_measures_the_baseline_error_first(store):
+    """The timed calls' bound is the baseline's error measured at the shape: on a worker that verified
+    nothing there, on the candidate's first seed (the tolerance floor guessed instead rejected every honest
+    bf16 mla_decode kernel on a GPU)."""
+    from baselines.registry import get_problem
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.scheduling import Scheduler
+
+    e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
+    try:
+        r = req(store, canary("fast"))
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+        assert b.ok, b.reason
+        p = get_problem("softmax")
+        shape = e.ctx.shape(p, None)
+        assert len(e.refs.baseline_errors(p, shape)) == len(p.distributions)
+        assert f"vs bound {e.timed_outputs.timed_output_bound(p, shape):.3e}" in store.get_text(b.log_key)
+    finally:
+        e.close()
