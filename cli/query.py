@@ -122,7 +122,10 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
         if st.llm is not None:
             for line in turns.new_lines(st.llm.turns, time.time()):
                 print(f"      {line}", file=out, flush=True)
-            now = endpoint_trouble(desc, _asked_at(st))
+            # only while a turn waits: a describe read after the status can still hold a turn the status
+            # shows answered (its attempt line would repeat the last one, without its "since")
+            asked = _asked_at(st)
+            now = endpoint_trouble(desc, asked) if asked else None
             failed = now.rsplit("; attempt", 1)[0] if now else None  # the same while its next attempt runs
             if failed and failed != trouble:  # once per failed attempt
                 print(f"      {now}", file=out, flush=True)
