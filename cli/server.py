@@ -187,16 +187,18 @@ async def cmd_dev(args) -> int:
             os.close(lock)
             raise UsageError(f"{what} {port} is already in use (a dev server may be running already): choose "
                              f"another with --{'port' if what == 'port' else 'ui-port'}")
+    # handled before the server starts: a signal at any moment after stops it (else an early SIGTERM ended
+    # this process and left the server running)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, stop.set)
     proc = start_dev_server(args.port, ui_port, db, args.ip, args.headless, lock=lock)
     print(f"Temporal dev server on {args.ip}:{args.port}, database {db}")
     if not args.headless:
         print(f"Web UI: http://localhost:{ui_port}")
     print("search attributes registered: MarathonProblem, MarathonIteration, MarathonBestSpeedup, "
           "MarathonPhase. Ctrl-C stops the server.", flush=True)
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for s in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(s, stop.set)
     while not stop.is_set() and proc.poll() is None:
         try:
             await asyncio.wait_for(stop.wait(), 1.0)

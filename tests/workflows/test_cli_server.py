@@ -174,6 +174,7 @@ def test_marathon_dev_prints_the_web_ui_on_the_port_it_serves(tmp_path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
+    assert not port_open("127.0.0.1", port)  # SIGTERM stopped the server too, not only `marathon dev`
     # a Web UI port already held is refused before a server starts
     import argparse
 
