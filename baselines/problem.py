@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from baselines.parse import parse as parse_source
+
 KNOBS_LINE = re.compile(r"^KNOBS\s*=\s*(\{.*\})\s*$", re.MULTILINE)
 
 
@@ -185,7 +187,7 @@ def start_kernel_knobs(source: str) -> tuple[dict[str, Any], dict[str, list[Any]
     the search may set each knob to, the default among them; knobs not named stay at their default).
     ValueError with one line saying what is wrong."""
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError as e:
         raise ValueError(f"syntax error at line {e.lineno}: {e.msg}") from None
     defaults = default_knobs(source)

@@ -20,6 +20,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
+from baselines.parse import parse as parse_source
 from gpu_worker.timing import crosscheck, is_torch_fill_or_copy, median
 
 #: where an Nsight Compute install keeps its CLI when it is not on PATH
@@ -163,7 +164,7 @@ def source_kernel_names(source: str) -> list[str]:
     or `triton.jit(f)`): its own kernels' names as the harness reads them from the text it judged, never as
     its process reports them."""
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except (SyntaxError, ValueError):
         return []
 

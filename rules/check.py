@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 import builtins
 
+from baselines.parse import parse as parse_source
 from rules import host_language as host
 from rules import triton_language as tri
 from rules.refusals import NAME_FAMILY, import_rule, name_rule
@@ -459,7 +460,7 @@ class _Walker:
 
 def check_source(source: str, problem: str) -> RuleReport:
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError as e:
         return RuleReport(ok=False, rule="syntax", detail=f"line {e.lineno}: {e.msg}")
     run = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run"]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import ast
 import re
+
+from baselines.parse import parse as parse_source
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.S)
 
@@ -17,7 +18,7 @@ def extract_code(text: str) -> str | None:
         return with_run[-1].strip("\n") + "\n"
     if not blocks and re.search(r"^def run\(", text, re.M):
         try:
-            ast.parse(text)  # the whole reply is the module
+            parse_source(text)  # the whole reply is the module
             return text.strip("\n") + "\n"
         except SyntaxError:
             start = re.search(r"^(import|from|@triton|def|KNOBS)\b", text, re.M)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 
 from baselines.external.file import CPU_SHAPE, ExternalProblem
+from baselines.parse import parse as parse_source
 from baselines.problem import ProblemFileError
 
 #: the line `marathon export` writes between a kernel and the code that calls it in the problem's form;
@@ -85,7 +86,7 @@ def entry_source(source: str, problem: ExternalProblem) -> str:
     judge it). ProblemFileError where the constructor arguments are not literals."""
     source = kernel_part(source)
     try:
-        tree = ast.parse(source)
+        tree = parse_source(source)
     except SyntaxError:
         return source
     if any(isinstance(n, ast.FunctionDef) and n.name == "run" for n in tree.body):

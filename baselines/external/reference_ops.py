@@ -7,6 +7,7 @@ import ast
 import re
 
 from baselines.external.file import FILE_PREFIX
+from baselines.parse import parse as parse_source
 
 #: calls in a reference's forward that shape, move or allocate data rather than compute the operator: a
 #: candidate's wrapper needs them, so they are never the operator's core
@@ -28,7 +29,7 @@ def reference_ops(data: bytes) -> frozenset[str]:
     """The operator's core as the static rules see it: the names the file's Model calls (methods and torch
     functions in forward, `torch.nn` modules built in __init__, as their functional names), less PLUMBING.
     A candidate may not call them: the reference's own torch ops are what it replaces. AST only, no torch."""
-    tree = ast.parse(data)
+    tree = parse_source(data)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     ops: set[str] = set()
     for fn in (n for n in (model.body if model else []) if isinstance(n, ast.FunctionDef)):
