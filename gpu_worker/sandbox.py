@@ -17,8 +17,6 @@ import os
 import pickle
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -27,6 +25,7 @@ from typing import Callable
 
 from gpu_worker import protocol
 from gpu_worker.caches import triton_cache_dir
+from gpu_worker.forkserver import start_child
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings, work_root
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,11 +126,9 @@ class Sandbox:
         env["MARATHON_CHILD_LIMITS"] = json.dumps({
             "core": 0, "address_space": self.mem_limit * 2 if interpreter else None,
             "cpus": sorted(cpus) if cpus else None})
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gpu_worker.child", str(r1), str(w2), self.tmp, role],
-            pass_fds=(r1, w2) + ((guard_w,) if guard_w is not None else ()), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=self.tmp, env=env, start_new_session=True,
-        )
+        # forked from a process that has imported torch and Triton already (gpu_worker.forkserver)
+        self.proc = start_child(["gpu_worker.child", str(r1), str(w2), self.tmp, role], env, self.tmp,
+                                (r1, w2) + ((guard_w,) if guard_w is not None else ()))
         os.close(r1)
         os.close(w2)
         if guard_w is not None:
