@@ -144,25 +144,28 @@ _servers: dict[tuple, ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
-def start_child(argv: list[str], env: dict[str, str], cwd: str, pass_fds: tuple[int, ...]):
+def start_child(argv: list[str], env: dict[str, str], cwd: str, pass_fds: tuple[int, ...], forked: bool = True):
     """`python -m argv...` as a child in its own session, forked from the fork server for `env`'s import
-    environment; a plain Popen where the server cannot be had (it is then started afresh next time)."""
-    key = import_key(env)
-    with _servers_lock:
-        server = _servers.get(key)
-        if server is None or server.proc.poll() is not None:
-            own = {k: v for k, v in env.items() if k not in _PER_CHILD and k != "TMPDIR" and not k.startswith("MARATHON_")}
-            server = _servers[key] = ForkServer(own, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        return server.spawn(argv, env, cwd, pass_fds)
-    except OSError:
+    environment; started afresh by Popen where not `forked` or where the server cannot be had (a new
+    server is then started next time)."""
+    if forked:
+        key = import_key(env)
         with _servers_lock:
-            if _servers.get(key) is server:
-                del _servers[key]
-        server.close()
-        return subprocess.Popen([sys.executable, "-m", *argv], pass_fds=pass_fds, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
-                                start_new_session=True)
+            server = _servers.get(key)
+            if server is None or server.proc.poll() is not None:
+                own = {k: v for k, v in env.items()
+                       if k not in _PER_CHILD and k != "TMPDIR" and not k.startswith("MARATHON_")}
+                server = _servers[key] = ForkServer(own, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        try:
+            return server.spawn(argv, env, cwd, pass_fds)
+        except OSError:
+            with _servers_lock:
+                if _servers.get(key) is server:
+                    del _servers[key]
+            server.close()
+    return subprocess.Popen([sys.executable, "-m", *argv], pass_fds=pass_fds, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd, env=env,
+                            start_new_session=True)
 
 
 # ------------------------------------------------------------------------------------------ the server
