@@ -169,13 +169,15 @@ def start_child(argv: list[str], env: dict[str, str], cwd: str, pass_fds: tuple[
 
 
 # ------------------------------------------------------------------------------------------ the server
-def _become_child(request: dict, received: list[int]) -> None:
-    """In the forked process: become `python -m argv` as Popen would have started it; never returns."""
+def _become_child(request: dict, received: list[int], started: int) -> None:
+    """In the forked process: become `python -m argv` as Popen would have started it; never returns.
+    `started` is closed once the child leads its own session and process group."""
     import fcntl
 
     code = 1
     try:
         os.setsid()
+        os.close(started)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -272,17 +274,20 @@ def serve(sock: socket.socket) -> None:
         if not msg:
             return  # the worker is gone; the children live on until their own pipes close
         *received, status_w = fds
+        started_r, started_w = os.pipe()
         try:
             pid = os.fork()
         except OSError as e:
-            for fd in fds:
+            for fd in fds + [started_r, started_w]:
                 os.close(fd)
             sock.send(json.dumps({"error": str(e)}).encode())
             continue
         if pid == 0:
-            _become_child(json.loads(msg), received)
-        for fd in received:
+            _become_child(json.loads(msg), received, started_w)
+        for fd in received + [started_w]:
             os.close(fd)
+        os.read(started_r, 1)  # until the child has its session: a killpg right after the reply must reach it
+        os.close(started_r)
         children[pid] = status_w
         sock.send(json.dumps({"pid": pid}).encode())
 

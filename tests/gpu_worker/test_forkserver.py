@@ -82,3 +82,12 @@ def test_the_import_environment_picks_the_server_and_a_dead_server_is_replaced(t
     again = start_child([PROBE, str(tmp_path / "again.json"), "3"], _env(), str(tmp_path), ())
     assert again.wait(60) == 3 and _report(tmp_path / "again.json")["preloaded"]
     assert forkserver._servers[forkserver.import_key(_env())] is not server
+
+
+@pytest.mark.slow(10)
+def test_a_child_killed_as_soon_as_it_is_started_is_gone_and_reported(tmp_path):
+    # the reply comes once the child leads its own process group, so its group can be killed at once
+    for n in range(3):
+        proc = start_child([PROBE, str(tmp_path / f"{n}.json"), "wait"], _env(), str(tmp_path), ())
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
