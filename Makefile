@@ -39,8 +39,9 @@ run: install
 run-llm: install
 	$(VENV)/bin/marathon demo $(PROBLEM) --policy llm --local-model --iterations $(LLM_ITERATIONS) --port $(PORT)$(if $(UI_PORT), --ui-port $(UI_PORT))
 
+# three test processes on two cores: the whole-stack tests spend much of their time waiting on servers
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=15
+	$(PY) -m pytest -q -n 3 --dist loadscope --no-loadscope-reorder --durations=15
 
 bench-overhead: install
 	$(PY) -m tests.bench_overhead
