@@ -61,7 +61,10 @@ def test_every_scripted_submission_gets_a_timed_verdict(tmp_path):
     assert set(rows[1]["gpu_seconds"]) == {"compile"} and not rows[2]["gpu_seconds"]  # the rules: no GPU
     c = res["cold_start"]
     assert 0 < c["first_turn_s"] < c["first_verdict_s"]
-    assert c["first_verdict_s"] == pytest.approx(c["first_turn_s"] + rows[0]["latency_s"], abs=1.0)
+    # the first verdict comes the first submission's latency after the first turn was answered: what is
+    # left is the scripted endpoint's own time to answer that turn (none at rest, over a second under load)
+    gap = c["first_verdict_s"] - c["first_turn_s"] - rows[0]["latency_s"]
+    assert -0.02 <= gap < 10.0, gap
     # the table: printed last, one row per submission
     table = [line for line in r.stdout.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(table) == 4 and "rejected at compile" in table[1] and "rejected at rules" in table[2]
