@@ -235,6 +235,8 @@ def serve(sock: socket.socket) -> None:
     import triton  # noqa: F401
     import triton.language  # noqa: F401
 
+    if torch.cuda.is_initialized():  # a CUDA context does not survive a fork: children start afresh instead
+        raise SystemExit("the fork server initialised CUDA")
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

@@ -126,10 +126,9 @@ class Sandbox:
         env["MARATHON_CHILD_LIMITS"] = json.dumps({
             "core": 0, "address_space": self.mem_limit * 2 if interpreter else None,
             "cpus": sorted(cpus) if cpus else None})
-        # forked from a process that has imported torch and Triton already (gpu_worker.forkserver); a CUDA
-        # child is started afresh until forked children are shown on a GPU (docs/harness.md, "Sandbox")
+        # forked from a process that has imported torch and Triton already (gpu_worker.forkserver)
         self.proc = start_child(["gpu_worker.child", str(r1), str(w2), self.tmp, role], env, self.tmp,
-                                (r1, w2) + ((guard_w,) if guard_w is not None else ()), forked=interpreter)
+                                (r1, w2) + ((guard_w,) if guard_w is not None else ()))
         os.close(r1)
         os.close(w2)
         if guard_w is not None:

@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
                          "where /dev/shm exists, else WORK/gpu-work)")
     ap.add_argument("--keep-gpu-workdir", action="store_true",
                     help="leave the GPU worker's directory as an earlier run left it: a worker restarted on a host "
-                         "that has served before (Triton's cache, the baseline's autotuning, the input bank)")
+                         "that has served before (its caches: oracles, self-test, ceilings, Triton's kernels and the "
+                         "baseline's autotuning; the input bank)")
     ap.add_argument("--device", type=int, default=0, help="the CUDA device of the GPU worker")
     ap.add_argument("--port", type=int, default=7233, help="the dev server's port")
     ap.add_argument("--warm", default="", help="MARATHON_WARM_PROBLEM for the GPU worker (default: none, as started "
@@ -354,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
         d.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     gs.WORK = work  # where gpu_session's helpers write the processes' logs
+    # the worker's caches live beside its work directory, so that --keep-gpu-workdir keeps them too
     os.environ.update(MARATHON_HOME=str(work / "home"), MARATHON_ARTIFACTS=str(work / "artifacts"),
-                      MARATHON_GPU_WORKDIR=str(gpu_work), TEMPORAL_ADDRESS=f"127.0.0.1:{a.port}")
+                      MARATHON_GPU_WORKDIR=str(gpu_work), MARATHON_CACHE_DIR=str(gpu_work / "cache"),
+                      TEMPORAL_ADDRESS=f"127.0.0.1:{a.port}")
     res: dict = {"problem": problem, "device": device or "no CUDA: Triton interpreter", "budget_s": a.budget_s,
                  "run_id": None, "targets": {"verdict_s": TARGET_VERDICT_S, "best_verdict_s": TARGET_BEST_S,
                                                  "rules_verdict_s": TARGET_RULES_S, "first_verdict_s": TARGET_FIRST_S},
