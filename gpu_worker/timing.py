@@ -9,6 +9,7 @@ of a synchronous call is measured on its own and reported beside the speedup, ne
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -80,11 +81,11 @@ def another_block(blocks_done: int, best: list[float], cand: list[float], decisi
     return blocks_done == 0 or not (decisive and clearly_slower(best, cand))
 
 
-def shown_slower(figures: dict, decisive: bool = True) -> bool:
+def shown_slower(figures: "DistributionFigures", decisive: bool = True) -> bool:
     """Whether a timed decisive distribution shows the candidate clearly slower than the best there (its
     interval against the best wholly below 1): its worst speedup is then below the best's, so the
     distributions after it are not timed."""
-    ci = figures.get("vs_best_ci")
+    ci = figures.vs_best_ci
     return decisive and ci is not None and ci[1] < 1.0
 
 
@@ -96,24 +97,46 @@ def decisive_dist(distributions: list[str], best_deciding: str | None) -> str | 
     return distributions[0] if len(distributions) == 1 else None
 
 
+@dataclass
+class DistributionFigures:
+    """One distribution's figures from its device-time samples (ms) and host latencies (ms); the harness
+    adds how it was timed (mode, blocks, captures) and what the timed outputs' checks found."""
+
+    dist: str
+    time_ms: float
+    baseline_ms: float
+    speedup: float
+    speedup_ci: tuple[float, float]
+    samples: int
+    iqr_ms: tuple[float, float]
+    baseline_iqr_ms: tuple[float, float]
+    host_ms: float | None
+    baseline_host_ms: float | None
+    samples_ms: tuple[list[float], list[float], list[float]]  # candidate, baseline, best (empty: no best)
+    best_time_ms: float | None = None
+    vs_best_ci: tuple[float, float] | None = None
+    mode: str = ""
+    blocks: int = 0
+    planned_blocks: int = 0
+    captures: dict[str, bool] = field(default_factory=dict)
+    timed_outputs: str = ""
+
+
 def distribution_figures(dist: str, cand: list[float], base: list[float], best: list[float] | None,
-                         cand_host: list[float], base_host: list[float]) -> dict:
+                         cand_host: list[float], base_host: list[float]) -> DistributionFigures:
     """One distribution's figures from its device-time samples (ms) and its host latencies (ms)."""
     t, b = median(cand), median(base)
-    out = {"dist": dist, "time_ms": t, "baseline_ms": b, "speedup": b / t if t > 0 else math.nan,
-           "speedup_ci": bootstrap_ratio_ci(base, cand), "samples": len(cand),
-           "iqr_ms": (quantile(cand, .25), quantile(cand, .75)),
-           "baseline_iqr_ms": (quantile(base, .25), quantile(base, .75)),
-           "host_ms": median(cand_host) if cand_host else None,
-           "baseline_host_ms": median(base_host) if base_host else None,
-           "best_time_ms": None, "vs_best_ci": None, "samples_ms": (list(cand), list(base), list(best or []))}
-    if best:
-        out["best_time_ms"] = median(best)
-        out["vs_best_ci"] = bootstrap_ratio_ci(best, cand)
-    return out
+    return DistributionFigures(
+        dist=dist, time_ms=t, baseline_ms=b, speedup=b / t if t > 0 else math.nan,
+        speedup_ci=bootstrap_ratio_ci(base, cand), samples=len(cand),
+        iqr_ms=(quantile(cand, .25), quantile(cand, .75)), baseline_iqr_ms=(quantile(base, .25), quantile(base, .75)),
+        host_ms=median(cand_host) if cand_host else None,
+        baseline_host_ms=median(base_host) if base_host else None,
+        samples_ms=(list(cand), list(base), list(best or [])),
+        best_time_ms=median(best) if best else None, vs_best_ci=bootstrap_ratio_ci(best, cand) if best else None)
 
 
-def worst_speedup_ratio_ci(per_dist: list[dict], n: int = 2000, seed: int = 0) -> tuple[float, float]:
+def worst_speedup_ratio_ci(per_dist: list[DistributionFigures], n: int = 2000, seed: int = 0) -> tuple[float, float]:
     """95% percentile-bootstrap interval of the candidate's worst speedup over the best's worst speedup,
     both against the baseline timed beside them in the same benchmark: min_d base_d / cand_d over
     min_d base_d / best_d, every distribution's three sample sets resampled together. On one distribution
@@ -122,7 +145,7 @@ def worst_speedup_ratio_ci(per_dist: list[dict], n: int = 2000, seed: int = 0) -
     worst_c = np.full(n, np.inf)
     worst_b = np.full(n, np.inf)
     for d in per_dist:
-        c, b, k = (np.asarray(x, dtype=float) for x in d["samples_ms"])
+        c, b, k = (np.asarray(x, dtype=float) for x in d.samples_ms)
         mc = np.median(c[rng.integers(0, len(c), size=(n, len(c)))], axis=1)
         mb = np.median(b[rng.integers(0, len(b), size=(n, len(b)))], axis=1)
         mk = np.median(k[rng.integers(0, len(k), size=(n, len(k)))], axis=1)
@@ -132,7 +155,18 @@ def worst_speedup_ratio_ci(per_dist: list[dict], n: int = 2000, seed: int = 0) -
     return float(lo), float(hi)
 
 
-def decide(per_dist: list[dict]) -> dict:
+@dataclass(frozen=True)
+class Verdict:
+    """The benchmark's verdict over distributions (see `decide`)."""
+
+    worst: DistributionFigures  # the distribution whose speedup decides
+    speedup: float
+    speedup_ci: tuple[float, float]
+    geomean_speedup: float
+    vs_best_ci: tuple[float, float] | None  # the worst speedup over the best's; None without a best
+
+
+def decide(per_dist: list[DistributionFigures]) -> Verdict:
     """The verdict over distributions: the worst speedup decides; its interval is the conservative one
     for a minimum (the lowest lower bound and the lowest upper bound over distributions), so a kernel
     fast only on easy inputs neither wins nor is crowned. Against the best, what acceptance reads is the
@@ -141,16 +175,14 @@ def decide(per_dist: list[dict]) -> dict:
     is reported beside it."""
     if not per_dist:
         raise ValueError("no distribution was timed")
-    worst = min(per_dist, key=lambda d: d["speedup"])
-    speedups = [d["speedup"] for d in per_dist]
-    out = {"worst": worst, "speedup": worst["speedup"],
-           "speedup_ci": (min(d["speedup_ci"][0] for d in per_dist), min(d["speedup_ci"][1] for d in per_dist)),
-           "geomean_speedup": float(math.exp(sum(math.log(s) for s in speedups) / len(speedups)))
-           if all(s > 0 for s in speedups) else math.nan,
-           "vs_best_ci": None}
-    if all(d.get("vs_best_ci") for d in per_dist):
-        out["vs_best_ci"] = worst_speedup_ratio_ci(per_dist)
-    return out
+    worst = min(per_dist, key=lambda d: d.speedup)
+    speedups = [d.speedup for d in per_dist]
+    return Verdict(
+        worst=worst, speedup=worst.speedup,
+        speedup_ci=(min(d.speedup_ci[0] for d in per_dist), min(d.speedup_ci[1] for d in per_dist)),
+        geomean_speedup=float(math.exp(sum(math.log(s) for s in speedups) / len(speedups)))
+        if all(s > 0 for s in speedups) else math.nan,
+        vs_best_ci=worst_speedup_ratio_ci(per_dist) if all(d.vs_best_ci for d in per_dist) else None)
 
 
 def crosscheck(judged_ms: float, kernel_ms: float, launches: float = 1.0) -> tuple[bool, float]:

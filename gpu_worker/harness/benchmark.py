@@ -95,12 +95,12 @@ class BenchmarkStage:
                                                  decisive=dist == decisive)
                     fig = distribution_figures(dist, res.cand, res.base, res.best or None, res.cand_host,
                                                res.base_host)
-                    fig["mode"], fig["blocks"], fig["planned_blocks"] = res.mode, res.blocks, res.planned_blocks
-                    fig["captures"] = res.captures
+                    fig.mode, fig.blocks, fig.planned_blocks = res.mode, res.blocks, res.planned_blocks
+                    fig.captures = res.captures
                     with _phase("timed-outputs"):
                         prints = self.timed_outputs.check_fingerprints(problem, shape, dist, res)
                         kept, jobs = self.timed_outputs.check_timed_outputs(problem, shape, dist, cand, hb, res)
-                        fig["timed_outputs"] = f"{kept}; {prints}"
+                        fig.timed_outputs = f"{kept}; {prints}"
                     timed_jobs += jobs
                     per_dist.append(fig)
                     if shown_slower(fig, dist == decisive):  # a clear loser: the others are not timed
@@ -108,13 +108,13 @@ class BenchmarkStage:
                 verdict = decide(per_dist)
                 if fresh is not None:
                     with _phase("crosscheck"):
-                        prof = self.best.crosscheck(problem, verdict["worst"], fresh, ref_sb, ref_lock,
+                        prof = self.best.crosscheck(problem, verdict.worst, fresh, ref_sb, ref_lock,
                                                     ld.kernels, hb, gpu_s)
                 stage.close()
                 cand_log = cand.log_tail()
                 if best is not None:
                     keep[id(best)] = best_key
-                if not best or verdict["vs_best_ci"] is None or verdict["vs_best_ci"][1] > 1.0:
+                if not best or verdict.vs_best_ci is None or verdict.vs_best_ci[1] > 1.0:
                     keep[id(cand)] = cand_key  # it may be the best of the next benchmark
             finally:
                 stage.close()
@@ -123,32 +123,32 @@ class BenchmarkStage:
                         ctx.loaded.put(keep[id(s)], s)
                     else:
                         s.close()
-            w = verdict["worst"]
-            t_ms, b_ms = w["time_ms"], w["baseline_ms"]
-            modes = sorted({d["mode"] for d in per_dist})
+            w = verdict.worst
+            modes = sorted({d.mode for d in per_dist})
             mode = "interpreter" if ctx.interpreter else ", ".join(modes)
             # the ncu proof, in a separate process: every would-be best, a random share of the others
-            proof = self.proof.proof_if_due(bool(req.fresh_process), problem, shape, source, w, hb, gpu_s)
+            proof = self.proof.proof_if_due(bool(req.fresh_process), problem, shape, source, w.dist, w.time_ms,
+                                            hb, gpu_s)
             rec = Receipt(device=receipt.device, driver=receipt.driver, clocks=receipt.clocks, torch=receipt.torch,
-                          triton=receipt.triton, repetitions=sum(d["samples"] for d in per_dist),
-                          spread="; ".join(f"{d['dist']}: IQR {d['iqr_ms'][0]:.4g}-{d['iqr_ms'][1]:.4g} ms (baseline "
-                                           f"{d['baseline_iqr_ms'][0]:.4g}-{d['baseline_iqr_ms'][1]:.4g} ms)"
+                          triton=receipt.triton, repetitions=sum(d.samples for d in per_dist),
+                          spread="; ".join(f"{d.dist}: IQR {d.iqr_ms[0]:.4g}-{d.iqr_ms[1]:.4g} ms (baseline "
+                                           f"{d.baseline_iqr_ms[0]:.4g}-{d.baseline_iqr_ms[1]:.4g} ms)"
                                            for d in per_dist),
                           mode=mode, proof=f"ncu proof: {proof.text}" if proof else "")
             lines = [f"judge: device time ({mode}); the worst speedup over {len(per_dist)} distributions decides"]
             for d in per_dist:
-                host = (f"host latency of a synchronous call {d['host_ms']:.4g} ms (baseline {d['baseline_host_ms']:.4g} ms)"
-                        if d["host_ms"] is not None and d["baseline_host_ms"] is not None else "host latency not measured")
-                lines.append(f"[{d['dist']}] {d['mode']}: candidate {d['time_ms']:.4g} ms, baseline {d['baseline_ms']:.4g} ms, "
-                             f"{d['speedup']:.3f}x (95% CI {d['speedup_ci'][0]:.3f}-{d['speedup_ci'][1]:.3f})"
-                             + (f", current best {d['best_time_ms']:.4g} ms" if d["best_time_ms"] else "")
-                             + f"; {host}; timed blocks {d['blocks']} of {d['planned_blocks']}"
-                             + (" (stopped early: slower than the current best)" if d["blocks"] < d["planned_blocks"] else "")
-                             + f"; captures {d['captures']}; timed outputs {d['timed_outputs']}")
-            skipped = [d for d in problem.distributions if d not in {f["dist"] for f in per_dist}]
+                host = (f"host latency of a synchronous call {d.host_ms:.4g} ms (baseline {d.baseline_host_ms:.4g} ms)"
+                        if d.host_ms is not None and d.baseline_host_ms is not None else "host latency not measured")
+                lines.append(f"[{d.dist}] {d.mode}: candidate {d.time_ms:.4g} ms, baseline {d.baseline_ms:.4g} ms, "
+                             f"{d.speedup:.3f}x (95% CI {d.speedup_ci[0]:.3f}-{d.speedup_ci[1]:.3f})"
+                             + (f", current best {d.best_time_ms:.4g} ms" if d.best_time_ms else "")
+                             + f"; {host}; timed blocks {d.blocks} of {d.planned_blocks}"
+                             + (" (stopped early: slower than the current best)" if d.blocks < d.planned_blocks else "")
+                             + f"; captures {d.captures}; timed outputs {d.timed_outputs}")
+            skipped = [d for d in problem.distributions if d not in {f.dist for f in per_dist}]
             if skipped:
                 lines.append(f"not timed: {', '.join(skipped)} (already shown slower than the current best)")
-            lines += [f"worst {verdict['speedup']:.3f}x ({w['dist']}), geometric mean {verdict['geomean_speedup']:.3f}x",
+            lines += [f"worst {verdict.speedup:.3f}x ({w.dist}), geometric mean {verdict.geomean_speedup:.3f}x",
                       f"receipt: {rec.model_dump()}"]
             if ctx.cuda:
                 floor = problem.floor_ms(shape, 1.1 * ceil.bandwidth, 1.1 * ceil.flops)
@@ -160,7 +160,7 @@ class BenchmarkStage:
                                  f"{ceil.flops / 1e12:.0f} TFLOP/s, +10% headroom)")
                 else:
                     lines.append("physical floor: skipped (the problem names no FLOP or byte counts)")
-                fastest = min(d["time_ms"] for d in per_dist)
+                fastest = min(d.time_ms for d in per_dist)
                 if fastest < floor:
                     raise Rejection("benchmark", f"impossible: {fastest:.4g} ms is below the physical floor {floor:.4g} ms "
                                     f"(min bytes / measured bandwidth, FLOPs / measured matmul rate)", "\n".join(lines))
@@ -180,20 +180,21 @@ class BenchmarkStage:
                     why = f"{proof.family}: " if proof.family else ""
                     raise Rejection("benchmark", f"{why}ncu proof failed: {proof.text}", "\n".join(lines))
             lines.append(cand_log)
-            dists = [DistributionTiming(dist=d["dist"], time_ms=d["time_ms"], baseline_ms=d["baseline_ms"],
-                                        speedup=d["speedup"], speedup_ci=d["speedup_ci"], best_time_ms=d["best_time_ms"],
-                                        vs_best_ci=d["vs_best_ci"], host_ms=d["host_ms"],
-                                        baseline_host_ms=d["baseline_host_ms"], mode=d["mode"], samples=d["samples"])
+            dists = [DistributionTiming(dist=d.dist, time_ms=d.time_ms, baseline_ms=d.baseline_ms, speedup=d.speedup,
+                                        speedup_ci=d.speedup_ci, best_time_ms=d.best_time_ms, vs_best_ci=d.vs_best_ci,
+                                        host_ms=d.host_ms, baseline_host_ms=d.baseline_host_ms, mode=d.mode,
+                                        samples=d.samples)
                      for d in per_dist]
-            vs_best = verdict["vs_best_ci"]
-            return BenchReport(ok=True, time_ms=t_ms, baseline_ms=b_ms, baseline_name=ref_info["setup"].baseline,
-                               speedup=verdict["speedup"], speedup_ci=verdict["speedup_ci"],
-                               best_time_ms=w["best_time_ms"], vs_best_ci=vs_best,
+            vs_best = verdict.vs_best_ci
+            return BenchReport(ok=True, time_ms=w.time_ms, baseline_ms=w.baseline_ms,
+                               baseline_name=ref_info["setup"].baseline,
+                               speedup=verdict.speedup, speedup_ci=verdict.speedup_ci,
+                               best_time_ms=w.best_time_ms, vs_best_ci=vs_best,
                                vs_best=req.best.candidate_id if vs_best else None,
                                interpreter=ctx.interpreter, receipt=rec, log_key=ctx.log("\n".join(lines)),
                                gpu_seconds=gpu_s[0] if ctx.cuda else 0.0, distributions=dists,
-                               deciding_dist=w["dist"], geomean_speedup=verdict["geomean_speedup"],
-                               host_ms=w["host_ms"], baseline_host_ms=w["baseline_host_ms"],
+                               deciding_dist=w.dist, geomean_speedup=verdict.geomean_speedup,
+                               host_ms=w.host_ms, baseline_host_ms=w.baseline_host_ms,
                                kernel_ms=prof.kernel_ms if prof else None, device_facts=facts)
         except Rejection as rej:
             return BenchReport(ok=False, stage=rej.stage, reason=rej.reason[:4000], interpreter=ctx.interpreter,

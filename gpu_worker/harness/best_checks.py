@@ -15,7 +15,7 @@ from gpu_worker.harness.references import ReferenceChildren
 from gpu_worker.harness.cases import CasesPassed, CaseVerification, other_shapes
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox
-from gpu_worker.timing import crosscheck, foreign_kernels
+from gpu_worker.timing import DistributionFigures, crosscheck, foreign_kernels
 from workflows.contracts import EvalRequest
 
 RANDOM_SLACK = 2.0  # a random shape's threshold, in multiples of the verified shape's (verify_random_shape)
@@ -118,12 +118,12 @@ class BestOnlyChecks:
         return (f"random shape {shape.name}: worst rel_err {r.rel_err:.3e} (threshold {r.threshold:.3e})",
                 shape.name)
 
-    def crosscheck(self, problem, worst: dict, fresh: Sandbox, ref, ref_lock, names: list, hb,
+    def crosscheck(self, problem, worst: DistributionFigures, fresh: Sandbox, ref, ref_lock, names: list, hb,
                    gpu_s: list) -> ProfilerCheck:
         """For a new best, on the deciding distribution: profiler (CUPTI) kernel time per call agrees with
         the judged device time, for both sides (the candidate in a fresh process, the baseline in the
         reference child); the candidate's kernels appear in the trace and no other kernel launched by its work."""
-        dist = worst["dist"]
+        dist = worst.dist
         prep = self.ctx.timing_set_request(dist)
         with self.turns.job():
             self.children.ask(fresh, prep, self.ctx.timeouts["load"], "benchmark", hb)
@@ -140,12 +140,12 @@ class BestOnlyChecks:
                 gpu_s[0] += time.monotonic() - g0
         seen = [k for k in p.kernels if k in names]
         foreign = foreign_kernels(p.kernels, names)
-        ok_c, allowed_c = crosscheck(worst["time_ms"], p.kernel_ms_per_call, p.launches_per_call)
-        ok_b, allowed_b = crosscheck(worst["baseline_ms"], pb.kernel_ms_per_call, pb.launches_per_call)
+        ok_c, allowed_c = crosscheck(worst.time_ms, p.kernel_ms_per_call, p.launches_per_call)
+        ok_b, allowed_b = crosscheck(worst.baseline_ms, pb.kernel_ms_per_call, pb.launches_per_call)
         ok = bool(seen) and not foreign and ok_c and ok_b
-        text = (f"[{dist}] candidate judged {worst['time_ms']:.4g} ms vs profiler kernel time {p.kernel_ms_per_call:.4g} ms/call "
+        text = (f"[{dist}] candidate judged {worst.time_ms:.4g} ms vs profiler kernel time {p.kernel_ms_per_call:.4g} ms/call "
                 f"in a fresh process (allowed gap {allowed_c:.3g} ms, {p.launches_per_call:.3g} launches per call); "
-                f"baseline judged {worst['baseline_ms']:.4g} ms vs {pb.kernel_ms_per_call:.4g} ms/call (allowed gap "
+                f"baseline judged {worst.baseline_ms:.4g} ms vs {pb.kernel_ms_per_call:.4g} ms/call (allowed gap "
                 f"{allowed_b:.3g} ms); candidate kernels in trace: {seen or 'NONE'}; kernels not the candidate's Triton: "
                 f"{foreign or 'none'}")
         return ProfilerCheck(ok=ok, text=text, foreign=foreign, kernel_ms=p.kernel_ms_per_call)

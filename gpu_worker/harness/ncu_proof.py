@@ -51,11 +51,12 @@ class NcuProofCheck:
     def __init__(self, ctx: StageContext, turns: DeviceTurns):
         self.ctx, self.turns = ctx, turns
 
-    def proof_if_due(self, would_be_best: bool, problem, shape, source: str, worst: dict, hb,
+    def proof_if_due(self, would_be_best: bool, problem, shape, source: str, dist: str, judged_ms: float, hb,
                      gpu_s: list) -> ProofResult | None:
-        """The proof's result for a candidate that is due one (`proof_due`, drawn with the worker's secret
-        generator); None when none is drawn or there is no CUDA. The result's `ok` is None when it could not
-        be made here (no ncu): its text says so, and nothing is proven."""
+        """The proof of `judged_ms` (the candidate's judged time a call on distribution `dist`) for a candidate
+        that is due one (`proof_due`, drawn with the worker's secret generator); None when none is drawn or
+        there is no CUDA. The result's `ok` is None when it could not be made here (no ncu): its text says
+        so, and nothing is proven."""
         ctx = self.ctx
         if not ctx.cuda or not proof_due(would_be_best, ctx.settings.ncu_proof_share, ctx.secret.random):
             return None
@@ -65,11 +66,11 @@ class NcuProofCheck:
         root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
         try:
             with _phase("ncu-proof"):
-                return self._ncu_proof(ncu, root, problem, shape, source, worst, hb, gpu_s)
+                return self._ncu_proof(ncu, root, problem, shape, source, dist, judged_ms, hb, gpu_s)
         finally:
             shutil.rmtree(root, ignore_errors=True)
 
-    def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, worst: dict, hb,
+    def _ncu_proof(self, ncu: str, root: str, problem, shape, source: str, dist: str, judged_ms: float, hb,
                    gpu_s: list) -> ProofResult:
         from gpu_worker.caches import triton_cache_dir
 
@@ -77,7 +78,7 @@ class NcuProofCheck:
         tmp = os.path.join(root, "child")  # the only directory the proof process may write
         os.makedirs(tmp)
         markers = Markers.fresh(secrets.token_hex(6))
-        spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": worst["dist"],
+        spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": dist,
                 "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
                 "markers": list(markers.names()), "marker_dir": root, "tmp": tmp,
                 "device": os.path.join(root, "device"), "go": os.path.join(root, "go"),
@@ -133,19 +134,19 @@ class NcuProofCheck:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
             return _failed(f"the proof process did not complete its calls ({why}); ncu: "
                            f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
-                           worst, family=done.get("rule"))
+                           dist, family=done.get("rule"))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
-            return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", worst)
-        v = judge_trace(kernels, markers, source_kernel_names(source), PROOF_WARMUP, PROOF_REPS, worst["time_ms"])
+            return _failed(f"ncu's trace unreadable: {e}; ncu: {_tail(os.path.join(root, 'ncu-out.txt'))}", dist)
+        v = judge_trace(kernels, markers, source_kernel_names(source), PROOF_WARMUP, PROOF_REPS, judged_ms)
         inproc = [str(x) for x in done.get("refusals") or []]
         ok, family = v.ok, v.family
         if ok and inproc:  # the trace is clean, but the guard in the proof's process refused: that decides
             ok, family = False, guard_rule(inproc[0])
         note = f"; refused in the proof process too: {' | '.join(inproc[:3])}" if inproc else ""
         return ProofResult(ok=ok, family=family, verdict=v,
-                           text=f"[{worst['dist']}] {v.text()}; {len(kernels)} kernels traced by ncu in a separate "
+                           text=f"[{dist}] {v.text()}; {len(kernels)} kernels traced by ncu in a separate "
                                 f"process{note}")
 
     @staticmethod
@@ -198,7 +199,7 @@ def guard_rule(refusal: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _failed(why: str, worst: dict, family: str | None = None) -> ProofResult:
+def _failed(why: str, dist: str, family: str | None = None) -> ProofResult:
     """A refused proof; `family`: the rule of the run-time guard that refused the candidate in the proof's
     process, which names the refusal as it would in a candidate child."""
-    return ProofResult(ok=False, family=family, text=f"[{worst['dist']}] REFUSED: not proven: {why}")
+    return ProofResult(ok=False, family=family, text=f"[{dist}] REFUSED: not proven: {why}")

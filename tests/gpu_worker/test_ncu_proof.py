@@ -82,15 +82,15 @@ def _plumbing(tmp_path: Path, cuda: bool = True, share: float = 0.0) -> NcuProof
 
 def test_without_ncu_a_would_be_best_is_plainly_not_proven(monkeypatch, tmp_path):
     monkeypatch.setattr(ncu_proof, "find_ncu", lambda: None)
-    r = _plumbing(tmp_path).proof_if_due(True, None, None, "", {"dist": "normal", "time_ms": 0.02}, None, [0.0])
+    r = _plumbing(tmp_path).proof_if_due(True, None, None, "", "normal", 0.02, None, [0.0])
     assert r == ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
     assert r.text.startswith("not proven: ncu absent")
 
 
 def test_a_candidate_not_drawn_and_the_interpreter_get_no_proof(monkeypatch, tmp_path):
     monkeypatch.setattr(ncu_proof, "find_ncu", lambda: pytest.fail("no proof was due"))
-    assert _plumbing(tmp_path, cuda=True, share=0.0).proof_if_due(False, None, None, "", {}, None, [0.0]) is None
-    assert _plumbing(tmp_path, cuda=False, share=1.0).proof_if_due(True, None, None, "", {}, None, [0.0]) is None
+    assert _plumbing(tmp_path, cuda=True, share=0.0).proof_if_due(False, None, None, "", "normal", 0.02, None, [0.0]) is None
+    assert _plumbing(tmp_path, cuda=False, share=1.0).proof_if_due(True, None, None, "", "normal", 0.02, None, [0.0]) is None
 
 
 def test_the_proof_settings_parse_and_refuse_bad_values():
@@ -184,21 +184,21 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     stand_in.chmod(0o755)
     monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
     p = get_problem("softmax")
-    h, worst = _plumbing(tmp_path), {"dist": p.distributions[0], "time_ms": 0.02}
-    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    h, dist = _plumbing(tmp_path), p.distributions[0]
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is True, r.text
     assert r.verdict.seen == ["canary_fast_softmax"] and r.verdict.calls == 11
-    assert r.text.startswith(f"[{worst['dist']}] proven: ncu kernel time 0.02 ms/call vs judged 0.02 ms")
+    assert r.text.startswith(f"[{dist}] proven: ncu kernel time 0.02 ms/call vs judged 0.02 ms")
     assert not list((tmp_path / "work").glob("proof-*"))  # nothing of the proof is left behind
     monkeypatch.setenv("STAND_IN_MODE", "no-counters")
-    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is None and r.text.startswith("not proven: ncu may not read")
     stand_in.chmod(0o644)  # an ncu that cannot run: the host's fault, said so
-    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is None and r.text.startswith(f"not proven: ncu ({stand_in}) could not start")
     stand_in.chmod(0o755)
     monkeypatch.setenv("STAND_IN_MODE", "no-launch")
-    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), worst, None, [0.0])
+    r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is False and "not proven: the proof process did not complete its calls (it never got ready)" in r.text
 
 
@@ -220,8 +220,8 @@ def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof
     p = get_problem("softmax")
     late = canary_source("fast").replace("def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
                                          "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()")
-    r = _plumbing(tmp_path).proof_if_due(True, p, p.cpu_shape, late, {"dist": p.distributions[0], "time_ms": 0.02},
-                                          None, [0.0])
+    r = _plumbing(tmp_path).proof_if_due(True, p, p.cpu_shape, late, p.distributions[0], 0.02, None,
+                                          [0.0])
     assert r.verdict.ok is True  # the stand-in's trace holds the calls' kernels alone
     assert r.ok is False and r.family == "lazy-output", r.text
     assert "refused in the proof process too" in r.text

@@ -83,8 +83,8 @@ def _prove(ev, source: str, judged_report):
     from baselines.registry import get_problem
 
     p = get_problem("softmax")
-    worst = {"dist": judged_report.deciding_dist, "time_ms": judged_report.time_ms}
-    r = ev.proof.proof_if_due(True, p, p.shapes[0], source, worst, None, [0.0])
+    r = ev.proof.proof_if_due(True, p, p.shapes[0], source, judged_report.deciding_dist, judged_report.time_ms,
+                              None, [0.0])
     print(f"ncu proof: {r.text}")
     return r
 

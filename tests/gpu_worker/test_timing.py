@@ -35,12 +35,12 @@ def test_the_worst_distribution_decides():
     # fast on easy inputs, slow on hard ones: the hard one decides, the geometric mean is beside it
     mild, strong = _fig("mild", 0.5, 1.0), _fig("strong", 3.4, 1.0)
     v = timing.decide([mild, strong])
-    assert v["worst"]["dist"] == "strong"
-    assert v["speedup"] == pytest.approx(1.0 / 3.4, rel=0.02)
-    assert v["geomean_speedup"] == pytest.approx((2.0 / 3.4) ** 0.5, rel=0.02)
+    assert v.worst.dist == "strong"
+    assert v.speedup == pytest.approx(1.0 / 3.4, rel=0.02)
+    assert v.geomean_speedup == pytest.approx((2.0 / 3.4) ** 0.5, rel=0.02)
     # the interval is the conservative one for a minimum: no distribution's interval is above it
-    assert v["speedup_ci"][0] <= min(mild["speedup_ci"][0], strong["speedup_ci"][0])
-    assert v["speedup_ci"][1] <= strong["speedup_ci"][1] < mild["speedup_ci"][0]
+    assert v.speedup_ci[0] <= min(mild.speedup_ci[0], strong.speedup_ci[0])
+    assert v.speedup_ci[1] <= strong.speedup_ci[1] < mild.speedup_ci[0]
     with pytest.raises(ValueError):
         timing.decide([])
 
@@ -48,23 +48,23 @@ def test_the_worst_distribution_decides():
 def test_head_to_head_with_the_best_compares_worst_speedups():
     # faster than the best on one distribution, slower on the other where it is then slowest: not above 1
     a, b = _fig("unit", 0.9, 1.0, best_ms=1.0), _fig("peaked", 1.1, 1.0, best_ms=1.0)
-    assert timing.decide([a, b])["vs_best_ci"][1] < 1.0
-    assert timing.decide([a, _fig("peaked", 1.1, 1.0)])["vs_best_ci"] is None  # no best on one of them
+    assert timing.decide([a, b]).vs_best_ci[1] < 1.0
+    assert timing.decide([a, _fig("peaked", 1.1, 1.0)]).vs_best_ci is None  # no best on one of them
     # slower than the best where the best is fast (mild), faster where the best is slowest (strong): the
     # candidate's worst speedup 1/0.9 beats the best's 1/1.0, so the interval lies above 1
     mild, strong = _fig("mild", 0.6, 1.0, best_ms=0.5), _fig("strong", 0.9, 1.0, best_ms=1.0)
-    lo, hi = timing.decide([mild, strong])["vs_best_ci"]
+    lo, hi = timing.decide([mild, strong]).vs_best_ci
     assert 1.0 < lo and hi < 1.2 and lo < 1.0 / 0.9 < hi
     # fast only where the best is fast: its worst speedup is the best's, the interval straddles 1
     mild, strong = _fig("mild", 0.3, 1.0, best_ms=0.5), _fig("strong", 1.0, 1.0, best_ms=1.0)
-    lo, hi = timing.decide([mild, strong])["vs_best_ci"]
+    lo, hi = timing.decide([mild, strong]).vs_best_ci
     assert lo < 1.0 < hi
 
 
 def test_one_distributions_head_to_head_is_best_over_candidate():
     f = _fig("normal", 0.8, 1.0, best_ms=1.0)
     lo, hi = timing.worst_speedup_ratio_ci([f])
-    assert lo < 1.0 / 0.8 < hi and lo == pytest.approx(f["vs_best_ci"][0], rel=0.02)
+    assert lo < 1.0 / 0.8 < hi and lo == pytest.approx(f.vs_best_ci[0], rel=0.02)
 
 
 def test_the_decisive_distribution_is_where_the_best_is_slowest():
@@ -77,8 +77,8 @@ def test_the_decisive_distribution_is_where_the_best_is_slowest():
 def test_host_latency_is_its_own_figure_never_in_the_speedup():
     # same device time, one side with 300 us more host work per call: speedup 1, host figures apart
     f = _fig("normal", 0.05, 0.05, cand_host=[0.35] * 5, base_host=[0.05] * 5)
-    assert f["speedup"] == pytest.approx(1.0, rel=0.01)
-    assert f["host_ms"] == pytest.approx(0.35) and f["baseline_host_ms"] == pytest.approx(0.05)
+    assert f.speedup == pytest.approx(1.0, rel=0.01)
+    assert f.host_ms == pytest.approx(0.35) and f.baseline_host_ms == pytest.approx(0.05)
 
 
 def test_crosscheck_allows_five_percent_or_three_microseconds_and_each_launchs_dispatch():
