@@ -5,8 +5,11 @@ rules, the timing plan)."""
 
 from __future__ import annotations
 
+import hashlib
 import random
 import secrets
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +32,32 @@ def default_timeouts(cuda: bool, given: dict | None = None) -> dict:
             "reference": 600 * scale, "profile": 300 * scale, **(given or {})}
 
 
+class RulesPassed:
+    """The sources that passed the static rules on this worker, by the hash of their text and their
+    problem: a candidate's source is checked at its first stage and carried through the others. The rules
+    are the code this process loaded, so a pass cannot go stale; a refusal is not kept (it raises each
+    time, with its reason)."""
+
+    def __init__(self, limit: int = 4096):
+        self.limit = limit
+        self._passed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def check(self, source: str, problem: str) -> None:
+        key = (hashlib.sha256(source.encode()).hexdigest(), problem)
+        with self._lock:
+            if key in self._passed:
+                self._passed.move_to_end(key)
+                return
+        rep = check_source(source, problem)
+        if not rep.ok:
+            raise Rejection("rules", f"{rep.rule}: {rep.detail}")
+        with self._lock:
+            self._passed[key] = None
+            while len(self._passed) > self.limit:
+                self._passed.popitem(last=False)
+
+
 @dataclass
 class StageContext:
     """The inputs every stage is built with. `cuda` and `interpreter` are set apart (not derived) so that a
@@ -48,6 +77,7 @@ class StageContext:
     timing_seed: int = field(default_factory=lambda: 1 << 20 | secrets.randbits(40))
     # random shapes and their seeds, the ncu proof's draw: nothing the candidate can replay
     secret: random.SystemRandom = field(default_factory=random.SystemRandom)
+    rules_passed: RulesPassed = field(default_factory=RulesPassed)
 
     def problem(self, name: str):
         from baselines.registry import get_problem
@@ -87,11 +117,8 @@ class StageContext:
         return [(d, s) for s in seeds for d in problem.distributions]
 
     def rules(self, source: str, problem: str) -> None:
-        if not self.static_rules:
-            return
-        rep = check_source(source, problem)
-        if not rep.ok:
-            raise Rejection("rules", f"{rep.rule}: {rep.detail}")
+        if self.static_rules:
+            self.rules_passed.check(source, problem)
 
     def checked(self, req, source: str) -> tuple:
         """A stage's request as (problem, shape), its candidate's source past the static rules; an unknown

@@ -60,12 +60,18 @@ def counter(monkeypatch):
 
 
 @pytest.mark.slow(20)
-def test_a_loser_makes_few_round_trips(ev, store, counter):
-    r = req(store, _unique(canary("wrong"), "loser"))
+def test_a_loser_makes_few_round_trips(ev, store, counter, monkeypatch):
+    from gpu_worker.harness import context
+
+    source = _unique(canary("wrong"), "loser")
+    checked, check = [], context.check_source
+    monkeypatch.setattr(context, "check_source", lambda s, p: (checked.append(s == source), check(s, p))[1])
+    r = req(store, source)
     assert ev.compile(r).ok
     v = ev.verify(r)
     assert not v.ok and v.reason.startswith(("wrong", "non-finite")), v
     assert counter.candidate() <= LIMITS["loser"], counter.commands()
+    assert checked == [True]  # the static rules read the source once, at its first stage
 
 
 def test_verification_is_one_request_of_the_candidate_child(ev, store, counter, monkeypatch):
