@@ -24,7 +24,7 @@ from pathlib import Path
 from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from tests.workflows.test_faults import DevServer, _free_port, _until, _worker
-from workflows.client import connect
+from cli.server import connect_when_healthy
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec
 from workflows.optimization import KernelOptimization
 
@@ -60,7 +60,7 @@ async def main(n: int, every: int, out: Path | None) -> None:
     events: list[str] = []
     rss: list[tuple[str, float]] = []
     t0 = time.time()
-    client = await connect(address)
+    client = await connect_when_healthy(address)
     wid = "soak"
     await client.start_workflow(KernelOptimization.run, RunSpec(problem="softmax", budget={"iterations": n},
                                                                 compact_every=every, heartbeat_seconds=5),
@@ -87,7 +87,7 @@ async def main(n: int, every: int, out: Path | None) -> None:
     events.append(f"iteration {it}: dev server stopped for 5 s and restarted on its SQLite file")
     await asyncio.sleep(5)
     server.start()
-    client = await connect(address)
+    client = await connect_when_healthy(address)
     res = await client.get_workflow_handle(wid, result_type=RunResult).result()
     wall = time.time() - t0
     rss.append(("final worker at the end", rss_mb(worker.pid)))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tests.soak import rss_mb, start_server
 from tests.workflows.test_faults import _worker
-from workflows.client import connect
+from cli.server import connect_when_healthy
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
 
@@ -86,7 +86,7 @@ async def main(a) -> int:
     server, address = start_server(tmp)
     log = open(tmp / "worker.log", "ab")
     worker = _worker(address, True, 0.0, log, env)
-    client = await connect(address)
+    client = await connect_when_healthy(address)
     wid = "soak-harness"
     await client.start_workflow(KernelOptimization.run, RunSpec(problem="softmax", budget={"iterations": 100000},
                                                                 population=a.population, heartbeat_seconds=5),
@@ -105,7 +105,7 @@ async def main(a) -> int:
             server.stop()
             await asyncio.sleep(5)
             server.start()
-            client = await connect(address)
+            client = await connect_when_healthy(address)
             events.append(f"{now / 60:.1f} min: the dev server stopped for 5 s and restarted on its SQLite file")
             server_restarted = True
         elif now >= next_kill:

@@ -16,8 +16,7 @@ import pytest
 
 from activities.ledger import read_ledger
 from tests.conftest import temporal_path
-from cli.server import start_dev_server
-from workflows.client import connect
+from cli.server import connect_when_healthy, start_dev_server
 from workflows.contracts import RunResult
 from workflows.optimization import KernelOptimization
 
@@ -65,6 +64,8 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, 
     address = f"127.0.0.1:{port}"
     server = DevServer(tmp_path / "temporal.db", port)
     server.start()
+    # a server that accepts connections may still answer "frontend is not healthy yet" for seconds
+    client = await connect_when_healthy(address)
     log = open(tmp_path / "worker.log", "ab")
     worker = _worker(address, real, delay, log)
     wid = "fault-run"
@@ -75,7 +76,6 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, 
         subprocess.run([temporal_path(), "workflow", "start", "--address", address, "--type",
                         "KernelOptimization", "--task-queue", "marathon-agent", "--workflow-id", wid,
                         "--input", json.dumps(spec)], check=True, capture_output=True)
-        client = await connect(address)
         third = iterations // 3
         # 1. SIGKILL the worker while an activity is in flight
         await _until(client, wid, lambda s: s.iteration >= third and s.phase == "evaluating")
@@ -88,7 +88,7 @@ async def _scenario(tmp_path, store, real: bool, iterations: int, delay: float, 
         server.stop()
         await asyncio.sleep(5)
         server.start()
-        client = await connect(address)
+        client = await connect_when_healthy(address)
         res = await asyncio.wait_for(client.get_workflow_handle(wid, result_type=RunResult).result(), 600)
         st = await client.get_workflow_handle(wid).query(KernelOptimization.status)
         assert worker.poll() is None, "the worker survived the server's absence"
