@@ -81,7 +81,7 @@ def another_block(blocks_done: int, best: list[float], cand: list[float], decisi
     return blocks_done == 0 or not (decisive and clearly_slower(best, cand))
 
 
-def shown_slower(figures: "DistributionFigures", decisive: bool = True) -> bool:
+def shown_slower(figures: DistributionFigures, decisive: bool = True) -> bool:
     """Whether a timed decisive distribution shows the candidate clearly slower than the best there (its
     interval against the best wholly below 1): its worst speedup is then below the best's, so the
     distributions after it are not timed."""

@@ -180,11 +180,7 @@ class BenchmarkStage:
                     why = f"{proof.family}: " if proof.family else ""
                     raise Rejection("benchmark", f"{why}ncu proof failed: {proof.text}", "\n".join(lines))
             lines.append(cand_log)
-            dists = [DistributionTiming(dist=d.dist, time_ms=d.time_ms, baseline_ms=d.baseline_ms, speedup=d.speedup,
-                                        speedup_ci=d.speedup_ci, best_time_ms=d.best_time_ms, vs_best_ci=d.vs_best_ci,
-                                        host_ms=d.host_ms, baseline_host_ms=d.baseline_host_ms, mode=d.mode,
-                                        samples=d.samples)
-                     for d in per_dist]
+            dists = [DistributionTiming(**{f: getattr(d, f) for f in DistributionTiming.model_fields}) for d in per_dist]
             vs_best = verdict.vs_best_ci
             return BenchReport(ok=True, time_ms=w.time_ms, baseline_ms=w.baseline_ms,
                                baseline_name=ref_info["setup"].baseline,
