@@ -8,7 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.agent import AGENT_ACTIVITIES
+from activities.agent import AgentActivities
+from activities.settings import AgentSettings
 from workflows.contracts import AGENT_QUEUE
 from workflows.evaluation import EvaluateCandidate
 from workflows.optimization import KernelOptimization
@@ -16,16 +17,19 @@ from workflows.optimization import KernelOptimization
 WORKFLOWS = [KernelOptimization, EvaluateCandidate]
 
 
-def agent_activities() -> list:
-    acts = list(AGENT_ACTIVITIES)
+def agent_activities(settings: AgentSettings | None = None) -> list:
+    """The agent worker's activities over `settings` (default: read from this process's environment now)."""
+    settings = settings or AgentSettings.from_env()
+    acts = AgentActivities(settings).all()
     try:
-        from activities.llm.activities import LLM_ACTIVITIES
+        from activities.llm.activities import LlmActivities
     except ImportError:  # the llm policy is optional at import time
-        LLM_ACTIVITIES = []
-    return acts + list(LLM_ACTIVITIES)
+        return acts
+    return acts + LlmActivities(settings).all()
 
 
-def build_agent_worker(client: Client, task_queue: str = AGENT_QUEUE, concurrency: int = 16) -> Worker:
+def build_agent_worker(client: Client, task_queue: str = AGENT_QUEUE, concurrency: int = 16,
+                       settings: AgentSettings | None = None) -> Worker:
     return Worker(client, task_queue=task_queue, workflows=WORKFLOWS,
-                  activities=agent_activities(), activity_executor=ThreadPoolExecutor(concurrency),
+                  activities=agent_activities(settings), activity_executor=ThreadPoolExecutor(concurrency),
                   max_concurrent_activities=concurrency)

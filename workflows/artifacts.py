@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +26,11 @@ class ArtifactStoreError(RuntimeError):
     """The store cannot be written or read (full, read-only, missing object)."""
 
 
-def default_root() -> Path:
-    if os.environ.get("MARATHON_ARTIFACTS"):
-        return Path(os.environ["MARATHON_ARTIFACTS"])
-    return Path(os.environ.get("MARATHON_HOME") or Path.home() / ".marathon") / "artifacts"
+def default_root(env: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    if env.get("MARATHON_ARTIFACTS"):
+        return Path(env["MARATHON_ARTIFACTS"])
+    return Path(env.get("MARATHON_HOME") or Path.home() / ".marathon") / "artifacts"
 
 
 class ArtifactStore:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.chat import chat, post
 from activities.llm.context import with_server_context
 from activities.llm.prompt import context_fit
-from activities.llm.endpoint import PROFILE_ENV, endpoint, env_text
+from activities.llm.endpoint import PROFILE_ENV, LlmSettings, env_text
 from activities.llm.errors import describe_change
 from activities.llm.probe import ToolsSeen, answers_seen, tools_seen
 from activities.llm.sources import extract_code
@@ -20,7 +22,7 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     """One tiny request with the worker's configured endpoint and profile: what works, what was adapted
     (and the setting that makes it so from the start), what to change. (usable, report lines)."""
     try:
-        ep = with_server_context(endpoint(model, profile))
+        ep = with_server_context(LlmSettings.from_env(os.environ).endpoint(model, profile))
     except ApplicationError as e:
         return False, [f"configuration: {e.message}"]
     p = ep.settings(None)  # the reply cap within a known context

@@ -19,6 +19,7 @@ import zlib
 from collections import Counter
 from dataclasses import replace
 
+from activities.llm.endpoint import LlmSettings
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import CompactRequest
 from workflows.text import clip
@@ -123,10 +124,10 @@ def _version(header: str, facts: str, verbatim: str, notes: str, note: str = "")
     return text + (f"{NOTES_HEAD}\n\n{notes}\n" if notes else "")
 
 
-def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore) -> tuple[str, int, int]:
+def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: ArtifactStore,
+                     llm: LlmSettings) -> tuple[str, int, int]:
     """(notebook text, tokens in, tokens out). Never raises for an endpoint failure."""
     from activities.llm.chat import chat
-    from activities.llm.endpoint import endpoint
 
     previous = ""
     if req.notebook_key:
@@ -154,7 +155,7 @@ def rewrite_notebook(req: CompactRequest, deterministic_text: str, store: Artifa
         + ("\n".join(_tool_result_lines(req, store)) or "(nothing)"),
         "Write the new notebook now (without the version header; it is added for you)."])
     try:
-        ep = endpoint(req.model)
+        ep = llm.endpoint(req.model)
         if req.stopped_by and req.stopped_by.startswith("budget-"):
             cap = min(FINAL_REPLY_TOKENS, ep.profile.reply_tokens or FINAL_REPLY_TOKENS)
             ep = replace(ep, profile=replace(ep.profile, reply_tokens=cap), explicit=ep.explicit | {"reply_tokens"})

@@ -1,8 +1,8 @@
 """The model endpoint: its kind (a Profile), the worker's configuration of it, and one openai client per
 endpoint.
 
-Configuration comes from the worker's environment, never from workflow input: OPENAI_BASE_URL,
-OPENAI_API_KEY, MARATHON_MODEL (RunSpec.model overrides the model name), MARATHON_LLM_TIMEOUT (seconds
+Configuration comes from the worker's environment (LlmSettings, parsed once when the worker is built),
+never from workflow input: OPENAI_BASE_URL, OPENAI_API_KEY, MARATHON_MODEL (RunSpec.model overrides the model name), MARATHON_LLM_TIMEOUT (seconds
 per request, default 300), MARATHON_LLM_PROFILE (the endpoint's kind: PROFILES) and the MARATHON_LLM_*
 variables that override its settings (PROFILE_ENV), MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per
 million tokens, for the cost estimate). docs/llm.md has one section per endpoint kind.
@@ -10,9 +10,9 @@ million tokens, for the cost estimate). docs/llm.md has one section per endpoint
 
 from __future__ import annotations
 
-import os
 import re
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from temporalio.exceptions import ApplicationError
@@ -146,26 +146,61 @@ class Endpoint:
         return f"model endpoint {self.base_url or 'api.openai.com'} (model {self.model})"
 
 
-def endpoint(model: str | None = None, profile: str | None = None) -> Endpoint:
-    key = os.environ.get("OPENAI_API_KEY", "")
-    name = model or os.environ.get("MARATHON_MODEL", "")
-    if not key:
-        raise config_error("OPENAI_API_KEY is not set on the agent worker; set it and `marathon resume`")
-    if not name:
-        raise config_error("no model: set MARATHON_MODEL on the agent worker or RunSpec.model")
-    pname = (profile or os.environ.get("MARATHON_LLM_PROFILE", "")).strip() or "auto"
-    if pname not in PROFILES:
-        raise config_error(f"MARATHON_LLM_PROFILE={pname!r} on the agent worker is not a profile; profiles: "
-                            f"{', '.join(PROFILES)}")
-    overrides = {f: _env_value(f, os.environ[var]) for f, var in PROFILE_ENV.items() if var in os.environ}
-    try:
-        timeout = float(os.environ.get("MARATHON_LLM_TIMEOUT", "300"))
-        prices = (float(os.environ.get("MARATHON_PRICE_IN", "0")), float(os.environ.get("MARATHON_PRICE_OUT", "0")))
-    except ValueError:
-        raise config_error("MARATHON_LLM_TIMEOUT, MARATHON_PRICE_IN and MARATHON_PRICE_OUT must be numbers") from None
-    return Endpoint(base_url=os.environ.get("OPENAI_BASE_URL") or None, api_key=key, model=name, timeout=timeout,
-                    profile=replace(PROFILES[pname], **overrides), explicit=frozenset(overrides),
-                    price_in=prices[0], price_out=prices[1])
+@dataclass(frozen=True)
+class LlmSettings:
+    """The worker's endpoint configuration, parsed from its environment once, when the worker is built. An
+    invalid variable is kept as `error` and raised by every llm activity: a worker that only runs the search
+    policy starts without one."""
+
+    base_url: str | None = None
+    api_key: str = ""
+    model: str = ""
+    profile: str = "auto"
+    overrides: tuple[tuple[str, object], ...] = ()  # (Profile field, value) set by MARATHON_LLM_* variables
+    timeout: float = 300.0
+    price_in: float = 0.0
+    price_out: float = 0.0
+    error: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LlmSettings:
+        base = cls(base_url=env.get("OPENAI_BASE_URL") or None, api_key=env.get("OPENAI_API_KEY", ""),
+                   model=env.get("MARATHON_MODEL", ""))
+        pname = env.get("MARATHON_LLM_PROFILE", "").strip() or "auto"
+        try:
+            if pname not in PROFILES:
+                raise config_error(f"MARATHON_LLM_PROFILE={pname!r} on the agent worker is not a profile; "
+                                   f"profiles: {', '.join(PROFILES)}")
+            overrides = tuple((f, _env_value(f, env[var])) for f, var in PROFILE_ENV.items() if var in env)
+            try:
+                timeout = float(env.get("MARATHON_LLM_TIMEOUT", "300"))
+                prices = (float(env.get("MARATHON_PRICE_IN", "0")), float(env.get("MARATHON_PRICE_OUT", "0")))
+            except ValueError:
+                raise config_error("MARATHON_LLM_TIMEOUT, MARATHON_PRICE_IN and MARATHON_PRICE_OUT must be "
+                                   "numbers") from None
+        except ApplicationError as e:
+            return replace(base, error=e.message)
+        return replace(base, profile=pname, overrides=overrides, timeout=timeout, price_in=prices[0],
+                       price_out=prices[1])
+
+    def endpoint(self, model: str | None = None, profile: str | None = None) -> Endpoint:
+        """The endpoint a run talks to: RunSpec.model and a profile named by the caller override the
+        worker's."""
+        name = model or self.model
+        if not self.api_key:
+            raise config_error("OPENAI_API_KEY is not set on the agent worker; set it, restart the worker, then "
+                               "`marathon resume`")
+        if not name:
+            raise config_error("no model: set MARATHON_MODEL on the agent worker or RunSpec.model")
+        if self.error:
+            raise config_error(self.error)
+        pname = (profile or "").strip() or self.profile
+        if pname not in PROFILES:
+            raise config_error(f"profile {pname!r} is not a profile; profiles: {', '.join(PROFILES)}")
+        overrides = dict(self.overrides)
+        return Endpoint(base_url=self.base_url, api_key=self.api_key, model=name, timeout=self.timeout,
+                        profile=replace(PROFILES[pname], **overrides), explicit=frozenset(overrides),
+                        price_in=self.price_in, price_out=self.price_out)
 
 
 _CLIENTS: dict[tuple, object] = {}

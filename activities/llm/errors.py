@@ -42,8 +42,8 @@ def _retry_after(response) -> float | None:
         return None
 
 
-_FIX_CONFIG = "Fix the agent worker's configuration (OPENAI_API_KEY, OPENAI_BASE_URL, MARATHON_MODEL), then " \
-              "`marathon resume`."
+_FIX_CONFIG = "Fix the agent worker's configuration (OPENAI_API_KEY, OPENAI_BASE_URL, MARATHON_MODEL), restart " \
+              "it, then `marathon resume`."
 
 
 def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
@@ -65,7 +65,7 @@ def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
         if code == 429:
             if err_code == "insufficient_quota":  # not transient: waiting does not refill a quota
                 return ApplicationError(f"{where}: 429 quota exhausted: {msg}. Add credit or use another "
-                                        f"OPENAI_API_KEY on the agent worker, then `marathon resume`.",
+                                        f"OPENAI_API_KEY on the agent worker, restart it, then `marathon resume`.",
                                         type="LLMQuotaError", non_retryable=True)
             delay = _retry_after(e.response)
             return ApplicationError(f"{where}: 429 rate limited (retry after {delay if delay is not None else '?'} s)",
@@ -77,7 +77,7 @@ def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
             kind = "authentication failed" if code == 401 else "permission denied"
             return ApplicationError(f"{where}: {code} {kind}: {msg}. Set a valid OPENAI_API_KEY for "
                                     f"{ep.base_url if ep and ep.base_url else 'api.openai.com'} on the agent "
-                                    f"worker (and check OPENAI_BASE_URL), then `marathon resume`.",
+                                    f"worker (and check OPENAI_BASE_URL), restart it, then `marathon resume`.",
                                     type="LLMAuthError", non_retryable=True)
         kind = {400: "bad request", 404: "not found (unknown model or wrong OPENAI_BASE_URL?)",
                 413: "request too large", 422: "unprocessable request"}.get(code, "client error")
@@ -166,7 +166,7 @@ def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) ->
         if field_name in ep.explicit:
             raise config_error(f"{ep.where()} refused the request: {redact(_error_text(e)[0], ep)[:300].rstrip('.')}. "
                                 f"Change {PROFILE_ENV[field_name]} on the agent worker (it is set to "
-                                f"{getattr(s, field_name)!r}), then `marathon resume`.") from None
+                                f"{getattr(s, field_name)!r}), restart it, then `marathon resume`.") from None
         return False
 
     if kind == "param":
@@ -191,7 +191,7 @@ def adaptation(ep: Endpoint, s: Profile, kind: str, info: dict, e: Exception) ->
                                 f"Set MARATHON_LLM_TOOL_MODE=text (or auto) on the agent worker, or start the "
                                 f"server with tool calling on (vLLM: --enable-auto-tool-choice "
                                 f"--tool-call-parser NAME; SGLang: --tool-call-parser NAME; llama.cpp: --jinja), "
-                                f"then `marathon resume`.")
+                                f"then restart the agent worker and `marathon resume`.")
         return {"tool_mode": "text"}
     if kind == "choice":  # what was sent is refused: required becomes auto, auto becomes none sent
         if info.get("sent") == "required":

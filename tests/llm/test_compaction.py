@@ -3,12 +3,19 @@ whatever the summarising model writes."""
 
 from __future__ import annotations
 
+import os
 import pytest
 
 from activities.llm.compaction import model_notes, rewrite_notebook
+from activities.llm.endpoint import LlmSettings
 from activities.notebook import summarize
 from tests.llm.server import ChatServer, completion
 from workflows.contracts import CompactRequest, IterationRecord
+
+
+def worker_llm() -> LlmSettings:
+    """The endpoint settings an agent worker started now would read."""
+    return LlmSettings.from_env(os.environ)
 
 
 def test_the_notebook_keeps_failures_and_hints_when_the_summariser_drops_them(store, llm_env):
@@ -24,7 +31,7 @@ def test_the_notebook_keeps_failures_and_hints_when_the_summariser_drops_them(st
     with ChatServer(lambda body, headers: completion("## What works\nTwo rows per program: 1.2x.\n## Next\nmore rows",
                                                      prompt_tokens=400, completion_tokens=30)) as server:
         llm_env(server)
-        text, tin, tout = rewrite_notebook(req, deterministic, store)
+        text, tin, tout = rewrite_notebook(req, deterministic, store, worker_llm())
     assert (tin, tout) == (400, 30)
     assert "Two rows per program: 1.2x." in text  # the model's notebook
     assert "## What failed and why" in text and "compile: triton.CompilationError: BLOCK_N must be a power of 2" in text
@@ -53,7 +60,7 @@ def _previous(store, llm_env) -> str:
     with ChatServer(lambda body, headers: completion("## What works\nNOTES-V1: two rows per program, 1.2x.",
                                                      prompt_tokens=300, completion_tokens=20)) as server:
         llm_env(server)
-        text, _, _ = rewrite_notebook(req, summarize("softmax", 1, None, [rec], [rec], None), store)
+        text, _, _ = rewrite_notebook(req, summarize("softmax", 1, None, [rec], [rec], None), store, worker_llm())
     return store.put_text(text)
 
 
@@ -74,7 +81,7 @@ def test_a_cut_off_or_repetitive_rewrite_is_refused_and_the_notes_kept(store, ll
                               reason="BLOCK_N must be a power of 2", rationale="BLOCK_N=1000")
         req = CompactRequest(workflow_id="w", problem="softmax", policy="llm", run=1, records=[rec],
                              notebook_key=key, notebook_version=1)
-        text, tin, tout = rewrite_notebook(req, summarize("softmax", 2, key, [rec], [rec], None), store)
+        text, tin, tout = rewrite_notebook(req, summarize("softmax", 2, key, [rec], [rec], None), store, worker_llm())
     assert (tin, tout) == (reply.body["usage"]["prompt_tokens"], reply.body["usage"]["completion_tokens"])  # paid
     assert text.startswith("# Notebook: softmax, version 2") and "compile: BLOCK_N must be a power of 2" in text
     assert f"> The model's rewrite was {why}" in text and "the notes of version 1 are kept" in text
@@ -107,10 +114,10 @@ def test_after_a_budget_stop_the_final_rewrite_is_capped_or_skipped(store, llm_e
         base = dict(workflow_id="w", problem="softmax", policy="llm", run=1, records=[rec], notebook_key=key,
                     notebook_version=1, final=True)
         det = summarize("softmax", 2, key, [rec], [rec], None)
-        spent, tin, tout = rewrite_notebook(CompactRequest(**base, stopped_by="budget-tokens"), det, store)
+        spent, tin, tout = rewrite_notebook(CompactRequest(**base, stopped_by="budget-tokens"), det, store, worker_llm())
         assert not seen and (tin, tout) == (0, 0)  # no call once the tokens are spent
-        capped, _, _ = rewrite_notebook(CompactRequest(**base, stopped_by="budget-iterations"), det, store)
-        normal, _, _ = rewrite_notebook(CompactRequest(**base, stopped_by="stop-signal"), det, store)
+        capped, _, _ = rewrite_notebook(CompactRequest(**base, stopped_by="budget-iterations"), det, store, worker_llm())
+        normal, _, _ = rewrite_notebook(CompactRequest(**base, stopped_by="stop-signal"), det, store, worker_llm())
     assert "> The token budget is spent" in spent and "NOTES-V1" in spent
     assert [b["max_tokens"] for b in seen] == [1500, 16384]
     assert "NOTES-V2: three rows." in capped and "NOTES-V2: three rows." in normal

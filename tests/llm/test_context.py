@@ -10,9 +10,10 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.llm.activities import llm_turn
+from activities.llm.activities import LlmActivities
 from activities.llm.context import from_models, from_props
 from activities.llm.replies import estimate_tokens
+from activities.settings import AgentSettings
 from baselines.registry import get_problem
 from tests.llm.script import prompt_tokens
 from tests.llm.server import ChatServer, completion
@@ -41,7 +42,7 @@ def turn_req(**kw) -> LlmTurnRequest:
 
 
 def run_turn(req):
-    return ActivityEnvironment().run(llm_turn, req)
+    return ActivityEnvironment().run(LlmActivities(AgentSettings.from_env()).llm_turn, req)
 
 
 def second_prompt(server, llm_env, **env) -> tuple[dict, str]:

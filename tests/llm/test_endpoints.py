@@ -10,10 +10,11 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.ledger import append_chunk
-from activities.llm.activities import llm_turn
+from activities.llm.activities import LlmActivities
 from activities.llm.check import llm_check
 from activities.llm.tools import TEXT_PROTOCOL
 from activities.search import candidate_id
+from activities.settings import AgentSettings
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import prompt_tokens
 from tests.llm.server import ChatServer, Endpoint, Kind, completion, error, prompt_text
@@ -29,7 +30,7 @@ def turn_req(**kw) -> LlmTurnRequest:
 
 
 def run_turn(req: LlmTurnRequest):
-    return ActivityEnvironment().run(llm_turn, req)
+    return ActivityEnvironment().run(LlmActivities(AgentSettings.from_env()).llm_turn, req)
 
 
 def answer(*calls, content: str | None = None):

@@ -7,11 +7,12 @@ said once; llm-check names the cause and the fix."""
 from __future__ import annotations
 
 import logging
+import os
 
 from activities.ledger import read_ledger
 from activities.llm.chat import chat
 from activities.llm.check import llm_check
-from activities.llm.endpoint import endpoint
+from activities.llm.endpoint import LlmSettings
 from activities.llm.probe import counted
 from activities.llm.tools import TEXT_PROTOCOL, TOOLS
 from tests.llm.kernels import LADDER, softmax_kernel
@@ -22,6 +23,10 @@ from tests.workflows.helpers import start, workers
 from workflows.contracts import RunSpec
 
 SRC = softmax_kernel(**LADDER[1])
+
+
+def worker_endpoint():
+    return LlmSettings.from_env(os.environ).endpoint()
 
 
 def small_model(native_call: tuple[str, dict], text_reply: str):
@@ -62,13 +67,13 @@ def test_a_turn_that_must_act_sends_required_and_takes_auto_where_refused(llm_en
     msgs = [{"role": "user", "content": "act"}]
     with ChatServer(Endpoint("vllm", small_model(("read_baseline", {}), "-"))) as server:
         llm_env(server)
-        chat(msgs, endpoint(), TOOLS, must_act=True)
-        chat(msgs, endpoint(), TOOLS)
+        chat(msgs, worker_endpoint(), TOOLS, must_act=True)
+        chat(msgs, worker_endpoint(), TOOLS)
         assert [s.body["tool_choice"] for s in server.turns()] == ["required", "auto"]
     with ChatServer(Endpoint("llama-cpp-python", small_model(("read_baseline", {}), "-"))) as server:
         llm_env(server)
-        first = chat(msgs, endpoint(), TOOLS, must_act=True)
-        again = chat(msgs, endpoint(), TOOLS, adapted=first.adapted, must_act=True)
+        first = chat(msgs, worker_endpoint(), TOOLS, must_act=True)
+        again = chat(msgs, worker_endpoint(), TOOLS, adapted=first.adapted, must_act=True)
         sent = [(s.body["tool_choice"], s.status) for s in server.turns()]
     assert sent == [("required", 500), ("auto", 200), ("auto", 200)]  # refused once, then kept for the run
     assert first.learned == ["the endpoint refuses tool_choice 'required': sending auto"]
@@ -194,15 +199,15 @@ ANSWERED = [{"role": "user", "content": "act"},
 def test_dropped_tool_answers_are_found_and_repeated_in_a_user_message_said_once(llm_env):
     with ChatServer(Endpoint("llama-cpp-python", small_model(("read_baseline", {}), "-"))) as server:
         llm_env(server)
-        first = chat(ANSWERED, endpoint(), TOOLS)
-        again = chat(ANSWERED, endpoint(), TOOLS, adapted=first.adapted)
+        first = chat(ANSWERED, worker_endpoint(), TOOLS)
+        again = chat(ANSWERED, worker_endpoint(), TOOLS, adapted=first.adapted)
         probes = server.probes()
     assert first.adapted == {"tool_answers": "user"} and len(probes) == 2
     assert first.learned[0].startswith("the endpoint drops the tools' answers from the prompt without a word (")
     assert again.learned == [] and len(probes) == 2  # probed once; the run keeps what it learned
     with ChatServer(Endpoint("vllm", small_model(("read_baseline", {}), "-"))) as server:
         llm_env(server)
-        kept = chat(ANSWERED, endpoint(), TOOLS)
+        kept = chat(ANSWERED, worker_endpoint(), TOOLS)
         assert kept.adapted == {} and len(server.probes()) == 2  # a server that shows the answers: no change
 
 

@@ -87,7 +87,8 @@ async def test_bad_key_pauses_the_run_and_resume_retries_the_turn(env, store, ll
             await asyncio.sleep(1.5)
             assert [s.status for s in server.turns()] == [401]  # not retried: no budget burnt
             assert (await h.query(KernelOptimization.status)).used.turns == 0
-            mp.setenv("OPENAI_API_KEY", good)  # the operator fixes the worker's configuration
+        mp.setenv("OPENAI_API_KEY", good)  # the operator fixes the worker's configuration and restarts it
+        async with workers(env.client):
             await h.signal(KernelOptimization.resume)
             res = await h.result()
             hist = await history_text(h)
@@ -112,7 +113,8 @@ async def test_unknown_model_pauses_until_fixed(env, store, llm_env):
             h = await start(env.client, spec(1), "llm-404")
             st = await until(lambda s: s.phase == "paused", h, timeout=30)
             assert "404" in st.pause_reason and "no-such-model" in st.pause_reason
-            mp.setenv("MARATHON_MODEL", "scripted-model")
+        mp.setenv("MARATHON_MODEL", "scripted-model")  # fixed, and the worker restarted
+        async with workers(env.client):
             await h.signal(KernelOptimization.resume)
             res = await h.result()
     assert res.iterations == 1 and [s.status for s in server.turns()] == [404, 200]

@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from temporalio import activity
 from temporalio.worker import Worker
 
-from activities.agent import compact_notebook
+from activities.agent import AgentActivities
+from activities.settings import AgentSettings
 from activities.worker import WORKFLOWS, agent_activities
 from tests.evaluators import SYNTHETIC_GPU_ACTIVITIES
 from tests.workflows.helpers import assert_contiguous, start
@@ -26,11 +27,11 @@ def held_compaction(req: CompactRequest) -> CompactResult:
     if not req.final and not ENTERED.is_set():
         ENTERED.set()
         RELEASE.wait(30)
-    return compact_notebook(req)
+    return AgentActivities(AgentSettings.from_env()).compact_notebook(req)
 
 
 async def test_a_stop_during_the_compaction_ends_the_next_run_with_its_reason(env, store):
-    acts = [a for a in agent_activities() if a is not compact_notebook] + [held_compaction]
+    acts = [a for a in agent_activities() if a.__name__ != "compact_notebook"] + [held_compaction]
     agent = Worker(env.client, task_queue=AGENT_QUEUE, workflows=WORKFLOWS, activities=acts,
                    activity_executor=ThreadPoolExecutor(4), max_concurrent_activities=4)
     gpu = Worker(env.client, task_queue=GPU_QUEUE, activities=SYNTHETIC_GPU_ACTIVITIES,
