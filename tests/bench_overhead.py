@@ -22,7 +22,8 @@ from pathlib import Path
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from activities import agent
+from activities.agent import AgentActivities
+from activities.settings import AgentSettings
 from workflows.artifacts import ArtifactStore
 from activities.ledger import read_ledger
 from tests import evaluators
@@ -38,6 +39,7 @@ from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
 def in_process(n: int, compact_every: int) -> list[float]:
     """The same activities in the same order, called directly: the loop with no Temporal."""
     times, recs, ledger, best = [], [], None, None
+    agent = AgentActivities(AgentSettings.from_env())
     for i in range(1, n + 1):
         t0 = time.perf_counter()
         prop = agent.propose_candidate(ProposeRequest(problem="softmax", policy="search", seed=0, iteration=i,
