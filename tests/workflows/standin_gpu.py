@@ -23,6 +23,8 @@ from workflows.contracts import BenchRequest, CompileReport, EvalRequest, GPU_QU
 #: (stage, candidate id, worker name, random_shape or fresh_process) of every stage any stand-in ran
 STAGES: list[tuple[str, str, str, bool]] = []
 COMPILES: collections.Counter = collections.Counter()  # candidate id -> compiles on any stand-in
+#: (worker name, start, end) of every hold of a stand-in's device, time.monotonic()
+DEVICE_SPANS: list[tuple[str, float, float]] = []
 
 
 def _pause(seconds: float) -> None:
@@ -51,9 +53,11 @@ class StandInGpu:
     def _on_device(self):
         while not self.device.acquire(timeout=0.1):
             activity.heartbeat()
+        start = time.monotonic()
         try:
             yield
         finally:
+            DEVICE_SPANS.append((self.name, start, time.monotonic()))
             self.device.release()
 
     def _compile(self, cid: str) -> None:
@@ -110,3 +114,10 @@ class StandInGpu:
 def reset() -> None:
     STAGES.clear()
     COMPILES.clear()
+    DEVICE_SPANS.clear()
+
+
+def both_busy_s(a: str, b: str) -> float:
+    """Seconds during which the devices of stand-ins a and b were both held."""
+    spans = {n: [(s, e) for w, s, e in DEVICE_SPANS if w == n] for n in (a, b)}
+    return sum(max(0.0, min(e1, e2) - max(s1, s2)) for s1, e1 in spans[a] for s2, e2 in spans[b])
