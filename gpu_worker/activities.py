@@ -23,7 +23,7 @@ from temporalio.exceptions import ApplicationError
 
 from gpu_worker.harness import Evaluator
 from gpu_worker.phases import phases_begin, phases_end
-from gpu_worker.scheduling import Scheduler
+from gpu_worker.device.scheduling import Scheduler
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStoreError
 from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport

@@ -48,7 +48,7 @@ def add_phase(name: str, seconds: float) -> None:
 
 def current_phase() -> str | None:
     """The innermost named step this thread is in (`phase`): what a device job under it is, for a scheduler
-    that learns how long each kind of job takes (gpu_worker.dispatcher)."""
+    that learns how long each kind of job takes (gpu_worker.device.dispatcher)."""
     stack = getattr(_PHASES, "stack", None)
     return stack[-1] if stack else None
 

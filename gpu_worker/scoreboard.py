@@ -159,7 +159,7 @@ def run(problems: list[str], best: dict[str, list[str]], primary_only: bool, out
     `settings`: the GPU worker's (gpu_worker.settings; None: the defaults)."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings, cuda_available
 
     settings = settings or GpuWorkerSettings()

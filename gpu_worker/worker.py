@@ -3,7 +3,7 @@ queue (GPU_QUEUE or the pool's) and one on a queue only this process polls (`own
 names the latter, and the candidate's verify and benchmark come back there, to the child that holds it.
 
 Concurrency: compile activities run on CPU cores ahead of the GPU; everything that touches the GPU
-takes a turn from the evaluator's device owner (gpu_worker.device_owner): a timing block runs with
+takes a turn from the evaluator's device owner (gpu_worker.device.owner): a timing block runs with
 nothing else of the worker's on the device, untimed jobs (uploads, verification, comparisons) between them. On CUDA the worker accepts 8 concurrent activities on each of its two queues
 (compiles overlap a timed job; MARATHON_GPU_CONCURRENCY); under the interpreter 2.
 

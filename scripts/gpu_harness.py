@@ -32,7 +32,7 @@ os.environ.setdefault("MARATHON_GPU_WORKDIR", "/tmp/marathon-gpu-work")
 from workflows.artifacts import ArtifactStore  # noqa: E402
 from gpu_worker.canaries import canary_source  # noqa: E402
 from gpu_worker.harness import Evaluator  # noqa: E402
-from gpu_worker.scheduling import Scheduler  # noqa: E402
+from gpu_worker.device.scheduling import Scheduler  # noqa: E402
 from gpu_worker.settings import GpuWorkerSettings  # noqa: E402
 from workflows.contracts import BenchRequest, BestRef, EvalRequest  # noqa: E402
 

@@ -87,7 +87,7 @@ def wait_log(name: str, pattern: str, timeout: float, proc: subprocess.Popen) ->
 
 def gpu_worker_env(device: int) -> dict:
     """The environment of the GPU worker of CUDA device `device`: that device alone, and on a host with cores
-    to spare two cores of its own to time on (gpu_worker.scheduling.timing_cpus)."""
+    to spare two cores of its own to time on (gpu_worker.device.scheduling.timing_cpus)."""
     env = {"CUDA_VISIBLE_DEVICES": str(device)}
     ncpu = os.cpu_count() or 0
     if ncpu >= 16:

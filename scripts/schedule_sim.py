@@ -1,4 +1,4 @@
-"""The device's policies and their knobs compared on the simulated schedule (gpu_worker.schedule_sim): the
+"""The device's policies and their knobs compared on the simulated schedule (gpu_worker.device.schedule_sim): the
 policies' own decisions, simulated time, the H200 KDA run's per-stage costs laid out as the harness asks for
 them now (--engine recorded: as it did when the run was recorded), or a phase log's; a table of evaluations
 an hour, device busy share (any turn held), timing share, time shut to new jobs, blocks per drain, host cores
@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpu_worker.device_turns import DispatchTurns, OwnerTurns  # noqa: E402
-from gpu_worker.schedule_costs import (ENGINES, RETRY_ALONE, RETRY_BURST, SPREAD, h200_table,  # noqa: E402
+from gpu_worker.device.turns import DispatchTurns, OwnerTurns  # noqa: E402
+from gpu_worker.device.schedule_costs import (ENGINES, RETRY_ALONE, RETRY_BURST, SPREAD, h200_table,  # noqa: E402
                                         table_from_activities)
-from gpu_worker.schedule_sim import simulate  # noqa: E402
+from gpu_worker.device.schedule_sim import simulate  # noqa: E402
 
 COLUMNS = ["policy", "cand", "jobs", "batch", "window_s", "max_wait_s", "beside", "evals_per_h", "range", "busy",
            "timing", "shut", "blocks_per_drain", "host", "job_wait_s", "block_wait_s", "stage_wait_s", "bad"]

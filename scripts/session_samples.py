@@ -13,7 +13,7 @@ import urllib.request
 def scrape_busy(port: int, name: str = "busy") -> float | None:
     """A GPU worker's marathon_gpu_<name>_seconds_total (busy: a device turn held, a job or a timing block;
     timed: timing blocks; closed: a timing block waiting or running, so new untimed jobs wait: the device
-    owner's turns, gpu_worker.device_owner)."""
+    owner's turns, gpu_worker.device.owner)."""
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except Exception:  # noqa: BLE001

@@ -120,14 +120,14 @@ def test_the_cycle_check_finds_a_cycle():
 def test_the_protocol_library_imports_neither_temporal_nor_the_scheduling():
     loaded = _imported_after(PROTOCOL)
     assert not {m for m in loaded if m == "temporalio" or m.startswith("temporalio.")}
-    assert "gpu_worker.scheduling" not in loaded
+    assert "gpu_worker.device.scheduling" not in loaded
 
 
 def test_the_protocol_modules_name_no_scheduling_or_temporal_import():
     # the static side of the test above: function-local imports too, which only run on some paths
     graph = _graph()
     for mod in PROTOCOL:
-        assert "gpu_worker.scheduling" not in graph[mod], mod
+        assert "gpu_worker.device.scheduling" not in graph[mod], mod
         for path in [REPO / (mod.replace(".", "/") + ".py"), REPO / mod.replace(".", "/") / "__init__.py"]:
             if path.is_file():
                 tree = ast.parse(path.read_text())

@@ -171,7 +171,7 @@ def test_observe_report_counts_gpu_worker_reports():
         metrics.observe_report("verify", VerifyReport(ok=False, stage="sandbox", reason="timeout"))
         metrics.observe_report("verify", VerifyReport(ok=True))  # not finished yet: not counted
         metrics.observe_report("benchmark", BenchReport(ok=True, gpu_seconds=2.0))
-        from gpu_worker.device_owner import DeviceOwner
+        from gpu_worker.device.owner import DeviceOwner
 
         owner = DeviceOwner()
         with owner.timing():

@@ -69,7 +69,7 @@ class StageContext:
     cuda: bool
     interpreter: bool
     sched: Any
-    owner: Any  # when this worker's work goes on the device (device_owner.DeviceOwner or harness.serial.NoOwner)
+    owner: Any  # when this worker's work goes on the device (device.owner.DeviceOwner or harness.serial.NoOwner)
     loaded: Any  # a candidate's child goes on from compile to verify to benchmark (scheduling.LoadedChildren)
     timeouts: dict
     static_rules: bool = True  # False only in tests of the run-time guard

@@ -65,10 +65,10 @@ class NoHandOn:
 class SerialScheduler:
     """The Evaluator's default scheduler, for one caller at a time: no device owner, no warm spares, no
     hand-on of loaded children, no core pinning. The GPU worker, which runs many evaluations at once,
-    passes gpu_worker.scheduling.Scheduler instead; the verdicts are the same.
+    passes gpu_worker.device.scheduling.Scheduler instead; the verdicts are the same.
 
     The interface: `owner` (job(also=) / timing / stage / alone / retries_alone, as
-    device_owner.DeviceOwner), `loaded` (put / take / close / len), `pool(interpreter, ready, settings)`
+    device.owner.DeviceOwner), `loaded` (put / take / close / len), `pool(interpreter, ready, settings)`
     (acquire / close), `spawn(role, interpreter, settings)` and `pin(children, timed)`; `settings` are the
     Evaluator's, for the children (sandbox.Sandbox)."""
 

@@ -277,7 +277,7 @@ def harness(tmp_path_factory):
 
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     root = tmp_path_factory.mktemp("artifacts")
     old = os.environ.get("MARATHON_ARTIFACTS")
@@ -379,7 +379,7 @@ def test_torch_composites_are_refused_for_file_problems(harness):
     from baselines.external.file import load_file
     from gpu_worker.harness import Evaluator
     from rules.check import check_source
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     ev, store, _ = harness
     rmsnorm = "import torch\n\ndef run(inputs, out):\n    x, w = inputs['in0'], inputs['weight']\n" \

@@ -20,7 +20,7 @@ FILES = Path(__file__).parent / "files"
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     root = tmp_path_factory.mktemp("art")
     old = os.environ.get("MARATHON_ARTIFACTS")

@@ -27,7 +27,7 @@ def store(tmp_path_factory):
 
 def _evaluator(store, spares: int, **settings):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     return Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=spares), **settings)
 

@@ -37,7 +37,7 @@ def on_both(cpu_fixture: str, spares: int, **settings):
             yield request.getfixturevalue(cpu_fixture)
             return
         from gpu_worker.harness import Evaluator
-        from gpu_worker.scheduling import Scheduler
+        from gpu_worker.device.scheduling import Scheduler
 
         e = Evaluator(store=store, interpreter=False, scheduler=Scheduler(spares=spares), **settings)
         try:

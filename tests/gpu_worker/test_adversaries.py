@@ -67,7 +67,7 @@ from pathlib import Path
 from gpu_worker import child, protocol
 from gpu_worker.harness import Evaluator
 from gpu_worker.sandbox import Rejection
-from gpu_worker.scheduling import Scheduler
+from gpu_worker.device.scheduling import Scheduler
 from workflows.artifacts import ArtifactStore
 
 name, tmp = sys.argv[1], Path(tempfile.mkdtemp())

@@ -157,7 +157,7 @@ def test_the_cache_is_never_written_by_a_candidate_child():
 
 def _evaluator(store, tmp_path, **settings):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     s = GpuWorkerSettings(cache_dir=tmp_path / "cache", gpu_workdir=tmp_path / "work", **settings)
     return Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), settings=s)

@@ -58,7 +58,7 @@ def test_child_sets_its_limits_itself_without_code_between_fork_and_exec():
     import os
 
     from gpu_worker import sandbox
-    from gpu_worker.scheduling import TIMING_CPUS, Scheduler
+    from gpu_worker.device.scheduling import TIMING_CPUS, Scheduler
 
     assert "preexec_fn=" not in inspect.getsource(sandbox)
     sb = Scheduler().spawn("candidate", interpreter=True)

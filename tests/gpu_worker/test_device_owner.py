@@ -1,4 +1,4 @@
-"""The device owner (gpu_worker.device_owner.DeviceOwner): timing blocks alone on the device, untimed jobs
+"""The device owner (gpu_worker.device.owner.DeviceOwner): timing blocks alone on the device, untimed jobs
 between them and bounded, neither side starved, every turn given back on every path, and a stage retried
 after running out of memory alone among the stages; and the harness's use of it with the reference child's
 lock (no deadlock, no wait held across the other)."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from gpu_worker.device_owner import DeviceOwner
+from gpu_worker.device.owner import DeviceOwner
 from gpu_worker.protocol import Compare, Empty, Reply, Stage, Staged
 from tests.gpu_worker.owner_record import Record, start
 
@@ -259,10 +259,10 @@ class _null:
 
 # --- the harness's turns with the reference child's lock --------------------------------------------------
 def _evaluator(tmp_path, policy: str = "owner"):
-    """An evaluator whose device turns are the owner's, or the dispatcher's (gpu_worker.dispatcher)."""
-    from gpu_worker.dispatcher import DeviceDispatcher
+    """An evaluator whose device turns are the owner's, or the dispatcher's (gpu_worker.device.dispatcher)."""
+    from gpu_worker.device.dispatcher import DeviceDispatcher
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
     owner = DeviceDispatcher(batch=2, max_wait_s=0.01) if policy == "dispatcher" else None

@@ -1,4 +1,4 @@
-"""The device owner's timing windows (gpu_worker.device_owner): once the device is drained of jobs for a
+"""The device owner's timing windows (gpu_worker.device.owner): once the device is drained of jobs for a
 timing block, the blocks waiting and those arriving meanwhile run back to back before jobs come back, one
 drain for several blocks; no job ever beside a block; jobs still get turns under a stream of blocks; a block
 that raises or is cancelled does not stop the ones after it. Recorded with a stand-in for the device."""
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from gpu_worker import device_owner
-from gpu_worker.device_owner import DeviceOwner
+from gpu_worker.device import owner as device_owner
+from gpu_worker.device.owner import DeviceOwner
 from gpu_worker.phases import phases_begin, phases_end, waiting_heartbeat
 from tests.gpu_worker.owner_record import Record, start
 

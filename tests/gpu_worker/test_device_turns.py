@@ -1,9 +1,9 @@
-"""The device policies' decisions given the time (gpu_worker.device_turns), with no threads: the clock is
+"""The device policies' decisions given the time (gpu_worker.device.turns), with no threads: the clock is
 the argument."""
 
 from __future__ import annotations
 
-from gpu_worker.device_turns import DispatchTurns, OwnerTurns, StageTurns, Stretches, UntimedJob
+from gpu_worker.device.turns import DispatchTurns, OwnerTurns, StageTurns, Stretches, UntimedJob
 
 JOB = UntimedJob("job", 0.2)
 

@@ -1,4 +1,4 @@
-"""The dispatcher (gpu_worker.dispatcher): typed device items, timing blocks of several candidates batched
+"""The dispatcher (gpu_worker.device.dispatcher): typed device items, timing blocks of several candidates batched
 into one window, untimed jobs admitted only where they end before it, neither side starved, memory
 declared and bounded, a stage that ran out of memory retried alone; with stand-ins for the device (threads
 that hold their turn for a while, tests/gpu_worker/owner_record.py)."""
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpu_worker.dispatcher import DeviceDispatcher, Durations, TimingBlock, UntimedJob, window_due
+from gpu_worker.device.dispatcher import DeviceDispatcher, Durations, TimingBlock, UntimedJob, window_due
 from gpu_worker.phases import waiting_heartbeat
 from tests.gpu_worker.owner_record import Record, start
 
@@ -212,7 +212,7 @@ def test_the_reference_lock_is_never_held_while_waiting_for_a_turn():
 
 def test_a_job_is_of_the_kind_its_step_names_and_the_worker_can_choose_the_dispatcher():
     from gpu_worker.phases import phase
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
     d = DeviceDispatcher()

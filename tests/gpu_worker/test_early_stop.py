@@ -24,7 +24,7 @@ def bench(tmp_path):
     from gpu_worker.canaries import canary_source
     from gpu_worker.harness import Evaluator
     from gpu_worker.harness.timed_outputs import TimedDistribution
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
     store = ArtifactStore(tmp_path / "art")

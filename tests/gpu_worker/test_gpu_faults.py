@@ -19,7 +19,7 @@ KERNELS = Path(__file__).parent / "kernels"
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     # static rules off: the faults must be contained at run time (rt_crash imports os, which the rules refuse)
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),

@@ -10,7 +10,7 @@ from tests.gpu_worker.harnesses import canary, req
 
 def test_warm_fills_oracle_bank(store):
     import gpu_worker.harness as h
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
     e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
@@ -33,7 +33,7 @@ def test_input_bank_written_by_reference_read_by_candidates(store, tmp_path):
     import torch
 
     import gpu_worker.harness as h
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from baselines.registry import get_problem
     from gpu_worker.settings import GpuWorkerSettings
 

@@ -45,7 +45,7 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
     or a run without a best gets every block."""
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
     plan = {"blocks": 5, "reps": 20, "warmup": 1, "rotate": 2, "pool": 2, "host_reps": 1}

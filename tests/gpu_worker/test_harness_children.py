@@ -17,7 +17,7 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
 
     from gpu_worker.harness import Evaluator
     from gpu_worker.protocol import ReferenceCase, References, Reply, Staged
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
@@ -59,7 +59,7 @@ def test_a_childs_cuda_context_is_made_once_not_again_at_its_load(store):
     import contextlib
 
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
@@ -90,7 +90,7 @@ def test_a_childs_cuda_context_is_made_once_not_again_at_its_load(store):
 def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
     from gpu_worker.harness import Evaluator
     from gpu_worker.phases import phases_begin, phases_end
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:

@@ -45,7 +45,7 @@ def test_a_benchmark_where_nothing_was_verified_measures_the_baseline_error_firs
     bf16 mla_decode kernel on a GPU)."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:

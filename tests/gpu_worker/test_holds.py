@@ -24,7 +24,7 @@ HOST_COMMANDS = {"load", "warm_triton", "compile", "write_exports", "setup", "st
 
 class RecordingOwner:
     def __init__(self):
-        from gpu_worker.device_owner import DeviceOwner
+        from gpu_worker.device.owner import DeviceOwner
 
         self.owner = DeviceOwner(max_jobs=2)
         self._local = threading.local()
@@ -76,7 +76,7 @@ def test_turns_wrap_device_work_only_and_no_job_overlaps_timing(tmp_path, monkey
     from gpu_worker import harness
     from gpu_worker.canaries import canary_source
     from gpu_worker.sandbox import Sandbox
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
     rec = RecordingOwner()
@@ -147,7 +147,7 @@ def test_a_child_loaded_for_a_benchmark_compiles_before_its_upload(tmp_path, mon
     from gpu_worker import harness
     from gpu_worker.canaries import canary_source
     from gpu_worker.sandbox import Sandbox
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
     from workflows.contracts import BestRef
 

@@ -51,7 +51,7 @@ def run(inputs, out):
 @pytest.fixture(scope="module")
 def ev(tmp_path_factory):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
     from workflows.artifacts import ArtifactStore
 

@@ -69,7 +69,7 @@ def test_sandbox_failures_contained(judge_raw, store, name, stage, words):
 
 def test_memory_limit_contained(store):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0), static_rules=False,

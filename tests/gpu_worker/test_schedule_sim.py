@@ -1,4 +1,4 @@
-"""The schedule's simulator (gpu_worker.schedule_sim) on the policies' own decisions: the owner under the H200
+"""The schedule's simulator (gpu_worker.device.schedule_sim) on the policies' own decisions: the owner under the H200
 KDA costs laid out as the harness asked for them when the run was recorded, predicted at the measured rate
 (docs/results.md, "Search throughput": 1,050 an hour past warm-up); the present harness's predicted rate held;
 the dispatcher's figures and invariants; the retry alone in bursts and the proposed retry beside others; the
@@ -6,10 +6,10 @@ mechanics on a load small enough to follow by hand; a phase log's costs, recorde
 
 from __future__ import annotations
 
-from gpu_worker.device_turns import DispatchTurns, OwnerTurns
-from gpu_worker.schedule_costs import (PRESENT, RECORDED, TURN_S, CostTable, StageCost, as_present, h200_table,
+from gpu_worker.device.turns import DispatchTurns, OwnerTurns
+from gpu_worker.device.schedule_costs import (PRESENT, RECORDED, TURN_S, CostTable, StageCost, as_present, h200_table,
                                        seconds, table_from_activities, turn_overhead)
-from gpu_worker.schedule_sim import simulate
+from gpu_worker.device.schedule_sim import simulate
 
 SEEDS = (0, 1, 2)
 

@@ -1,4 +1,4 @@
-"""The scheduler's parts (gpu_worker.scheduling): the timing cores split from the rest, warm spares readied
+"""The scheduler's parts (gpu_worker.device.scheduling): the timing cores split from the rest, warm spares readied
 side by side before they are handed out, and the loaded children kept for hand-on, by number and age."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ def _cores_setting(value: str):
 def test_timing_cpus_split():
     import os
 
-    from gpu_worker.scheduling import timing_cpus
+    from gpu_worker.device.scheduling import timing_cpus
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
@@ -34,7 +34,7 @@ def test_timing_cpus_split():
 def test_timing_cpus_explicit():
     import os
 
-    from gpu_worker.scheduling import timing_cpus
+    from gpu_worker.device.scheduling import timing_cpus
 
     if not hasattr(os, "sched_getaffinity"):
         pytest.skip("no CPU affinity on this platform")
@@ -51,7 +51,7 @@ def test_pool_readies_spares_before_handing_them_out():
     # the same path on the CPU: spares start side by side, are readied side by side (each once), then handed out
     import time as _t
 
-    from gpu_worker.scheduling import SandboxPool
+    from gpu_worker.device.scheduling import SandboxPool
 
     import threading
 
@@ -80,7 +80,7 @@ def test_pool_readies_spares_before_handing_them_out():
 
 
 def test_loaded_children_limit_and_age():
-    from gpu_worker.scheduling import LoadedChildren
+    from gpu_worker.device.scheduling import LoadedChildren
 
     class Child:  # what LoadedChildren uses of a Sandbox
         def __init__(self):
@@ -127,7 +127,7 @@ def test_shed_spares_are_made_again_at_the_next_acquire():
     # a stage retried alone frees the spares' memory; the pool is not closed by it
     import time as _t
 
-    from gpu_worker.scheduling import SandboxPool
+    from gpu_worker.device.scheduling import SandboxPool
 
     pool = SandboxPool(interpreter=True, spares=1)
     try:

@@ -251,7 +251,7 @@ def test_measure_keeps_where_the_time_of_verify_and_benchmark_went(store):
     phases name the steps of its verification and its benchmark, each in seconds."""
     from baselines.registry import get_problem
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.scoreboard import measure
 
     p = get_problem("softmax")

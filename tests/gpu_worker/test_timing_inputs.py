@@ -85,7 +85,7 @@ def _problem_key(store_root: Path) -> str:
 @pytest.mark.parametrize("name", ["softmax", "kda", "mla_decode", "mla_prefill", "layernorm-file"])
 def test_no_repetition_of_a_benchmark_meets_values_seen_before(name, tmp_path, monkeypatch):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from workflows.artifacts import ArtifactStore
 
     monkeypatch.setenv("MARATHON_ARTIFACTS", str(tmp_path / "art"))

@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def ev(tmp_path_factory):
     from workflows.artifacts import ArtifactStore
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=ArtifactStore(tmp_path_factory.mktemp("art")), interpreter=False, scheduler=Scheduler(spares=1),
                   static_rules=False)

@@ -34,7 +34,7 @@ def test_kernels_over_the_shared_memory_limit_are_a_compile_rejection():
 
 def test_warming_runs_beside_the_worker_and_a_failure_leaves_the_problem_cold(capsys):
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.worker import warm_in_background
 
     ev = Evaluator(interpreter=True, scheduler=Scheduler(spares=0))

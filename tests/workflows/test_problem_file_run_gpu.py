@@ -30,7 +30,7 @@ def cuda_gpu(store):
     """The real GPU activities, their harness on the GPU (sandboxed children, no interpreter)."""
     from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.worker import gpu_activities
 
     ev = Evaluator(store=store, interpreter=False, scheduler=Scheduler(spares=1))

@@ -30,7 +30,7 @@ def gpu_side(store, monkeypatch, tmp_path):
     `runs` counts the self-tests started. Its caches are its own: a pass another test kept is not reused."""
     from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
-    from gpu_worker.scheduling import Scheduler
+    from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
 
     ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),

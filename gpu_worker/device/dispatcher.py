@@ -19,16 +19,16 @@ the next window is not due before each of them has started, whatever its expecte
 `mem_gb`, jobs run beside each other only while their declared memory fits it (one alone always may). A
 stage that runs out of memory anyway is retried alone (StageGate, as the device owner does).
 
-The decisions are DispatchTurns' (gpu_worker.device_turns), given the time, which the schedule's simulator
-(gpu_worker.schedule_sim) drives too; the turns are taken and held on the calling thread as DeviceOwner's
+The decisions are DispatchTurns' (gpu_worker.device.turns), given the time, which the schedule's simulator
+(gpu_worker.device.schedule_sim) drives too; the turns are taken and held on the calling thread as DeviceOwner's
 are (ThreadedTurns: `job()`, `timing()`, `run(item)`, `stage()`, `alone()`, and its counters), so heartbeats
 and the phase log stay there.
 """
 
 from __future__ import annotations
 
-from gpu_worker.device_owner import ThreadedTurns
-from gpu_worker.device_turns import DispatchTurns, Durations, Stretches, TimingBlock, UntimedJob, window_due
+from gpu_worker.device.owner import ThreadedTurns
+from gpu_worker.device.turns import DispatchTurns, Durations, Stretches, TimingBlock, UntimedJob, window_due
 from workflows.metrics import add_gpu_busy, add_gpu_closed
 
 __all__ = ["DeviceDispatcher", "Durations", "TimingBlock", "UntimedJob", "window_due"]

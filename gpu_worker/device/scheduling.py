@@ -3,9 +3,9 @@
 The protocol (harness.Evaluator: compile, verify, benchmark) judges one candidate the same whoever calls
 it; what this module adds is throughput when many evaluations run at once on one worker:
 
-* `DeviceOwner` (gpu_worker.device_owner), the one owner of the device: timing blocks alone on it,
+* `DeviceOwner` (gpu_worker.device.owner), the one owner of the device: timing blocks alone on it,
   untimed device jobs between them, host work outside it; or, with the settings' device_policy
-  `dispatcher`, `DeviceDispatcher` (gpu_worker.dispatcher): the same turns, blocks batched into windows;
+  `dispatcher`, `DeviceDispatcher` (gpu_worker.device.dispatcher): the same turns, blocks batched into windows;
 * `SandboxPool`, warm spare candidate children; `LoadedChildren`, a loaded child handed on from compile
   to verify to benchmark of the same candidate;
 * `timing_cpus` / `pin`: cores kept for the timed processes.
@@ -21,8 +21,8 @@ import threading
 import time
 from typing import Callable
 
-from gpu_worker.device_owner import DeviceOwner
-from gpu_worker.dispatcher import DeviceDispatcher
+from gpu_worker.device.owner import DeviceOwner
+from gpu_worker.device.dispatcher import DeviceDispatcher
 from gpu_worker.sandbox import Sandbox
 from gpu_worker.settings import GpuWorkerSettings
 

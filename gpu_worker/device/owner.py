@@ -11,7 +11,7 @@ Three kinds of work, and what each holds:
 
 Turns are taken and held on the calling thread, so an activity's heartbeats (`beat()` while it waits) and
 its phase log stay on that activity's thread. The decisions themselves are OwnerTurns'
-(gpu_worker.device_turns), given the time, which the schedule's simulator drives too (gpu_worker.schedule_sim).
+(gpu_worker.device.turns), given the time, which the schedule's simulator drives too (gpu_worker.device.schedule_sim).
 
 Fairness: every request takes a ticket when it first asks. A job may start only while no timing block
 with an earlier ticket waits; a timing block starts once no job with an earlier ticket waits and none
@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Callable
 
-from gpu_worker.device_turns import OwnerTurns, StageTurns, Stretches, TimingBlock, UntimedJob
+from gpu_worker.device.turns import OwnerTurns, StageTurns, Stretches, TimingBlock, UntimedJob
 from gpu_worker.phases import add_phase, beat, current_phase
 from gpu_worker.settings import GpuWorkerSettings
 from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
@@ -50,7 +50,7 @@ TIMING_WINDOW_S = GpuWorkerSettings.model_fields["timing_window_s"].default
 
 
 class ThreadedTurns:
-    """Device turns taken and held on the calling threads, as decided by `turns` (gpu_worker.device_turns:
+    """Device turns taken and held on the calling threads, as decided by `turns` (gpu_worker.device.turns:
     OwnerTurns or DispatchTurns) under one lock with the monotonic clock. Counters: `busy_s` (any turn
     held), `timed_s` (timing blocks), `closed_s` (new jobs shut out), `blocks`, `windows` (drains of the
     jobs), so `blocks / windows` is how many blocks shared a drain."""
@@ -220,7 +220,7 @@ class StageGate:
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self.turns = StageTurns()  # the decisions (gpu_worker.device_turns)
+        self.turns = StageTurns()  # the decisions (gpu_worker.device.turns)
         self._local = threading.local()  # per thread: stage depth, alone
 
     @contextlib.contextmanager

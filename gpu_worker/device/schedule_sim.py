@@ -1,5 +1,5 @@
 """The device's schedule, simulated: candidates' per-stage host and device costs replayed through a device
-policy's own decisions (gpu_worker.device_turns: OwnerTurns or DispatchTurns, the ones the worker's threads
+policy's own decisions (gpu_worker.device.turns: OwnerTurns or DispatchTurns, the ones the worker's threads
 drive) on a simulated device, in simulated time: no threads, no sleeps, the same figures for the same seed.
 
 What is modelled: `candidates` in flight, each going compile -> verify -> benchmark and then replaced by the
@@ -15,7 +15,7 @@ its turn for its own length), memory beyond the jobs' declarations (when a stage
 a retried stage's fresh children (a retry repeats its attempt's steps), and the agent that proposes
 candidates (one is always ready).
 
-Costs (gpu_worker.schedule_costs): the H200 KDA run's laid out as the harness asks now (or as it did then),
+Costs (gpu_worker.device.schedule_costs): the H200 KDA run's laid out as the harness asks now (or as it did then),
 or a GPU worker's phase log's.
 """
 
@@ -27,8 +27,8 @@ import random
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from gpu_worker.device_turns import StageTurns, UntimedJob
-from gpu_worker.schedule_costs import RETRY_ALONE, RETRY_BURST, STAGES, CostTable, h200_table
+from gpu_worker.device.turns import StageTurns, UntimedJob
+from gpu_worker.device.schedule_costs import RETRY_ALONE, RETRY_BURST, STAGES, CostTable, h200_table
 
 
 @dataclass

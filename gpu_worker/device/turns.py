@@ -1,7 +1,7 @@
 """The device policies' decisions as plain state machines, every decision given the time (`now`): who may
-go on the device next, and the counters. The threaded turns (gpu_worker.device_owner.DeviceOwner,
-gpu_worker.dispatcher.DeviceDispatcher) drive them under a lock with the monotonic clock; the schedule's
-simulator (gpu_worker.schedule_sim) drives the same ones with simulated time. So each decision is made in
+go on the device next, and the counters. The threaded turns (gpu_worker.device.owner.DeviceOwner,
+gpu_worker.device.dispatcher.DeviceDispatcher) drive them under a lock with the monotonic clock; the schedule's
+simulator (gpu_worker.device.schedule_sim) drives the same ones with simulated time. So each decision is made in
 one place, whoever waits for it.
 
 Both take the same calls, in this order for a job: `ticket()` when it first asks, `job_may_start`, then
@@ -88,7 +88,7 @@ class _Turns:
 
 
 class OwnerTurns(_Turns):
-    """DeviceOwner's decisions (see gpu_worker.device_owner): a timing block drains the jobs when it asks;
+    """DeviceOwner's decisions (see gpu_worker.device.owner): a timing block drains the jobs when it asks;
     tickets in order of asking; blocks that wait run back to back in one window, ahead of jobs that asked
     before them only while the window is younger than `window_s`."""
 
@@ -215,7 +215,7 @@ def window_due(waiting_since: list[float], batch: int, max_wait_s: float) -> flo
 
 
 class DispatchTurns(_Turns):
-    """DeviceDispatcher's decisions (see gpu_worker.dispatcher): windows due by batch or by the oldest
+    """DeviceDispatcher's decisions (see gpu_worker.device.dispatcher): windows due by batch or by the oldest
     block's wait, jobs admitted only where expected to end before the next window, owed jobs first,
     declared memory bounded."""
 
@@ -347,7 +347,7 @@ class DispatchTurns(_Turns):
 
 
 class StageTurns:
-    """StageGate's decisions (see gpu_worker.device_owner): stages counted; one retried alone (after running
+    """StageGate's decisions (see gpu_worker.device.owner): stages counted; one retried alone (after running
     out of memory beside others) enters once no other stage runs, and none enters while it runs or waits.
 
     `beside` > 0 (a proposal, for the schedule's simulator; StageGate keeps 0): the retried stage waits for

@@ -1,4 +1,4 @@
-"""Per-stage costs of a candidate for the schedule's simulator (gpu_worker.schedule_sim): what each stage
+"""Per-stage costs of a candidate for the schedule's simulator (gpu_worker.device.schedule_sim): what each stage
 does on the host and asks of the device, in order, as the harness asks for it now (`PRESENT`) or as it did
 when the H200 KDA run of docs/results.md was recorded (`RECORDED`), with that run's figures
 (`h200_table`), or from a GPU worker's phase log (`table_from_activities`, the activity lines that
