@@ -112,9 +112,9 @@ async def cmd_verify(args) -> int:
 
 
 async def cmd_selftest(args) -> int:
-    from gpu_worker.activities import gpu_selftest
+    from gpu_worker.activities import GpuActivities, evaluator
 
-    print(json.dumps(gpu_selftest(), indent=2, default=str))
+    print(json.dumps(GpuActivities(evaluator()).gpu_selftest(), indent=2, default=str))
     return 0
 
 

@@ -75,10 +75,11 @@ async def cmd_worker(args) -> int:
         if t is not waiter and t.exception():
             raise t.exception()
     if args.role in ("gpu", "all"):
-        from gpu_worker.activities import evaluator, selftest_awaited
+        from gpu_worker.activities import evaluator
 
-        if selftest_awaited() and evaluator().selftest_verdict.failed:
-            return 1  # the self-test's failure stopped the workers; its line is in the log
+        ev = evaluator()
+        if ev.settings.gpu_selftest and ev.selftest_verdict.failed:
+            return 1  # the start-up self-test's failure stopped the workers; its line is in the log
     return 0
 
 

@@ -7,8 +7,8 @@ infrastructure failures raise: an unreadable/unwritable artifact store becomes a
 ApplicationError; a failed self-test a retryable one (type SelfTestFailed), which another worker can take.
 
 The self-test's verdict has one holder, the evaluator's `selftest_verdict` (settled by Evaluator.selftest):
-after a failed verdict every activity refuses. While a start-up self-test runs (`set_selftest_awaited`), a
-benchmark or profile heartbeats until its verdict; compiles and verifications do not wait.
+after a failed verdict every activity refuses. While a start-up self-test runs (`GpuActivities.selftest_awaited`),
+a benchmark or profile heartbeats until its verdict; compiles and verifications do not wait.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from workflows.metrics import observe_report
 
 _EV = None
 _EV_LOCK = threading.Lock()
-_OWN_QUEUE: str | None = None  # this worker's own task queue (worker.build_gpu_workers), named in compile reports
-_SELFTEST_AWAITED = False  # a start-up self-test runs: timing waits for the evaluator's verdict
 #: a benchmark waits this long for the self-test's verdict: below its 20-minute start-to-close timeout, so a
 #: self-test that never ends fails the wait as infrastructure instead of timing the activity out
 SELFTEST_WAIT_S = 15 * 60
@@ -60,45 +58,10 @@ def set_evaluator(ev) -> None:
         _EV = ev
 
 
-def set_worker_queue(queue: str | None) -> None:
-    """The task queue only this worker polls: a compile report names it, so that the candidate's later
-    stages come back here, to the child that holds it loaded."""
-    global _OWN_QUEUE
-    _OWN_QUEUE = queue
-
-
-def set_selftest_awaited(awaited: bool) -> None:
-    """Whether the worker started a self-test in the background (worker.build_gpu_workers): if so, timing
-    waits for the evaluator's verdict; if not, a verdict that never comes holds nothing up."""
-    global _SELFTEST_AWAITED
-    _SELFTEST_AWAITED = awaited
-
-
-def selftest_awaited() -> bool:
-    return _SELFTEST_AWAITED
-
-
 def selftest_refusal(problems: list[str]) -> ApplicationError:
     """Retryable: the work is sound, this worker is not; a retry goes to a worker that passed its self-test."""
     return ApplicationError("GPU worker self-test failed; this worker judges nothing more: " + "; ".join(problems),
                             type="SelfTestFailed")
-
-
-def _await_selftest() -> None:
-    """Before anything timed: the start-up self-test's verdict, heartbeating while it is pending."""
-    if not _SELFTEST_AWAITED:
-        return
-    verdict = evaluator().selftest_verdict
-    if verdict.passed:
-        return
-    t0 = time.monotonic()
-    try:
-        passed = verdict.wait(SELFTEST_WAIT_S, _heartbeat())
-    except TimeoutError as e:
-        raise ApplicationError(str(e), type="SelfTestPending") from e
-    if not passed:
-        raise selftest_refusal(verdict.problems)
-    activity_logger().info("selftest-wait", seconds=round(time.monotonic() - t0, 3))
 
 
 def _heartbeat():
@@ -117,8 +80,7 @@ def _heartbeat():
     return hb
 
 
-def _guarded(fn, *args):
-    ev = evaluator()
+def _guarded(ev, fn, *args):
     verdict = ev.selftest_verdict
     if verdict.failed:
         raise selftest_refusal(verdict.problems)
@@ -129,11 +91,11 @@ def _guarded(fn, *args):
                                non_retryable=True) from e
 
 
-def _observed(stage: str, fn, req, log):
+def _observed(ev, stage: str, fn, req, log):
     """Run a harness step, count it (Prometheus) and log it (JSON, with workflow, run and iteration)."""
     t0 = time.monotonic()
     phases_begin()
-    rep = _guarded(fn, req)
+    rep = _guarded(ev, fn, req)
     observe_report(stage, rep)
     log.info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
              reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
@@ -141,7 +103,7 @@ def _observed(stage: str, fn, req, log):
     return rep
 
 
-def _beating(stage: str, fn, req):
+def _beating(ev, stage: str, fn, req):
     """The harness step on a thread of its own, awaited here with a heartbeat every second. Its own
     heartbeat callback does nothing outside the activity's thread."""
     log = activity_logger()  # bound to this activity: the phase log keeps its run
@@ -149,7 +111,7 @@ def _beating(stage: str, fn, req):
 
     def work():
         try:
-            fut.set_result(_observed(stage, fn, req, log))
+            fut.set_result(_observed(ev, stage, fn, req, log))
         except BaseException as e:  # noqa: BLE001 - raised again in the activity's thread
             fut.set_exception(e)
 
@@ -162,36 +124,58 @@ def _beating(stage: str, fn, req):
             beat()
 
 
-@activity.defn(name="compile_candidate")
-def compile_candidate(req: EvalRequest) -> CompileReport:
-    rep = _beating("compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
-    return rep.model_copy(update={"worker_queue": _OWN_QUEUE}) if rep.ok and _OWN_QUEUE else rep
+class GpuActivities:
+    """The GPU worker's activities over its evaluator. `own_queue`: the queue only this worker polls, named
+    in compile reports; `selftest_awaited`: a start-up self-test runs, so timing waits for its verdict."""
 
+    def __init__(self, ev, own_queue: str | None = None, selftest_awaited: bool = False) -> None:
+        self.ev, self.own_queue, self.selftest_awaited = ev, own_queue, selftest_awaited
 
-@activity.defn(name="verify_candidate")
-def verify_candidate(req: EvalRequest) -> VerifyReport:
-    return _beating("verify", lambda ev, r: ev.verify(r, _heartbeat()), req)
+    def _await_selftest(self) -> None:
+        """Before anything timed: the start-up self-test's verdict, heartbeating while it is pending."""
+        if not self.selftest_awaited:
+            return
+        verdict = self.ev.selftest_verdict
+        if verdict.passed:
+            return
+        t0 = time.monotonic()
+        try:
+            passed = verdict.wait(SELFTEST_WAIT_S, _heartbeat())
+        except TimeoutError as e:
+            raise ApplicationError(str(e), type="SelfTestPending") from e
+        if not passed:
+            raise selftest_refusal(verdict.problems)
+        activity_logger().info("selftest-wait", seconds=round(time.monotonic() - t0, 3))
 
+    @activity.defn(name="compile_candidate")
+    def compile_candidate(self, req: EvalRequest) -> CompileReport:
+        rep = _beating(self.ev, "compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
+        return rep.model_copy(update={"worker_queue": self.own_queue}) if rep.ok and self.own_queue else rep
 
-@activity.defn(name="benchmark_candidate")
-def benchmark_candidate(req: BenchRequest) -> BenchReport:
-    _await_selftest()
-    return _beating("benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
+    @activity.defn(name="verify_candidate")
+    def verify_candidate(self, req: EvalRequest) -> VerifyReport:
+        return _beating(self.ev, "verify", lambda ev, r: ev.verify(r, _heartbeat()), req)
 
+    @activity.defn(name="benchmark_candidate")
+    def benchmark_candidate(self, req: BenchRequest) -> BenchReport:
+        self._await_selftest()
+        return _beating(self.ev, "benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
 
-@activity.defn(name="profile_candidate")
-def profile_candidate(req: EvalRequest) -> ProfileReport:
-    _await_selftest()
-    return _guarded(lambda ev, r: ev.profile(r, _heartbeat()), req)
+    @activity.defn(name="profile_candidate")
+    def profile_candidate(self, req: EvalRequest) -> ProfileReport:
+        self._await_selftest()
+        return _guarded(self.ev, lambda ev, r: ev.profile(r, _heartbeat()), req)
 
+    @activity.defn(name="gpu_selftest")
+    def gpu_selftest(self) -> dict:
+        """Canary self-test on demand. Returns the classification and settles the evaluator's verdict with
+        it: a failure makes the worker refuse further work until a later self-test passes."""
+        try:
+            return self.ev.selftest(_heartbeat())
+        except ArtifactStoreError as e:
+            raise ApplicationError(f"artifact store failure on the GPU worker: {e}", type="ArtifactStoreError",
+                                   non_retryable=True) from e
 
-@activity.defn(name="gpu_selftest")
-def gpu_selftest() -> dict:
-    """Canary self-test on demand. Returns the classification and settles the evaluator's verdict with it:
-    a failure makes the worker refuse further work until a later self-test passes."""
-    ev = evaluator()
-    try:
-        return ev.selftest(_heartbeat())
-    except ArtifactStoreError as e:
-        raise ApplicationError(f"artifact store failure on the GPU worker: {e}", type="ArtifactStoreError",
-                               non_retryable=True) from e
+    def all(self) -> list:
+        return [self.compile_candidate, self.verify_candidate, self.benchmark_candidate, self.profile_candidate,
+                self.gpu_selftest]

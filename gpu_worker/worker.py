@@ -11,7 +11,7 @@ Settings: the evaluator's (gpu_worker.settings, parsed from the environment once
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run in the
 background while the worker already serves; benchmarks and profiles wait for their verdict, held by the
-evaluator (Evaluator.selftest_verdict; gpu_worker.activities.set_selftest_awaited), compiles and
+evaluator (Evaluator.selftest_verdict; GpuActivities.selftest_awaited), compiles and
 verifications do not. If they fail, the worker logs the canaries' problems, refuses all work (retryable, so
 other workers take it) and shuts its Temporal workers down.
 """
@@ -28,14 +28,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 from temporalio.worker import Worker
 
-from gpu_worker import activities as a
-from gpu_worker.activities import evaluator
+from gpu_worker.activities import GpuActivities, evaluator
 from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
 
-def gpu_activities() -> list:
-    return [a.compile_candidate, a.verify_candidate, a.benchmark_candidate, a.profile_candidate, a.gpu_selftest]
+def gpu_activities(ev=None, own: str | None = None, selftest_awaited: bool = False) -> list:
+    """The GPU worker's activities over `ev` (default: this process's evaluator)."""
+    return GpuActivities(ev or evaluator(), own, selftest_awaited).all()
 
 
 def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, str | None]]:
@@ -124,23 +124,23 @@ def own_queue(task_queue: str) -> str:
 
 
 def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
-                      max_concurrent: int | None = None) -> list[Worker]:
-    ev = evaluator()
+                      max_concurrent: int | None = None, ev=None) -> list[Worker]:
+    """Its two Workers over `ev` (default: this process's evaluator)."""
+    ev = ev or evaluator()
     settings = ev.settings
     print(host_summary(settings.wall), flush=True)
     if selftest is None:
         selftest = settings.gpu_selftest
-    a.set_selftest_awaited(bool(selftest))
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
     # (FLA autotunes), so that no candidate's verification pays for a first oracle
     warm_in_background(ev, warm_list(settings.warm_problem, settings.warm_shape),
                        all_shapes=bool(settings.warm_all_shapes) and ev.cuda)
     n = max_concurrent or settings.gpu_concurrency
     own = own_queue(task_queue)
-    a.set_worker_queue(own)
+    acts = gpu_activities(ev, own, bool(selftest))
     # `n` slots on each: new candidates enter by the shared queue, those already loaded here go on by their
     # own, so a worker busy with its candidates' later stages never starves them by taking new compiles
-    workers = [Worker(client, task_queue=q, activities=gpu_activities(),
+    workers = [Worker(client, task_queue=q, activities=acts,
                       activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
                       max_concurrent_activities=n) for q in (task_queue, own)]
     if selftest:

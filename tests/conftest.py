@@ -32,15 +32,12 @@ def store(tmp_path, monkeypatch):
 @pytest.fixture
 def real_gpu(store):
     """The real GPU activities, their harness under the Triton interpreter (sandboxed children)."""
-    from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
     from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.worker import gpu_activities
 
     ev = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=1))
-    a.set_evaluator(ev)
-    yield gpu_activities()
-    a.set_evaluator(None)
+    yield gpu_activities(ev)
     ev.close()
 
 

@@ -1,4 +1,4 @@
-"""The GPU activities (gpu_worker.activities) in Temporal's activity environment: compile and verify, a
+"""The GPU activities (gpu_worker.activities.GpuActivities) in Temporal's activity environment: compile and verify, a
 store failure that no retry mends, the self-test and the refusal of work after a failed one, the worker's
 activity list."""
 
@@ -13,9 +13,9 @@ from workflows.contracts import EvalRequest
 def test_activities_in_activity_environment(ev, store):
     from temporalio.testing import ActivityEnvironment
 
-    from gpu_worker import activities as acts
+    from gpu_worker.activities import GpuActivities
 
-    acts.set_evaluator(ev)
+    acts = GpuActivities(ev)
     env = ActivityEnvironment()
     r = req(store, canary("fast"))
     c = env.run(acts.compile_candidate, r)
@@ -31,9 +31,9 @@ def test_artifact_store_failure_is_non_retryable(ev, store, monkeypatch):
     from temporalio.testing import ActivityEnvironment
 
     from workflows.artifacts import ArtifactStoreError
-    from gpu_worker import activities as acts
+    from gpu_worker.activities import GpuActivities
 
-    acts.set_evaluator(ev)
+    acts = GpuActivities(ev)
     r = req(store, canary("wrong"))
 
     def broken(data):
@@ -50,11 +50,11 @@ def test_selftest_canaries_and_refusal(ev, store, monkeypatch):
     from temporalio.exceptions import ApplicationError
     from temporalio.testing import ActivityEnvironment
 
-    from gpu_worker import activities as acts
+    from gpu_worker.activities import GpuActivities
     from gpu_worker.selftest_verdict import SelfTestVerdict
 
     monkeypatch.setattr(ev, "selftest_verdict", SelfTestVerdict())  # the module's evaluator keeps its own
-    acts.set_evaluator(ev)
+    acts = GpuActivities(ev)
     env = ActivityEnvironment()
     res = env.run(acts.gpu_selftest)
     assert res["ok"], res
@@ -79,9 +79,7 @@ def test_selftest_canaries_and_refusal(ev, store, monkeypatch):
 
 
 def test_worker_builds(ev):
-    from gpu_worker import activities as acts
     from gpu_worker.worker import gpu_activities
 
-    names = [f.__temporal_activity_definition.name for f in gpu_activities()]
+    names = [f.__temporal_activity_definition.name for f in gpu_activities(ev)]
     assert names == ["compile_candidate", "verify_candidate", "benchmark_candidate", "profile_candidate", "gpu_selftest"]
-    acts.set_evaluator(ev)

@@ -43,10 +43,8 @@ def test_a_later_verdict_replaces_the_earlier():
 class _Benchmark:
     """benchmark_candidate in Temporal's activity environment on a thread of its own, its heartbeats counted."""
 
-    def __init__(self, r):
+    def __init__(self, r, acts):
         from temporalio.testing import ActivityEnvironment
-
-        from gpu_worker import activities as acts
 
         self.beats, self.result, self.error = 0, None, None
         env = ActivityEnvironment()
@@ -72,27 +70,22 @@ class _Benchmark:
 def gated(ev, monkeypatch):
     """A start-up self-test awaited and still pending on the interpreter's evaluator, whose benchmarks are
     counted as they start."""
-    from gpu_worker import activities as acts
+    from gpu_worker.activities import GpuActivities
 
     started = []
     real = ev.benchmark
     monkeypatch.setattr(ev, "benchmark", lambda r, hb=None: (started.append(r.candidate_id), real(r, hb))[1])
     verdict = SelfTestVerdict()
     monkeypatch.setattr(ev, "selftest_verdict", verdict)
-    acts.set_evaluator(ev)
-    acts.set_selftest_awaited(True)
-    yield verdict, started
-    acts.set_selftest_awaited(False)
+    yield verdict, started, GpuActivities(ev, selftest_awaited=True)
 
 
 def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(gated, store):
     from temporalio.testing import ActivityEnvironment
 
-    from gpu_worker import activities as acts
-
-    verdict, started = gated
+    verdict, started, acts = gated
     r = req(store, canary("fast"))
-    bench = _Benchmark(r)
+    bench = _Benchmark(r, acts)
     bench.until_beating()
     # the self-test still runs: compile and verification go on, the benchmark keeps waiting
     env = ActivityEnvironment()
@@ -107,9 +100,9 @@ def test_compiles_are_served_while_a_benchmark_waits_for_the_selftest_to_pass(ga
 def test_a_failed_selftest_fails_the_waiting_benchmark_as_infrastructure(gated, store):
     from temporalio.exceptions import ApplicationError
 
-    verdict, started = gated
+    verdict, started, acts = gated
     r = req(store, canary("slow"))
-    bench = _Benchmark(r)
+    bench = _Benchmark(r, acts)
     bench.until_beating()
     verdict.settle(FAILED)
     bench.thread.join(30)
@@ -118,7 +111,7 @@ def test_a_failed_selftest_fails_the_waiting_benchmark_as_infrastructure(gated, 
     # retryable: a retry goes to another worker; a report would have been a verdict on the candidate
     assert isinstance(err, ApplicationError) and err.type == "SelfTestFailed" and not err.non_retryable
     assert "the wrong canary passed verification" in str(err)
-    later = _Benchmark(r)  # and so does every benchmark after it, at once
+    later = _Benchmark(r, acts)  # and so does every benchmark after it, at once
     later.thread.join(30)
     assert isinstance(later.error, ApplicationError) and later.error.type == "SelfTestFailed" and later.beats == 0
     assert started == []  # nothing was timed

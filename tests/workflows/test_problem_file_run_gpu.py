@@ -28,16 +28,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture
 def cuda_gpu(store):
     """The real GPU activities, their harness on the GPU (sandboxed children, no interpreter)."""
-    from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
     from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.worker import gpu_activities
 
     ev = Evaluator(store=store, interpreter=False, scheduler=Scheduler(spares=1))
     assert ev.cuda and not ev.interpreter
-    a.set_evaluator(ev)
-    yield gpu_activities()
-    a.set_evaluator(None)
+    yield gpu_activities(ev)
     ev.close()
 
 

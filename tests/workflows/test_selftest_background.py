@@ -28,7 +28,6 @@ FAILED = {"ok": False, "problems": ["the wrong canary passed verification"]}
 def gpu_side(store, monkeypatch, tmp_path):
     """The interpreter's evaluator as the GPU worker's, its canaries held until the test gives their outcome;
     `runs` counts the self-tests started. Its caches are its own: a pass another test kept is not reused."""
-    from gpu_worker import activities as a
     from gpu_worker.harness import Evaluator
     from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.settings import GpuWorkerSettings
@@ -45,12 +44,8 @@ def gpu_side(store, monkeypatch, tmp_path):
         return dict(outcome)
 
     monkeypatch.setattr("gpu_worker.canaries.run_canaries", held_canaries)
-    a.set_evaluator(ev)
     yield ev, outcome, release, runs
     release.set()
-    a.set_selftest_awaited(False)
-    a.set_worker_queue(None)
-    a.set_evaluator(None)
     ev.close()
 
 
@@ -76,15 +71,13 @@ async def _until(predicate, within: float, what: str):
 async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, store, gpu_side, capsys):
     from temporalio.api.enums.v1 import EventType, PendingActivityState
 
-    from gpu_worker import activities as a
     from gpu_worker.worker import build_gpu_workers
     from tests import evaluators
 
     ev, outcome, release, _ = gpu_side
     queue = f"selftest-bg-{uuid.uuid4().hex[:8]}"
-    gpu = build_gpu_workers(env.client, task_queue=queue, selftest=True, max_concurrent=2)
+    gpu = build_gpu_workers(env.client, task_queue=queue, selftest=True, max_concurrent=2, ev=ev)
     verdict = ev.selftest_verdict
-    assert a.selftest_awaited()
     runs = [asyncio.create_task(w.run()) for w in gpu]
     src = canary("fast")
     cand = Candidate(candidate_id=uuid.uuid4().hex[:16], source_key=store.put_text(src))
@@ -139,11 +132,10 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
 
 
 async def test_with_the_selftest_off_nothing_waits(env, gpu_side):
-    from gpu_worker import activities as a
     from gpu_worker.worker import build_gpu_workers
 
     ev, outcome, release, runs = gpu_side
     build_gpu_workers(env.client, task_queue=f"selftest-off-{uuid.uuid4().hex[:8]}", selftest=False,
-                      max_concurrent=1)
+                      max_concurrent=1, ev=ev)
     await asyncio.sleep(0.5)
-    assert not a.selftest_awaited() and runs == [] and not ev.selftest_verdict.settled
+    assert runs == [] and not ev.selftest_verdict.settled
