@@ -35,7 +35,7 @@ from workflows.contracts import GPU_QUEUE
 
 def gpu_activities(ev=None, own: str | None = None, selftest_awaited: bool = False) -> list:
     """The GPU worker's activities over `ev` (default: this process's evaluator)."""
-    return GpuActivities(ev or evaluator(), own, selftest_awaited).all()
+    return GpuActivities(ev if ev is not None else evaluator(), own, selftest_awaited).all()
 
 
 def warm_list(value: str, default_shape: str | None = None) -> list[tuple[str, str | None]]:
@@ -126,7 +126,7 @@ def own_queue(task_queue: str) -> str:
 def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
                       max_concurrent: int | None = None, ev=None) -> list[Worker]:
     """Its two Workers over `ev` (default: this process's evaluator)."""
-    ev = ev or evaluator()
+    ev = ev if ev is not None else evaluator()
     settings = ev.settings
     print(host_summary(settings.wall), flush=True)
     if selftest is None:
