@@ -126,8 +126,14 @@ class Compiled(Result):
     timing: Timing
 
 
+class Captured(Result):
+    captured: bool
+    why: str
+
+
 class Prepared(Result):
     timing: Timing
+    capture: Captured | None = None  # asked with `capture`: whether this side's timing set captured
 
 
 class VerifiedCase(Result):
@@ -155,11 +161,6 @@ class Verified(Result):
 class Exported(Result):
     changed: list[str]  # outputs that changed after their call returned
     timing: Timing
-
-
-class Captured(Result):
-    captured: bool
-    why: str
 
 
 class Timed(Result):
@@ -293,7 +294,8 @@ class Compile(Request):
 
 
 class Prepare(Request):
-    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets)."""
+    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets) and, with
+    `capture`, its CUDA graphs: set-up that is no timed work, done in an untimed job."""
 
     cmd = "prepare"
     result_type = Prepared
@@ -303,6 +305,7 @@ class Prepare(Request):
     kernels: bool = True
     seed: int = 1000
     pool: int = 3
+    capture: bool = False
 
 
 class Verify(Request):
@@ -322,12 +325,6 @@ class WriteExports(Request):
 
     cmd = "write_exports"
     result_type = Exported
-
-
-class Capture(Request):
-    cmd = "capture"
-    result_type = Captured
-    dist: str | None = None
 
 
 class Time(Request):
@@ -413,7 +410,7 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Capture, Time,
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Time,
     HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}
 
 

@@ -44,6 +44,38 @@ def test_benchmark_receipt_and_crosscheck(ev):
     assert "profiler cross-check" in ev.store.get_text(b.log_key)
 
 
+def test_graphs_are_captured_outside_the_timing_window(ev, monkeypatch):
+    """Every side's capture comes with its timing set, in an untimed job: inside the window only timed
+    blocks and host latency run."""
+    from gpu_worker.canaries import canary_source
+    from gpu_worker.sandbox import Sandbox
+    from workflows.contracts import BenchRequest
+
+    calls, window, real_call, real_interleave = [], [False], Sandbox.call, ev.bench_stage.interleave
+
+    def call(sb, request, *a, **kw):
+        calls.append((sb.role, request.cmd, getattr(request, "capture", None), window[0]))
+        return real_call(sb, request, *a, **kw)
+
+    def interleave(*a, **kw):
+        window[0] = True
+        try:
+            return real_interleave(*a, **kw)
+        finally:
+            window[0] = False
+
+    monkeypatch.setattr(Sandbox, "call", call)
+    monkeypatch.setattr(ev.bench_stage, "interleave", interleave)
+    src = canary_source("fast") + "\n# captured outside the window\n"
+    b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
+                                  source_key=ev.store.put_text(src)))
+    assert b.ok, b.reason
+    assert b.receipt.mode == "cuda-graph", b.receipt
+    prepares = [(role, capture) for role, cmd, capture, inside in calls if cmd == "prepare" and not inside]
+    assert {role for role, capture in prepares if capture} == {"candidate", "reference"}, calls
+    assert {cmd for _, cmd, _, inside in calls if inside} <= {"time", "host_latency"}, calls
+
+
 def test_compile_report_has_compiler_stats(ev):
     from baselines.registry import get_problem
     from workflows.contracts import EvalRequest
