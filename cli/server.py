@@ -21,7 +21,7 @@ async def register_search_attributes(client) -> None:
     from temporalio.api.operatorservice.v1 import (AddSearchAttributesRequest,
                                                    ListSearchAttributesRequest)
 
-    from workflows.optimization import SEARCH_ATTRIBUTES
+    from workflows.run_view import SEARCH_ATTRIBUTES
 
     kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
              "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT,
@@ -51,7 +51,7 @@ def dev_server_config_args() -> list[str]:
 
 def dev_server_args(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", headless: bool = False,
                     extra: list[str] | None = None) -> list[str]:
-    from workflows.optimization import SEARCH_ATTRIBUTES
+    from workflows.run_view import SEARCH_ATTRIBUTES
 
     types = {"KEYWORD": "Keyword", "INT": "Int", "DOUBLE": "Double"}
     argv = [temporal_binary(), "server", "start-dev", "--db-filename", str(db), "--port", str(port),

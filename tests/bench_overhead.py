@@ -33,7 +33,8 @@ from workflows import decisions
 from cli.server import DEV_SERVER_DYNAMIC_CONFIG, dev_server_config_args
 from workflows.contracts import (AGENT_QUEUE, CompactRequest, EvalRequest, IterationRecord,
                                  ProposeRequest, RuleRequest, RunResult, RunSpec)
-from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
+from workflows.optimization import KernelOptimization
+from workflows.run_view import SEARCH_ATTRIBUTES
 
 
 def in_process(n: int, compact_every: int) -> list[float]:

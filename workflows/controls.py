@@ -42,6 +42,15 @@ def budget_after(budget: Budget, used: Used, change: Any, finished: bool) -> Bud
     return decisions.apply_budget_change(budget, parsed)
 
 
+def context_tokens(tokens: Any, finished: bool) -> int:
+    """The llm policy's prompt cap after `set_context_tokens`, or Refused: a whole number of at least 2000."""
+    if finished:
+        raise Refused("the run has finished")
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2000:
+        raise Refused(f"context_tokens must be a whole number of at least 2000, got {tokens!r}")
+    return tokens
+
+
 def hint_text(raw: Any) -> str:
     """A hint's text from `{"text": "..."}`, or Refused."""
     if not isinstance(raw, dict):

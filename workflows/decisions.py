@@ -3,8 +3,8 @@ Deterministic and free of I/O, so the workflow can call them and tests need no s
 
 from __future__ import annotations
 
-from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, IterationRecord, LeaderEntry,
-                                 Used)
+from workflows.contracts import (BenchReport, BestRef, Budget, BudgetChange, Evaluation, IterationRecord,
+                                 LeaderEntry, Used)
 
 
 def limit_reached(budget: Budget, used: Used) -> str | None:
@@ -121,3 +121,20 @@ def trim(text: str, limit: int = 400) -> str:
     """Reasons stay short in history; the full log lives in the artifact store."""
     text, mark = text.strip(), " ...[trimmed]"
     return text if len(text) <= limit else text[: limit - len(mark)] + mark
+
+
+def seconds_used(now: float, started_at: float, paused_seconds: float, paused_since: float | None) -> float:
+    """The run's time so far less its pauses, the one under way (`paused_since`) included."""
+    paused = paused_seconds + (now - paused_since if paused_since is not None else 0.0)
+    return now - started_at - paused
+
+
+def arrived(e: Evaluation) -> bool:
+    """Its result or its failure has come back."""
+    return e.record is not None or e.failure is not None
+
+
+def settled(e: Evaluation) -> bool:
+    """Nothing more comes from it until the run acts: its result has arrived, or its candidacy waits for an
+    answer."""
+    return arrived(e) or (e.candidacy is not None and not e.asked)

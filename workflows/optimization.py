@@ -13,30 +13,23 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import controls, decisions
+    from workflows import controls, decisions, run_view
     from workflows.contracts import (
-        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, BestSummary, Budget, Candidate, CarriedState,
+        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, Budget, Candidate, CarriedState,
         CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
         IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
         StopRequest, VerifyReport, explain,
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
     from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
-    from workflows.text import evaluation_summary, result_summary, run_details, run_summary
-
-PROBLEM = SearchAttributeKey.for_keyword("MarathonProblem")
-ITERATION = SearchAttributeKey.for_int("MarathonIteration")
-BEST_SPEEDUP = SearchAttributeKey.for_float("MarathonBestSpeedup")
-PHASE = SearchAttributeKey.for_keyword("MarathonPhase")
-SEARCH_ATTRIBUTES = [PROBLEM, ITERATION, BEST_SPEEDUP, PHASE]
-
+    from workflows.text import evaluation_summary, run_details, run_summary
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class KernelOptimization:
@@ -149,7 +142,7 @@ class KernelOptimization:
         if self._time_to_compact():
             return False  # run() compacts and continues as new now; the evaluations under way go on
         n = decisions.slots_to_fill(self.spec.budget, self.st.used, self.spec.population, len(self.evaluations),
-                                    sum(not _settled(e) for e in self.evaluations.values()))
+                                    sum(not decisions.settled(e) for e in self.evaluations.values()))
         exhausted = False
         for _ in range(n):
             it = self.st.iteration + len(self.evaluations) + 1
@@ -169,9 +162,9 @@ class KernelOptimization:
             return exhausted
         # Wait for a change: one of the evaluations running now delivers its result or its candidacy. (Waiting
         # for "any arrived" would return at once while an arrived one waits behind a slower, older one.)
-        running = [e for e in self.evaluations.values() if not _settled(e)]
+        running = [e for e in self.evaluations.values() if not decisions.settled(e)]
         if running:
-            await workflow.wait_condition(lambda: any(_settled(e) for e in running))
+            await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running))
         return False
 
     def _launch(self, iteration: int, slot: int, cand: Candidate) -> None:
@@ -206,7 +199,7 @@ class KernelOptimization:
         """An evaluation's child workflow delivers its result, or its candidacy as a new best (to whichever
         run of this workflow is current)."""
         e = self.evaluations.get(res.iteration)
-        if e is None or e.workflow_id != res.workflow_id or _arrived(e):
+        if e is None or e.workflow_id != res.workflow_id or decisions.arrived(e):
             return  # another attempt at this iteration, or delivered twice
         if res.candidacy:
             e.candidacy = e.candidacy or res.record
@@ -245,9 +238,9 @@ class KernelOptimization:
         infrastructure reasons, discard that one and everything after it (their iteration numbers are
         tried again later, so nothing is recorded twice and no number is skipped). Returns the failure."""
         while self.evaluations:
-            await workflow.wait_condition(lambda: all(_settled(e) for e in self.evaluations.values()))
+            await workflow.wait_condition(lambda: all(decisions.settled(e) for e in self.evaluations.values()))
             await self._record_finished()
-            if not self.evaluations or not all(_settled(e) for e in self.evaluations.values()):
+            if not self.evaluations or not all(decisions.settled(e) for e in self.evaluations.values()):
                 continue  # a candidacy at the front was answered: its result comes next
             failure = self.evaluations[min(self.evaluations)].failure or "an evaluation failed"
             for e in self.evaluations.values():  # discarded: candidacies waiting behind it are let go unchecked
@@ -347,16 +340,7 @@ class KernelOptimization:
         self.finished = True
         self.set_phase("done")
         await workflow.wait_condition(workflow.all_handlers_finished)
-        stop_reason = (self.stop.reason if self.stop and stopped_by == "stop-signal" else
-                       (self.st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget")
-                       else None)
-        return RunResult(summary=result_summary(self.st.iteration, stopped_by, stop_reason, self._best_summary()),
-                         workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
-                         iterations=self.st.iteration, best=self._best_summary(),
-                         best_source_key=self.st.best.source_key if self.st.best else None,
-                         stopped_by=stopped_by, runs=self.st.runs, used=self.st.used,
-                         notebook_key=self.st.notebook_key, ledger_key=self.st.ledger_key,
-                         reverified=reverified, stop_reason=stop_reason)
+        return run_view.result(workflow.info().workflow_id, self.spec, self.st, stopped_by, self.stop, reverified)
 
     async def _reverify_best(self) -> bool:
         b = self.st.best
@@ -419,10 +403,7 @@ class KernelOptimization:
 
     @set_context_tokens.validator
     def _check_context_tokens(self, tokens: int) -> None:
-        if self.finished:
-            raise ValueError("the run has finished")
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2000:
-            raise ValueError(f"context_tokens must be a whole number of at least 2000, got {tokens!r}")
+        controls.context_tokens(tokens, self.finished)  # Refused: rejected
 
     # Signals take their input raw and validate it here: a typed argument that fails to decode is dropped by
     # the SDK without a trace, and the sender (the plain temporal CLI) has been told that it was delivered.
@@ -466,16 +447,7 @@ class KernelOptimization:
 
     @workflow.query
     def status(self) -> Status:
-        return Status(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
-                      policy=self.spec.policy, iteration=self.st.iteration, phase=self.phase,
-                      best=self._best_summary(), budget=self.spec.budget, used=self.st.used,
-                      runs=self.st.runs, paused=self.st.paused, pause_reason=self.st.pause_reason,
-                      stopping=self.stop is not None, last=_shown(self.st.last), notebook_key=self.st.notebook_key,
-                      notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
-                      pending_hints=len(self.st.hints),
-                      best_source_key=self.st.best.source_key if self.st.best else None,
-                      stop_reason=self.stop.reason if self.stop else None, refused=self.st.refused,
-                      llm=self.st.llm_progress if self.spec.policy == "llm" else None)
+        return run_view.status(workflow.info().workflow_id, self.spec, self.st, self.phase, self.stop)
 
     @workflow.query
     def leaderboard(self) -> list[LeaderEntry]:
@@ -500,50 +472,21 @@ class KernelOptimization:
             self.paused_since = None
 
     def _account_time(self) -> None:
-        now = workflow.now().timestamp()
-        paused = self.st.used.paused_seconds
-        if self.paused_since is not None:  # a status read while paused
-            paused += now - self.paused_since
-        self.st.used.seconds = now - self.st.started_at - paused
-
-    def _best_summary(self) -> BestSummary | None:
-        b = self.st.best
-        if b is None:
-            return None
-        return BestSummary(candidate_id=b.candidate_id, speedup=None if b.interpreter else b.speedup,
-                           time_ms=b.time_ms,
-                           baseline_ms=b.baseline_ms, iteration=b.iteration, interpreter=b.interpreter)
+        self.st.used.seconds = decisions.seconds_used(workflow.now().timestamp(), self.st.started_at,
+                                                      self.st.used.paused_seconds, self.paused_since)
 
     def set_phase(self, phase: Phase) -> None:
         # The search attribute follows the coarse phase (one event per change); `status` is exact.
         self.phase = phase
-        if phase in ("paused", "compacting", "done", "reverifying", "proposing"):
-            workflow.upsert_search_attributes([PHASE.value_set(phase)])
+        if phase in run_view.INDEXED_PHASES:
+            workflow.upsert_search_attributes([run_view.PHASE.value_set(phase)])
         workflow.set_current_details(self._details())  # not a command: history is unchanged
 
     def publish(self) -> None:
         """Web UI: search attributes and the live leaderboard as current details."""
-        attrs = [PROBLEM.value_set(self.spec.problem), ITERATION.value_set(self.st.iteration),
-                 PHASE.value_set(self.phase)]
-        if self.st.best is not None and not self.st.best.interpreter:  # interpreter ratios mean nothing
-            attrs.append(BEST_SPEEDUP.value_set(self.st.best.speedup))
-        workflow.upsert_search_attributes(attrs)
+        workflow.upsert_search_attributes(run_view.search_attributes(self.spec, self.st, self.phase))
         workflow.set_current_details(self._details())
 
     def _details(self) -> str:
         return run_details(self.spec, self.st, self.phase, self.stop)
 
-
-def _shown(rec: IterationRecord | None) -> IterationRecord | None:
-    """A record as the status shows it: an interpreter timing carries no speedup (its ratio means nothing)."""
-    return rec.model_copy(update={"speedup": None}) if rec is not None and rec.interpreter else rec
-
-
-def _arrived(e: Evaluation) -> bool:
-    return e.record is not None or e.failure is not None
-
-
-def _settled(e: Evaluation) -> bool:
-    """Nothing more comes from it until the run acts: its result has arrived, or its candidacy waits for an
-    answer."""
-    return _arrived(e) or (e.candidacy is not None and not e.asked)

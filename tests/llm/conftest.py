@@ -6,7 +6,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
-from workflows.optimization import SEARCH_ATTRIBUTES
+from workflows.run_view import SEARCH_ATTRIBUTES
 
 SUGGEST_CAN_AT = 400  # the server suggests continue-as-new early, so runs cross that boundary too
 

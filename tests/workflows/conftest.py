@@ -6,7 +6,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import temporal_path
 from cli.server import dev_server_config_args
-from workflows.optimization import SEARCH_ATTRIBUTES
+from workflows.run_view import SEARCH_ATTRIBUTES
 
 # Suggest continue-as-new early so tests cross run boundaries through the server's own signal too.
 SUGGEST_CAN_AT = 400

@@ -20,7 +20,8 @@ from tests.conftest import temporal_path
 from tests.workflows.helpers import workers
 from cli.server import dev_server_config_args
 from workflows.contracts import AGENT_QUEUE, Hint, RunSpec
-from workflows.optimization import SEARCH_ATTRIBUTES, KernelOptimization
+from workflows.optimization import KernelOptimization
+from workflows.run_view import SEARCH_ATTRIBUTES
 
 OUT = Path(__file__).resolve().parent.parent / "histories"
 

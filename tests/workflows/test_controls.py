@@ -29,6 +29,15 @@ def test_a_budget_change_applies_only_the_fields_it_names_or_is_refused_with_why
         controls.budget_after(budget, used, {"iterations": 40}, True)
 
 
+def test_the_prompt_cap_is_a_whole_number_of_at_least_2000_on_a_running_run():
+    assert controls.context_tokens(8000, False) == 8000
+    for bad in (1999, 2000.0, True, "8000"):
+        with pytest.raises(controls.Refused, match="context_tokens must be a whole number of at least 2000"):
+            controls.context_tokens(bad, False)
+    with pytest.raises(controls.Refused, match="the run has finished"):
+        controls.context_tokens(8000, True)
+
+
 def test_hints_and_stops_take_their_documented_bodies_only():
     assert controls.hint_text({"text": " BLOCK_N=1024 "}) == "BLOCK_N=1024"
     for raw in ("BLOCK_N=1024", {"txt": "x"}, {"text": "  "}, None):

@@ -117,3 +117,8 @@ def test_a_verdict_brings_the_profile_only_for_a_new_best():
     assert not decisions.profile_with_verdict("passed", interpreter=False)
     assert not decisions.profile_with_verdict("rejected", interpreter=False)
     assert not decisions.profile_with_verdict("improved", interpreter=True)
+
+
+def test_time_used_leaves_out_the_pauses_the_one_under_way_included():
+    assert decisions.seconds_used(1100.0, 1000.0, 30.0, None) == 70.0
+    assert decisions.seconds_used(1100.0, 1000.0, 30.0, 1090.0) == 60.0  # a status read while paused
