@@ -23,7 +23,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from gpu_worker import protocol
+from gpu_worker import protocol, wire
 from gpu_worker.caches import triton_cache_dir
 from gpu_worker.forkserver import start_child
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings, work_root
@@ -195,14 +195,14 @@ class Sandbox:
                 raise SandboxFailure("crash", f"sandbox start-up message malformed: {e}", self.log_tail()) from None
         return self.ready
 
-    def call(self, request: protocol.Request, timeout: float, heartbeat=None) -> protocol.Reply:
+    def call(self, request: protocol.Request, timeout: float, heartbeat=None) -> wire.Reply:
         """Send one request and wait for its reply, read as the request's result type (a reply that does
         not fit it is a `protocol` failure)."""
-        return self._exchange(protocol.to_wire(request, None), type(request), timeout, heartbeat)
+        return self._exchange(wire.to_wire(request, None), type(request), timeout, heartbeat)
 
-    def _exchange(self, wire: dict, request_type: type[protocol.Request], timeout: float,
-                  heartbeat=None) -> protocol.Reply:
-        """`wire` sent as it is (with this request's number), its reply read as `request_type`'s."""
+    def _exchange(self, message: dict, request_type: type[protocol.Request], timeout: float,
+                  heartbeat=None) -> wire.Reply:
+        """`message` sent as it is (with this request's number), its reply read as `request_type`'s."""
         what = request_type.cmd
         if self.closed:
             raise SandboxFailure("crash", "sandbox already closed")
@@ -210,7 +210,7 @@ class Sandbox:
         self._seq += 1
         seq = self._seq
         try:
-            self._send.send_bytes(pickle.dumps({**wire, "seq": seq}, protocol=pickle.HIGHEST_PROTOCOL))
+            self._send.send_bytes(pickle.dumps({**message, "seq": seq}, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, BrokenPipeError) as e:
             self.close()
             raise SandboxFailure("crash", f"sandbox pipe broken before {what}: {e}", self.log_tail())
@@ -225,7 +225,7 @@ class Sandbox:
             # child is killed instead; the harness makes a new one when it next needs one.
             self.close()
             raise
-        reply = protocol.read_reply(request_type, raw)
+        reply = wire.read_reply(request_type, raw)
         if reply.seq != seq:  # a reply that answers another request is never used
             self.close()
             raise SandboxFailure("crash", f"sandbox reply out of step during {what}: request {seq}, reply "
@@ -275,7 +275,7 @@ class Sandbox:
         try:
             if graceful and self.proc.poll() is None:
                 try:
-                    self._send.send_bytes(pickle.dumps(protocol.to_wire(protocol.Exit(), None)))
+                    self._send.send_bytes(pickle.dumps(wire.to_wire(protocol.Exit(), None)))
                     self.proc.wait(timeout=grace_s)
                 except Exception:  # noqa: BLE001
                     pass

@@ -11,7 +11,7 @@ import threading
 import time
 import traceback
 
-from gpu_worker import protocol
+from gpu_worker import protocol, wire
 from gpu_worker.guard_torch import mode_stacks
 from gpu_worker.pins import Pins
 
@@ -319,7 +319,7 @@ class ChildCore:
                             f"{getattr(o, '__name__', o)}.{n} was replaced by the candidate"))
         return out
 
-    def describe_failure(self, e: BaseException) -> protocol.Failure:
+    def describe_failure(self, e: BaseException) -> wire.Failure:
         from gpu_worker import guard
 
         tb = traceback.format_exc()
@@ -344,7 +344,7 @@ class ChildCore:
             kind, fatal = "cuda-error", True
         elif type(e).__name__ in ("CompilationError", "CompileTimeAssertionFailure") or "triton" in type(e).__module__:
             kind = "compile-error"
-        return protocol.Failure(kind=kind, error=text[-4000:], traceback=tb[-6000:], fatal=fatal)
+        return wire.Failure(kind=kind, error=text[-4000:], traceback=tb[-6000:], fatal=fatal)
 
     def _release(self):
         """Give cached device blocks back while this child waits between stages (see LoadedChildren)."""

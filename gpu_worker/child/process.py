@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from gpu_worker import protocol
+from gpu_worker import protocol, wire
 from gpu_worker.child.core import Refused
 from gpu_worker.child.server import Server, serve
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings
@@ -96,24 +96,24 @@ def main(argv: list[str]) -> int:
         except EOFError:
             return 0
         except Exception as e:  # noqa: BLE001 - bytes that are no pickle: refused like any malformed request
-            cout.send(protocol.reply_to_wire(None, failure=protocol.Failure(
+            cout.send(wire.reply_to_wire(None, failure=wire.Failure(
                 kind="protocol", error=f"unreadable request: {type(e).__name__}: {e}")))
             continue
         seq = msg.get("seq") if isinstance(msg, dict) else None  # echoed: no reply is taken for another
         seq = seq if type(seq) is int else None
         try:
-            request = protocol.parse_request(msg)
-        except protocol.ProtocolError as e:
-            cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(kind="protocol", error=str(e))))
+            request = wire.parse_request(msg)
+        except wire.ProtocolError as e:
+            cout.send(wire.reply_to_wire(seq, failure=wire.Failure(kind="protocol", error=str(e))))
             continue
         if isinstance(request, protocol.Exit):
-            cout.send(protocol.reply_to_wire(seq, protocol.Empty()))
+            cout.send(wire.reply_to_wire(seq, protocol.Empty()))
             return 0
         result, failure = None, None
         try:
             result = handle(server, request)
         except Refused as e:
-            failure = protocol.Failure(kind=e.kind, error=e.error)
+            failure = wire.Failure(kind=e.kind, error=e.error)
         except BaseException as e:  # noqa: BLE001 - every failure becomes a structured reply
             failure = server.describe_failure(e)
         violations = server.violations()
@@ -121,9 +121,9 @@ def main(argv: list[str]) -> int:
         violations += [("escape", d) for d in (f"{pins.names.get(id(m), '?')}.{k} was rebound by the candidate"
                                                for m, k in check()) if d not in seen]
         try:
-            cout.send(protocol.reply_to_wire(seq, result, failure, violations))
+            cout.send(wire.reply_to_wire(seq, result, failure, violations))
         except Exception as e:  # noqa: BLE001 - a reply that does not serialise
-            cout.send(protocol.reply_to_wire(seq, failure=protocol.Failure(
+            cout.send(wire.reply_to_wire(seq, failure=wire.Failure(
                 kind="exception", error=f"reply could not be sent: {e}"), violations=violations))
         if failure is not None and failure.fatal:
             return 3

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gpu_worker import protocol
+from gpu_worker import protocol, wire
 from gpu_worker.child.core import ChildCore
 from gpu_worker.child.exports import ChildExports
 from gpu_worker.child.inputs import ChildInputs
@@ -57,7 +57,7 @@ class Server:
     def violations(self) -> list:
         return self.core.violations()
 
-    def describe_failure(self, e: BaseException) -> protocol.Failure:
+    def describe_failure(self, e: BaseException) -> wire.Failure:
         return self.core.describe_failure(e)
 
     def cmd_cuda_init(self):

@@ -10,7 +10,7 @@ import time
 import weakref
 from typing import Callable
 
-from gpu_worker import protocol as msg
+from gpu_worker import protocol as msg, wire
 from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
@@ -85,7 +85,7 @@ class CandidateChildren:
         return r.result
 
     @staticmethod
-    def check_reply(r: msg.Reply, stage: str, sb: Sandbox):
+    def check_reply(r: wire.Reply, stage: str, sb: Sandbox):
         """A candidate child's reply as a verdict: a guard's violation, then a failed command, is a Rejection."""
         if r.violations:
             rule, detail = r.violations[0]

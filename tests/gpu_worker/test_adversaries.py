@@ -64,7 +64,7 @@ def test_each_adversary_fails_with_its_trick(judge_raw, store, name, problem, ru
 _ALONE = r"""
 import importlib.util, json, sys, tempfile
 from pathlib import Path
-from gpu_worker import child, protocol
+from gpu_worker import child, protocol, wire
 from gpu_worker.harness import Evaluator
 from gpu_worker.sandbox import Rejection
 from gpu_worker.device.scheduling import Scheduler
@@ -80,7 +80,7 @@ class InProcess:
         self.s = s
 
     def call(self, request, timeout, hb=None):
-        return protocol.Reply(seq=None, result=child.serve(self.s, request))
+        return wire.Reply(seq=None, result=child.serve(self.s, request))
 
 
 def server(role):

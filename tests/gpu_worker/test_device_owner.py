@@ -12,7 +12,8 @@ import time
 import pytest
 
 from gpu_worker.device.owner import DeviceOwner
-from gpu_worker.protocol import Compare, Empty, Reply, Stage, Staged
+from gpu_worker.protocol import Compare, Empty, Stage, Staged
+from gpu_worker.wire import Reply
 from tests.gpu_worker.owner_record import Record, start
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_worker.protocol import Reply
+from gpu_worker.wire import Reply
 from tests.gpu_worker.harnesses import canary, req
 from workflows.contracts import BenchRequest, BestRef
 

@@ -16,7 +16,8 @@ def test_an_oracle_is_computed_once_when_two_callers_want_it(store):
     import threading
 
     from gpu_worker.harness import Evaluator
-    from gpu_worker.protocol import ReferenceCase, References, Reply, Staged
+    from gpu_worker.protocol import ReferenceCase, References, Staged
+    from gpu_worker.wire import Reply
     from gpu_worker.device.scheduling import Scheduler
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))

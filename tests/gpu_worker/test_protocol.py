@@ -31,15 +31,15 @@ def test_the_child_refuses_an_unknown_command_and_a_malformed_request_and_keeps_
 
 
 def test_a_reply_that_does_not_fit_its_request_is_a_protocol_failure():
-    from gpu_worker import protocol
+    from gpu_worker import protocol, wire
 
-    good = protocol.reply_to_wire(3, protocol.Staged(seconds=0.5))
-    assert protocol.read_reply(protocol.Stage, good).result == protocol.Staged(seconds=0.5)
-    wrong = protocol.read_reply(protocol.Time, good)  # a stage's result read as a timing's
+    good = wire.reply_to_wire(3, protocol.Staged(seconds=0.5))
+    assert wire.read_reply(protocol.Stage, good).result == protocol.Staged(seconds=0.5)
+    wrong = wire.read_reply(protocol.Time, good)  # a stage's result read as a timing's
     assert not wrong.ok and wrong.seq == 3 and wrong.failure.kind == "protocol" and "times" in wrong.failure.error
-    broken = protocol.read_reply(protocol.Stage, {"seq": 3, "result": {"seconds": "soon"}})
+    broken = wire.read_reply(protocol.Stage, {"seq": 3, "result": {"seconds": "soon"}})
     assert not broken.ok and broken.failure.kind == "protocol"
-    assert not protocol.read_reply(protocol.Stage, "not a reply").ok
+    assert not wire.read_reply(protocol.Stage, "not a reply").ok
 
 
 def test_every_declared_request_has_a_handler_in_the_child():

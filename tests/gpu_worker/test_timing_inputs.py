@@ -19,7 +19,7 @@ import torch
 
 from gpu_worker import child
 from gpu_worker.child.timing import ChildTiming
-from gpu_worker.protocol import Reply
+from gpu_worker.wire import Reply
 from gpu_worker.timing_inputs import FreshValues, check_entries, entry_seed
 from tests.gpu_worker.harnesses import KERNELS, req
 
