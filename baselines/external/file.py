@@ -37,15 +37,13 @@ names its problem by content and keeps working when the user edits or deletes th
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import re
-import sys
 import tempfile
-import types
 from pathlib import Path
 from typing import Any, Callable
 
+from baselines.external.file_module import load_module, positive_number
 from baselines.perturb import vary_parameter
 from baselines.problem import OutputSpec, Problem, ProblemFileError, Shape, UnknownProblem
 
@@ -67,49 +65,6 @@ def file_key(data: bytes) -> str:
     return FILE_PREFIX + hashlib.sha256(data).hexdigest()
 
 
-def _positive_number(mod, name: str, label: str) -> float | None:
-    v = getattr(mod, name, None)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-        raise ProblemFileError(f"{label}: {name} must be a positive number, got {v!r}")
-    return float(v)
-
-
-def load_module(data: bytes, label: str, key: str) -> types.ModuleType:
-    """The file executed as a module, its required names checked. Raises ProblemFileError."""
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        raise ProblemFileError(f"{label}: not a UTF-8 Python file") from None
-    try:
-        code = compile(text, label, "exec")
-    except SyntaxError as e:
-        raise ProblemFileError(f"{label}: syntax error at line {e.lineno}: {e.msg}") from None
-    name = "marathon_problem_" + key.removeprefix(FILE_PREFIX)[:16]
-    mod = types.ModuleType(name)
-    mod.__file__ = label
-    sys.modules[name] = mod  # classes defined there name their module (pickling, torch.compile)
-    try:
-        exec(code, mod.__dict__)
-    except Exception as e:  # noqa: BLE001 - whatever the file raises is the file's fault, said in one line
-        sys.modules.pop(name, None)
-        raise ProblemFileError(f"{label}: running the file raised {type(e).__name__}: {e}") from None
-    import torch
-
-    model = getattr(mod, "Model", None)
-    if not (isinstance(model, type) and issubclass(model, torch.nn.Module)):
-        raise ProblemFileError(f"{label}: defines no class Model(nn.Module)")
-    if not callable(getattr(mod, "get_inputs", None)):
-        raise ProblemFileError(f"{label}: defines no get_inputs()")
-    for opt in ("get_init_inputs", "get_cpu_inputs", "get_cpu_init_inputs"):
-        if getattr(mod, opt, None) is not None and not callable(getattr(mod, opt)):
-            raise ProblemFileError(f"{label}: {opt} must be a function")
-    for n in ("FLOPS", "BYTES_MOVED", "TOLERANCE_FLOOR", "TOLERANCE_ALPHA"):
-        _positive_number(mod, n, label)
-    return mod
-
-
 class ExternalProblem(Problem):
     """The Problem interface over a KernelBench-format module (see the module's docstring)."""
 
@@ -117,17 +72,17 @@ class ExternalProblem(Problem):
         self.name = key
         self.label = label or f"{key[:17]}"
         self.data = data
-        self.mod = load_module(data, self.label, key)
+        self.mod = load_module(data, self.label, "marathon_problem_" + key.removeprefix(FILE_PREFIX)[:16])
         m = self.mod
         self.has_cpu = callable(getattr(m, "get_cpu_inputs", None))
         sizes = {k: v for k, v in vars(m).items()
                  if isinstance(v, int) and not isinstance(v, bool) and not k.startswith("_") and k.islower()}
         self.shapes = [Shape(GPU_SHAPE, sizes)]
         self.cpu_shape = Shape(CPU_SHAPE, {})
-        self._flops = _positive_number(m, "FLOPS", self.label)
-        self._bytes = _positive_number(m, "BYTES_MOVED", self.label)
-        self.tolerance_floor = _positive_number(m, "TOLERANCE_FLOOR", self.label) or 1e-5
-        self.tolerance_alpha = _positive_number(m, "TOLERANCE_ALPHA", self.label) or 2.0
+        self._flops = positive_number(m, "FLOPS", self.label)
+        self._bytes = positive_number(m, "BYTES_MOVED", self.label)
+        self.tolerance_floor = positive_number(m, "TOLERANCE_FLOOR", self.label) or 1e-5
+        self.tolerance_alpha = positive_number(m, "TOLERANCE_ALPHA", self.label) or 2.0
         self.refresh = getattr(m, "REFRESH", True)
         if not isinstance(self.refresh, bool):
             raise ProblemFileError(f"{self.label}: REFRESH must be True or False, got {self.refresh!r}")

@@ -1,5 +1,5 @@
 """gpu_session.py's --bench: which of a run's kernels the scoreboard measures (the crowned best and the
-fastest passing candidates from the run's ledger), and that `marathon bench` takes them as given."""
+fastest passing candidates from the run's ledger, session_results.py), and that `marathon bench` takes them as given."""
 
 import pytest
 
@@ -11,6 +11,11 @@ from workflows.contracts import IterationRecord
 @pytest.fixture()
 def session(load_script):
     return load_script("gpu_session")
+
+
+@pytest.fixture()
+def results(load_script):
+    return load_script("session_results")
 
 
 def record(iteration: int, key: str, outcome: str, time_ms: float | None, stage: str | None = None
@@ -31,21 +36,21 @@ RECORDS = [record(0, key("f"), "rejected", None, "verify"), record(1, key("a"), 
            record(6, key("b"), "passed", 0.75)]
 
 
-def test_fastest_passing_candidates_by_in_run_time_each_once(session):
-    assert session.fastest_passing_source_keys(RECORDS) == [key("b"), key("d"), key("c")]
-    assert session.fastest_passing_source_keys(RECORDS, 1) == [key("b")]
-    assert session.fastest_passing_source_keys([r for r in RECORDS if r.outcome == "rejected"]) == []
+def test_fastest_passing_candidates_by_in_run_time_each_once(results):
+    assert results.fastest_passing_source_keys(RECORDS) == [key("b"), key("d"), key("c")]
+    assert results.fastest_passing_source_keys(RECORDS, 1) == [key("b")]
+    assert results.fastest_passing_source_keys([r for r in RECORDS if r.outcome == "rejected"]) == []
 
 
-def test_bench_measures_the_crowned_best_and_the_fastest_from_the_ledger(session, store):
+def test_bench_measures_the_crowned_best_and_the_fastest_from_the_ledger(results, store):
     head = append_chunk(store, None, "h200-kda-1", 0, RECORDS[:3])
     head = append_chunk(store, head, "h200-kda-1", 1, RECORDS[3:])  # continued-as-new: a second chunk
     st = {"best": {"candidate_id": key("a")[:16], "speedup": 1.0}, "ledger_key": head}
-    assert session.bench_source_keys(st, session.run_records(st)) == [key("a"), key("b"), key("d"), key("c")]
+    assert results.bench_source_keys(st, results.run_records(st)) == [key("a"), key("b"), key("d"), key("c")]
     crowned_fastest = {"best": {"candidate_id": key("b")[:16], "speedup": 1.4}, "ledger_key": head}
-    assert session.bench_source_keys(crowned_fastest, session.run_records(crowned_fastest)) == [key("b"), key("d"), key("c")]
-    assert session.bench_source_keys({"best": None}, session.run_records({"ledger_key": head})) == [key("b"), key("d"), key("c")]
-    assert session.bench_source_keys({"best": None}, session.run_records({"ledger_key": None})) == []
+    assert results.bench_source_keys(crowned_fastest, results.run_records(crowned_fastest)) == [key("b"), key("d"), key("c")]
+    assert results.bench_source_keys({"best": None}, results.run_records({"ledger_key": head})) == [key("b"), key("d"), key("c")]
+    assert results.bench_source_keys({"best": None}, results.run_records({"ledger_key": None})) == []
 
 
 def test_bench_arguments_reach_the_scoreboard_whole(session):

@@ -61,11 +61,12 @@ def test_session_arguments_refused_with_one_line(session, monkeypatch, capsys, a
     assert not any(session.WORK.iterdir())
 
 
-def test_throughput_of_a_run_left_going_counts_its_recorded_iterations(session):
+def test_throughput_of_a_run_left_going_counts_its_recorded_iterations(load_script):
     # a --keep-running run has no ledger records since its last compaction: the status samples still count
     samples = [{"t": 100.0 + 10 * k, "busy": {"gpu0": 5.0 * k}, "timed": {"gpu0": 1.0 * k},
                 "runs": {"kda": {"iteration": 40 + 3 * k}}} for k in range(13)]
-    out = session.throughput([], [{"name": "gpu0", "since": 100.0}], 100.0, samples, "kda")
+    results = load_script("session_results")
+    out = results.throughput([], [{"name": "gpu0", "since": 100.0}], 100.0, samples, "kda", smi=[], cpu=[])
     w = out["windows"][0]
     assert w["evaluations"] == 0 and w["recorded"] == 36
     assert abs(w["recorded_per_hour"] - 36 / 120 * 3600) < 1e-6
