@@ -103,6 +103,12 @@ def test_the_proof_settings_parse_and_refuse_bad_values():
         GpuWorkerSettings.from_env({"MARATHON_NCU_PROOF_WALL": "tcp"})
 
 
+# a candidate whose every call leaves a thread of its own running: alive long past the call however slowly
+# the interpreter runs it on a loaded host, and a daemon, so that the process still exits at once
+LATE_THREAD = ("import threading\n\n\ndef run(inputs, out):\n"
+               "    threading.Thread(target=__import__('time').sleep, args=(60,), daemon=True).start()")
+
+
 def _run_child(tmp_path: Path, source: str, dist: str) -> dict:
     """The proof process's script run directly (no ncu) under the Triton interpreter: the same load behind
     the guard and the wall, the rehearsal, the markers and the bracketed calls as on a GPU."""
@@ -132,9 +138,7 @@ def test_the_proof_process_loads_behind_the_wall_and_brackets_each_call(tmp_path
     from gpu_worker.canaries import canary_source
 
     dist = get_problem("softmax").distributions[0]
-    late = _run_child(tmp_path / "late", canary_source("fast").replace(
-        "def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
-        "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()"), dist)
+    late = _run_child(tmp_path / "late", canary_source("fast").replace("def run(inputs, out):", LATE_THREAD), dist)
     assert late["rc"] == 0, late["log"][-3000:]
     assert late["ready"]["wall"]["os"] == "on" and "sockets" not in late["ready"]["wall"]
     assert late["done"]["kernels"] == ["canary_fast_softmax"]
@@ -218,8 +222,7 @@ def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof
     stand_in.chmod(0o755)
     monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
     p = get_problem("softmax")
-    late = canary_source("fast").replace("def run(inputs, out):", "import threading\n\n\ndef run(inputs, out):\n"
-                                         "    threading.Thread(target=lambda: __import__('time').sleep(0.5)).start()")
+    late = canary_source("fast").replace("def run(inputs, out):", LATE_THREAD)
     r = _plumbing(tmp_path).proof_if_due(True, p, p.cpu_shape, late, p.distributions[0], 0.02, None,
                                           [0.0])
     assert r.verdict.ok is True  # the stand-in's trace holds the calls' kernels alone
