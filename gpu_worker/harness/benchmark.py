@@ -201,17 +201,19 @@ class BenchmarkStage:
 
     def time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
                           decisive: bool = True) -> TimedDistribution:
-        """One distribution: every side prepares its timing set and tries to capture its graphs (untimed
-        device jobs), the mode is chosen for all of them, then in one timing block candidate, baseline (and
-        best) are timed in interleaved blocks, and each side's host latency."""
+        """One distribution: every side prepares its timing set, the candidate's children capturing their
+        graphs with it (untimed device jobs); then in one timing block the reference captures, the mode is
+        chosen for all sides, candidate, baseline (and best) are timed in interleaved blocks, and each side's
+        host latency is measured."""
         ctx = self.ctx
         plan = ctx.plan()
-        prep = ctx.timing_set_request(dist).model_copy(update={"capture": ctx.cuda})
+        prep = ctx.timing_set_request(dist)
+        capture = prep.model_copy(update={"capture": ctx.cuda})
         captures = {}
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         for who, sb in sides:  # one job each: a waiting timing block waits for the shorter one
             with _phase("prepare"), self.turns.job():
-                pre = self.children.ask(sb, prep, ctx.timeouts["load"], "benchmark", hb)
+                pre = self.children.ask(sb, capture, ctx.timeouts["load"], "benchmark", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
             captures[who] = pre.capture
@@ -219,12 +221,16 @@ class BenchmarkStage:
             ref_pre = self.refs.do(ref, hb, prep, ctx.timeouts["load"])
         if ref_pre.timing.get("flush-on-stream"):
             _add_phase("ref.prepare.flush-on-stream", 1)
-        captures["base"] = ref_pre.capture
         timed_children = [cand, ref, best]
         with self.turns.with_ref(ref_lock, timing=True):
             g0 = time.monotonic()
             ctx.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
+                if ctx.cuda:
+                    # The reference child, which every benchmark shares, captures here, under its lock: the
+                    # outputs its graphs write, which its fingerprints read, are then not those of another
+                    # benchmark's eager baseline calls made between a capture and this block.
+                    captures["base"] = self.refs.do(ref, hb, capture, ctx.timeouts["time"]).capture
                 with _phase("interleave"):
                     return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive, captures)
             finally:
@@ -234,7 +240,7 @@ class BenchmarkStage:
     def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True,
                    prepared: dict | None = None) -> TimedDistribution:
         """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated. `prepared`
-        (on CUDA): each side's capture, made with its timing set."""
+        (on CUDA): each side's capture."""
         ctx = self.ctx
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
