@@ -3,6 +3,7 @@ CUDA host; scripts/gpu_harness.py runs the same checks and prints their figures.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 
 import pytest
@@ -51,21 +52,24 @@ def test_the_candidates_graphs_are_captured_outside_the_timing_window(ev, monkey
     from gpu_worker.sandbox import Sandbox
     from workflows.contracts import BenchRequest
 
-    calls, window, real_call, real_interleave = [], [False], Sandbox.call, ev.bench_stage.interleave
+    turns = ev.bench_stage.turns
+    calls, window, real_call, real_with_ref = [], [False], Sandbox.call, turns.with_ref
 
     def call(sb, request, *a, **kw):
         calls.append((sb.role, request.cmd, getattr(request, "capture", None), window[0]))
         return real_call(sb, request, *a, **kw)
 
-    def interleave(*a, **kw):
-        window[0] = True
-        try:
-            return real_interleave(*a, **kw)
-        finally:
-            window[0] = False
+    @contextlib.contextmanager
+    def with_ref(lock, timing=False):
+        with real_with_ref(lock, timing=timing):
+            window[0] = timing
+            try:
+                yield
+            finally:
+                window[0] = False
 
     monkeypatch.setattr(Sandbox, "call", call)
-    monkeypatch.setattr(ev.bench_stage, "interleave", interleave)
+    monkeypatch.setattr(turns, "with_ref", with_ref)
     src = canary_source("fast") + "\n# captured outside the window\n"
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=hashlib.sha256(src.encode()).hexdigest()[:16],
                                   source_key=ev.store.put_text(src)))
