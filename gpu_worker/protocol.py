@@ -126,7 +126,6 @@ class Captured(Result):
 
 class Prepared(Result):
     timing: Timing
-    capture: Captured | None = None  # asked with `capture`: whether this side's timing set captured
 
 
 class VerifiedCase(Result):
@@ -287,8 +286,7 @@ class Compile(Request):
 
 
 class Prepare(Request):
-    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets) and, with
-    `capture`, its CUDA graphs: set-up that is no timed work, done in an untimed job."""
+    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets)."""
 
     cmd = "prepare"
     result_type = Prepared
@@ -298,7 +296,6 @@ class Prepare(Request):
     kernels: bool = True
     seed: int = 1000
     pool: int = 3
-    capture: bool = False
 
 
 class Verify(Request):
@@ -318,6 +315,12 @@ class WriteExports(Request):
 
     cmd = "write_exports"
     result_type = Exported
+
+
+class Capture(Request):
+    cmd = "capture"
+    result_type = Captured
+    dist: str | None = None
 
 
 class Time(Request):
@@ -403,5 +406,5 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Time,
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Capture, Time,
     HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}

@@ -66,9 +66,9 @@ class ChildTiming:
         self.flush = self.flush_sink = self.flush_graph = None  # the L2 flush's buffer, its sum's sink, its graph
 
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
-                    kernels: bool = True, seed: int = 1000, pool: int = 3, capture: bool = False):
+                    kernels: bool = True, seed: int = 1000, pool: int = 3):
         """Generate inputs ahead (on the CPU side, before the worker's timing block): the verification
-        cases' inputs and/or the timing sets, with `capture` their CUDA graphs."""
+        cases' inputs and/or the timing sets."""
         core, inputs = self.core, self.inputs
         inputs.prep_timing = {}
         if cases:
@@ -98,16 +98,11 @@ class ChildTiming:
                 t0 = core.T["perf"]()
                 self.loading._load_kernels(*self._timing_set(dist, "prepare").sets[0])
                 inputs._count("kernels", t0)
-        captured = None
-        if rotate and capture:
-            t0 = core.T["perf"]()
-            captured = self._capture(dist)
-            inputs._count("capture", t0)
         if rotate and core.cuda and self.flush is not None and self.flush_graph is None:
             # a flush that did not capture runs on the stream, which delays the timed graph behind it: named
             # in the phase log, since a child's own output goes nowhere
             inputs.prep_timing["flush-on-stream"] = 1
-        return protocol.Prepared(timing={k: round(v, 4) for k, v in inputs.prep_timing.items()}, capture=captured)
+        return protocol.Prepared(timing={k: round(v, 4) for k, v in inputs.prep_timing.items()})
 
     def _prepare_timing(self, rotate: int, dist: str, seed: int = 1000, pool: int = 3):
         import torch
@@ -228,9 +223,9 @@ class ChildTiming:
             else:
                 self._flush_l2()
 
-    def _capture(self, dist: str | None) -> protocol.Captured:
-        """One CUDA graph per static set; the reply says whether this side captures (the worker times graph
-        replays only when every side of the comparison does)."""
+    def cmd_capture(self, dist: str | None = None):
+        """Capture one CUDA graph per static set; the reply says whether this side captures (the worker
+        times graph replays only when every side of the comparison does)."""
         ts = self._timing_set(dist, "capture")
         ts.graphs = None
         if self.core.role == "candidate":

@@ -201,22 +201,18 @@ class BenchmarkStage:
 
     def time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
                           decisive: bool = True) -> TimedDistribution:
-        """One distribution: every side prepares its timing set, the candidate's children capturing their
-        graphs with it (untimed device jobs); then in one timing block the reference captures, the mode is
-        chosen for all sides, candidate, baseline (and best) are timed in interleaved blocks, and each side's
-        host latency is measured."""
+        """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
+        block each side tries to capture, the mode is chosen for all of them, and candidate,
+        baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         ctx = self.ctx
         plan = ctx.plan()
         prep = ctx.timing_set_request(dist)
-        capture = prep.model_copy(update={"capture": ctx.cuda})
-        captures = {}
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
-        for who, sb in sides:  # one job each: a waiting timing block waits for the shorter one
+        for _, sb in sides:  # one job each: a waiting timing block waits for the shorter one
             with _phase("prepare"), self.turns.job():
-                pre = self.children.ask(sb, capture, ctx.timeouts["load"], "benchmark", hb)
+                pre = self.children.ask(sb, prep, ctx.timeouts["load"], "benchmark", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
-            captures[who] = pre.capture
         with self.turns.with_ref(ref_lock):
             ref_pre = self.refs.do(ref, hb, prep, ctx.timeouts["load"])
         if ref_pre.timing.get("flush-on-stream"):
@@ -226,21 +222,15 @@ class BenchmarkStage:
             g0 = time.monotonic()
             ctx.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
-                if ctx.cuda:
-                    # The reference child, which every benchmark shares, captures here, under its lock: the
-                    # outputs its graphs write, which its fingerprints read, are then not those of another
-                    # benchmark's eager baseline calls made between a capture and this block.
-                    captures["base"] = self.refs.do(ref, hb, capture, ctx.timeouts["time"]).capture
                 with _phase("interleave"):
-                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive, captures)
+                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive)
             finally:
                 ctx.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
-    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True,
-                   prepared: dict | None = None) -> TimedDistribution:
-        """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated. `prepared`
-        (on CUDA): each side's capture."""
+    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb,
+                   decisive: bool = True) -> TimedDistribution:
+        """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
         ctx = self.ctx
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
@@ -260,8 +250,12 @@ class BenchmarkStage:
             for who, sb in parties:
                 if sb is None:
                     continue
-                captures[who] = prepared[who].captured
-                if not captures[who]:
+                if who == "base":  # the trusted child: its failure is the harness's (ReferenceChildren.do)
+                    r = self.refs.do(sb, hb, msg.Capture(dist=dist), ctx.timeouts["time"])
+                else:
+                    r = self.children.ask(sb, msg.Capture(dist=dist), ctx.timeouts["time"], "benchmark", hb)
+                captures[who] = r.captured
+                if not r.captured:
                     _add_phase(f"no-capture.{who}", 1)
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about

@@ -92,21 +92,6 @@ def test_a_flush_that_did_not_capture_is_named_in_the_prepare_reply(tmp_path):
     assert "flush-on-stream" not in s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).timing
 
 
-def test_the_graphs_are_captured_with_the_timing_set_and_only_when_asked(tmp_path):
-    """Capture is set-up, made in the timing set's own untimed request (`Prepare` with `capture`), so that no
-    timing window waits on it; the reply says whether the side captured, and why not."""
-    from gpu_worker import child, protocol
-
-    s = child.Server(str(tmp_path), "reference")
-    s.cmd_setup("softmax", None)
-    dist = s.core.problem.distributions[0]
-    assert s.cmd_prepare(rotate=2, pool=2, dist=dist, seed=3).capture is None
-    asked = child.serve(s, protocol.Prepare(rotate=2, pool=2, dist=dist, seed=3, capture=True))
-    assert asked.capture == protocol.Captured(captured=False, why="no CUDA device")
-    assert "capture" in asked.timing
-    assert "capture" not in protocol.REQUESTS  # one way to capture: with the timing set
-
-
 def test_an_out_of_memory_ends_a_candidate_child_but_not_the_reference_child(tmp_path):
     # the candidate's context is never trusted again; the trusted child failed beside the neighbours' memory
     from gpu_worker.child.core import ChildCore
