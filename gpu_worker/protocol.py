@@ -15,7 +15,7 @@ holds it to the list below, so no command is served that is not declared here.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -229,9 +229,6 @@ class ReceiptFacts(Result):
 
 
 # --- requests ---------------------------------------------------------------------------------------
-
-R = TypeVar("R", bound=Result)
-
 
 class Request(Message):
     """A command to a child; `result_type` is what its successful reply carries."""

@@ -6,11 +6,13 @@ worker)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generic
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from gpu_worker.protocol import REQUESTS, R, Request, Result
+from gpu_worker.protocol import REQUESTS, Request, Result
+
+R = TypeVar("R", bound=Result)
 
 
 class ProtocolError(ValueError):

@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
     from workflows.text import evaluation_summary, run_details, run_summary
 
+
 @workflow.defn(name=WORKFLOW_TYPE)
 class KernelOptimization:
     # The input arrives as plain JSON and is validated here rather than by the data converter: a typo in

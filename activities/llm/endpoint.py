@@ -4,8 +4,9 @@ endpoint.
 Configuration comes from the worker's environment (LlmSettings, parsed once when the worker is built),
 never from workflow input: OPENAI_BASE_URL, OPENAI_API_KEY, MARATHON_MODEL (RunSpec.model overrides the
 model name), MARATHON_LLM_TIMEOUT (seconds per request, default 300), MARATHON_LLM_PROFILE (the endpoint's
-kind: PROFILES) and the MARATHON_LLM_* variables that override its settings (PROFILE_ENV), MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per
-million tokens, for the cost estimate). docs/llm.md has one section per endpoint kind.
+kind: PROFILES) and the MARATHON_LLM_* variables that override its settings (PROFILE_ENV),
+MARATHON_PRICE_IN / MARATHON_PRICE_OUT (USD per million tokens, for the cost estimate). docs/llm.md has one
+section per endpoint kind.
 """
 
 from __future__ import annotations
