@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from baselines.parse import parse as parse_source
+
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("workflows", "baselines", "rules", "gpu_worker", "activities", "cli")
 #: the harness and what it runs on: a plain library, usable without a Temporal worker
@@ -43,7 +45,7 @@ def _graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {m: set() for m in mods}
     for mod, path in mods.items():
         pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parse_source(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [known(a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -130,7 +132,7 @@ def test_the_protocol_modules_name_no_scheduling_or_temporal_import():
         assert "gpu_worker.device.scheduling" not in graph[mod], mod
         for path in [REPO / (mod.replace(".", "/") + ".py"), REPO / mod.replace(".", "/") / "__init__.py"]:
             if path.is_file():
-                tree = ast.parse(path.read_text())
+                tree = parse_source(path.read_text())
                 names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
                 names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
                 assert not [n for n in names if n.split(".")[0] == "temporalio"], mod
@@ -176,7 +178,7 @@ def test_the_layer_check_refuses_an_import_across_the_workers():
 
 def _names_imported(path: Path) -> list[str]:
     """Every module a file names in an import statement, at module level or inside functions alike."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = parse_source(path.read_text(), str(path))
     names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     names += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and not n.level]
     names += [f"{n.module}.{a.name}" if n.module else a.name

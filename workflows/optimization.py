@@ -465,12 +465,12 @@ class KernelOptimization:
         self.st.paused, self.st.pause_reason = True, reason
 
     async def _wait_paused(self, resumed) -> None:
+        # No `finally`: a coroutine closed at eviction may not call the workflow's clock, and a pause
+        # that ends any other way than resuming stays under way, which `seconds_used` counts.
         self.paused_since = workflow.now().timestamp()
-        try:
-            await workflow.wait_condition(resumed)
-        finally:
-            self.st.used.paused_seconds += workflow.now().timestamp() - self.paused_since
-            self.paused_since = None
+        await workflow.wait_condition(resumed)
+        self.st.used.paused_seconds += workflow.now().timestamp() - self.paused_since
+        self.paused_since = None
 
     def _account_time(self) -> None:
         self.st.used.seconds = decisions.seconds_used(workflow.now().timestamp(), self.st.started_at,
