@@ -6,9 +6,11 @@ hour, faults injected, sampling what a long run could leak.
 A dev server on a SQLite file; one worker process (the agent worker and the real GPU worker with its spares,
 tests/worker_proc.py --real). Injected: a candidate's sandbox child SIGKILLed every `--kill-child-every`
 minutes, the worker process SIGKILLed (its children left to notice) and restarted at 40% of the time, the dev
-server stopped for 5 s and restarted at 70%. Sampled every 20 s: sandbox child processes on the host, open
-files (the worker's and its children's), the worker's resident memory, the temp disk (the GPU work directory
-and the worker's temp directory), the run's iteration. Growth compares the medians of two windows, 15-38%
+server stopped for 5 s and restarted at 70%. Sampled every 20 s: sandbox child processes on the host (those
+started by `python -m gpu_worker.child` and those forked by a fork server, whose command line is the
+server's: known by their working directory, `ROLE-*` in the GPU work directory), the fork servers, open
+files (the worker's, its children's and the servers'), the worker's resident memory, the temp disk (the GPU
+work directory and the worker's temp directory), the run's iteration. Growth compares the medians of two windows, 15-38%
 of the time (after warm-up, before the worker's restart) and 85-100% (after both restarts)."""
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from cli.server import connect_when_healthy
 from workflows.contracts import AGENT_QUEUE, RunResult, RunSpec, StopRequest
 from workflows.optimization import KernelOptimization
 
-CHILD = "gpu_worker.child"
+CHILD, FORKSERVER = "gpu_worker.child", "gpu_worker.forkserver"
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -42,13 +44,31 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def sandbox_children() -> dict[int, str]:
-    """Every sandbox child on the host (orphans included), by pid: its role."""
-    out = {}
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd").removesuffix(" (deleted)")
+    except OSError:
+        return ""
+
+
+def sandbox_processes(gpu_dir: Path) -> tuple[dict[int, str], list[int]]:
+    """Every sandbox child on the host (orphans included), by pid: its role; and the fork servers' pids.
+    A forked child keeps its server's command line; its working directory is its own `ROLE-*` folder in
+    `gpu_dir`, the server's the repository."""
+    children, servers = {}, []
     for d in Path("/proc").iterdir():
-        if d.name.isdigit() and CHILD in (argv := _cmdline(int(d.name))):
-            out[int(d.name)] = argv[-2] if argv[-1] == "" else argv[-1]
-    return out
+        if not d.name.isdigit():
+            continue
+        pid, argv = int(d.name), _cmdline(int(d.name))
+        if CHILD in argv:
+            children[pid] = argv[-2] if argv[-1] == "" else argv[-1]
+        elif FORKSERVER in argv:
+            folder = Path(_cwd(pid))
+            if folder.parent == gpu_dir.resolve():
+                children[pid] = folder.name.split("-", 1)[0]
+            else:
+                servers.append(pid)
+    return children, servers
 
 
 def open_files(pid: int) -> int:
@@ -109,16 +129,17 @@ async def main(a) -> int:
             events.append(f"{now / 60:.1f} min: the dev server stopped for 5 s and restarted on its SQLite file")
             server_restarted = True
         elif now >= next_kill:
-            cands = [p for p, role in sandbox_children().items() if role == "candidate"]
+            cands = [p for p, role in sandbox_processes(gpu_dir)[0].items() if role == "candidate"]
             if cands:
                 os.kill(random.choice(cands), signal.SIGKILL)
                 events.append(f"{now / 60:.1f} min: a candidate's sandbox child SIGKILLed")
             next_kill += a.kill_child_every * 60
-        kids = sandbox_children()
+        kids, servers = sandbox_processes(gpu_dir)
         samples.append({"t": now, "iteration": await iteration(client, wid), "children": len(kids),
-                        "files": open_files(worker.pid) + sum(open_files(p) for p in kids),
+                        "servers": len(servers),
+                        "files": sum(open_files(p) for p in [worker.pid, *kids, *servers]),
                         "worker_mb": rss_mb(worker.pid), "children_mb": sum(rss_mb(p) for p in kids),
-                        "disk_mb": disk_mb(gpu_dir, worker_tmp)})
+                        "servers_mb": sum(rss_mb(p) for p in servers), "disk_mb": disk_mb(gpu_dir, worker_tmp)})
         print(samples[-1], flush=True)
         await asyncio.sleep(a.sample_s)
     await client.get_workflow_handle(wid).signal(KernelOptimization.stop, StopRequest(reason="soak done"))
@@ -126,16 +147,19 @@ async def main(a) -> int:
     os.kill(worker.pid, signal.SIGKILL)
     worker.wait()
     await asyncio.sleep(5)
-    left = sandbox_children()
+    left_children, left_servers = sandbox_processes(gpu_dir)
+    left = [*left_children, *left_servers]
     server.stop()
 
     def window(lo, hi, key):
         vals = [s[key] for s in samples if lo * total <= s["t"] <= hi * total and s[key] is not None]
         return statistics.median(vals) if vals else float("nan")
 
-    slack = {"children": 1, "files": 20, "worker_mb": 30, "children_mb": 300, "disk_mb": 100}
-    names = {"children": "sandbox child processes", "files": "open files (worker and children)",
-             "worker_mb": "worker resident memory (MB)", "children_mb": "children's resident memory (MB)",
+    slack = {"children": 1, "servers": 0, "files": 20, "worker_mb": 30, "children_mb": 300, "servers_mb": 50,
+             "disk_mb": 100}
+    names = {"children": "sandbox child processes", "servers": "fork servers",
+             "files": "open files (worker, children, servers)", "worker_mb": "worker resident memory (MB)",
+             "children_mb": "children's resident memory (MB)", "servers_mb": "fork servers' resident memory (MB)",
              "disk_mb": "temp disk (MB)"}
     rows, grew = [], []
     for k, name in names.items():
@@ -152,7 +176,7 @@ Command: `python -m tests.soak_harness --minutes {a.minutes:g} --population {a.p
 Injected: {'; '.join(events)}.
 
 Run: {res.iterations} iterations recorded (the last sample {max(its) if its else '-'}), stopped by {res.stopped_by};
-sandbox children left 5 s after the worker's end: {len(left)}.
+sandbox children and fork servers left 5 s after the worker's end: {len(left_children)} and {len(left_servers)}.
 
 | measure | 15-38% (median) | 85-100% (median) | max | grew |
 |---|---|---|---|---|
