@@ -170,7 +170,8 @@ async def main(a) -> int:
     its = [s["iteration"] for s in samples if s["iteration"] is not None]
     text = f"""# Harness soak: {a.minutes:g} minutes, faults injected
 
-Command: `python -m tests.soak_harness --minutes {a.minutes:g} --population {a.population} --spares {a.spares}`;
+Command: `python -m tests.soak_harness --minutes {a.minutes:g} --population {a.population} --spares {a.spares} \\
+  --kill-child-every {a.kill_child_every:g}`;
 {platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}; {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.
 
 Injected: {'; '.join(events)}.
