@@ -10,8 +10,8 @@ server stopped for 5 s and restarted at 70%. Sampled every 20 s: sandbox child p
 started by `python -m gpu_worker.child` and those forked by a fork server, whose command line is the
 server's: known by their working directory, `ROLE-*` in the GPU work directory), the fork servers, open
 files (the worker's, its children's and the servers'), the worker's resident memory, the temp disk (the GPU
-work directory and the worker's temp directory), the run's iteration. Growth compares the medians of two windows, 15-38%
-of the time (after warm-up, before the worker's restart) and 85-100% (after both restarts)."""
+work directory and the worker's temp directory), the run's iteration. Growth compares the medians of two
+windows, 15-38% of the time (after warm-up, before the worker's restart) and 85-100% (after both restarts)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def sandbox_processes(gpu_dir: Path) -> tuple[dict[int, str], list[int]]:
     """Every sandbox child on the host (orphans included), by pid: its role; and the fork servers' pids.
     A forked child keeps its server's command line; its working directory is its own `ROLE-*` folder in
     `gpu_dir`, the server's the repository."""
-    children, servers = {}, []
+    children, servers, home = {}, [], gpu_dir.resolve()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -64,7 +64,7 @@ def sandbox_processes(gpu_dir: Path) -> tuple[dict[int, str], list[int]]:
             children[pid] = argv[-2] if argv[-1] == "" else argv[-1]
         elif FORKSERVER in argv:
             folder = Path(_cwd(pid))
-            if folder.parent == gpu_dir.resolve():
+            if folder.parent == home:
                 children[pid] = folder.name.split("-", 1)[0]
             else:
                 servers.append(pid)
@@ -177,7 +177,8 @@ Command: `python -m tests.soak_harness --minutes {a.minutes:g} --population {a.p
 Injected: {'; '.join(events)}.
 
 Run: {res.iterations} iterations recorded (the last sample {max(its) if its else '-'}), stopped by {res.stopped_by};
-sandbox children and fork servers left 5 s after the worker's end: {len(left_children)} and {len(left_servers)}.
+sandbox children and fork servers left 5 s after the worker's end: {len(left_children)} and
+{len(left_servers)}.
 
 | measure | 15-38% (median) | 85-100% (median) | max | grew |
 |---|---|---|---|---|
