@@ -132,8 +132,9 @@ class NcuProofCheck:
                                "(ERR_NVGPUCTRPERM: a host setting)")
         if ready is None or not done or "error" in done:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
-            return _failed(f"the proof process did not complete its calls ({why}); ncu: "
-                           f"{_tail(os.path.join(root, 'ncu-out.txt'))}; process log: {_tail(os.path.join(tmp, 'log.txt'))}",
+            return _failed(f"the proof process did not complete its calls ({why}); ncu: {_tail(csv_path)}; "
+                           f"its output: {_tail(os.path.join(root, 'ncu-out.txt'))}; process log: "
+                           f"{_tail(os.path.join(tmp, 'log.txt'))}",
                            dist, family=done.get("rule"))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))

@@ -160,6 +160,8 @@ mode = os.environ.get("STAND_IN_MODE", "honest")
 if mode == "no-counters":
     open(log, "w").write("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
                          "Performance Counters on the target device 0.\n")
+if mode == "no-launch":
+    open(log, "w").write("==ERROR== Failed to launch the target application.\n")
 if mode != "honest":
     sys.exit(1)
 rc = subprocess.run(target, env={{**os.environ, "TRITON_INTERPRET": "1"}}).returncode
@@ -204,6 +206,7 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     monkeypatch.setenv("STAND_IN_MODE", "no-launch")
     r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is False and "not proven: the proof process did not complete its calls (it never got ready)" in r.text
+    assert "ncu: ==ERROR== Failed to launch the target application." in r.text  # ncu's own log says why
 
 
 def test_a_guard_refusal_names_its_rule():
