@@ -14,7 +14,7 @@ the trace proves.
 SPEC (written by the harness, read-only here): source, problem, shape, dist, seed, rotate, pool, warmup, reps,
 markers [open, begin, end], marker_dir, tmp (this process's writable directory), device and go (the files
 whose appearance lets it onto the device, then starts the calls: the harness's device turns), wait_s,
-settle_s, unix_sockets, trusted_roots."""
+settle_s, unix_sockets, trusted_roots, harness_pid (the worker: its end ends the waits)."""
 
 from __future__ import annotations
 
@@ -57,13 +57,33 @@ def _write(path: str, data: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _wait_for(path: str, wait_s: float) -> bool:
+def _harness_ended(pid: int | None) -> bool:
+    """Whether the process that started this proof (the GPU worker) has ended: a proof whose worker was
+    killed stops waiting at once instead of holding its CUDA context for the whole wait. A signal the OS
+    wall refuses (EPERM) means the worker lives; only ESRCH means it is gone."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _wait_for(path: str, wait_s: float, harness_pid: int | None = None) -> str | None:
+    """None once `path` exists; else why not: the wait ran out or the harness ended."""
     deadline = time.monotonic() + wait_s
+    polls = 0
     while time.monotonic() < deadline:
         if os.path.exists(path):
-            return True
+            return None
+        polls += 1
+        if polls % 100 == 0 and _harness_ended(harness_pid):  # about every half second
+            return "the harness ended"
         time.sleep(0.005)
-    return False
+    return f"none in {wait_s:g} s"
 
 
 def run(spec: dict) -> dict:
@@ -80,8 +100,9 @@ def run(spec: dict) -> dict:
     # host work so far; the device only once the harness holds an untimed job's turn for it (as a child's
     # context and uploads are made: never beside another process's timing block)
     _write(os.path.join(tmp, "host.json"), {"pid": os.getpid()})
-    if not _wait_for(spec["device"], spec["wait_s"]):
-        return {"error": "no device turn"}
+    why = _wait_for(spec["device"], spec["wait_s"], spec.get("harness_pid"))
+    if why:
+        return {"error": f"no device turn ({why})"}
     server.cmd_cuda_init()  # (the harness proves on CUDA only; under the interpreter the same steps run on the CPU)
     server.cmd_warm_triton()
     # trusted work only, before the candidate exists: every kernel name here is the trusted side's vocabulary
@@ -110,8 +131,9 @@ def run(spec: dict) -> dict:
             refusals.append(f"compile: {e}"[:300])
     fn = server.timing._fn()
     _write(os.path.join(tmp, "ready.json"), {"kernels": loaded.kernels, "wall": loaded.wall})
-    if not _wait_for(spec["go"], spec["wait_s"]):
-        return {"error": "no go signal"}
+    why = _wait_for(spec["go"], spec["wait_s"], spec.get("harness_pid"))
+    if why:
+        return {"error": f"no go signal ({why})"}
     for i in range(spec["warmup"] + spec["reps"]):
         r = i % len(ts.sets)
         server.timing._before_rep(ts, r, i, draw_key(urandom))  # this call's values: a key drawn only now

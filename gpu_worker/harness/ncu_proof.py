@@ -82,7 +82,7 @@ class NcuProofCheck:
                 "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
                 "markers": list(markers.names()), "marker_dir": root, "tmp": tmp,
                 "device": os.path.join(root, "device"), "go": os.path.join(root, "go"),
-                "wait_s": ctx.timeouts["profile"], "settle_s": SETTLE_S,
+                "wait_s": ctx.timeouts["profile"], "settle_s": SETTLE_S, "harness_pid": os.getpid(),
                 "unix_sockets": ctx.settings.ncu_proof_wall == "unix",
                 "trusted_roots": [str(triton_cache_dir(ctx.settings, True))]}
         spec_path = os.path.join(root, "spec.json")
