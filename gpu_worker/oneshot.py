@@ -11,6 +11,10 @@ def main(argv):
     path, problem, shape_name, tmp = argv
     import os
 
+    # no bytecode written beside the candidate's file, which may lie outside the directory the guard allows
+    # (a sandbox child's interpreter runs with PYTHONDONTWRITEBYTECODE set for the same reason)
+    sys.dont_write_bytecode = True
+
     # the candidate compiles into its own directory, like a sandbox child: a shared cache it could write
     # would let it plant a kernel binary under another kernel's key
     os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")

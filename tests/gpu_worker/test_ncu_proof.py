@@ -148,35 +148,45 @@ def test_the_proof_process_loads_behind_the_wall_and_brackets_each_call(tmp_path
     assert refusals and all("thread" in r for r in refusals) and refusals[-1].startswith("call 3: ")
 
 
-def test_a_proof_whose_harness_ended_stops_waiting_for_its_turn(tmp_path):
-    """A worker killed while its proof waits for a device turn leaves no proof process holding on for the
-    whole wait: the process sees the worker gone (ESRCH) and ends, saying so."""
-    root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
-    tmp.mkdir(parents=True)
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+@pytest.mark.parametrize("wait", ["device", "go"])
+def test_a_proof_whose_harness_ended_stops_waiting(tmp_path, wait):
+    """A worker killed while its proof waits, for a device turn (before the OS wall) or for its start
+    (behind it), leaves no proof process holding on for the whole wait: the process sees the worker gone
+    (ESRCH) and ends, saying so; while the worker lives, it waits on."""
     from gpu_worker.canaries import canary_source
 
+    if wait == "go" and (wall._arch() is None or not sys.platform.startswith("linux")):
+        pytest.skip("the OS wall needs Linux")
+    root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
+    tmp.mkdir(parents=True)
+    waiting, error = {"device": ("host.json", "no device turn"), "go": ("ready.json", "no go signal")}[wait]
+    if wait == "go":
+        (root / "device").write_text("")
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     spec = {"source": canary_source("fast"), "problem": "softmax", "shape": None, "dist": "normal", "seed": 1000,
             "rotate": 2, "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu1test").names()),
             "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"),
             "wait_s": 300, "settle_s": 0.3, "unix_sockets": False, "trusted_roots": [], "harness_pid": worker.pid}
     (root / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),
+           "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
     env.pop("MARATHON_INPUT_BANK", None)
     proof = subprocess.Popen([sys.executable, "-m", "gpu_worker.ncu_proof_child", str(root / "spec.json")],
                              cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp / "host.json").exists() and proof.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180
+        while not (tmp / waiting).exists() and proof.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert (tmp / "host.json").exists(), (tmp / "log.txt").read_text()[-2000:]
-        assert proof.poll() is None  # waiting for its device turn while the worker lives
+        log = tmp / "log.txt"
+        assert (tmp / waiting).exists(), log.read_text()[-2000:] if log.exists() else ""
+        time.sleep(1.5)  # the worker's liveness is checked about every half second meanwhile
+        assert proof.poll() is None  # still waiting while the worker lives
         worker.kill()
         worker.wait()
         t0 = time.monotonic()
         assert proof.wait(30) == 3
         assert time.monotonic() - t0 < 10
-        assert json.loads((tmp / "done.json").read_text()) == {"error": "no device turn (the harness ended)"}
+        assert json.loads((tmp / "done.json").read_text()) == {"error": f"{error} (the harness ended)"}
     finally:
         for p in (worker, proof):
             if p.poll() is None:
