@@ -110,23 +110,29 @@ LATE_THREAD = ("import threading\n\n\ndef run(inputs, out):\n"
                "    threading.Thread(target=__import__('time').sleep, args=(60,), daemon=True).start()")
 
 
-def _run_child(tmp_path: Path, source: str, dist: str) -> dict:
-    """The proof process's script run directly (no ncu) under the Triton interpreter: the same load behind
-    the guard and the wall, the rehearsal, the markers and the bracketed calls as on a GPU."""
+def _proof_files(tmp_path: Path, source: str, dist: str, **spec) -> tuple[Path, Path, list[str], dict]:
+    """The proof process's directories, spec and command, and its environment under the Triton interpreter
+    (no ncu): `spec` entries replace the defaults."""
     root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
     tmp.mkdir(parents=True)
-    (root / "go").write_text("")
-    (root / "device").write_text("")
     spec = {"source": source, "problem": "softmax", "shape": None, "dist": dist, "seed": 1000, "rotate": 2,
             "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu0test").names()),
-            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"), "wait_s": 5, "settle_s": 0.3,
-            "unix_sockets": False, "trusted_roots": []}
+            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"),
+            "wait_s": 5, "settle_s": 0.3, "unix_sockets": False, "trusted_roots": [], **spec}
     (root / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),
            "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
     env.pop("MARATHON_INPUT_BANK", None)
-    out = subprocess.run([sys.executable, "-m", "gpu_worker.ncu_proof_child", str(root / "spec.json")],
-                         capture_output=True, text=True, timeout=240, cwd=tmp, env=env)
+    return root, tmp, [sys.executable, "-m", "gpu_worker.ncu_proof_child", str(root / "spec.json")], env
+
+
+def _run_child(tmp_path: Path, source: str, dist: str) -> dict:
+    """The proof process's script run directly (no ncu) under the Triton interpreter: the same load behind
+    the guard and the wall, the rehearsal, the markers and the bracketed calls as on a GPU."""
+    root, tmp, cmd, env = _proof_files(tmp_path, source, dist)
+    (root / "go").write_text("")
+    (root / "device").write_text("")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp, env=env)
     log = (tmp / "log.txt").read_text() if (tmp / "log.txt").exists() else ""
     assert (tmp / "ready.json").exists(), log[-3000:]
     return {"rc": out.returncode, "done": json.loads((tmp / "done.json").read_text()),
@@ -157,22 +163,12 @@ def test_a_proof_whose_harness_ended_stops_waiting(tmp_path, wait):
 
     if wait == "go" and (wall._arch() is None or not sys.platform.startswith("linux")):
         pytest.skip("the OS wall needs Linux")
-    root, tmp = tmp_path / "proof", tmp_path / "proof" / "child"
-    tmp.mkdir(parents=True)
     waiting, error = {"device": ("host.json", "no device turn"), "go": ("ready.json", "no go signal")}[wait]
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    root, tmp, cmd, env = _proof_files(tmp_path, canary_source("fast"), "normal", wait_s=300, harness_pid=worker.pid)
     if wait == "go":
         (root / "device").write_text("")
-    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    spec = {"source": canary_source("fast"), "problem": "softmax", "shape": None, "dist": "normal", "seed": 1000,
-            "rotate": 2, "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu1test").names()),
-            "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"),
-            "wait_s": 300, "settle_s": 0.3, "unix_sockets": False, "trusted_roots": [], "harness_pid": worker.pid}
-    (root / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),
-           "TRITON_CACHE_DIR": str(tmp / "triton-cache")}
-    env.pop("MARATHON_INPUT_BANK", None)
-    proof = subprocess.Popen([sys.executable, "-m", "gpu_worker.ncu_proof_child", str(root / "spec.json")],
-                             cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proof = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 180
         while not (tmp / waiting).exists() and proof.poll() is None and time.monotonic() < deadline:
