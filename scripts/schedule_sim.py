@@ -9,6 +9,7 @@ row is the mean of --seeds runs (seeds 0, 1, ...), with the lowest and highest r
         --window-s 4 --hours 1
     python scripts/schedule_sim.py --beside 0 8 16        # the retried stage waits for memory, not an empty device
     python scripts/schedule_sim.py --log gpu0.log --run kda --after 240     # costs from a phase log
+    python scripts/schedule_sim.py --block-scale 0.42 --job-scale 0.5      # what if blocks and jobs were shorter
 """
 
 from __future__ import annotations
@@ -91,11 +92,12 @@ def table_text(rows: list[dict]) -> str:
 
 def load_table(a):
     if not a.log:
-        return h200_table(a.spread, a.engine).scaled(a.job_scale)
+        return h200_table(a.spread, a.engine).scaled(a.job_scale, a.block_scale)
     from scripts.phase_summary import activities
 
     rows = activities(a.log, a.run, a.after)
-    return table_from_activities(rows, 0.0 if a.spread is None else a.spread, a.engine).scaled(a.job_scale)
+    table = table_from_activities(rows, 0.0 if a.spread is None else a.spread, a.engine)
+    return table.scaled(a.job_scale, a.block_scale)
 
 
 def main(argv=None) -> int:
@@ -119,6 +121,8 @@ def main(argv=None) -> int:
                     f"(default {SPREAD} for the H200 table, 0 for a log's)")
     ap.add_argument("--retry-alone", type=float, default=RETRY_ALONE, help="chance a stage is retried alone")
     ap.add_argument("--retry-burst", type=int, default=RETRY_BURST, help="stages that run out of memory at one peak")
+    ap.add_argument("--block-scale", type=float, default=1.0, help="what if every timing block took this times as "
+                    "long")
     ap.add_argument("--job-scale", type=float, default=1.0, help="what if every job turn took this times as long")
     ap.add_argument("--log", default="", help="a GPU worker's phase log (JSON lines) to take the costs from")
     ap.add_argument("--run", default="", help="with --log: only the runs whose workflow id starts with this")
@@ -129,6 +133,8 @@ def main(argv=None) -> int:
         ap.error("--hours must be > 0 and --seeds, --cores, --candidates, --jobs, --batch, --retry-burst >= 1")
     if min(a.beside) < 0 or not 0 <= a.retry_alone <= 1:
         ap.error("--beside must be >= 0 and --retry-alone between 0 and 1")
+    if min(a.job_scale, a.block_scale) <= 0:
+        ap.error("--job-scale and --block-scale must be > 0")
     if a.log and not Path(a.log).is_file():
         ap.error(f"--log {a.log}: no such file")
     if a.spread is None and not a.log:

@@ -142,10 +142,12 @@ class CostTable:
         return StageCost(self._vary(rng, c.host_s), self._steps(rng, c.turns), self._vary(rng, c.gap_s), c.mem_gb,
                          self._steps(rng, c.before))
 
-    def scaled(self, jobs: float = 1.0) -> "CostTable":
-        """A what-if: every job turn `jobs` times as long (host work moved out of the turns, say)."""
+    def scaled(self, jobs: float = 1.0, blocks: float = 1.0) -> "CostTable":
+        """A what-if: every job turn `jobs` times as long (host work moved out of the turns, say), every
+        timing block `blocks` times."""
         def turns(steps: tuple) -> tuple:
-            return tuple((k, seconds(s) * jobs if k in ("job", "ref") else s) for k, s in steps)
+            return tuple((k, seconds(s) * jobs if k in ("job", "ref") else s * blocks if k == "block" else s)
+                         for k, s in steps)
 
         return CostTable({stage: [replace(c, turns=turns(c.turns), before=turns(c.before)) for c in cs]
                           for stage, cs in self.samples.items()}, self.spread)

@@ -41,7 +41,7 @@ def test_costs_from_a_phase_log(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv", [["--log", "/nonexistent/gpu0.log"], ["--hours", "0"], ["--jobs", "0"],
                                   ["--policy", "fifo"], ["--beside", "-1"], ["--retry-burst", "0"],
-                                  ["--engine", "then"]])
+                                  ["--engine", "then"], ["--block-scale", "0"], ["--job-scale", "-1"]])
 def test_bad_input_is_refused_with_exit_2(argv, capsys):
     from scripts.schedule_sim import main
 
