@@ -23,15 +23,15 @@ REPO = Path(__file__).resolve().parents[2]
 def server(tmp_path, monkeypatch, chunk: int):
     monkeypatch.setattr(child_exports, "FINGERPRINT_CHUNK", chunk)
     s = child.Server(str(tmp_path), "reference")
-    s.cmd_setup("softmax", None)  # on the CPU: the cpu_shape, M64 N300
+    s.cmd_setup("softmax", None)  # on the CPU: the cpu_shape, M16 N300
     return s
 
 
 def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
-    s = server(tmp_path, monkeypatch, chunk=1000)  # 19,200 elements: 20 chunks, the last one short
+    s = server(tmp_path, monkeypatch, chunk=1000)  # 4,800 elements: 5 chunks, the last one short
     proj = s.exports._projections(seed=12345)
-    assert list(proj) == ["y"] and proj["y"].numel() == 64 * 300
-    y = torch.randn(64, 300)
+    assert list(proj) == ["y"] and proj["y"].numel() == 16 * 300
+    y = torch.randn(16, 300)
     (fp,) = s.exports._fingerprint({"y": y}, proj)
     whole = float(torch.dot(y.reshape(-1).double(), proj["y"].double()))
     assert math.isclose(float(fp), whole, rel_tol=1e-5, abs_tol=1e-3)
@@ -44,10 +44,10 @@ def test_chunked_projection_is_the_whole_projection(tmp_path, monkeypatch):
     (fo,) = s.exports._fingerprint({"y": other}, proj)
     assert abs(float(fo) - float(fp)) > 1e-3 * norm
     try:
-        s.exports._fingerprint({"y": torch.randn(64, 299)}, proj)
+        s.exports._fingerprint({"y": torch.randn(16, 299)}, proj)
         raise AssertionError("an output of another size was fingerprinted")
     except ValueError as e:
-        assert "holds 19136 elements, its spec 19200" in str(e)
+        assert "holds 4784 elements, its spec 4800" in str(e)
 
 
 def test_the_same_seed_draws_the_same_vectors_in_another_process(tmp_path, monkeypatch):

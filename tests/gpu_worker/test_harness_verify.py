@@ -17,7 +17,7 @@ def test_honest_canaries_pass(ev, store, name):
 
 def test_named_shape_and_unknown_shape(ev, store):
     r = req(store, canary("fast"))
-    v = ev.verify(r.model_copy(update={"shape": "M64 N300"}))
+    v = ev.verify(r.model_copy(update={"shape": "M16 N300"}))
     assert v.ok, v.reason
     v = ev.verify(r.model_copy(update={"shape": "nonexistent"}))
     assert not v.ok and "no shape" in v.reason

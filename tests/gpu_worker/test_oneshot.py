@@ -23,7 +23,7 @@ def _oneshot(tmp_path, source, tmpdir):
     cand = tmp_path / "cand.py"
     cand.write_text(source)
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="", PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "gpu_worker.oneshot", str(cand), "softmax", "M64 N300", str(tmpdir)],
+    return subprocess.run([sys.executable, "-m", "gpu_worker.oneshot", str(cand), "softmax", "M16 N300", str(tmpdir)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 

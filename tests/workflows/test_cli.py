@@ -94,7 +94,7 @@ def test_compaction_default_grows_with_the_population():
 def test_problems_lists_shapes_distributions_and_knobs():
     p = marathon("problems", check=True)
     assert "softmax: row-wise softmax" in p.stdout
-    assert "  shapes: M4096 N4096 (primary), M16384 N1024; without a GPU: M64 N300" in p.stdout
+    assert "  shapes: M4096 N4096 (primary), M16384 N1024; without a GPU: M16 N300" in p.stdout
     assert "  input distributions: normal, wide" in p.stdout and "kda: " in p.stdout
     rows = json.loads(marathon("problems", "--json", check=True).stdout)
     assert {r["name"] for r in rows} == {"kda", "mla_decode", "mla_prefill", "softmax"}

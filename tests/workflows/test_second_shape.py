@@ -51,14 +51,14 @@ async def test_a_would_be_best_is_verified_at_another_shape(env, store):
 def verify_with_no_other_shape(req: EvalRequest) -> VerifyReport:
     SEEN.append((req.shape, req.random_shape))
     if req.random_shape and req.iteration == 1:  # the first kernel is right only at the listed shape
-        return VerifyReport(ok=False, reason="shape-specific: correct at M64 N300, not at random M=7 N=5: wrong")
+        return VerifyReport(ok=False, reason="shape-specific: correct at M16 N300, not at random M=7 N=5: wrong")
     return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, random_shape="random M=1 N=5" if req.random_shape else None)
 
 
 async def test_where_no_other_shape_is_listed_a_would_be_best_is_verified_at_a_random_one(env, store):
     first, _ = await two_iterations(env, store, verify_with_no_other_shape, "random-shape")
     assert first.outcome == "rejected" and first.family == "shape-specific", first
-    assert first.reason.startswith("shape-specific: correct at M64 N300, not at random M=7 N=5"), first.reason
+    assert first.reason.startswith("shape-specific: correct at M16 N300, not at random M=7 N=5"), first.reason
     assert SEEN == [(None, False), (None, True), (None, False), (None, True)]
 
 

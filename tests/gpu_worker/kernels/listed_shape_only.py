@@ -1,5 +1,5 @@
 """Cheat (shape-specific): a kernel specialised to the one shape it expects to be verified at (the CPU
-shape, 64 rows of 300, under the interpreter; the primary shape, 4096 rows of 4096, on a GPU) that leaves
+shape, 16 rows of 300, under the interpreter; the primary shape, 4096 rows of 4096, on a GPU) that leaves
 every other shape's outputs unwritten; it passes there."""
 import triton
 import triton.language as tl
@@ -16,7 +16,7 @@ def k_softmax(x_ptr, y_ptr, stride, N: tl.constexpr, BLOCK: tl.constexpr):
 
 def run(inputs, out):
     x, y = inputs["x"], out["y"]
-    if tuple(x.shape) == (64, 300):
-        k_softmax[(64,)](x, y, 300, N=300, BLOCK=512)
+    if tuple(x.shape) == (16, 300):
+        k_softmax[(16,)](x, y, 300, N=300, BLOCK=512)
     elif tuple(x.shape) == (4096, 4096):
         k_softmax[(4096,)](x, y, 4096, N=4096, BLOCK=4096)
