@@ -26,3 +26,11 @@ def test_the_refill_is_counted_per_problem_and_distribution():
         tensors = {"softm": 1, "mla_d": 2, "file:": 3}[r["problem"][:5]]  # x; q and the cache; x, weight, bias
         per = (6, 12) if r["problem"].startswith("file:") else (4, 8)  # (ops per tensor, bytes / input bytes)
         assert r["ops"] == per[0] * tensors and r["bytes"] == per[1] * r["input_bytes"], r
+
+
+def test_the_window_share_needs_a_gpu_and_a_built_in_problem():
+    for argv, said in ((["kda", "--window"], "--window needs a GPU"),
+                       (["tests/baselines/files/layernorm.py", "--window"], "--window times built-in problems")):
+        p = subprocess.run([sys.executable, "scripts/refill_cost.py", *argv], capture_output=True, text=True,
+                           timeout=120, cwd=REPO)
+        assert p.returncode == 2 and said in p.stderr, p.stderr[-1000:]
