@@ -9,7 +9,7 @@ row is the mean of --seeds runs (seeds 0, 1, ...), with the lowest and highest r
         --window-s 4 --hours 1
     python scripts/schedule_sim.py --beside 0 8 16        # the retried stage waits for memory, not an empty device
     python scripts/schedule_sim.py --log gpu0.log --run kda --after 240     # costs from a phase log
-    python scripts/schedule_sim.py --block-scale 0.42 --job-scale 0.5      # what if blocks and jobs were shorter
+    python scripts/schedule_sim.py --block-scale 0.58 --job-scale 0.5      # what if blocks and jobs were shorter
 """
 
 from __future__ import annotations
