@@ -102,6 +102,8 @@ def window_share(problems: list[str], refill_ms: dict, as_json: bool) -> None:
                     raise SystemExit(f"{name}: the starting kernel's benchmark failed: {b.reason[:500]}")
                 if i == 0:
                     continue  # the baseline's first call (autotuning) and the children's starts
+                # per distribution: the baseline's probe (3 calls and a warm-up), three sides' timed calls with
+                # their warm-ups (the first block's and one a later block), two sides' host-latency calls
                 refills = {d.dist: 4 + 3 * (d.samples + plan["warmup"] + plan["blocks"] - 1) + 2 * plan["host_reps"]
                            for d in b.distributions}
                 refill_s = sum(n * refill_ms[(p.name, dist)] for dist, n in refills.items()) / 1e3

@@ -113,7 +113,6 @@ def test_stages_run_out_of_memory_in_bursts_and_a_retry_beside_others_drains_les
     assert sum(map(_stage_wait, run(0, burst=1))) > sum(map(_stage_wait, alone))
 
 
-
 def test_a_what_if_scales_the_job_turns_and_the_timing_blocks_and_nothing_else():
     table = h200_table(0.0).scaled(jobs=0.5, blocks=0.58)
     for stage in ("compile", "verify", "benchmark"):
