@@ -2,7 +2,8 @@
 KDA costs laid out as the harness asked for them when the run was recorded, predicted at the measured rate
 (docs/results.md, "Search throughput": 1,050 an hour past warm-up); the present harness's predicted rate held;
 the dispatcher's figures and invariants; the retry alone in bursts and the proposed retry beside others; the
-mechanics on a load small enough to follow by hand; a phase log's costs, recorded and present."""
+mechanics on a load small enough to follow by hand; a phase log's costs, recorded and present; the what-ifs
+of shorter timing blocks and job turns."""
 
 from __future__ import annotations
 
