@@ -164,18 +164,17 @@ async def test_marathon_start_folder_runs_the_search_policy_on_its_template(env,
     assert recs[0].knobs == {"BLOCK": 64, "num_warps": 8} and recs[0].outcome == "improved", recs[0]
     assert all(r.outcome in ("improved", "passed") and r.knobs for r in recs), recs  # every setting is correct
     assert len({r.candidate_id for r in recs}) == 3  # three knob settings of the folder's template
-    # each later setting is timed head to head against the best of its moment, and crowned only where
-    # that interval lies above 1. The template starts at 64 elements a program, and a setting of fewer
-    # programs is faster on the interpreter (about 2.4x at 128): never shown slower than its best. Whether
-    # its interval clears 1 on six samples a side depends on a loaded host's noise, so a crown is not required.
-    seen = [(r.iteration, r.knobs, r.outcome, r.vs_best_ci) for r in recs]
-    later = [r for r in recs[1:] if r.outcome == "improved"]
-    assert all(r.vs_best_ci[0] > 1.0 for r in later), seen
-    block = {r.candidate_id: r.knobs["BLOCK"] for r in recs}
-    fewer = [r for r in recs[1:] if r.knobs["BLOCK"] > block[r.vs_best]]  # half the best's programs or fewer
-    assert all(r.vs_best_ci[1] > 1.0 for r in fewer), seen
-    crowned = later[-1] if later else recs[0]
-    assert res.best.candidate_id == crowned.candidate_id, (res.best, seen)
+    # each later setting is timed head to head against the best of its moment and crowned exactly where
+    # that interval lies above 1. Which setting is faster on the interpreter of a loaded 2-core host is
+    # noise-bound on six samples a side (a 256-element setting has measured both faster and slower than
+    # 128), so the test asserts the rule, never which setting wins.
+    seen = [(r.iteration, r.knobs, r.outcome, r.vs_best, r.vs_best_ci) for r in recs]
+    best = recs[0].candidate_id
+    for r in recs[1:]:
+        assert r.vs_best == best and r.vs_best_ci is not None, seen
+        assert (r.outcome == "improved") == (r.vs_best_ci[0] > 1.0), seen
+        best = r.candidate_id if r.outcome == "improved" else best
+    assert res.best.candidate_id == best, (res.best, seen)
 
 
 @pytest.mark.slow(50)
