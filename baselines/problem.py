@@ -96,6 +96,11 @@ class Problem:
         """Name -> callable(inputs) -> outputs. The first one is the primary baseline."""
         raise NotImplementedError
 
+    def baseline_env(self) -> str:
+        """What the primary baseline ran with in this process beyond its name and the versions a receipt
+        names (a library's switches, where its tuning came from); "" when nothing."""
+        return ""
+
     # --- roofline -----------------------------------------------------------------------------
     def flops(self, shape: Shape) -> float:
         raise NotImplementedError

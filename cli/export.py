@@ -153,7 +153,8 @@ def receipt_of(wid: str, st, store: ArtifactStore, source: str, key: str, prob: 
                  "deciding_distribution": rec.deciding_dist if rec else None,
                  "rel_err": rec.rel_err if rec else None},
         "measured_on": {k: fields.get(k, "") for k in ("device", "driver", "clocks", "torch", "triton", "mode",
-                                                        "repetitions", "spread")} if fields else None,
+                                                        "repetitions", "spread", "baseline_env")}
+        if fields else None,
         "verify_command": verify_cmd,
     }
 
@@ -181,6 +182,8 @@ def receipt_markdown(r: dict) -> str:
                      f"{m.get('triton') or '?'}, mode {m.get('mode') or '?'}"
                      + (f", driver {m['driver']}" if m.get("driver") else "")
                      + (f", {m['repetitions']} repetitions" if m.get("repetitions") else ""))
+        if m.get("baseline_env"):
+            lines.append(f"- the baseline ran with: {m['baseline_env']}")
     else:
         lines.append("- measured on: not recorded (the benchmark log is not in the artifact store)")
     lines += ["", "Re-verify against the problem's reference on this machine:", "", "```bash",

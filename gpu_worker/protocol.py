@@ -226,6 +226,7 @@ class ReceiptFacts(Result):
     device: str
     driver: str
     clocks: str
+    baseline_env: str = ""  # Problem.baseline_env in the reference child
 
 
 # --- requests ---------------------------------------------------------------------------------------

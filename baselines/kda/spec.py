@@ -161,6 +161,12 @@ class KDA(Problem):
             return {"fla.chunk_kda": fla_chunk_kda}
         return {"torch-chunked-fp32": torch_chunked_fp32}
 
+    def baseline_env(self):
+        """FLA's switches and where its autotuning choices came from, once FLA has run here."""
+        from baselines.kda.baseline import FLA_ENV
+
+        return "; ".join(f"{k}={v}" for k, v in sorted(FLA_ENV.items()))
+
     # --- roofline -----------------------------------------------------------------------------
     def flops(self, shape):
         """Chunked algorithm (C = 64, K = V = D), dense counts per token and head:

@@ -292,4 +292,4 @@ class ChildReference:
                 d["clocks"] = f"sm {f[1]} (max {f[3]}), mem {f[2]}, {f[4]} C, {f[5]}"
             except Exception as e:  # noqa: BLE001
                 d["clocks"] = f"nvidia-smi unavailable: {e}"
-        return protocol.ReceiptFacts(**d)
+        return protocol.ReceiptFacts(**d, baseline_env=self.core.problem.baseline_env())

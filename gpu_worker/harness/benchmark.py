@@ -130,7 +130,8 @@ class BenchmarkStage:
             proof = self.proof.proof_if_due(bool(req.fresh_process), problem, shape, source, w.dist, w.time_ms,
                                             hb, gpu_s)
             rec = Receipt(device=receipt.device, driver=receipt.driver, clocks=receipt.clocks, torch=receipt.torch,
-                          triton=receipt.triton, repetitions=sum(d.samples for d in per_dist),
+                          triton=receipt.triton, baseline_env=receipt.baseline_env,
+                          repetitions=sum(d.samples for d in per_dist),
                           spread="; ".join(f"{d.dist}: IQR {d.iqr_ms[0]:.4g}-{d.iqr_ms[1]:.4g} ms (baseline "
                                            f"{d.baseline_iqr_ms[0]:.4g}-{d.baseline_iqr_ms[1]:.4g} ms)"
                                            for d in per_dist),

@@ -152,3 +152,16 @@ def test_the_kda_adapter_reports_what_it_seeded_and_never_fails_on_the_choices(t
     monkeypatch.setattr(baseline, "FLA_ENV", {})
     monkeypatch.setattr(baseline, "fla_versions", lambda: {}["gpu"])
     assert baseline.seed_shipped_choices().startswith("autotuned here: the shipped choices not read (KeyError")
+
+
+def test_kda_names_what_its_baseline_ran_with(monkeypatch):
+    """Problem.baseline_env, which the reference child's receipt carries into each benchmark's log."""
+    from baselines.kda import baseline
+    from baselines.registry import get_problem
+
+    monkeypatch.setattr(baseline, "FLA_ENV", {})
+    assert get_problem("kda").baseline_env() == ""  # FLA has not run here
+    monkeypatch.setattr(baseline, "FLA_ENV", {"autotune": "3 shipped choices from G.json (0 passed over)",
+                                              "FLA_FLASH_KDA": "0"})
+    assert get_problem("kda").baseline_env() == "FLA_FLASH_KDA=0; autotune=3 shipped choices from G.json (0 passed over)"
+    assert get_problem("softmax").baseline_env() == ""

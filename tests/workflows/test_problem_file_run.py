@@ -102,7 +102,7 @@ async def export_and_reverify(wid, address, key, good, tmp_path, capsys):
     assert receipt["kernel"]["source_sha256"] == hashlib.sha256(good.encode()).hexdigest()
     assert receipt["best"]["interpreter"] and receipt["best"]["speedup"] is None and receipt["best"]["time_ms"] > 0
     assert receipt["measured_on"]["device"] == "cpu (Triton interpreter)" and receipt["measured_on"]["torch"]
-    assert receipt["measured_on"]["mode"] == "interpreter"
+    assert receipt["measured_on"]["mode"] == "interpreter" and receipt["measured_on"]["baseline_env"] == ""
     cmd = receipt["verify_command"]
     assert cmd == f"marathon verify {out / 'problem.py'} {out / 'kernel.py'}"
     assert cmd in (out / "receipt.md").read_text() and "under the Triton interpreter" in (out / "receipt.md").read_text()

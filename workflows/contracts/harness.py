@@ -92,6 +92,7 @@ class Receipt(Strict):
     spread: str = ""  # e.g. "IQR 0.41-0.44 ms"
     mode: str = ""  # "cuda-graph", "back-to-back" ("eager" in older records), "interpreter"
     proof: str = ""  # the ncu proof's line (gpu_worker.harness.ncu_proof); "" when none was drawn
+    baseline_env: str = ""  # what the baseline ran with (Problem.baseline_env), e.g. FLA's autotuning source
 
 
 class BenchRequest(Strict):
