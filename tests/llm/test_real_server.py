@@ -4,7 +4,7 @@ installs both), through the real Temporal dev server, the real agent worker and 
 under the Triton interpreter. The server is SIGKILLed while a turn waits on it and started again; the run
 goes on with nothing lost: the turn is retried and the iteration recorded. A 135M model writes poor kernels: a submission with a verdict (a syntax error
 included) is a submission. Slow: a turn evaluates up to about 3,600 prompt tokens on one CPU thread
-(about 2 minutes for the run on a 2-core VM with other work running; docs/llm.md has its turns)."""
+(about 2-3 minutes for the run on a 2-core VM with other work running; docs/llm.md has its times)."""
 
 from __future__ import annotations
 
