@@ -4,6 +4,7 @@ rules and compaction activities on task queue marathon-agent."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -29,7 +30,8 @@ def agent_activities(settings: AgentSettings | None = None) -> list:
 
 
 def build_agent_worker(client: Client, task_queue: str = AGENT_QUEUE, concurrency: int = 16,
-                       settings: AgentSettings | None = None) -> Worker:
+                       settings: AgentSettings | None = None, shutdown_grace_s: float = 0.0) -> Worker:
+    """`shutdown_grace_s`: how long its running activities may go on once it is told to stop."""
     return Worker(client, task_queue=task_queue, workflows=WORKFLOWS,
                   activities=agent_activities(settings), activity_executor=ThreadPoolExecutor(concurrency),
-                  max_concurrent_activities=concurrency)
+                  max_concurrent_activities=concurrency, graceful_shutdown_timeout=timedelta(seconds=shutdown_grace_s))

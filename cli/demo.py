@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -44,8 +45,11 @@ async def cmd_demo(args) -> int:
         await register_search_attributes(client)
         model = start_local_model() if getattr(args, "local_model", False) else None
         log = open(HOME / "worker.log", "ab")
+        # its running activities get 20 s to finish when the demo ends, within the 30 s it is waited for below
+        grace = {"MARATHON_SHUTDOWN_GRACE_S": os.environ.get("MARATHON_SHUTDOWN_GRACE_S", "20")}
         worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all", "--address", target,
-                                   "--namespace", client.namespace], stdout=log, stderr=log, start_new_session=True)
+                                   "--namespace", client.namespace], stdout=log, stderr=log, start_new_session=True,
+                                  env={**os.environ, **grace})
         await wait_for_worker(client, worker, HOME / "worker.log", spec)
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         args.address = target

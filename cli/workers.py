@@ -12,6 +12,25 @@ from workflows.contracts import AGENT_QUEUE, GPU_QUEUE, RunSpec, explain
 from cli.errors import UsageError
 
 
+#: seconds a stopping worker's running activities may go on (MARATHON_SHUTDOWN_GRACE_S): below the
+#: deployments' own stop grace (120 s), after which the process is killed
+SHUTDOWN_GRACE_S = 90.0
+
+
+def shutdown_grace_s(environ) -> float:
+    """MARATHON_SHUTDOWN_GRACE_S, or UsageError naming it: a number of seconds >= 0."""
+    raw = environ.get("MARATHON_SHUTDOWN_GRACE_S", "").strip()
+    if not raw:
+        return SHUTDOWN_GRACE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not (0.0 <= value < float("inf")):
+        raise UsageError(f"MARATHON_SHUTDOWN_GRACE_S must be a number of seconds >= 0, got {raw!r}")
+    return value
+
+
 async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
@@ -21,6 +40,7 @@ async def cmd_worker(args) -> int:
         RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
     except ValidationError as e:
         raise UsageError(f"invalid --gpu-queue: {explain(e)}")
+    grace = shutdown_grace_s(os.environ)
     gpu_settings = None
     if args.role in ("gpu", "all"):
         from gpu_worker.settings import GpuWorkerSettings, SettingsError
@@ -46,7 +66,7 @@ async def cmd_worker(args) -> int:
     if args.role in ("agent", "all"):
         from activities.worker import build_agent_worker
 
-        workers.append(build_agent_worker(client))
+        workers.append(build_agent_worker(client, shutdown_grace_s=grace))
     if args.role in ("gpu", "all"):
         from gpu_worker.worker import build_gpu_workers
 
@@ -58,7 +78,7 @@ async def cmd_worker(args) -> int:
         gpu_client = await type(client).connect(**{**connect_config(args.address, args.namespace),
                                                    "identity": gpu_worker_identity(interpreter)},
                                                 data_converter=client.data_converter)
-        workers += build_gpu_workers(gpu_client, task_queue=queue)
+        workers += build_gpu_workers(gpu_client, task_queue=queue, shutdown_grace_s=grace)
     print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
           f"{client.service_client.config.target_host}", flush=True)
     print(metrics.describe(), flush=True)
@@ -69,6 +89,9 @@ async def cmd_worker(args) -> int:
     tasks = [asyncio.create_task(w.run()) for w in workers]
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait(tasks + [waiter], return_when=asyncio.FIRST_COMPLETED)
+    if waiter in done:
+        print(f"stopping: no new work taken; running activities may take up to {grace:g} s to finish "
+              f"(MARATHON_SHUTDOWN_GRACE_S), then are cancelled and retried elsewhere", flush=True)
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
     metrics.close()
     for t in done:

@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 from temporalio.worker import Worker
 
@@ -124,8 +125,9 @@ def own_queue(task_queue: str) -> str:
 
 
 def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None = None,
-                      max_concurrent: int | None = None, ev=None) -> list[Worker]:
-    """Its two Workers over `ev` (default: this process's evaluator)."""
+                      max_concurrent: int | None = None, ev=None, shutdown_grace_s: float = 0.0) -> list[Worker]:
+    """Its two Workers over `ev` (default: this process's evaluator); `shutdown_grace_s`: how long their
+    running activities may go on once they are told to stop."""
     ev = ev if ev is not None else evaluator()
     settings = ev.settings
     print(host_summary(settings.wall), flush=True)
@@ -142,7 +144,8 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     # own, so a worker busy with its candidates' later stages never starves them by taking new compiles
     workers = [Worker(client, task_queue=q, activities=acts,
                       activity_executor=ThreadPoolExecutor(max_workers=n + 1, thread_name_prefix="gpu-act"),
-                      max_concurrent_activities=n) for q in (task_queue, own)]
+                      max_concurrent_activities=n, graceful_shutdown_timeout=timedelta(seconds=shutdown_grace_s))
+               for q in (task_queue, own)]
     if selftest:
         selftest_in_background(ev, shutdown_from_thread(workers))
     return workers
