@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("check takes the document's path; capture takes none (--out)")
     if a.against and a.mode != "check":
         ap.error("--against is for check")
+    for given in (a.path, a.against):
+        if given and not Path(given).is_file():
+            ap.error(f"no such file: {given}")
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fla-autotune-")  # before triton loads
     os.environ.setdefault("FLA_FLASH_KDA", "0")  # as the adapter sets it, before FLA loads (seeding loads it)
 
@@ -91,14 +94,14 @@ def main(argv: list[str] | None = None) -> int:
                                   + ", ".join(report["shapes"]))
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        tuners = choices.autotuners("fla")
+        report["benchmarked"] = sorted(n for n, t in tuners.items() if hasattr(t, "bench_time"))
+        report["autotuners_called"] = sum(1 for t in tuners.values() if t.cache)
+        if a.report:  # after each shape too: a run cut short keeps what it measured
+            Path(a.report).write_text(json.dumps(report, indent=1) + "\n")
         print(json.dumps({shape.name: row}), flush=True)
         del inputs, out
-    tuners = choices.autotuners("fla")
-    report["benchmarked"] = sorted(n for n, t in tuners.items() if hasattr(t, "bench_time"))
-    report["autotuners_called"] = sum(1 for t in tuners.values() if t.cache)
     print(json.dumps({k: v for k, v in report.items() if k != "shapes"}), flush=True)
-    if a.report:
-        Path(a.report).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
 
