@@ -131,7 +131,12 @@ def seed(doc: Mapping, prefix: str, versions: Mapping[str, str]) -> Seeded:
         if tuner is None or not isinstance(rows, list):
             out.skipped += len(rows) if isinstance(rows, list) else 1
             continue
-        own = {json.dumps(_plain(_config_fields(c)), sort_keys=True): c for c in tuner.configs}
+        own = {}
+        for c in tuner.configs:
+            try:
+                own[json.dumps(_plain(_config_fields(c)), sort_keys=True)] = c
+            except ValueError:
+                continue  # a config no document can name (a field that is not plain data)
         for row in rows:
             cfg = own.get(json.dumps(row.get("config"), sort_keys=True)) if isinstance(row, Mapping) else None
             if cfg is None or not isinstance(row.get("key"), list):
