@@ -79,17 +79,20 @@ def main(argv: list[str] | None = None) -> int:
         print(baseline.seed_shipped_choices(Path(a.path)), flush=True)
     kda = get_problem("kda")
     report: dict = {"mode": a.mode, "versions": versions, "shapes": {}}
+    capture = a.mode == "capture"
+
+    def run(x):
+        return baseline.fla_chunk_kda(x, shipped_choices=not capture)
+
     for shape in kda.shapes:
         inputs = kda.make_inputs(shape, kda.distributions[0], 0, "cuda")
-        run = (lambda x: baseline.fla_chunk_kda(x, shipped_choices=False)) if a.mode == "capture" \
-            else baseline.fla_chunk_kda
         first, out = _timed(run, inputs)
         second, _ = _timed(run, inputs)
         row = {"first_s": round(first, 2), "second_s": round(second, 4), "digest": _digest(out)}
         if shape.name in against:
             row["same_outputs"] = against[shape.name]["digest"] == row["digest"]
         report["shapes"][shape.name] = row
-        if a.mode == "capture":
+        if capture:
             doc = choices.capture("fla", versions, note="python scripts/fla_autotune.py capture; shapes: "
                                   + ", ".join(report["shapes"]))
             out_path.parent.mkdir(parents=True, exist_ok=True)
