@@ -76,7 +76,10 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
 
     ev, outcome, release, _ = gpu_side
     queue = f"selftest-bg-{uuid.uuid4().hex[:8]}"
-    gpu = build_gpu_workers(env.client, task_queue=queue, selftest=True, max_concurrent=2, ev=ev)
+    # a grace as `marathon worker` gives (MARATHON_SHUTDOWN_GRACE_S): the benchmark waiting on the verdict
+    # completes its refusal before the stop; with none, the stop may cancel it first (a WorkerShutdown failure)
+    gpu = build_gpu_workers(env.client, task_queue=queue, selftest=True, max_concurrent=2, ev=ev,
+                            shutdown_grace_s=30)
     verdict = ev.selftest_verdict
     runs = [asyncio.create_task(w.run()) for w in gpu]
     src = canary("fast")
