@@ -15,6 +15,7 @@ DELAY_S = 0.0  # raised by tests that need an activity to be in flight when some
 REQUESTS: list[tuple[str, str, str]] = []  # (activity, workflow run id, request JSON) of every GPU call
 SLOW_EVERY, SLOW_S = 0, 0.0  # iterations 1, 1 + SLOW_EVERY, ... take SLOW_S longer to compile
 WORKER_QUEUE: str | None = None  # the GPU worker's own queue, named in compile reports (tests.workflows.helpers)
+INTERPRETER = True  # False: the reports read as a GPU's (a run then asks for what only timed kernels get)
 
 
 def synthetic_ms(source: str) -> float:
@@ -57,7 +58,7 @@ def compile_candidate(req: EvalRequest) -> CompileReport:
         _sleep_heartbeating(DELAY_S)
     if SLOW_EVERY and req.iteration is not None and req.iteration % SLOW_EVERY == 1:
         _sleep_heartbeating(SLOW_S)
-    return CompileReport(ok=True, interpreter=True, worker_queue=WORKER_QUEUE)
+    return CompileReport(ok=True, interpreter=INTERPRETER, worker_queue=WORKER_QUEUE)
 
 
 @activity.defn(name="verify_candidate")
@@ -65,8 +66,8 @@ def verify_candidate(req: EvalRequest) -> VerifyReport:
     _note("verify_candidate", req)
     if _fails(_source(req.source_key)):
         return VerifyReport(ok=False, reason="synthetic: rel err 0.3 > threshold 1e-5", rel_err=0.3,
-                            interpreter=True)
-    return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, interpreter=True)
+                            interpreter=INTERPRETER)
+    return VerifyReport(ok=True, rel_err=1e-7, threshold=1e-5, interpreter=INTERPRETER)
 
 
 @activity.defn(name="benchmark_candidate")
@@ -77,8 +78,8 @@ def benchmark_candidate(req: BenchRequest) -> BenchReport:
     t = synthetic_ms(_source(req.source_key))
     s = 1.0 / t
     return BenchReport(ok=True, time_ms=t, baseline_ms=1.0, baseline_name="synthetic", speedup=s,
-                       speedup_ci=(s * 0.99, s * 1.01), interpreter=True, gpu_seconds=0.01,
-                       receipt=Receipt(device="synthetic", mode="interpreter"))
+                       speedup_ci=(s * 0.99, s * 1.01), interpreter=INTERPRETER, gpu_seconds=0.01,
+                       receipt=Receipt(device="synthetic", mode="interpreter" if INTERPRETER else "cuda-graph"))
 
 
 @activity.defn(name="profile_candidate")

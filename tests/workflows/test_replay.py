@@ -50,6 +50,32 @@ def test_a_fixture_carries_evaluations_across_continue_as_new():
     assert any(started[w] != delivered[w] for w in started)
 
 
+def test_an_llm_policy_fixture_carries_its_patches():
+    # the llm policy's own commands replay too: model turns and tools as local activities, its patches
+    # decided at the start, a repeated failing call answered without running, continue-as-new
+    runs = [p for p in RUNS if p.name.startswith("llm_")]
+    assert len(runs) >= 2, "tests/histories holds an llm-policy run that continued as new"
+    first = json.dumps(_events(runs[0]))
+    assert base64.b64encode(b'"llm-patches-at-start"').decode()[:20] in first
+    turns = [e for p in runs for e in _events(p) if (a := e.get("activityTaskScheduledEventAttributes"))
+             and a["activityType"]["name"] == "llm_turn"]
+    assert len(turns) >= 10
+    texts = [base64.b64decode(d).decode(errors="replace") for d in _payload_data(json.loads(first))]
+    assert any("times in a row" in t for t in texts)
+
+
+def _payload_data(x):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            if k == "data" and isinstance(v, str):
+                yield v
+            else:
+                yield from _payload_data(v)
+    elif isinstance(x, list):
+        for v in x:
+            yield from _payload_data(v)
+
+
 @pytest.mark.parametrize("path", HISTORIES, ids=lambda p: p.name)
 async def test_history_replays(path):
     await Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter).replay_workflow(_load(path))
