@@ -126,6 +126,7 @@ class Captured(Result):
 
 class Prepared(Result):
     timing: Timing
+    captured: Captured | None = None  # asked with `capture`
 
 
 class VerifiedCase(Result):
@@ -284,7 +285,8 @@ class Compile(Request):
 
 
 class Prepare(Request):
-    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets)."""
+    """Upload verification cases, and/or make a distribution's timing set (`rotate` static sets); with
+    `capture`, then capture the set's CUDA graphs in the same untimed job (never inside a timing window)."""
 
     cmd = "prepare"
     result_type = Prepared
@@ -294,6 +296,7 @@ class Prepare(Request):
     kernels: bool = True
     seed: int = 1000
     pool: int = 3
+    capture: bool = False
 
 
 class Verify(Request):
@@ -313,12 +316,6 @@ class WriteExports(Request):
 
     cmd = "write_exports"
     result_type = Exported
-
-
-class Capture(Request):
-    cmd = "capture"
-    result_type = Captured
-    dist: str | None = None
 
 
 class Time(Request):
@@ -404,5 +401,5 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Capture, Time,
+    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Time,
     HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}

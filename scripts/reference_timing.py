@@ -84,9 +84,8 @@ def _run(a, ask, cuda: bool, shape, dist: str) -> None:
     shape_name = shape.name if cuda else None  # None: the CPU shape, under the interpreter stand-in
     ask(protocol.CudaInit())
     setup = ask(protocol.Setup(problem=a.problem, shape=shape_name))
-    ask(protocol.Prepare(rotate=2, pool=3, dist=dist, seed=1000))
-    cap = ask(protocol.Capture(dist=dist))
-    mode = "cuda-graph" if cap.captured else "back-to-back"
+    cap = ask(protocol.Prepare(rotate=2, pool=3, dist=dist, seed=1000, capture=True)).captured
+    mode = "cuda-graph" if cap is not None and cap.captured else "back-to-back"
     where = "a sandboxed reference child" if a.sandboxed else "reference role in this process"
     print(f"{a.problem} {setup.shape} {dist}: {setup.baseline}, {mode}, {where} "
           f"({'CUDA' if cuda else 'CPU: times say nothing about speed'})", flush=True)

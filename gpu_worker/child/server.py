@@ -84,9 +84,6 @@ class Server:
     def cmd_write_exports(self):
         return self.exports.cmd_write_exports()
 
-    def cmd_capture(self, dist: str | None = None):
-        return self.timing.cmd_capture(dist)
-
     def cmd_time(self, **request):
         return self.timing.cmd_time(**request)
 
@@ -130,7 +127,6 @@ COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
     protocol.Prepare: Server.cmd_prepare,
     protocol.Verify: Server.cmd_verify,
     protocol.WriteExports: Server.cmd_write_exports,
-    protocol.Capture: Server.cmd_capture,
     protocol.Time: Server.cmd_time,
     protocol.HostLatencyRequest: Server.cmd_host_latency,
     protocol.Park: Server.cmd_park,

@@ -66,9 +66,9 @@ class ChildTiming:
         self.flush = self.flush_sink = self.flush_graph = None  # the L2 flush's buffer, its sum's sink, its graph
 
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
-                    kernels: bool = True, seed: int = 1000, pool: int = 3):
+                    kernels: bool = True, seed: int = 1000, pool: int = 3, capture: bool = False):
         """Generate inputs ahead (on the CPU side, before the worker's timing block): the verification
-        cases' inputs and/or the timing sets."""
+        cases' inputs and/or the timing sets; with `capture`, the timing set's graphs (`capture`)."""
         core, inputs = self.core, self.inputs
         inputs.prep_timing = {}
         if cases:
@@ -102,7 +102,12 @@ class ChildTiming:
             # a flush that did not capture runs on the stream, which delays the timed graph behind it: named
             # in the phase log, since a child's own output goes nowhere
             inputs.prep_timing["flush-on-stream"] = 1
-        return protocol.Prepared(timing={k: round(v, 4) for k, v in inputs.prep_timing.items()})
+        captured = None
+        if rotate and capture:
+            t0 = core.T["perf"]()
+            captured = self.capture(dist)
+            inputs._count("capture", t0)
+        return protocol.Prepared(timing={k: round(v, 4) for k, v in inputs.prep_timing.items()}, captured=captured)
 
     def _prepare_timing(self, rotate: int, dist: str, seed: int = 1000, pool: int = 3):
         import torch
@@ -223,9 +228,9 @@ class ChildTiming:
             else:
                 self._flush_l2()
 
-    def cmd_capture(self, dist: str | None = None):
-        """Capture one CUDA graph per static set; the reply says whether this side captures (the worker
-        times graph replays only when every side of the comparison does)."""
+    def capture(self, dist: str | None = None) -> protocol.Captured:
+        """Capture one CUDA graph per static set (Prepare's `capture`); says whether this side captures (the
+        worker times graph replays only when every side of the comparison does)."""
         ts = self._timing_set(dist, "capture")
         ts.graphs = None
         if self.core.role == "candidate":

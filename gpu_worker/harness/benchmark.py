@@ -202,20 +202,23 @@ class BenchmarkStage:
 
     def time_distribution(self, problem, shape, dist: str, cand, ref, ref_lock, best, hb, gpu_s: list,
                           decisive: bool = True) -> TimedDistribution:
-        """One distribution: every side prepares its timing set (untimed device jobs), then in one timing
-        block each side tries to capture, the mode is chosen for all of them, and candidate,
+        """One distribution: every side prepares its timing set and, on a GPU, captures its graphs (one
+        untimed device job each), the mode is chosen for all of them, and in one timing block candidate,
         baseline (and best) are timed in interleaved blocks; then each side's host latency."""
         ctx = self.ctx
         plan = ctx.plan()
-        prep = ctx.timing_set_request(dist)
+        prep = ctx.timing_set_request(dist, capture=ctx.cuda)
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
-        for _, sb in sides:  # one job each: a waiting timing block waits for the shorter one
+        captures = {}
+        for who, sb in sides:  # one job each: a waiting timing block waits for the shorter one
             with _phase("prepare"), self.turns.job():
                 pre = self.children.ask(sb, prep, ctx.timeouts["load"], "benchmark", hb)
             for k, v in pre.timing.items():
                 _add_phase(f"prepare.{k}", v)
+            captures[who] = pre.captured
         with self.turns.with_ref(ref_lock):
             ref_pre = self.refs.do(ref, hb, prep, ctx.timeouts["load"])
+        captures["base"] = ref_pre.captured
         if ref_pre.timing.get("flush-on-stream"):
             _add_phase("ref.prepare.flush-on-stream", 1)
         timed_children = [cand, ref, best]
@@ -224,14 +227,16 @@ class BenchmarkStage:
             ctx.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
                 with _phase("interleave"):
-                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive)
+                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive,
+                                           captures if ctx.cuda else None)
             finally:
                 ctx.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
 
-    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb,
-                   decisive: bool = True) -> TimedDistribution:
-        """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated."""
+    def interleave(self, problem, dist: str, cand, ref, best, plan: dict, hb, decisive: bool = True,
+                   captured: dict | None = None) -> TimedDistribution:
+        """A/B(/C) blocks in one mode for all sides: candidate, baseline, (current best), repeated. On a GPU,
+        `captured`: each side's Captured from its timing set's preparation (graph replay only if all did)."""
         ctx = self.ctx
         parties = [("cand", cand), ("base", ref), ("best", best)]
         captures = {}
@@ -251,12 +256,9 @@ class BenchmarkStage:
             for who, sb in parties:
                 if sb is None:
                     continue
-                if who == "base":  # the trusted child: its failure is the harness's (ReferenceChildren.do)
-                    r = self.refs.do(sb, hb, msg.Capture(dist=dist), ctx.timeouts["time"])
-                else:
-                    r = self.children.ask(sb, msg.Capture(dist=dist), ctx.timeouts["time"], "benchmark", hb)
-                captures[who] = r.captured
-                if not r.captured:
+                r = (captured or {}).get(who)  # none given: that side did not capture
+                captures[who] = bool(r is not None and r.captured)
+                if not captures[who]:
                     _add_phase(f"no-capture.{who}", 1)
             mode = choose_mode(list(captures.values()))
             # Slow baselines (mla_prefill's ~30 ms) get fewer repetitions per block: about

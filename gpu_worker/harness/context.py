@@ -137,8 +137,10 @@ class StageContext:
         # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
         return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
 
-    def timing_set_request(self, dist: str) -> msg.Prepare:
+    def timing_set_request(self, dist: str, capture: bool = False) -> msg.Prepare:
         """What every side gets to prepare one distribution's timing set: the same seeds, so that the
-        reference child holds the values each timed repetition of a candidate ran on."""
+        reference child holds the values each timed repetition of a candidate ran on; with `capture`, its
+        graphs captured in the same job."""
         plan = self.plan()
-        return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed)
+        return msg.Prepare(rotate=plan["rotate"], pool=plan["pool"], dist=dist, seed=self.timing_seed,
+                           capture=capture)

@@ -79,3 +79,70 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
     res, cand = run(1.2, with_best=False)  # no best to compare with
     assert res.blocks == 5 and len(res.cand) == 100
     e.close()
+
+
+def test_on_a_gpu_each_side_captures_in_its_preparation_job_and_the_window_only_times(tmp_path):
+    """With a device (stand-in children answering), every side's timing set is prepared and its graphs
+    captured in one untimed job of its own; the timing window holds timed blocks and host latency only, in
+    graph mode where every side captured and back to back where one did not."""
+    import contextlib
+
+    from gpu_worker.device.scheduling import Scheduler
+    from gpu_worker.harness import Evaluator
+    from gpu_worker.phases import phases_begin, phases_end
+    from gpu_worker.protocol import Captured, HostLatency, Prepared, Timed
+    from workflows.artifacts import ArtifactStore
+
+    e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
+    where = ["host"]
+    asked = []
+
+    class Child:
+        def __init__(self, who, captures=True):
+            self.who, self.captures = who, captures
+
+        def alive(self):
+            return False
+
+        def call(self, request, timeout, hb=None):
+            asked.append((self.who, request.cmd, where[0], getattr(request, "capture", None),
+                          getattr(request, "mode", None)))
+            if request.cmd == "prepare":
+                cap = Captured(captured=self.captures, why="" if self.captures else "stand-in refuses")
+                return Reply(seq=None, result=Prepared(timing={}, captured=cap if request.capture else None))
+            if request.cmd == "time":
+                return Reply(seq=None, result=Timed(times=[1.0] * request.reps, mode=request.mode, checks=[],
+                                                    check_names=[]))
+            return Reply(seq=None, result=HostLatency(walls=[1.0] * request.reps))
+
+    @contextlib.contextmanager
+    def turn(name):
+        assert where[0] == "host", f"{name} inside {where[0]}"
+        where[0] = name
+        try:
+            yield
+        finally:
+            where[0] = "host"
+
+    e.turns.job = lambda: turn("job")
+    e.turns.with_ref = lambda lock, timing=False: turn("window" if timing else "ref-job")
+    e.ctx.settings = e.ctx.settings.model_copy(update={"bench_blocks": 2})
+    try:
+        e.ctx.cuda = True
+        for best_captures, mode in ((True, "cuda-graph"), (False, "back-to-back")):
+            asked.clear()
+            phases_begin()
+            res = e.bench_stage.time_distribution(None, None, "normal", Child("cand"), Child("base"),
+                                                  contextlib.nullcontext(), Child("best", best_captures), None,
+                                                  [0.0])
+            ph = phases_end()
+            assert res.mode == mode and res.captures == {"cand": True, "base": True, "best": best_captures}
+            prepares = [(who, w, cap) for who, cmd, w, cap, _ in asked if cmd == "prepare"]
+            assert sorted(prepares) == [("base", "ref-job", True), ("best", "job", True), ("cand", "job", True)]
+            timed = [a for a in asked if a[1] == "time"]
+            assert timed and all(w == "window" and m == mode for _, _, w, _, m in timed), timed
+            assert {cmd for _, cmd, w, _, _ in asked if w == "window"} == {"time", "host_latency"}
+            assert ("no-capture.best" in ph) == (not best_captures)
+    finally:
+        e.ctx.cuda = False
+        e.close()
