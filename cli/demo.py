@@ -20,6 +20,19 @@ from cli.workers import wait_for_worker
 RUNS_QUERY = "WorkflowType%3D%22KernelOptimization%22"
 
 
+def worker_env(problem: str, environ) -> dict:
+    """The demo's worker's environment: `environ`, where unset there, its running activities given 20 s to
+    finish when the demo ends (within the 30 s it is waited for) and a built-in problem warmed as it starts
+    (MARATHON_WARM_PROBLEM: its ceilings, oracles and the baseline's first call, before the first candidate
+    has compiled)."""
+    from baselines.registry import problem_names
+
+    env = {**environ, "MARATHON_SHUTDOWN_GRACE_S": environ.get("MARATHON_SHUTDOWN_GRACE_S", "20")}
+    if problem in problem_names() and "MARATHON_WARM_PROBLEM" not in environ:
+        env["MARATHON_WARM_PROBLEM"] = problem
+    return env
+
+
 async def cmd_demo(args) -> int:
     """What `make run` does: a dev server (demo_server says which), a worker, a run, progress, report. The dev
     server stays up for the Web UI once the run has started; the worker stops with the demo."""
@@ -45,11 +58,9 @@ async def cmd_demo(args) -> int:
         await register_search_attributes(client)
         model = start_local_model() if getattr(args, "local_model", False) else None
         log = open(HOME / "worker.log", "ab")
-        # its running activities get 20 s to finish when the demo ends, within the 30 s it is waited for below
-        grace = {"MARATHON_SHUTDOWN_GRACE_S": os.environ.get("MARATHON_SHUTDOWN_GRACE_S", "20")}
         worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all", "--address", target,
                                    "--namespace", client.namespace], stdout=log, stderr=log, start_new_session=True,
-                                  env={**os.environ, **grace})
+                                  env=worker_env(spec.problem, os.environ))
         await wait_for_worker(client, worker, HOME / "worker.log", spec)
         args.id = args.id or f"marathon-{args.problem}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
         args.address = target

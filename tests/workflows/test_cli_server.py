@@ -188,3 +188,15 @@ def test_marathon_dev_prints_the_web_ui_on_the_port_it_serves(tmp_path):
                                                    ip="127.0.0.1", headless=False)))
     finally:
         held.close()
+
+
+def test_the_demos_worker_warms_the_runs_built_in_problem_unless_told_otherwise():
+    from cli.demo import worker_env
+    from gpu_worker.worker import warm_list
+
+    env = worker_env("kda", {"PATH": "/bin"})
+    assert env["PATH"] == "/bin" and env["MARATHON_SHUTDOWN_GRACE_S"] == "20"
+    assert warm_list(env["MARATHON_WARM_PROBLEM"]) == [("kda", None)]  # as the worker reads it
+    assert "MARATHON_WARM_PROBLEM" not in worker_env("file:0123abcd", {})  # a file problem: no warm-up named
+    mine = worker_env("kda", {"MARATHON_WARM_PROBLEM": "", "MARATHON_SHUTDOWN_GRACE_S": "5"})
+    assert mine["MARATHON_WARM_PROBLEM"] == "" and mine["MARATHON_SHUTDOWN_GRACE_S"] == "5"
