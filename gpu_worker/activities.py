@@ -14,12 +14,13 @@ a benchmark or profile heartbeats until its verdict; compiles and verifications 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
 import threading
 import time
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 
 from gpu_worker.harness import Evaluator
 from gpu_worker.phases import phases_begin, phases_end
@@ -103,9 +104,20 @@ def _observed(ev, stage: str, fn, req, log):
     return rep
 
 
+def _shielded():
+    # outside an activity (a direct call from a script or test) nothing is cancelled
+    return activity.shield_thread_cancel_exception() if activity.in_activity() else contextlib.nullcontext()
+
+
+def _cancelled() -> bool:
+    return activity.in_activity() and activity.is_cancelled()
+
+
 def _beating(ev, stage: str, fn, req):
     """The harness step on a thread of its own, awaited here with a heartbeat every second. Its own
-    heartbeat callback does nothing outside the activity's thread."""
+    heartbeat callback does nothing outside the activity's thread. Once the activity is cancelled (a worker
+    stopping past its grace) the wait ends, even where the cancellation's exception did not reach this
+    thread; the step ends on its own thread by its own time limits."""
     log = activity_logger()  # bound to this activity: the phase log keeps its run
     fut: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -115,12 +127,18 @@ def _beating(ev, stage: str, fn, req):
         except BaseException as e:  # noqa: BLE001 - raised again in the activity's thread
             fut.set_exception(e)
 
-    threading.Thread(target=work, daemon=True, name=f"{stage}-{req.candidate_id[:16]}").start()
+    step = threading.Thread(target=work, daemon=True, name=f"{stage}-{req.candidate_id[:16]}")
+    # until a new thread runs, CPython's state for it carries this thread's id: a cancellation raised here
+    # meanwhile would land in the step's thread, which would die unstarted and leave this wait unanswered
+    with _shielded():
+        step.start()
     beat = _heartbeat()
     while True:
         try:
             return fut.result(timeout=1.0)
         except concurrent.futures.TimeoutError:
+            if _cancelled():
+                raise CancelledError(f"the {stage} was cancelled while it ran")
             beat()
 
 

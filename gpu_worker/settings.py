@@ -124,7 +124,8 @@ class GpuWorkerSettings(BaseModel):
         "a number of GiB >= 0", ge=0)
     warm_problem: str = _setting(
         "", "problems warmed at start (ceilings, oracle bank, the baseline's first call): `kda,mla_decode` or "
-        "`problem:shape` entries", "comma-separated problem or problem:shape entries")
+        "`problem:shape` entries; the demo's worker (`make run`) warms the run's built-in problem unless this is "
+        "set", "comma-separated problem or problem:shape entries")
     warm_all_shapes: bool | None = _setting(
         None, "a warmed problem named without a shape warms its other listed shapes too (their reference, "
         "the baseline's first call and its autotuning, one case per distribution)", _FLAG)

@@ -83,3 +83,49 @@ def test_worker_builds(ev):
 
     names = [f.__temporal_activity_definition.name for f in gpu_activities(ev)]
     assert names == ["compile_candidate", "verify_candidate", "benchmark_candidate", "profile_candidate", "gpu_selftest"]
+
+
+def test_a_cancelled_step_ends_its_wait_even_where_the_exception_missed_its_thread():
+    """A worker stopping past its grace cancels its activities by raising in their threads; one raised as
+    the step's thread starts can land there instead (CPython's state for a new thread carries its starter's
+    id until it runs). The waiting activity still ends within a heartbeat's second: it reads the
+    cancellation itself (here no exception is raised at all, the activity opting out of them)."""
+    import threading
+    import time
+
+    from temporalio import activity
+    from temporalio.exceptions import CancelledError
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+    from gpu_worker.selftest_verdict import SelfTestVerdict
+    from workflows.contracts import EvalRequest
+
+    release, out = threading.Event(), {}
+
+    class Ev:
+        selftest_verdict = SelfTestVerdict()
+
+    @activity.defn(name="compile_candidate", no_thread_cancel_exception=True)
+    def stuck(request: EvalRequest):
+        return acts._beating(Ev(), "compile", lambda ev, r: release.wait(60), request)
+
+    env = ActivityEnvironment()
+
+    def run():
+        try:
+            out["result"] = env.run(stuck, EvalRequest(problem="softmax", candidate_id="c" * 16, source_key="k"))
+        except BaseException as e:  # noqa: BLE001 - the outcome under test
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        time.sleep(1.5)
+        env.cancel()
+        t.join(10)
+        assert not t.is_alive(), "the activity went on waiting for its step after being cancelled"
+        assert isinstance(out.get("error"), CancelledError), out
+    finally:
+        release.set()
+        t.join(60)

@@ -63,7 +63,11 @@ async def _compile_under_sigterm(env, store, tmp_path, grace_s: str):
                 outcome = e
             attempts = [e.activity_task_started_event_attributes.attempt async for e in h.fetch_history_events()
                         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED]
-        rc = await asyncio.to_thread(proc.wait, 120)
+        try:
+            rc = await asyncio.to_thread(proc.wait, 120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the worker did not exit within 120 s of its stop:\n"
+                                 + log_path.read_text()[-3000:]) from None
         return outcome, rc, log_path.read_text(), attempts
     finally:
         if proc.poll() is None:
