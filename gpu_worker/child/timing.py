@@ -68,7 +68,7 @@ class ChildTiming:
     def cmd_prepare(self, cases: list | None = None, rotate: int | None = None, dist: str | None = None,
                     kernels: bool = True, seed: int = 1000, pool: int = 3, capture: bool = False):
         """Generate inputs ahead (on the CPU side, before the worker's timing block): the verification
-        cases' inputs and/or the timing sets; with `capture`, the timing set's graphs (`capture`)."""
+        cases' inputs and/or the timing sets; with `capture`, then the timing set's graphs, in the same job."""
         core, inputs = self.core, self.inputs
         inputs.prep_timing = {}
         if cases:

@@ -7,8 +7,9 @@ and a rejected budget update, a pause and resume; the final run that completes; 
 child workflow. With `--policy llm` (files `PREFIXllm_softmax_*`) the same run is driven by a scripted
 model over HTTP (tests/llm/server.py): its turns, tool calls, a call that fails the same way until it is
 answered without running and the turn narrowed to submit_kernel, the notebook's compactions; its
-evaluations report as a GPU's, so a new best's answer brings its profile and a slower one's does not. A change that alters the command sequence of a supported version goes behind
-`workflow.patched`, and its fixtures are recorded beside these (docs/architecture.md, Versioning)."""
+evaluations report as a GPU's, so a new best's answer brings its profile and a slower one's does not.
+A change that alters the command sequence of a supported version goes behind `workflow.patched`, and its
+fixtures are recorded beside these (docs/architecture.md, Versioning)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ OUT = Path(__file__).resolve().parent.parent / "histories"
 def llm_script():
     """The scripted model's turns: reads, a broken submission, a call failing the same way three times
     (the third answered without running; the next turn offers only submit_kernel), then submissions that
-    improve, each after a compile, with a profile of the kernel that is about to be the best."""
+    improve, each after the model's own compile and profile calls, and a slower one last."""
     from tests.llm.kernels import LADDER, softmax_kernel
     from tests.llm.script import TurnScript, turn
 
