@@ -227,8 +227,7 @@ class BenchmarkStage:
             ctx.sched.pin(timed_children, timed=True)  # the timed processes get cores of their own
             try:
                 with _phase("interleave"):
-                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive,
-                                           captures if ctx.cuda else None)
+                    return self.interleave(problem, dist, cand, ref, best, plan, hb, decisive, captures)
             finally:
                 ctx.sched.pin(timed_children, timed=False)
                 gpu_s[0] += time.monotonic() - g0
