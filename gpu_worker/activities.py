@@ -8,7 +8,8 @@ ApplicationError; a failed self-test a retryable one (type SelfTestFailed), whic
 
 The self-test's verdict has one holder, the evaluator's `selftest_verdict` (settled by Evaluator.selftest):
 after a failed verdict every activity refuses. While a start-up self-test runs (`GpuActivities.selftest_awaited`),
-a benchmark or profile heartbeats until its verdict; compiles and verifications do not wait.
+a benchmark or profile runs beside it and its report waits for the verdict (a failure turns it into the
+refusal); compiles and verifications do not wait.
 """
 
 from __future__ import annotations
@@ -144,13 +145,15 @@ def _beating(ev, stage: str, fn, req):
 
 class GpuActivities:
     """The GPU worker's activities over its evaluator. `own_queue`: the queue only this worker polls, named
-    in compile reports; `selftest_awaited`: a start-up self-test runs, so timing waits for its verdict."""
+    in compile reports; `selftest_awaited`: a start-up self-test runs, so a timed stage's report waits for its verdict."""
 
     def __init__(self, ev, own_queue: str | None = None, selftest_awaited: bool = False) -> None:
         self.ev, self.own_queue, self.selftest_awaited = ev, own_queue, selftest_awaited
 
     def _await_selftest(self) -> None:
-        """Before anything timed: the start-up self-test's verdict, heartbeating while it is pending."""
+        """Before a timed stage's report leaves: the start-up self-test's verdict, heartbeating while it is
+        pending. The stage itself ran meanwhile: the canaries judge this harness on this host, and a report
+        made before their verdict is held until it, never sent where they failed."""
         if not self.selftest_awaited:
             return
         verdict = self.ev.selftest_verdict
@@ -176,13 +179,15 @@ class GpuActivities:
 
     @activity.defn(name="benchmark_candidate")
     def benchmark_candidate(self, req: BenchRequest) -> BenchReport:
+        rep = _beating(self.ev, "benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
         self._await_selftest()
-        return _beating(self.ev, "benchmark", lambda ev, r: ev.benchmark(r, _heartbeat()), req)
+        return rep
 
     @activity.defn(name="profile_candidate")
     def profile_candidate(self, req: EvalRequest) -> ProfileReport:
+        rep = _guarded(self.ev, lambda ev, r: ev.profile(r, _heartbeat()), req)
         self._await_selftest()
-        return _guarded(self.ev, lambda ev, r: ev.profile(r, _heartbeat()), req)
+        return rep
 
     @activity.defn(name="gpu_selftest")
     def gpu_selftest(self) -> dict:

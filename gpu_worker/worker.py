@@ -10,7 +10,8 @@ nothing else of the worker's on the device, untimed jobs (uploads, verification,
 Settings: the evaluator's (gpu_worker.settings, parsed from the environment once, when it is built).
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run in the
-background while the worker already serves; benchmarks and profiles wait for their verdict, held by the
+background while the worker already serves; benchmarks and profiles run, and their reports wait for the
+verdict, held by the
 evaluator (Evaluator.selftest_verdict; GpuActivities.selftest_awaited), compiles and
 verifications do not. If they fail, the worker logs the canaries' problems, refuses all work (retryable, so
 other workers take it) and shuts its Temporal workers down.
