@@ -1,7 +1,7 @@
 """EvaluateCandidate: one candidate's whole evaluation as one durable unit, a child workflow of the run.
 
 rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified
-again, at one more of the problem's shapes and at a random one. The run starts it with
+again, at one more of the problem's shapes and at a random one, the two checks at once. The run starts it with
 ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's workflow id
 (`evaluated`), which reaches the run's latest execution, so an evaluation under way goes on across the
 run's continue-as-new and the GPU pipeline never drains for a compaction.
@@ -12,6 +12,7 @@ Deterministic: activity calls and decisions only. Also the activity-call helpers
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
@@ -40,6 +41,8 @@ REDOS = 3
 # a would-be best's checks (fresh re-measure, other shapes) run only once the run finds it would crown it
 CROWN_PATCH = "best-checks-when-crowned"
 CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
+# a crowned candidate's fresh-process re-measure and its verification at other shapes run at once
+TOGETHER_PATCH = "best-checks-together"
 
 # Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
@@ -112,6 +115,7 @@ class EvaluateCandidate:
         self.random_shapes = workflow.patched(RANDOM_SHAPE_PATCH)  # decided in the first activation
         self.sticky = workflow.patched(STICKY_PATCH)
         self.crown_once = workflow.patched(CROWN_PATCH)
+        self.together = workflow.patched(TOGETHER_PATCH)
         try:
             record, facts = await self.evaluate(req)
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
@@ -212,7 +216,32 @@ class EvaluateCandidate:
                     log_key=bench.log_key, deciding_dist=bench.deciding_dist, host_ms=bench.host_ms,
                     baseline_host_ms=bench.baseline_host_ms, finished_at=workflow.now().timestamp())
 
-            outcome = "passed"
+            async def at_other_shapes():
+                """A new best is verified again: at one more listed shape where the problem has one, and at
+                a shape the harness draws from the problem's random space (None: no such shape). A kernel
+                correct only where it was verified fails."""
+                if not (ver.other_shapes or self.random_shapes):
+                    return None
+                other = ver.other_shapes[0] if ver.other_shapes else req.shape
+                again = {"shape": other, "random_shape": True} if self.random_shapes else {"shape": other}
+                at = await on_worker("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
+                if at.ok:
+                    return None
+                reason = at.reason if other == req.shape or at.reason.startswith("shape-specific:") else \
+                    f"shape-specific: correct at {req.shape or 'the primary shape'}, not at {other}: {at.reason}"
+                return Rejected(at.stage, reason, rel_err=at.rel_err, log_key=at.log_key,
+                                interpreter=at.interpreter)
+
+            async def re_measured(best):
+                """A new best re-measured in a fresh process, head to head with `best`, before it is
+                believed: the confirming report, or None."""
+                nonlocal gpu_s
+                again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
+                                        BenchReport, 20)
+                gpu_s += again.gpu_seconds
+                return again if again.ok and decisions.improves_on(again, best) else None
+
+            outcome, shape_check, shapes_checked = "passed", None, False
             if self.crown_once:
                 if decisions.improves_on(bench, best):
                     # A would-be best pays for the best-only checks only once the run, recording in iteration
@@ -220,35 +249,29 @@ class EvaluateCandidate:
                     verdict = await self.candidacy(req, record("improved"))
                     if verdict is not None and verdict.crown:
                         best = verdict.best  # the best as it stands now: the re-measure meets it head to head
-                        if best is not None and not bench.interpreter:
-                            again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
-                                                    BenchReport, 20)
-                            gpu_s += again.gpu_seconds
-                            if again.ok and decisions.improves_on(again, best):
-                                bench, outcome = again, "improved"
+                        if best is not None and not bench.interpreter and self.together:
+                            # both checks at once: a new best's verdict waits for the longer, not the sum
+                            confirmed, shape_check = await asyncio.gather(re_measured(best), at_other_shapes())
+                            shapes_checked = True
+                            if confirmed is not None:
+                                bench, outcome = confirmed, "improved"
+                        elif best is not None and not bench.interpreter:
+                            confirmed = await re_measured(best)
+                            if confirmed is not None:
+                                bench, outcome = confirmed, "improved"
                         else:
                             outcome = "improved"
             elif decisions.improves_on(bench, best) and best is not None and not bench.interpreter:
-                # A new best is re-measured in a fresh process before it is believed.
-                again = await on_worker("benchmark_candidate", ev.bench(best=best, fresh_process=True),
-                                        BenchReport, 20)
-                gpu_s += again.gpu_seconds
-                if again.ok and decisions.improves_on(again, best):
-                    bench, outcome = again, "improved"
+                confirmed = await re_measured(best)
+                if confirmed is not None:
+                    bench, outcome = confirmed, "improved"
             elif decisions.improves_on(bench, best):
                 outcome = "improved"
-            if outcome == "improved" and (ver.other_shapes or self.random_shapes):
-                # A new best is verified again: at one more listed shape where the problem has one, and at a
-                # shape the harness draws from the problem's random space. A kernel correct only where it
-                # was verified fails.
-                other = ver.other_shapes[0] if ver.other_shapes else req.shape
-                again = {"shape": other, "random_shape": True} if self.random_shapes else {"shape": other}
-                at = await on_worker("verify_candidate", ev.model_copy(update=again), VerifyReport, 20)
-                if not at.ok:
-                    reason = at.reason if other == req.shape or at.reason.startswith("shape-specific:") else \
-                        f"shape-specific: correct at {req.shape or 'the primary shape'}, not at {other}: {at.reason}"
-                    raise Rejected(at.stage, reason, rel_err=at.rel_err, log_key=at.log_key,
-                                   interpreter=at.interpreter, gpu_seconds=gpu_s)
+            if outcome == "improved" and not shapes_checked:
+                shape_check = await at_other_shapes()
+            if outcome == "improved" and shape_check is not None:
+                shape_check.extra["gpu_seconds"] = gpu_s
+                raise shape_check
             return record(outcome, bench), facts
         except Rejected as r:
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 from activities.ledger import read_ledger
 from tests import evaluators
@@ -92,3 +93,60 @@ async def test_a_crowned_candidate_gets_every_check_against_the_best_it_displace
     # every crowned candidate verified at the second listed shape (with a random one), and no other
     again = sorted(i for i, shape, rnd in SHAPES if shape == "B8" and rnd)
     assert again == [r.iteration for r in crowned], (again, SHAPES)
+
+
+TOGETHER: dict = {}  # iteration -> its checks' events: "verify" and "fresh" begun, and what the re-measure saw
+_lock = threading.Lock()
+_unconfirmed: list[int] = []  # the first candidate re-measured: its re-measure does not confirm it
+
+
+def _event(iteration: int, name: str) -> threading.Event:
+    with _lock:
+        return TOGETHER.setdefault(iteration, {"verify": threading.Event(), "fresh": threading.Event()})[name]
+
+
+def together_verify(req: EvalRequest) -> VerifyReport:
+    rep = device_verify(req)
+    if req.random_shape:
+        _event(req.iteration, "verify").set()
+        # the first best has no re-measure (nothing to meet): a short wait tells it apart
+        if _event(req.iteration, "fresh").wait(3) and req.iteration == _unconfirmed[0]:
+            return rep.model_copy(update={"ok": False, "reason": "wrong: rel err 0.4 at the random shape"})
+    return rep
+
+
+def together_bench(req: BenchRequest) -> BenchReport:
+    rep = device_bench(req)
+    if req.fresh_process:
+        with _lock:
+            _unconfirmed.append(req.iteration)
+        _event(req.iteration, "fresh").set()
+        # the re-measure ends only once its candidate's verification at the other shapes has begun
+        TOGETHER[req.iteration]["seen"] = _event(req.iteration, "verify").wait(30)
+        if req.iteration == _unconfirmed[0]:  # slower than the best this time: not believed
+            rep = rep.model_copy(update={"time_ms": req.best.time_ms * 2, "vs_best_ci": (0.49, 0.51)})
+    return rep
+
+
+async def test_a_crowned_candidates_re_measure_and_other_shapes_run_at_once(env, store):
+    """Under the patch: the fresh re-measure and the verification at other shapes of a crowned candidate
+    overlap (the re-measure waits for the verification to begin); a candidate whose re-measure does not
+    confirm it is recorded as passed, its failed shape check unused, as it was when the check came after."""
+    from temporalio import activity
+
+    FRESH.clear()
+    SHAPES.clear()
+    TOGETHER.clear()
+    _unconfirmed.clear()
+    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(together_verify),
+           activity.defn(name="benchmark_candidate")(together_bench), evaluators.profile_candidate]
+    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=2)
+    async with workers(env.client, gpu_activities=gpu):
+        res = await asyncio.wait_for((await start(env.client, spec, "crown-together")).result(), 120)
+    recs = {r.iteration: r for r in read_ledger(store, res.ledger_key)}
+    re_measured = [i for i, _ in FRESH]
+    assert len(re_measured) >= 2, [(r.iteration, r.outcome) for r in recs.values()]
+    assert all(TOGETHER[i].get("seen") for i in re_measured), TOGETHER
+    first = _unconfirmed[0]
+    assert recs[first].outcome == "passed" and not recs[first].reason, recs[first]
+    assert all(recs[i].outcome == "improved" for i in re_measured if i != first)

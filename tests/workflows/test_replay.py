@@ -64,6 +64,22 @@ def test_an_llm_policy_fixture_carries_its_patches():
     assert any("times in a row" in t for t in texts)
 
 
+def test_a_fixture_holds_a_new_bests_checks_at_once():
+    # best-checks-together: the re-measure and the verification at other shapes scheduled by one workflow
+    # task, after the benchmark's
+    best = [p for p in HISTORIES if p.name.startswith("together_") and "evaluation" in p.name]
+    assert best, "tests/histories holds a new best's evaluation recorded under best-checks-together"
+    tasks, n = [], 0
+    for e in _events(best[0]):
+        if e.get("workflowTaskCompletedEventAttributes") is not None:
+            n += 1
+        if a := e.get("activityTaskScheduledEventAttributes"):
+            tasks.append((a["activityType"]["name"], n))
+    names = [t[0] for t in tasks]
+    assert names[-3:] == ["benchmark_candidate", "benchmark_candidate", "verify_candidate"], names
+    assert tasks[-2][1] == tasks[-1][1] > tasks[-3][1], tasks
+
+
 def _payload_data(x):
     if isinstance(x, dict):
         for k, v in x.items():
