@@ -7,7 +7,8 @@ and a rejected budget update, a pause and resume; the final run that completes; 
 child workflow. With `--policy llm` (files `PREFIXllm_softmax_*`) the same run is driven by a scripted
 model over HTTP (tests/llm/server.py): its turns, tool calls, a call that fails the same way until it is
 answered without running and the turn narrowed to submit_kernel, the notebook's compactions; its
-evaluations report as a GPU's, so a new best's answer brings its profile and a slower one's does not.
+evaluations report as a GPU's, so a new best's answer brings its profile and a slower one's does not, and
+a new best's evaluation with its best-only checks is kept too (`PREFIXllm_softmax_evaluation_best.json`).
 A change that alters the command sequence of a supported version goes behind `workflow.patched`, and its
 fixtures are recorded beside these (docs/architecture.md, Versioning)."""
 
