@@ -13,11 +13,13 @@ kernel or torch's fill/copy."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import csv
 import glob
 import io
 import re
 import shutil
+import threading
 from dataclasses import dataclass, field
 
 from baselines.parse import parse as parse_source
@@ -26,6 +28,22 @@ from gpu_worker.timing import crosscheck, is_torch_fill_or_copy, median
 #: where an Nsight Compute install keeps its CLI when it is not on PATH
 NCU_GLOBS = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
 METRIC = "gpu__time_duration.sum"
+_NCU_SESSION = threading.Lock()
+
+
+@contextlib.contextmanager
+def ncu_session(hb=None):
+    """Held for the whole life of a process under ncu (the proof's, the profile's), heartbeating while
+    another holds it: the GPU's profiling resources serve one ncu session at a time, and a second session's
+    kernels fail ("a driver resource was unavailable"). Entered before any device turn, never inside one,
+    so that no turn waits on it."""
+    while not _NCU_SESSION.acquire(timeout=1.0):
+        if hb:
+            hb()
+    try:
+        yield
+    finally:
+        _NCU_SESSION.release()
 #: the metric's unit (ncu --print-units base gives nanoseconds) -> nanoseconds
 UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
 #: a Triton kernel's name is its Python function's: an identifier (library kernels are C++ signatures)

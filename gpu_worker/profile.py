@@ -113,7 +113,9 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
                      f"tensor cores {comp.tensor_cores}, TMA {comp.tma}")
     tool, bound = "compile+torch.profiler", "unknown"
     if ev.cuda:
-        with ev.turns.timing():
+        from gpu_worker.ncu_trace import ncu_session
+
+        with ncu_session(hb), ev.turns.timing():  # the session first: a proof holding it waits for turns
             text, b, err = _ncu(ev, req, source, comp.kernels, hb)
         if err is None:
             tool, bound = "ncu", b

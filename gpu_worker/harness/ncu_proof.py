@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 from gpu_worker.harness.children import DeviceTurns
 from gpu_worker.harness.context import StageContext
-from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
-                                  parse_ncu_csv, proof_due, source_kernel_names)
+from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_refused, find_ncu,
+                                  judge_trace, ncu_command, ncu_session, parse_ncu_csv, proof_due,
+                                  source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
@@ -65,7 +66,7 @@ class NcuProofCheck:
             return ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
         root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
         try:
-            with _phase("ncu-proof"):
+            with ncu_session(hb), _phase("ncu-proof"):
                 return self._ncu_proof(ncu, root, problem, shape, source, dist, judged_ms, hb, gpu_s)
         finally:
             shutil.rmtree(root, ignore_errors=True)
