@@ -74,17 +74,22 @@ def device_bench(req: BenchRequest) -> BenchReport:
     return rep.model_copy(update=upd)
 
 
-async def test_a_crowned_candidate_gets_every_check_against_the_best_it_displaces(env, store):
+async def _device_run(client, store, verify_fn, bench_fn, population: int, prefix: str) -> list:
+    """A 12-iteration run whose verifications and benchmarks are `verify_fn` and `bench_fn`: its ledger."""
     from temporalio import activity
 
     FRESH.clear()
     SHAPES.clear()
-    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(device_verify),
-           activity.defn(name="benchmark_candidate")(device_bench), evaluators.profile_candidate]
-    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=4)
-    async with workers(env.client, gpu_activities=gpu):
-        res = await asyncio.wait_for((await start(env.client, spec, "crown-checks")).result(), 120)
-    recs = read_ledger(store, res.ledger_key)
+    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(verify_fn),
+           activity.defn(name="benchmark_candidate")(bench_fn), evaluators.profile_candidate]
+    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=population)
+    async with workers(client, gpu_activities=gpu):
+        res = await asyncio.wait_for((await start(client, spec, prefix)).result(), 120)
+    return read_ledger(store, res.ledger_key)
+
+
+async def test_a_crowned_candidate_gets_every_check_against_the_best_it_displaces(env, store):
+    recs = await _device_run(env.client, store, device_verify, device_bench, 4, "crown-checks")
     crowned = [r for r in recs if r.outcome == "improved"]
     assert len(crowned) >= 2, [(r.iteration, r.outcome) for r in recs]
     # the first best has nothing to be re-measured against; every later one against the best it displaced
@@ -132,18 +137,10 @@ async def test_a_crowned_candidates_re_measure_and_other_shapes_run_at_once(env,
     """Under the patch: the fresh re-measure and the verification at other shapes of a crowned candidate
     overlap (the re-measure waits for the verification to begin); a candidate whose re-measure does not
     confirm it is recorded as passed, its failed shape check unused, as it was when the check came after."""
-    from temporalio import activity
-
-    FRESH.clear()
-    SHAPES.clear()
     TOGETHER.clear()
     _unconfirmed.clear()
-    gpu = [evaluators.compile_candidate, activity.defn(name="verify_candidate")(together_verify),
-           activity.defn(name="benchmark_candidate")(together_bench), evaluators.profile_candidate]
-    spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=2)
-    async with workers(env.client, gpu_activities=gpu):
-        res = await asyncio.wait_for((await start(env.client, spec, "crown-together")).result(), 120)
-    recs = {r.iteration: r for r in read_ledger(store, res.ledger_key)}
+    recs = {r.iteration: r for r in await _device_run(env.client, store, together_verify, together_bench, 2,
+                                                      "crown-together")}
     re_measured = [i for i, _ in FRESH]
     assert len(re_measured) >= 2, [(r.iteration, r.outcome) for r in recs.values()]
     assert all(TOGETHER[i].get("seen") for i in re_measured), TOGETHER
