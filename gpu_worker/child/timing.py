@@ -32,6 +32,9 @@ class TimingSet:
     # per static set, its output buffers as the harness allocated them: what is poisoned, kept and
     # fingerprinted, whatever the candidate does to the dicts it is handed
     outs: list = field(default_factory=list)
+    # reference role, per graph: the tensors the baseline returned when it was captured, which its replays
+    # rewrite (an eager call of another benchmark returns new ones: base_outputs is not the graph's)
+    graph_outs: list | None = None
 
     def values(self, e: int, key: int) -> dict:
         return self.fresh(self.pool, e, key)
@@ -232,8 +235,13 @@ class ChildTiming:
         """Capture one CUDA graph per static set (Prepare's `capture`); says whether this side captures (the
         worker times graph replays only when every side of the comparison does)."""
         ts = self._timing_set(dist, "capture")
-        ts.graphs = None
-        if self.core.role == "candidate":
+        reference = self.core.role == "reference"
+        if reference and ts.graphs is not None:
+            # the trusted side's graphs serve every benchmark of this timing set: captured once, they are
+            # never rebuilt under another benchmark's prepared blocks
+            return protocol.Captured(captured=True, why="")
+        ts.graphs = ts.graph_outs = None
+        if not reference:
             self.core.pins.forget(vars(ts), ["graphs"])
         if not self.core.cuda:
             return protocol.Captured(captured=False, why="no CUDA device")
@@ -248,12 +256,14 @@ class ChildTiming:
                     fn(inp, out)
             torch.cuda.current_stream().wait_stream(s)
             self.core.T["sync"]()
-            graphs = []
+            graphs, graph_outs = [], []
             for inp, out in ts.sets:
                 g = self.core.T["graph"]()
                 with torch.cuda.graph(g):
                     fn(inp, out)
                 graphs.append(g)
+                if reference:
+                    graph_outs.append(self.base_outputs[id(out)])
             self.core.T["sync"]()
         except Exception as e:  # noqa: BLE001 - a side that does not capture is timed back to back
             try:
@@ -261,8 +271,8 @@ class ChildTiming:
             except Exception:  # noqa: BLE001 - a broken context shows at the next call
                 pass
             return protocol.Captured(captured=False, why=f"{type(e).__name__}: {str(e)[:300]}")
-        ts.graphs = graphs
-        if self.core.role == "candidate":  # what a graph-mode block replays, by identity
+        ts.graphs, ts.graph_outs = graphs, (graph_outs if reference else None)
+        if not reference:  # what a graph-mode block replays, by identity
             self.core.pins.add("timing set", vars(ts), ["graphs"])
             self._pinned_timing.append((vars(ts), ["graphs"]))
         return protocol.Captured(captured=True, why="")
@@ -354,7 +364,10 @@ class ChildTiming:
 
         def check(r: int, into: list | None):
             if proj is not None:
-                outs = self.base_outputs[id(ts.sets[r][1])] if reference else ts.outs[r]
+                if not reference:
+                    outs = ts.outs[r]
+                else:  # the baseline's own outputs: a graph's rewritten by its replay, else the call's
+                    outs = ts.graph_outs[r] if graph else self.base_outputs[id(ts.sets[r][1])]
                 f = self.exports._fingerprint(outs, proj, squares=reference)
                 if into is not None:
                     into.append(f)

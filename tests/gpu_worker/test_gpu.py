@@ -77,6 +77,26 @@ def _bench_kernel(ev, name: str, fresh: bool = True):
     return ev.verify(r), ev.benchmark(r.bench(fresh_process=fresh))
 
 
+def test_benchmarks_at_once_replay_the_baselines_graphs_beside_each_others_eager_calls(ev):
+    """Honest canaries benchmarked at once share the reference child and its graphs, captured once: one's
+    graph-mode blocks run after another's eager host-latency calls of the baseline, and every timed call
+    still matches the baseline's (the fingerprints read the graphs' own outputs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpu_worker.canaries import canary_source
+    from workflows.contracts import BenchRequest
+
+    def bench(name: str, n: int):
+        src = canary_source(name) + f"\n# at once: {n}\n"
+        return ev.benchmark(BenchRequest(problem="softmax", candidate_id=f"at-once-{name}-{n}",
+                                         source_key=ev.store.put_text(src)))
+
+    with ThreadPoolExecutor(4) as pool:
+        reports = list(pool.map(bench, ["fast", "slow", "fast", "slow"], range(4)))
+    assert all(b.ok for b in reports), [b.reason for b in reports]
+    assert {b.receipt.mode for b in reports} == {"cuda-graph"}, [b.receipt.mode for b in reports]
+
+
 def test_a_result_baked_in_at_capture_is_rejected_in_graph_mode(ev):
     ver, b = _bench_kernel(ev, "baked_at_capture")
     assert ver.ok, ver.reason  # right whenever it is called eagerly
