@@ -33,10 +33,10 @@ _NCU_SESSION = threading.Lock()
 
 @contextlib.contextmanager
 def ncu_session(hb=None):
-    """Held for the whole life of a process under ncu (the proof's, the profile's), heartbeating while
-    another holds it: the GPU's profiling resources serve one ncu session at a time, and a second session's
-    kernels fail ("a driver resource was unavailable"). Entered before any device turn, never inside one,
-    so that no turn waits on it."""
+    """Held wherever a process under ncu launches kernels (the proof's device job and its timed calls, the
+    profile's whole run), heartbeating while another holds it: the GPU's profiling resources serve one ncu
+    session at a time, and another session's kernels fail meanwhile ("a driver resource was unavailable").
+    Entered before any device turn, never inside one, so that no turn waits on it."""
     while not _NCU_SESSION.acquire(timeout=1.0):
         if hb:
             hb()

@@ -66,7 +66,7 @@ class NcuProofCheck:
             return ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
         root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
         try:
-            with ncu_session(hb), _phase("ncu-proof"):
+            with _phase("ncu-proof"):
                 return self._ncu_proof(ncu, root, problem, shape, source, dist, judged_ms, hb, gpu_s)
         finally:
             shutil.rmtree(root, ignore_errors=True)
@@ -110,18 +110,22 @@ class NcuProofCheck:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
             # untimed device job; the compilation outside any turn (as a child's); its calls in a timing block
             if self._proof_wait(proc, os.path.join(tmp, "host.json"), ctx.timeouts["load"] * 2, hb) is not None:
-                with self.turns.job():
+                with ncu_session(hb), self.turns.job():  # the session before the turn, as everywhere
                     open(spec["device"], "w").close()
                     loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
             if loaded is not None:
                 ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
             if ready is not None:
-                with self.turns.timing():  # nothing else of this worker's on the device while ncu measures
-                    g0 = time.monotonic()
-                    open(spec["go"], "w").close()
-                    self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
-                    gpu_s[0] += time.monotonic() - g0
-                    _add_phase("ncu-proof.calls", time.monotonic() - g0)
+                with ncu_session(hb):
+                    # nothing else of this worker's on the device while ncu measures, nor another process
+                    # under ncu until this one has ended (a kernel its exit launches is profiled too)
+                    with self.turns.timing():
+                        g0 = time.monotonic()
+                        open(spec["go"], "w").close()
+                        self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
+                        gpu_s[0] += time.monotonic() - g0
+                        _add_phase("ncu-proof.calls", time.monotonic() - g0)
+                    self._proof_wait(proc, None, 120, hb)
             self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended
         finally:
             if proc.poll() is None:

@@ -195,14 +195,11 @@ def test_a_proof_whose_harness_ended_stops_waiting(tmp_path, wait):
 # trusted prelude, OPEN, and per call a flush, BEGIN, the candidate's kernels as the process reported them
 # (`KERNEL_NS` each), END. It reads the markers from the spec the harness wrote, as no candidate could ahead.
 STAND_IN = r'''#!{python}
-import json, os, subprocess, sys, time
+import json, os, subprocess, sys
 args = sys.argv[1:]
 log = args[args.index("--log-file") + 1]
 target = args[args.index("--log-file") + 2:]
 mode = os.environ.get("STAND_IN_MODE", "honest")
-sessions = os.environ.get("STAND_IN_SESSIONS")  # each session's start and end, appended
-if sessions:
-    open(sessions, "a").write(f"start {{time.time()}}\n")
 if mode == "no-counters":
     open(log, "w").write("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
                          "Performance Counters on the target device 0.\n")
@@ -222,8 +219,6 @@ with open(log, "w") as f:
     f.write('"ID","Process ID","Process Name","Host Name","Kernel Name","Metric Name","Metric Unit","Metric Value"\n')
     for n, (name, ns) in enumerate(rows):
         f.write(f'"{{n}}","4242","python","host","{{name}}","gpu__time_duration.sum","nsecond","{{ns:,}}"\n')
-if sessions:
-    open(sessions, "a").write(f"end {{time.time()}}\n")
 sys.exit(rc)
 '''
 
@@ -260,18 +255,35 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
 @pytest.mark.slow(20)
 @pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
 def test_two_proofs_at_once_take_turns_under_ncu(tmp_path, monkeypatch):
-    """Two would-be bests' proofs asked for together: one process under ncu at a time (on a GPU a second
-    session's kernels fail: 'a driver resource was unavailable'), and both proven."""
+    """Two would-be bests' proofs asked for together: each process under ncu launches kernels only while
+    it holds the worker's ncu session (its device job, then its calls until it has ended), never two at
+    once (on a GPU another session's kernels fail then: 'a driver resource was unavailable'); both proven."""
+    import contextlib
     import threading
 
     from baselines.registry import get_problem
     from gpu_worker.canaries import canary_source
 
-    stand_in, sessions = tmp_path / "ncu", tmp_path / "sessions.txt"
+    stand_in = tmp_path / "ncu"
     stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
     stand_in.chmod(0o755)
     monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
-    monkeypatch.setenv("STAND_IN_SESSIONS", str(sessions))
+    held, seen, lock = [], [], threading.Lock()
+    real = ncu_proof.ncu_session
+
+    @contextlib.contextmanager
+    def counted(hb=None):
+        with real(hb):
+            with lock:
+                held.append(threading.current_thread().name)
+                seen.append(len(held))
+            try:
+                yield
+            finally:
+                with lock:
+                    held.remove(threading.current_thread().name)
+
+    monkeypatch.setattr(ncu_proof, "ncu_session", counted)
     p = get_problem("softmax")
     h, dist = _plumbing(tmp_path), p.distributions[0]
     results = []
@@ -279,14 +291,13 @@ def test_two_proofs_at_once_take_turns_under_ncu(tmp_path, monkeypatch):
     def prove():
         results.append(h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0]))
 
-    threads = [threading.Thread(target=prove) for _ in range(2)]
+    threads = [threading.Thread(target=prove, name=f"proof-{i}") for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(300)
     assert [r.ok for r in results] == [True, True], [r.text for r in results]
-    events = [line.split()[0] for line in sessions.read_text().splitlines()]
-    assert events == ["start", "end", "start", "end"], events
+    assert seen == [1, 1, 1, 1], seen  # two holds a proof (its device job, its calls), one at a time
 
 
 def test_a_guard_refusal_names_its_rule():
