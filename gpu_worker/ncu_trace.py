@@ -36,7 +36,9 @@ def ncu_session(hb=None):
     """Held wherever a process under ncu launches kernels (the proof's device job and its timed calls, the
     profile's whole run), heartbeating while another holds it: the GPU's profiling resources serve one ncu
     session at a time, and another session's kernels fail meanwhile ("a driver resource was unavailable").
-    Entered before any device turn, never inside one, so that no turn waits on it."""
+    Entered inside a device turn, and no holder waits for a turn (a proof's keeps it past its turn, until
+    its process has ended): turns never wait on each other through it, and it is held for seconds, not
+    for a turn's queue."""
     while not _NCU_SESSION.acquire(timeout=1.0):
         if hb:
             hb()

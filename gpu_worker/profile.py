@@ -115,7 +115,7 @@ def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
     if ev.cuda:
         from gpu_worker.ncu_trace import ncu_session
 
-        with ncu_session(hb), ev.turns.timing():  # the session first: a proof holding it waits for turns
+        with ev.turns.timing(), ncu_session(hb):  # inside the turn: a holder of the session waits for none
             text, b, err = _ncu(ev, req, source, comp.kernels, hb)
         if err is None:
             tool, bound = "ncu", b

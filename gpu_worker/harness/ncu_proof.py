@@ -7,6 +7,7 @@ Unlike the CUPTI cross-check (harness.best_checks), no figure comes from the can
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -110,16 +111,18 @@ class NcuProofCheck:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
             # untimed device job; the compilation outside any turn (as a child's); its calls in a timing block
             if self._proof_wait(proc, os.path.join(tmp, "host.json"), ctx.timeouts["load"] * 2, hb) is not None:
-                with ncu_session(hb), self.turns.job():  # the session before the turn, as everywhere
+                with self.turns.job(), ncu_session(hb):  # the session inside the turn, as everywhere
                     open(spec["device"], "w").close()
                     loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
             if loaded is not None:
                 ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
             if ready is not None:
-                with ncu_session(hb):
+                with contextlib.ExitStack() as session:
                     # nothing else of this worker's on the device while ncu measures, nor another process
-                    # under ncu until this one has ended (a kernel its exit launches is profiled too)
+                    # under ncu until this one has ended (a kernel its exit launches is profiled too): the
+                    # session outlives the turn, and waits for no turn while held
                     with self.turns.timing():
+                        session.enter_context(ncu_session(hb))
                         g0 = time.monotonic()
                         open(spec["go"], "w").close()
                         self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
