@@ -145,7 +145,8 @@ def _beating(ev, stage: str, fn, req):
 
 class GpuActivities:
     """The GPU worker's activities over its evaluator. `own_queue`: the queue only this worker polls, named
-    in compile reports; `selftest_awaited`: a start-up self-test runs, so a timed stage's report waits for its verdict."""
+    in compile reports; `selftest_awaited`: a start-up self-test runs, so a timed stage's report waits for
+    its verdict."""
 
     def __init__(self, ev, own_queue: str | None = None, selftest_awaited: bool = False) -> None:
         self.ev, self.own_queue, self.selftest_awaited = ev, own_queue, selftest_awaited

@@ -79,7 +79,8 @@ class GpuWorkerSettings(BaseModel):
     force_interpreter: bool = _setting(
         False, "run every child under the Triton interpreter even where CUDA is present", _FLAG)
     gpu_selftest: bool | None = _setting(
-        None, "run the canaries, all at once, beside serving; benchmark reports wait for them, a failure stops the worker", _FLAG)
+        None, "run the canaries, all at once, beside serving; benchmark reports wait for them, a failure stops "
+        "the worker", _FLAG)
     gpu_concurrency: int | None = _setting(
         None, "concurrent activities on each of the worker's two queues", "an integer >= 1", ge=1)
     spares: int | None = _setting(None, "warm candidate children kept ready", "an integer >= 0", ge=0)
