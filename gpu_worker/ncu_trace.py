@@ -28,7 +28,12 @@ from gpu_worker.timing import crosscheck, is_torch_fill_or_copy, median
 #: where an Nsight Compute install keeps its CLI when it is not on PATH
 NCU_GLOBS = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda/bin/ncu", "/usr/local/cuda-*/bin/ncu")
 METRIC = "gpu__time_duration.sum"
-_NCU_SESSION = threading.Lock()
+#: the metric's unit (ncu --print-units base gives nanoseconds) -> nanoseconds
+UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
+#: a Triton kernel's name is its Python function's: an identifier (library kernels are C++ signatures)
+TRITON_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_REFUSALS = 8  # the first few are named; the count says how many more
+_NCU_SESSION = threading.Lock()  # this worker's one ncu session (ncu_session)
 
 
 @contextlib.contextmanager
@@ -46,11 +51,6 @@ def ncu_session(hb=None):
         yield
     finally:
         _NCU_SESSION.release()
-#: the metric's unit (ncu --print-units base gives nanoseconds) -> nanoseconds
-UNITS_NS = {"nsecond": 1.0, "ns": 1.0, "usecond": 1e3, "us": 1e3, "msecond": 1e6, "ms": 1e6, "second": 1e9, "s": 1e9}
-#: a Triton kernel's name is its Python function's: an identifier (library kernels are C++ signatures)
-TRITON_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-MAX_REFUSALS = 8  # the first few are named; the count says how many more
 
 
 class TraceError(ValueError):

@@ -11,8 +11,7 @@ Settings: the evaluator's (gpu_worker.settings, parsed from the environment once
 
 Self-test: with `selftest=True` (default on CUDA, or MARATHON_GPU_SELFTEST=1) the canaries run in the
 background while the worker already serves; benchmarks and profiles run, and their reports wait for the
-verdict, held by the
-evaluator (Evaluator.selftest_verdict; GpuActivities.selftest_awaited), compiles and
+verdict, held by the evaluator (Evaluator.selftest_verdict; GpuActivities.selftest_awaited), compiles and
 verifications do not. If they fail, the worker logs the canaries' problems, refuses all work (retryable, so
 other workers take it) and shuts its Temporal workers down.
 """

@@ -1,8 +1,8 @@
 """EvaluateCandidate: one candidate's whole evaluation as one durable unit, a child workflow of the run.
 
 rules -> compile -> verify -> benchmark, and a would-be best re-measured in a fresh process and verified
-again, at one more of the problem's shapes and at a random one, the two checks at once. The run starts it with
-ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's workflow id
+again, at one more of the problem's shapes and at a random one, the two checks at once. The run starts it
+with ParentClosePolicy.ABANDON and does not wait on it: the child signals its result to the run's workflow id
 (`evaluated`), which reaches the run's latest execution, so an evaluation under way goes on across the
 run's continue-as-new and the GPU pipeline never drains for a compaction.
 
@@ -249,14 +249,14 @@ class EvaluateCandidate:
                     verdict = await self.candidacy(req, record("improved"))
                     if verdict is not None and verdict.crown:
                         best = verdict.best  # the best as it stands now: the re-measure meets it head to head
-                        if best is not None and not bench.interpreter and self.together:
-                            # both checks at once: a new best's verdict waits for the longer, not the sum
-                            confirmed, shape_check = await asyncio.gather(re_measured(best), at_other_shapes())
-                            shapes_checked = True
-                            if confirmed is not None:
-                                bench, outcome = confirmed, "improved"
-                        elif best is not None and not bench.interpreter:
-                            confirmed = await re_measured(best)
+                        if best is not None and not bench.interpreter:
+                            if self.together:
+                                # both checks at once: a new best's verdict waits for the longer, not the sum
+                                confirmed, shape_check = await asyncio.gather(re_measured(best),
+                                                                              at_other_shapes())
+                                shapes_checked = True
+                            else:
+                                confirmed = await re_measured(best)
                             if confirmed is not None:
                                 bench, outcome = confirmed, "improved"
                         else:

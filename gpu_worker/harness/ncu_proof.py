@@ -116,8 +116,8 @@ class NcuProofCheck:
                     loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
             if loaded is not None:
                 ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
-            if ready is not None:
-                with contextlib.ExitStack() as session:
+            with contextlib.ExitStack() as session:
+                if ready is not None:
                     # nothing else of this worker's on the device while ncu measures, nor another process
                     # under ncu until this one has ended (a kernel its exit launches is profiled too): the
                     # session outlives the turn, and waits for no turn while held
@@ -128,8 +128,7 @@ class NcuProofCheck:
                         self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
                         gpu_s[0] += time.monotonic() - g0
                         _add_phase("ncu-proof.calls", time.monotonic() - g0)
-                    self._proof_wait(proc, None, 120, hb)
-            self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended
+                self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)

@@ -106,12 +106,12 @@ async def main(prefix: str, policy: str = "search") -> None:
         if policy == "llm":  # also a new best's evaluation with its best-only checks (the first has none)
             for w in sorted([w async for w in env.client.list_workflows("WorkflowType = 'EvaluateCandidate'")],
                             key=lambda w: w.start_time):
-                hist = await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()
-                benches = [e for e in json.loads(hist.to_json())["events"] if e.get(
+                text = (await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()).to_json()
+                benches = [e for e in json.loads(text)["events"] if e.get(
                     "activityTaskScheduledEventAttributes", {}).get("activityType", {}).get("name")
                     == "benchmark_candidate"]
                 if len(benches) >= 2:  # the benchmark and the fresh-process re-measure
-                    (OUT / f"{prefix}softmax_evaluation_best.json").write_text(hist.to_json())
+                    (OUT / f"{prefix}softmax_evaluation_best.json").write_text(text)
                     written += 1
                     break
         print(f"wrote {written} histories to {OUT}")
