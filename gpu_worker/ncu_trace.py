@@ -20,9 +20,11 @@ import io
 import re
 import shutil
 import threading
+import time
 from dataclasses import dataclass, field
 
 from baselines.parse import parse as parse_source
+from gpu_worker.phases import add_phase
 from gpu_worker.timing import crosscheck, is_torch_fill_or_copy, median
 
 #: where an Nsight Compute install keeps its CLI when it is not on PATH
@@ -44,13 +46,17 @@ def ncu_session(hb=None):
     Entered inside a device turn, and no holder waits for a turn (a proof's keeps it past its turn, until
     its process has ended): turns never wait on each other through it, and it is held for seconds, not
     for a turn's queue."""
+    t0 = time.monotonic()
     while not _NCU_SESSION.acquire(timeout=1.0):
         if hb:
             hb()
+    t1 = time.monotonic()
+    add_phase("ncu-session.wait", t1 - t0)  # the phase log shows how long proofs queue for the session
     try:
         yield
     finally:
         _NCU_SESSION.release()
+        add_phase("ncu-session.held", time.monotonic() - t1)
 
 
 class TraceError(ValueError):

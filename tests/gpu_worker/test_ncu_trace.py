@@ -262,3 +262,39 @@ def test_only_ncus_own_error_line_says_the_counters_are_refused():
     # a kernel of the candidate's named so appears in a CSV row: no excuse from the proof
     assert not counters_refused(csv_text(trace([[("ERR_NVGPUCTRPERM", 20000.0)]] * 11)))
     assert not counters_refused("")
+
+
+def test_the_ncu_session_logs_how_long_a_holder_waited_and_held_it():
+    """The phase log shows how long proofs queue for the one ncu session: a second holder waits until the
+    first lets go, and each logs its wait and its hold on its own thread."""
+    import threading
+    import time
+
+    from gpu_worker.ncu_trace import ncu_session
+    from gpu_worker.phases import phases_begin, phases_end
+
+    entered, logged = threading.Event(), {}
+
+    def first():
+        phases_begin()
+        with ncu_session():
+            entered.set()
+            time.sleep(0.3)
+        logged["first"] = phases_end()
+
+    def second():
+        entered.wait(5)
+        phases_begin()
+        with ncu_session():
+            pass
+        logged["second"] = phases_end()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert logged["first"]["ncu-session.held"] >= 0.3, logged
+    assert logged["first"]["ncu-session.wait"] < 0.1, logged
+    assert logged["second"]["ncu-session.wait"] >= 0.2, logged
+    assert logged["second"]["ncu-session.held"] < 0.1, logged
