@@ -7,7 +7,7 @@ script: trusted work first (its context, the timing set, a rehearsal of one repe
 flush, the marker kernels compiled and launched once), the OPEN marker, the candidate's import and its
 kernels' compilation (Triton's warmup path, as the judge compiles them), then `warmup + reps` calls, each bracketed by the BEGIN and END markers, its values drawn from a key the OS gives
 only after the call before it returned and the device synchronized. The harness reads the trace ncu
-writes (gpu_worker.ncu_trace); what this process writes itself (`ready.json`, `done.json` in its
+writes (gpu_worker.ncu_trace); what this process writes itself (`opened.json`, `ready.json`, `done.json` in its
 directory) is the candidate's side: it can refuse (the guard's refusals there count) but never prove: only
 the trace proves.
 
@@ -120,6 +120,7 @@ def run(spec: dict) -> dict:
     sync()
     open_k[(1,)](flag)
     sync()
+    _write(os.path.join(tmp, "opened.json"), {})  # the trusted set-up has ended: the candidate exists from here
     server.core.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
     loaded = server.loading.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
     _write(os.path.join(tmp, "loaded.json"), {"kernels": loaded.kernels})  # the device job ends here

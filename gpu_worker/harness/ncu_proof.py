@@ -45,6 +45,7 @@ class ProofResult:
     text: str
     family: str | None = None
     verdict: ProofVerdict | None = None
+    before_candidate: bool = False  # refused before the candidate's import: nothing of the candidate's ran
 
 
 class NcuProofCheck:
@@ -65,7 +66,17 @@ class NcuProofCheck:
         ncu = find_ncu()
         if ncu is None:
             return ProofResult(ok=None, text=NOT_PROVEN_NO_NCU)
-        root = tempfile.mkdtemp(prefix="proof-", dir=work_root(ctx.settings.gpu_workdir))
+        res = self._proof_once(ncu, problem, shape, source, dist, judged_ms, hb, gpu_s)
+        if res.ok is False and res.before_candidate:
+            # failed before the candidate existed, so on the host (ncu's profiling resources briefly
+            # taken, a start-up error): made once more, and the second answer stands
+            _add_phase("ncu-proof.again", 1)
+            res = self._proof_once(ncu, problem, shape, source, dist, judged_ms, hb, gpu_s)
+        return res
+
+    def _proof_once(self, ncu: str, problem, shape, source: str, dist: str, judged_ms: float, hb,
+                    gpu_s: list) -> ProofResult:
+        root = tempfile.mkdtemp(prefix="proof-", dir=work_root(self.ctx.settings.gpu_workdir))
         try:
             with _phase("ncu-proof"):
                 return self._ncu_proof(ncu, root, problem, shape, source, dist, judged_ms, hb, gpu_s)
@@ -142,7 +153,8 @@ class NcuProofCheck:
             return _failed(f"the proof process did not complete its calls ({why}); ncu: {_tail(csv_path)}; "
                            f"its output: {_tail(os.path.join(root, 'ncu-out.txt'))}; process log: "
                            f"{_tail(os.path.join(tmp, 'log.txt'))}",
-                           dist, family=done.get("rule"))
+                           dist, family=done.get("rule"),
+                           before_candidate=not os.path.exists(os.path.join(tmp, "opened.json")))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
@@ -207,7 +219,9 @@ def guard_rule(refusal: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _failed(why: str, dist: str, family: str | None = None) -> ProofResult:
+def _failed(why: str, dist: str, family: str | None = None, before_candidate: bool = False) -> ProofResult:
     """A refused proof; `family`: the rule of the run-time guard that refused the candidate in the proof's
-    process, which names the refusal as it would in a candidate child."""
-    return ProofResult(ok=False, family=family, text=f"[{dist}] REFUSED: not proven: {why}")
+    process, which names the refusal as it would in a candidate child; `before_candidate`: the process
+    ended before the candidate's import."""
+    return ProofResult(ok=False, family=family, text=f"[{dist}] REFUSED: not proven: {why}",
+                       before_candidate=before_candidate)

@@ -200,6 +200,14 @@ args = sys.argv[1:]
 log = args[args.index("--log-file") + 1]
 target = args[args.index("--log-file") + 2:]
 mode = os.environ.get("STAND_IN_MODE", "honest")
+if os.environ.get("STAND_IN_RUNS"):  # one line a run
+    open(os.environ["STAND_IN_RUNS"], "a").write("run\n")
+if mode == "busy-once":  # the first run finds the GPU's profiling resources taken, as ncu says it then
+    mode = "busy" if not os.path.exists(os.environ["STAND_IN_RUNS"] + ".busy") else "honest"
+    open(os.environ["STAND_IN_RUNS"] + ".busy", "a").close()
+if mode == "busy":
+    open(log, "w").write("==ERROR== Profiling failed because a driver resource was unavailable.\n")
+    sys.exit(9)
 if mode == "no-counters":
     open(log, "w").write("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
                          "Performance Counters on the target device 0.\n")
@@ -250,6 +258,37 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     r = h.proof_if_due(True, p, p.cpu_shape, canary_source("fast"), dist, 0.02, None, [0.0])
     assert r.ok is False and "not proven: the proof process did not complete its calls (it never got ready)" in r.text
     assert "ncu: ==ERROR== Failed to launch the target application." in r.text  # ncu's own log says why
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+def test_a_proof_that_failed_before_the_candidate_existed_is_made_once_more(tmp_path, monkeypatch):
+    """ncu failing on the host before the candidate's import (its profiling resources briefly taken) is no
+    verdict on the candidate: the proof is made again, and the second answer stands; a failure once the
+    candidate exists is not made again."""
+    from baselines.registry import get_problem
+    from gpu_worker.canaries import canary_source
+
+    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
+    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
+    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    p = get_problem("softmax")
+    h, dist = _plumbing(tmp_path), p.distributions[0]
+
+    def prove(mode: str, source: str = canary_source("fast")) -> tuple[ProofResult, int]:
+        runs.unlink(missing_ok=True)
+        Path(f"{runs}.busy").unlink(missing_ok=True)
+        monkeypatch.setenv("STAND_IN_MODE", mode)
+        r = h.proof_if_due(True, p, p.cpu_shape, source, dist, 0.02, None, [0.0])
+        return r, len(runs.read_text().splitlines())
+
+    r, n = prove("busy-once")
+    assert r.ok is True and n == 2, r.text
+    r, n = prove("busy")  # taken again: refused, as before, and said why
+    assert r.ok is False and n == 2 and "driver resource was unavailable" in r.text, r.text
+    r, n = prove("honest", "raise ImportError('no')\n")  # the candidate's own failure: once
+    assert r.ok is False and n == 1 and not r.before_candidate, r.text
 
 
 @pytest.mark.slow(20)
