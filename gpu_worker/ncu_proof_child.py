@@ -3,18 +3,20 @@ by the harness (gpu_worker.harness.ncu_proof) in a fresh process of its own.
 
 It is a candidate child in all but its channel (gpu_worker.child.Server: the same trusted references and
 pins, the same load behind the guard and the OS wall, the same static timing set and L2 flush), run as a
-script: trusted work first (its context, the timing set, a rehearsal of one repetition's refill and
-flush, the marker kernels compiled and launched once), the OPEN marker, the candidate's import and its
-kernels' compilation (Triton's warmup path, as the judge compiles them), then `warmup + reps` calls, each bracketed by the BEGIN and END markers, its values drawn from a key the OS gives
-only after the call before it returned and the device synchronized. The harness reads the trace ncu
-writes (gpu_worker.ncu_trace); what this process writes itself (`opened.json`, `ready.json`, `done.json` in its
-directory) is the candidate's side: it can refuse (the guard's refusals there count) but never prove: only
-the trace proves.
+script: trusted work first (its context, the timing set, a rehearsal of one repetition's refill and flush,
+the marker kernels compiled and launched once), the OPEN marker, the candidate's import and its kernels'
+compilation (Triton's warmup path, as the judge compiles them), then `warmup + reps` calls, each bracketed
+by the BEGIN and END markers, its values drawn from a key the OS gives only after the call before it
+returned and the device synchronized. The harness reads the trace ncu writes (gpu_worker.ncu_trace); what
+this process writes itself (`ready.json`, `done.json` in its directory) is the candidate's
+side: it can refuse (the guard's refusals there count) but never prove: only the trace proves.
 
 SPEC (written by the harness, read-only here): source, problem, shape, dist, seed, rotate, pool, warmup, reps,
 markers [open, begin, end], marker_dir, tmp (this process's writable directory), device and go (the files
 whose appearance lets it onto the device, then starts the calls: the harness's device turns), wait_s,
-settle_s, unix_sockets, trusted_roots, harness_pid (the worker: its end ends the waits)."""
+settle_s, unix_sockets, trusted_roots, harness_pid (the worker: its end ends the waits), opened (the file
+it writes once its trusted set-up has ended, before the candidate's import: outside the candidate's
+writable directory)."""
 
 from __future__ import annotations
 
@@ -120,7 +122,8 @@ def run(spec: dict) -> dict:
     sync()
     open_k[(1,)](flag)
     sync()
-    _write(os.path.join(tmp, "opened.json"), {})  # the trusted set-up has ended: the candidate exists from here
+    # the trusted set-up has ended: the harness's sign, where the candidate, behind its wall, cannot unmake it
+    _write(spec["opened"], {})
     server.core.unix_sockets = bool(spec.get("unix_sockets"))  # read by cmd_load for the OS wall (ncu's channel)
     loaded = server.loading.cmd_load(spec["source"], spec["problem"], spec["shape"], [], spec.get("trusted_roots", []))
     _write(os.path.join(tmp, "loaded.json"), {"kernels": loaded.kernels})  # the device job ends here

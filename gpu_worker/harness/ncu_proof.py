@@ -95,6 +95,7 @@ class NcuProofCheck:
                 "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
                 "markers": list(markers.names()), "marker_dir": root, "tmp": tmp,
                 "device": os.path.join(root, "device"), "go": os.path.join(root, "go"),
+                "opened": os.path.join(root, "opened.json"),
                 "wait_s": ctx.timeouts["profile"], "settle_s": SETTLE_S, "harness_pid": os.getpid(),
                 "unix_sockets": ctx.settings.ncu_proof_wall == "unix",
                 "trusted_roots": [str(triton_cache_dir(ctx.settings, True))]}
@@ -154,7 +155,7 @@ class NcuProofCheck:
                            f"its output: {_tail(os.path.join(root, 'ncu-out.txt'))}; process log: "
                            f"{_tail(os.path.join(tmp, 'log.txt'))}",
                            dist, family=done.get("rule"),
-                           before_candidate=not os.path.exists(os.path.join(tmp, "opened.json")))
+                           before_candidate=not os.path.exists(spec["opened"]))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:

@@ -118,6 +118,7 @@ def _proof_files(tmp_path: Path, source: str, dist: str, **spec) -> tuple[Path, 
     spec = {"source": source, "problem": "softmax", "shape": None, "dist": dist, "seed": 1000, "rotate": 2,
             "pool": 3, "warmup": 1, "reps": 2, "markers": list(Markers.fresh("cpu0test").names()),
             "marker_dir": str(root), "tmp": str(tmp), "go": str(root / "go"), "device": str(root / "device"),
+            "opened": str(root / "opened.json"),
             "wait_s": 5, "settle_s": 0.3, "unix_sockets": False, "trusted_roots": [], **spec}
     (root / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TRITON_INTERPRET": "1", "TMPDIR": str(tmp), "TRITON_HOME": str(tmp),
@@ -288,6 +289,11 @@ def test_a_proof_that_failed_before_the_candidate_existed_is_made_once_more(tmp_
     r, n = prove("busy")  # taken again: refused, as before, and said why
     assert r.ok is False and n == 2 and "driver resource was unavailable" in r.text, r.text
     r, n = prove("honest", "raise ImportError('no')\n")  # the candidate's own failure: once
+    assert r.ok is False and n == 1 and not r.before_candidate, r.text
+    # nor where the candidate, failing, would unmake the sign that it existed: its wall keeps it
+    unmake = (f"import glob, os\nfor f in glob.glob({str(tmp_path / 'work')!r} + '/**/opened*', recursive=True):\n"
+              "    try:\n        os.remove(f)\n    except OSError:\n        pass\nraise ImportError('no')\n")
+    r, n = prove("honest", unmake)
     assert r.ok is False and n == 1 and not r.before_candidate, r.text
 
 
