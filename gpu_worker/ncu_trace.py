@@ -41,8 +41,8 @@ _NCU_SESSION = threading.Lock()  # this worker's one ncu session (ncu_session)
 @contextlib.contextmanager
 def ncu_session(hb=None):
     """Held wherever a process under ncu launches kernels (the proof's device job and its timed calls, the
-    profile's whole run), heartbeating while another holds it: the GPU's profiling resources serve one ncu
-    session at a time, and another session's kernels fail meanwhile ("a driver resource was unavailable").
+    profile's whole run), heartbeating while another holds it: a process under ncu fails where the GPU's
+    profiling resources are taken ("a driver resource was unavailable"), so no two of this worker's contend.
     Entered inside a device turn, and no holder waits for a turn (a proof's keeps it past its turn, until
     its process has ended): turns never wait on each other through it, and it is held for seconds, not
     for a turn's queue."""
