@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     for given in (a.path, a.against):
         if given and not Path(given).is_file():
             ap.error(f"no such file: {given}")
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="fla-autotune-")  # before triton loads
+    cache = tempfile.TemporaryDirectory(prefix="fla-autotune-")  # removed when the script exits, refused or not
+    os.environ["TRITON_CACHE_DIR"] = cache.name  # before triton loads
     os.environ.setdefault("FLA_FLASH_KDA", "0")  # as the adapter sets it, before FLA loads (seeding loads it)
 
     import torch

@@ -1,8 +1,9 @@
 """scripts/fla_autotune.py's refusals: bad arguments, and a host without a GPU (capturing and checking FLA's
-autotuning choices needs one), each one line and exit 2 (argparse's usage above it)."""
+autotuning choices needs one), each one line and exit 2 (argparse's usage above it), leaving nothing in the temp directory."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +14,12 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fla_autotune.py"
 
 
 def _err(args: list[str], cwd: Path) -> str:
-    p = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    tmp = cwd / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=cwd, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "TMPDIR": str(tmp)})
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert not list(tmp.iterdir()), list(tmp.iterdir())  # its empty Triton cache is not left behind
     return p.stderr.strip().splitlines()[-1]
 
 
