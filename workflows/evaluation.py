@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
         BenchReport, CompileReport, CrownDecision, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
-        RuleReport, RuleRequest, VerifyReport,
+        ProfileReport, RuleReport, RuleRequest, VerifyReport,
     )
 
 EVALUATE_TYPE = "EvaluateCandidate"
@@ -43,6 +43,8 @@ CROWN_PATCH = "best-checks-when-crowned"
 CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
 # a crowned candidate's fresh-process re-measure and its verification at other shapes run at once
 TOGETHER_PATCH = "best-checks-together"
+# a crowned candidate's profile, where the request asks for one, runs beside its best-only checks
+PROFILE_PATCH = "profile-beside-best-checks"
 
 # Activity failures that are infrastructure (not the candidate's fault) and survive retries pause the
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
@@ -116,9 +118,12 @@ class EvaluateCandidate:
         self.sticky = workflow.patched(STICKY_PATCH)
         self.crown_once = workflow.patched(CROWN_PATCH)
         self.together = workflow.patched(TOGETHER_PATCH)
+        self.profile_beside = workflow.patched(PROFILE_PATCH)
+        self.profile: ProfileReport | None = None  # a new best's, taken beside its checks
         try:
             record, facts = await self.evaluate(req)
-            result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts)
+            result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts,
+                                      profile=self.profile)
         except Paused as p:
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, failure=p.reason)
         parent = workflow.info().parent
@@ -146,6 +151,14 @@ class EvaluateCandidate:
             return None
         return self.verdict
 
+    @staticmethod
+    async def profile_taken(profiling: asyncio.Task) -> ProfileReport:
+        """The profile's report; one that failed past its retries is a failed report (the verdict stands)."""
+        try:
+            return await profiling
+        except Paused as p:
+            return ProfileReport(ok=False, summary=p.reason)
+
     @workflow.signal(name=CROWN_SIGNAL)
     def crown(self, decision: CrownDecision) -> None:
         self.verdict = decision
@@ -158,6 +171,7 @@ class EvaluateCandidate:
         ev = EvalRequest(problem=req.problem, candidate_id=cand.candidate_id, source_key=cand.source_key,
                          shape=req.shape, iteration=req.iteration)
         facts = None
+        profiling: asyncio.Task | None = None  # a crowned candidate's profile, under way beside its checks
         shared = req.gpu_queue
         # a worker's own queue that nobody polls for this long belongs to a worker that went away
         start_within = timedelta(seconds=STICKY_WAIT_HEARTBEATS * req.heartbeat_seconds)
@@ -248,6 +262,8 @@ class EvaluateCandidate:
                     # order, finds it would crown it now: a sibling that would be demoted is not checked.
                     verdict = await self.candidacy(req, record("improved"))
                     if verdict is not None and verdict.crown:
+                        if self.profile_beside and req.profile_if_crowned and not bench.interpreter:
+                            profiling = asyncio.create_task(on_worker("profile_candidate", ev, ProfileReport, 20))
                         best = verdict.best  # the best as it stands now: the re-measure meets it head to head
                         if best is not None and not bench.interpreter:
                             if self.together:
@@ -272,7 +288,13 @@ class EvaluateCandidate:
             if outcome == "improved" and shape_check is not None:
                 shape_check.extra["gpu_seconds"] = gpu_s
                 raise shape_check
+            if profiling is not None and outcome == "improved":
+                self.profile = await self.profile_taken(profiling)
+            elif profiling is not None:  # not confirmed: nobody will read it
+                profiling.cancel()
             return record(outcome, bench), facts
         except Rejected as r:
+            if profiling is not None:
+                profiling.cancel()
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
                                    finished_at=workflow.now().timestamp(), **r.extra), facts

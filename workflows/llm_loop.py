@@ -70,7 +70,8 @@ class Loop(Protocol):
 
     def publish(self) -> None: ...
 
-    async def submit(self, cand: Candidate) -> IterationRecord: ...
+    async def submit(self, cand: Candidate, profile_if_crowned: bool = False
+                     ) -> tuple[IterationRecord, ProfileReport | None]: ...
 
     async def agent(self, name: str, arg, result_type, minutes: int = 2): ...
 
@@ -240,7 +241,9 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
                                  + _describe(r) + ". Change something before submitting again.", error=True)
     rationale = str(call.args.get("rationale") or "")[:300]
     cand = Candidate(candidate_id=call.candidate_id, source_key=call.source_key, rationale=rationale)
-    rec = await wf.submit(cand)  # as recorded: acceptance may have turned "improved" into "passed"
+    # as recorded: acceptance may have turned "improved" into "passed"; with the run's patches decided at
+    # its start, a new best's profile is taken beside its checks (the patch's own marker stays where it was)
+    rec, taken = await wf.submit(cand, profile_if_crowned=wf.llm_patches_at_start)
     b = wf.st.best
     best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
     profile = ""
@@ -248,7 +251,9 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
         with_profile = decisions.profile_with_verdict(rec.outcome, rec.interpreter)
     else:  # histories recorded before: every timed submission's answer brought one
         with_profile = rec.outcome != "rejected" and not rec.interpreter
-    if with_profile:
+    if with_profile and taken is not None:
+        profile = _profile_text(taken)
+    elif with_profile:
         profile = await _profile_line(wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id,
                                                       source_key=rec.source_key, shape=wf.spec.shape))
     elif rec.outcome == "passed" and not rec.interpreter:
@@ -263,6 +268,10 @@ async def _profile_line(wf: Loop, ev: EvalRequest) -> str:
         p = await wf.gpu("profile_candidate", ev, ProfileReport, minutes=20)
     except Paused as e:
         return f"\nprofile: not available ({decisions.trim(e.reason, 200)})"
+    return _profile_text(p)
+
+
+def _profile_text(p: ProfileReport) -> str:
     return f"\nprofile ({p.tool or '-'}, {p.bound}-bound): {p.summary}" if p.ok else \
         f"\nprofile: failed ({decisions.trim(p.summary, 200)})"
 

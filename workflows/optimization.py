@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts import (
         AGENT_QUEUE, WORKFLOW_TYPE, BestRef, Budget, Candidate, CarriedState,
         CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
-        IterationRecord, LeaderEntry, Phase, Proposal, ProposeRequest, RunResult, RunSpec, Status,
+        IterationRecord, LeaderEntry, Phase, ProfileReport, Proposal, ProposeRequest, RunResult, RunSpec, Status,
         StopRequest, VerifyReport, explain,
     )
     from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
@@ -58,6 +58,7 @@ class KernelOptimization:
         # child workflows signal the results (`evaluated`), recorded strictly in iteration order
         self.evaluations: dict[int, Evaluation] = {e.iteration: e for e in self.st.evaluations}
         self.st.evaluations = []
+        self.profiles: dict[int, ProfileReport] = {}  # new bests' profiles by iteration, for the submission's answer
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
         self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
@@ -168,7 +169,7 @@ class KernelOptimization:
             await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running))
         return False
 
-    def _launch(self, iteration: int, slot: int, cand: Candidate) -> None:
+    def _launch(self, iteration: int, slot: int, cand: Candidate, profile_if_crowned: bool = False) -> None:
         """Start one evaluation as a child workflow that outlives this run (ParentClosePolicy.ABANDON)
         and signals its result to the run's workflow id."""
         child = f"{workflow.info().workflow_id}-eval-{iteration}-{str(workflow.uuid4())[:8]}"
@@ -177,7 +178,7 @@ class KernelOptimization:
         req = EvaluateRequest(problem=self.spec.problem, iteration=iteration, slot=slot, candidate=cand,
                               best=self.st.best, shape=self.spec.shape, gpu_queue=self.spec.gpu_queue,
                               heartbeat_seconds=self.spec.heartbeat_seconds,
-                              started_at=workflow.now().timestamp())
+                              started_at=workflow.now().timestamp(), profile_if_crowned=profile_if_crowned)
         self.starting = [t for t in self.starting if not t.done()]
         summary = evaluation_summary(iteration, cand.candidate_id, self.spec.budget, self.st)
         self.starting.append(asyncio.get_running_loop().create_task(self._start_child(child, req, summary)))
@@ -205,7 +206,7 @@ class KernelOptimization:
         if res.candidacy:
             e.candidacy = e.candidacy or res.record
             return
-        e.record, e.failure = res.record, res.failure
+        e.record, e.failure, e.profile = res.record, res.failure, res.profile
         self.st.device_facts = res.device_facts or self.st.device_facts
 
     def _time_to_compact(self) -> bool:
@@ -222,6 +223,8 @@ class KernelOptimization:
                 return
             del self.evaluations[e.iteration]
             self.set_phase("recording")
+            if e.profile is not None:
+                self.profiles[e.iteration] = e.profile
             await self._record(e.record)
 
     async def _answer(self, e: Evaluation, crown: bool) -> None:
@@ -268,15 +271,18 @@ class KernelOptimization:
                 self._refuse("hint", why)
         return out
 
-    async def submit(self, cand: Candidate) -> IterationRecord:
+    async def submit(self, cand: Candidate, profile_if_crowned: bool = False
+                     ) -> tuple[IterationRecord, ProfileReport | None]:
         """Evaluate one candidate as the next iteration and record it (the llm policy's submissions).
-        Returns the record as recorded: acceptance may have turned "improved" into "passed"."""
+        Returns the record as recorded (acceptance may have turned "improved" into "passed") and, with
+        `profile_if_crowned`, the profile taken beside a new best's checks (None where none was)."""
         self.set_phase("evaluating")
-        self._launch(self.st.iteration + 1, 0, cand)
+        self.profiles = {}
+        self._launch(self.st.iteration + 1, 0, cand, profile_if_crowned)
         failure = await self._drain()
         if failure:
             raise Paused(failure)
-        return self.st.last
+        return self.st.last, self.profiles.pop(self.st.iteration, None)
 
     async def _record(self, rec: IterationRecord) -> None:
         # Acceptance is decided here, in iteration order, against the best as it stands now: two

@@ -1,7 +1,7 @@
 """Policy llm, whole runs on the Temporal dev server: a looping model is stopped by the turn budget,
 duplicates are caught across continue-as-new, an endpoint without tools runs in text mode with the
 adaptation kept for the run, a context too small pauses naming context_tokens, hints stay in force until
-cleared, timed kernels bring their profile on a GPU."""
+cleared, timed kernels bring their profile on a GPU, a new best's taken beside its own checks."""
 
 from __future__ import annotations
 
@@ -206,3 +206,68 @@ async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
     # the notebook's rewrite is given what the tools said, not only the submissions
     summary = prompt_text(compactions[-1])
     assert f"- turn 1 benchmark {candidate_id(src0)}: " in summary and f"PROFILE-OF-{candidate_id(src0)}" in summary
+
+
+BESIDE: dict = {}  # (iteration, "verify" | "profile") -> threading.Event: that check has begun
+PROFILED: list[tuple[int, str, bool]] = []  # (iteration, workflow id, whether the other-shape check was under way)
+FRESH_SLOWER = 3  # the iteration whose fresh-process re-measure does not confirm it
+
+
+def _begun(iteration: int, what: str):
+    import threading
+
+    return BESIDE.setdefault((iteration, what), threading.Event())
+
+
+@activity.defn(name="verify_candidate")
+def beside_verify(req: EvalRequest):
+    if req.random_shape:  # a crowned candidate's check: under way while its profile is
+        _begun(req.iteration, "verify").set()
+        _begun(req.iteration, "profile").wait(10)
+    return synthetic.verify_candidate(req).model_copy(update={"interpreter": False})
+
+
+@activity.defn(name="benchmark_candidate")
+def beside_benchmark(req: BenchRequest) -> BenchReport:
+    rep = synthetic.benchmark_candidate(req)
+    upd: dict = {"interpreter": False}
+    if req.best is not None:
+        r = req.best.time_ms / rep.time_ms
+        if req.fresh_process and req.iteration == FRESH_SLOWER:
+            r = 0.5
+        upd.update(time_ms=req.best.time_ms / r, vs_best=req.best.candidate_id, vs_best_ci=(r * 0.99, r * 1.01),
+                   best_time_ms=req.best.time_ms)
+    return rep.model_copy(update=upd)
+
+
+@activity.defn(name="profile_candidate")
+def beside_profile(req: EvalRequest) -> ProfileReport:
+    _begun(req.iteration, "profile").set()
+    PROFILED.append((req.iteration, activity.info().workflow_id, _begun(req.iteration, "verify").wait(10)))
+    return gpu_profile(req)
+
+
+async def test_a_new_best_s_profile_is_taken_beside_its_checks(env, store, llm_env):
+    """A submission that crowns a new best is answered with its profile, taken by the evaluation beside the
+    best-only checks (its verification at another shape, its fresh re-measure) instead of after them; one
+    whose re-measure does not confirm it is answered as passed, with no profile."""
+    BESIDE.clear()
+    PROFILED.clear()
+    script = TurnScript([turn(submit(1)), turn(submit(2)), turn(submit(3)), turn(submit(0))])
+    gpu = [synthetic.compile_candidate, beside_verify, beside_benchmark, beside_profile]
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client, gpu):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 4}),
+                            "llm-prof-beside")
+            res = await h.result()
+        turns = server.turns()
+    assert res.iterations == 4
+    answers = [tool_answers(t)[0] for t in turns[1:4]]
+    for i, answer in enumerate(answers[:2], start=1):
+        assert answer.startswith(f"iteration {i}: improved"), answer
+        assert f"PROFILE-OF-{candidate_id(softmax_kernel(**LADDER[i]))}" in answer, answer
+    assert answers[2].startswith("iteration 3: passed") and "PROFILE-OF-" not in answers[2], answers[2]
+    # each crowned candidate's profile once, in its evaluation's workflow, while its other-shape check ran
+    taken = [(i, "-eval-" in wid, beside) for i, wid, beside in PROFILED if i != FRESH_SLOWER]
+    assert taken == [(1, True, True), (2, True, True)], PROFILED

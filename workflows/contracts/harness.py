@@ -184,6 +184,8 @@ class EvaluateRequest(Strict):
     gpu_queue: str = GPU_QUEUE
     heartbeat_seconds: int = 60
     started_at: float = 0.0  # workflow time the run started it
+    # the submission's answer brings a new best's profile: taken beside its best-only checks once crowned
+    profile_if_crowned: bool = False
 
 
 class EvaluationResult(Strict):
@@ -197,6 +199,7 @@ class EvaluationResult(Strict):
     device_facts: DeviceFacts | None = None
     # the record is a candidacy: the candidate would be a new best; the run answers with a CrownDecision
     candidacy: bool = False
+    profile: ProfileReport | None = None  # a new best's, where the request asked (profile_if_crowned)
 
 
 class CrownDecision(Strict):

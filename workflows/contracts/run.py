@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from workflows.contracts.base import GPU_QUEUE, STATE_VERSION, Phase, Strict
 from workflows.contracts.budget import Budget, Used
-from workflows.contracts.harness import DeviceFacts
+from workflows.contracts.harness import DeviceFacts, ProfileReport
 from workflows.contracts.llm import LlmProgress, ToolResult
 from workflows.contracts.records import BestRef, BestSummary, IterationRecord, LeaderEntry
 
@@ -45,6 +45,7 @@ class Evaluation(Strict):
     # a would-be best's record before its best-only checks, and whether the run has answered it (`crown`)
     candidacy: IterationRecord | None = None
     asked: bool = False
+    profile: ProfileReport | None = None  # with the result: a new best's profile, where it was asked for
 
 
 class CarriedState(Strict):
