@@ -290,11 +290,10 @@ class EvaluateCandidate:
                 raise shape_check
             if profiling is not None and outcome == "improved":
                 self.profile = await self.profile_taken(profiling)
-            elif profiling is not None:  # not confirmed: nobody will read it
-                profiling.cancel()
             return record(outcome, bench), facts
         except Rejected as r:
-            if profiling is not None:
-                profiling.cancel()
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
                                    finished_at=workflow.now().timestamp(), **r.extra), facts
+        finally:
+            if profiling is not None and not profiling.done():  # not confirmed, or failed: nobody reads it
+                profiling.cancel()
