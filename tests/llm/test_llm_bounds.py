@@ -242,15 +242,25 @@ def beside_benchmark(req: BenchRequest) -> BenchReport:
 
 @activity.defn(name="profile_candidate")
 def beside_profile(req: EvalRequest) -> ProfileReport:
+    import time
+
     _begun(req.iteration, "profile").set()
     PROFILED.append((req.iteration, activity.info().workflow_id, _begun(req.iteration, "verify").wait(10)))
+    if req.iteration == FRESH_SLOWER:  # a profile nobody will read: it runs on until the test ends
+        end = time.monotonic() + 60
+        while not _begun(0, "test over").is_set() and time.monotonic() < end:
+            activity.heartbeat()
+            time.sleep(0.1)
+        _begun(req.iteration, "profile over").set()
     return gpu_profile(req)
 
 
 async def test_a_new_best_s_profile_is_taken_beside_its_checks(env, store, llm_env):
     """A submission that crowns a new best is answered with its profile, taken by the evaluation beside the
     best-only checks (its verification at another shape, its fresh re-measure) instead of after them; one
-    whose re-measure does not confirm it is answered as passed, with no profile."""
+    whose re-measure does not confirm it is answered as passed at once, with no profile, its profile cancelled."""
+    from temporalio.api.enums.v1 import EventType
+
     BESIDE.clear()
     PROFILED.clear()
     script = TurnScript([turn(submit(1)), turn(submit(2)), turn(submit(3)), turn(submit(0))])
@@ -261,6 +271,11 @@ async def test_a_new_best_s_profile_is_taken_beside_its_checks(env, store, llm_e
             h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 4}),
                             "llm-prof-beside")
             res = await h.result()
+            unread = [wid for i, wid, _ in PROFILED if i == FRESH_SLOWER]
+            # the unread profile still runs: the verdicts did not wait for it, and its evaluation cancelled it
+            running = not _begun(FRESH_SLOWER, "profile over").is_set()
+            history = [e async for e in env.client.get_workflow_handle(unread[0]).fetch_history_events()]
+            _begun(0, "test over").set()
         turns = server.turns()
     assert res.iterations == 4
     answers = [tool_answers(t)[0] for t in turns[1:4]]
@@ -271,3 +286,5 @@ async def test_a_new_best_s_profile_is_taken_beside_its_checks(env, store, llm_e
     # each crowned candidate's profile once, in its evaluation's workflow, while its other-shape check ran
     taken = [(i, "-eval-" in wid, beside) for i, wid, beside in PROFILED if i != FRESH_SLOWER]
     assert taken == [(1, True, True), (2, True, True)], PROFILED
+    assert len(unread) == 1 and running
+    assert EventType.EVENT_TYPE_ACTIVITY_TASK_CANCEL_REQUESTED in [e.event_type for e in history]
