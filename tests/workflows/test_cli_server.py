@@ -65,14 +65,20 @@ async def test_the_client_waits_for_a_server_slow_to_become_healthy_and_the_demo
     dev server starts there: the connection is tried again until the server answers as healthy. A later demo
     finds that server through its database's lock and reuses it, with its Web UI's address."""
     fake = SilentListener()
-    port, ui = fake.port, free_port()
+    port, ui = fake.port, [0]
     db, log = tmp_path / "temporal.db", tmp_path / "dev-server.log"
     started: list[subprocess.Popen] = []
 
     def server_later():
         time.sleep(2.0)
         fake.close()
-        started.append(start_dev_server(port, ui, db, log=log))
+        for _ in range(3):  # a free Web UI port can be taken by another process before the server binds it
+            ui[0] = free_port()
+            try:
+                started.append(start_dev_server(port, ui[0], db, log=log))
+                return
+            except UsageError:
+                continue
 
     later = threading.Thread(target=server_later)
     later.start()
@@ -81,8 +87,8 @@ async def test_the_client_waits_for_a_server_slow_to_become_healthy_and_the_demo
         assert await client.service_client.check_health()
         assert fake.accepted >= 1, "the first tries met the listener that never answers"
         later.join()
-        again, server, ui_url, said = await demo_server(None, None, port, ui, db, log)
-        assert server is None and ui_url == f"http://localhost:{ui}"
+        again, server, ui_url, said = await demo_server(None, None, port, ui[0], db, log)
+        assert server is None and ui_url == f"http://localhost:{ui[0]}"
         assert said == f"reusing the dev server already running on port {port} (pid {started[0].pid}, database {db})"
     finally:
         later.join()
