@@ -251,11 +251,10 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
         with_profile = decisions.profile_with_verdict(rec.outcome, rec.interpreter)
     else:  # histories recorded before: every timed submission's answer brought one
         with_profile = rec.outcome != "rejected" and not rec.interpreter
-    if with_profile and taken is not None:
-        profile = _profile_text(taken)
-    elif with_profile:
-        profile = await _profile_line(wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id,
-                                                      source_key=rec.source_key, shape=wf.spec.shape))
+    if with_profile:
+        profile = _profile_text(taken) if taken is not None else await _profile_line(
+            wf, EvalRequest(problem=wf.spec.problem, candidate_id=rec.candidate_id, source_key=rec.source_key,
+                            shape=wf.spec.shape))
     elif rec.outcome == "passed" and not rec.interpreter:
         profile = f"\nIts profile: call `profile` with candidate_id {rec.candidate_id}."
     return _answer(call, f"iteration {rec.iteration}: {_describe(rec)}. {best}.{profile}")

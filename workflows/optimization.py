@@ -58,7 +58,7 @@ class KernelOptimization:
         # child workflows signal the results (`evaluated`), recorded strictly in iteration order
         self.evaluations: dict[int, Evaluation] = {e.iteration: e for e in self.st.evaluations}
         self.st.evaluations = []
-        self.profiles: dict[int, ProfileReport] = {}  # new bests' profiles by iteration, for the submission's answer
+        self.last_profile: ProfileReport | None = None  # the profile that came with the last record, if any
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
         self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
@@ -223,8 +223,7 @@ class KernelOptimization:
                 return
             del self.evaluations[e.iteration]
             self.set_phase("recording")
-            if e.profile is not None:
-                self.profiles[e.iteration] = e.profile
+            self.last_profile = e.profile
             await self._record(e.record)
 
     async def _answer(self, e: Evaluation, crown: bool) -> None:
@@ -277,12 +276,11 @@ class KernelOptimization:
         Returns the record as recorded (acceptance may have turned "improved" into "passed") and, with
         `profile_if_crowned`, the profile taken beside a new best's checks (None where none was)."""
         self.set_phase("evaluating")
-        self.profiles = {}
         self._launch(self.st.iteration + 1, 0, cand, profile_if_crowned)
         failure = await self._drain()
         if failure:
             raise Paused(failure)
-        return self.st.last, self.profiles.pop(self.st.iteration, None)
+        return self.st.last, self.last_profile
 
     async def _record(self, rec: IterationRecord) -> None:
         # Acceptance is decided here, in iteration order, against the best as it stands now: two

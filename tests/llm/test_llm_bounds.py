@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
+import time
 
 import pytest
 from temporalio import activity
@@ -213,9 +215,7 @@ PROFILED: list[tuple[int, str, bool]] = []  # (iteration, workflow id, whether t
 FRESH_SLOWER = 3  # the iteration whose fresh-process re-measure does not confirm it
 
 
-def _begun(iteration: int, what: str):
-    import threading
-
+def _begun(iteration: int, what: str) -> threading.Event:
     return BESIDE.setdefault((iteration, what), threading.Event())
 
 
@@ -242,8 +242,6 @@ def beside_benchmark(req: BenchRequest) -> BenchReport:
 
 @activity.defn(name="profile_candidate")
 def beside_profile(req: EvalRequest) -> ProfileReport:
-    import time
-
     _begun(req.iteration, "profile").set()
     PROFILED.append((req.iteration, activity.info().workflow_id, _begun(req.iteration, "verify").wait(10)))
     if req.iteration == FRESH_SLOWER:  # a profile nobody will read: it runs on until the test ends
