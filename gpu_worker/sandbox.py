@@ -29,6 +29,8 @@ from gpu_worker.forkserver import start_child
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings, work_root
 
 REPO = Path(__file__).resolve().parent.parent
+#: a child's stdout and stderr together (its log file, on the worker's disk); past it the child is killed
+LOG_LIMIT = 64 << 20
 
 
 class SandboxFailure(Exception):
@@ -72,6 +74,23 @@ def default_mem_gb() -> float:
     except (ValueError, OSError):
         total = 16.0
     return max(2.0, min(32.0, total / 2))
+
+
+def tail_bytes(path: str, n: int) -> bytes | None:
+    """A file's last `n` bytes, read from its end (a child's log may be large); None where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - n))
+            return f.read(n)
+    except OSError:
+        return None
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _rss_bytes(pid: int) -> int:
@@ -143,11 +162,8 @@ class Sandbox:
 
     # -------------------------------------------------------------------------------------------
     def log_tail(self, n: int = 6000) -> str:
-        try:
-            data = Path(self.tmp, "log.txt").read_bytes()
-        except OSError:
-            return ""
-        return data[-n:].decode(errors="replace")
+        """The last `n` bytes of the child's stdout and stderr."""
+        return (tail_bytes(os.path.join(self.tmp, "log.txt"), n) or b"").decode(errors="replace")
 
     def _wait(self, timeout: float, heartbeat: Callable[[], None] | None, what: str):
         """The child's next message, unpickled (plain values: gpu_worker.protocol reads them)."""
@@ -157,7 +173,9 @@ class Sandbox:
                 heartbeat()
             try:
                 if self._recv.poll(0.25):
-                    return pickle.loads(self._recv.recv_bytes())
+                    raw = pickle.loads(self._recv.recv_bytes())
+                    self._check_log(what)  # a flood written within one poll's wait is refused with its reply
+                    return raw
             except (EOFError, OSError):
                 pass
             rc = self.proc.poll()
@@ -180,10 +198,17 @@ class Sandbox:
                 self.close()
                 raise SandboxFailure("memory", f"host memory limit {self.mem_limit >> 30} GiB exceeded during {what}",
                                      self.log_tail())
+            self._check_log(what)
             if time.monotonic() > deadline:
                 self.close()
                 raise SandboxFailure("timeout", f"no answer within {timeout:.0f} s during {what} (hang?); process killed",
                                      self.log_tail())
+
+    def _check_log(self, what: str) -> None:
+        if file_size(os.path.join(self.tmp, "log.txt")) > LOG_LIMIT:
+            self.close()
+            raise SandboxFailure("output", f"the process wrote over {LOG_LIMIT >> 20} MiB to its stdout and stderr "
+                                 f"during {what}; process killed", self.log_tail())
 
     def wait_ready(self, timeout: float = 180, heartbeat=None) -> protocol.Ready:
         if self.ready is None:

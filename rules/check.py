@@ -18,7 +18,8 @@ vocabulary; where a rule is a cheating family (`FAMILIES` in workflows/contracts
   escape            what reaches introspection: attributes named by strings (getattr, setattr, vars, hasattr,
                     str.format), any name starting with an underscore after a dot, dunders, frames, code and
                     generators' or tracebacks' fields, descriptors, a module used as a value, assignments into
-                    attributes, torch's and Triton's closed modules (torch.utils, triton.runtime, ...)
+                    attributes, torch's and Triton's closed modules (torch.utils, triton.runtime, ...), a
+                    name the candidate binds nowhere (rules/scopes.py)
   network / process / filesystem / timer / stream / output-cache / lazy-output
                     what a name of that family would do (sockets, subprocesses, open, timers, streams and
                     events, data_ptr and id, threads and Tensor subclasses), and `global` (output-cache)
@@ -32,6 +33,7 @@ import builtins
 
 from baselines.parse import parse as parse_source
 from rules import host_language as host
+from rules import scopes
 from rules import triton_language as tri
 from rules.refusals import NAME_FAMILY, import_rule, name_rule
 from workflows.contracts import RuleReport
@@ -473,6 +475,8 @@ def check_source(source: str, problem: str) -> RuleReport:
         return RuleReport(ok=False, rule="contract", detail="run must take exactly (inputs, out)")
     walker = _Walker(problem, tree)
     walker.body(tree.body, kernel=False)
+    for node, why in scopes.unbound_names(tree, BUILTIN_NAMES):
+        walker.refuse(node, "escape", why, weak=True)
     if walker.found:
         *_, rule, detail = min(walker.found)
         return RuleReport(ok=False, rule=rule, detail=detail[:2000])

@@ -7,6 +7,8 @@ on any value only the attributes of Triton's tensors, pointers, dtypes and descr
 installed Triton's public names to TL_MEMBERS | TL_REFUSED, so a new Triton's names are a decision.
 """
 
+import re
+
 from rules.host_language import TL_DTYPES
 
 #: triton.language's names a kernel may use
@@ -95,6 +97,7 @@ ASM_OPCODES_REFUSED = frozenset({
     "mbarrier", "call", "ret", "bra", "brx", "exit", "trap", "brkpt", "nanosleep", "pmevent", "cvta", "isspacep",
     "tensormap", "wgmma", "mma", "wmma", "ldmatrix", "stmatrix", "multimem", "griddepcontrol", "elect", "setmaxnreg",
     "applypriority", "discard", "createpolicy", "getctarank", "clusterlaunchcontrol", "tcgen05",
+    "tex", "tld4", "txq", "suld", "sust", "sured", "suq",
 })
 
 
@@ -107,9 +110,11 @@ def asm_refusal(asm: str) -> tuple[str, str] | None:
     for reg in ASM_SPECIAL_REGISTERS:
         if reg in low:
             return "timer", f"inline PTX reads {reg}...: a device clock or counter register"
-    for stmt in low.replace("{", ";").replace("}", ";").replace("\n", ";").split(";"):
-        words = stmt.strip().split()
-        while words and (words[0].startswith("@") or words[0].endswith(":")):  # a predicate guard, a label
+    # PTX reads a comment as whitespace; a label (`L9:`) and a predicate guard (`@p`) come before an opcode
+    code = re.sub(r"/\*.*?\*/", " ", re.sub(r"//[^\n]*", " ", low), flags=re.S)
+    for stmt in code.replace("{", ";").replace("}", ";").replace("\n", ";").split(";"):
+        words = re.sub(r"^(\s*[a-z_$%][\w$]*\s*:)+", " ", stmt).split()
+        while words and words[0].startswith("@"):
             words = words[1:]
         if words and words[0].split(".")[0] in ASM_OPCODES_REFUSED and not words[0].startswith(ASM_PREFETCHES):
             return "escape", (f"inline PTX instruction {words[0]!r}: inline assembly may only compute on its "

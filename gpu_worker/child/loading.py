@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 from gpu_worker.child.core import Refused
+from gpu_worker.child.interpreter_globals import keep_kernel_globals_private
 
 if TYPE_CHECKING:
     from gpu_worker.child.core import ChildCore
@@ -47,6 +48,8 @@ class ChildLoading:
         if core.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
             core.cmd_cuda_init()
             core.cmd_warm_triton()
+        else:
+            keep_kernel_globals_private()
         from gpu_worker import wall
 
         core.seal, core.wall = wall.enclose(core.tmp, list(write_roots), list(trusted_roots), core.cuda, core.guard_fd,

@@ -26,7 +26,7 @@ from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_re
                                   source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.sandbox import REPO, input_bank_dir, triton_env
+from gpu_worker.sandbox import LOG_LIMIT, REPO, file_size, input_bank_dir, tail_bytes, triton_env
 from gpu_worker.settings import CHILD_SETTINGS, work_root
 
 PROOF_WARMUP = 1  # untimed calls first: Triton compiles (and an autotuner tries its configs) there
@@ -119,15 +119,16 @@ class NcuProofCheck:
         except OSError as e:  # the host's ncu, not the candidate
             return ProofResult(ok=None, text=f"not proven: ncu ({ncu}) could not start: {e}")
         ready = loaded = None
+        log = os.path.join(tmp, "log.txt")  # the proof process's stdout and stderr (gpu_worker.child.process)
         try:
             # imports first (host work); its context, timing set, markers and the candidate's load in an
             # untimed device job; the compilation outside any turn (as a child's); its calls in a timing block
-            if self._proof_wait(proc, os.path.join(tmp, "host.json"), ctx.timeouts["load"] * 2, hb) is not None:
+            if self._proof_wait(proc, log, os.path.join(tmp, "host.json"), ctx.timeouts["load"] * 2, hb) is not None:
                 with self.turns.job(), ncu_session(hb):  # the session inside the turn, as everywhere
                     open(spec["device"], "w").close()
-                    loaded = self._proof_wait(proc, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
+                    loaded = self._proof_wait(proc, log, os.path.join(tmp, "loaded.json"), ctx.timeouts["load"] * 2, hb)
             if loaded is not None:
-                ready = self._proof_wait(proc, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
+                ready = self._proof_wait(proc, log, os.path.join(tmp, "ready.json"), ctx.timeouts["compile"], hb)
             with contextlib.ExitStack() as session:
                 if ready is not None:
                     # nothing else of this worker's on the device while ncu measures, nor another process
@@ -137,10 +138,10 @@ class NcuProofCheck:
                         session.enter_context(ncu_session(hb))
                         g0 = time.monotonic()
                         open(spec["go"], "w").close()
-                        self._proof_wait(proc, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
+                        self._proof_wait(proc, log, os.path.join(tmp, "done.json"), ctx.timeouts["profile"], hb)
                         gpu_s[0] += time.monotonic() - g0
                         _add_phase("ncu-proof.calls", time.monotonic() - g0)
-                self._proof_wait(proc, None, 120, hb)  # ncu writes its CSV once the process has ended
+                self._proof_wait(proc, log, None, 120, hb)  # ncu writes its CSV once the process has ended
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
@@ -171,13 +172,16 @@ class NcuProofCheck:
                                 f"process{note}")
 
     @staticmethod
-    def _proof_wait(proc, path: str | None, timeout: float, hb) -> dict | None:
+    def _proof_wait(proc, log: str, path: str | None, timeout: float, hb) -> dict | None:
         """Until `path` exists (its JSON), the process ends (None, or `path`'s JSON if it was written) or
-        `timeout` passes (None)."""
+        `timeout` passes (None). A process whose `log` outgrows a sandbox's limit is killed (None)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if hb:
                 hb()
+            if file_size(log) > LOG_LIMIT:
+                os.killpg(proc.pid, 9)
+                return None
             if path and os.path.exists(path):
                 return _read_json(path)
             if proc.poll() is not None:
@@ -207,11 +211,8 @@ def _text(path: str, missing: str | None = "") -> str:
 
 
 def _tail(path: str, n: int = 600) -> str:
-    try:
-        with open(path, "rb") as f:
-            return f.read()[-n:].decode(errors="replace").replace("\n", " | ")
-    except OSError:
-        return "(none)"
+    data = tail_bytes(path, n)
+    return "(none)" if data is None else data.decode(errors="replace").replace("\n", " | ")
 
 
 def guard_rule(refusal: str) -> str | None:

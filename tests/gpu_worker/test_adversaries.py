@@ -3,7 +3,8 @@
 frames reached through generators, coroutines and tracebacks, objects through the garbage collector, the
 values of timed calls predicted, timers and recorded times rewritten, work finished by a thread behind a
 patched output check, code left for the interpreter to run later, a module planted under a harness's name,
-the dispatch guard popped, switched off or bypassed and put back. Each fails with
+the dispatch guard popped, switched off or bypassed and put back, numpy reached through the names
+Triton's interpreter adds to a kernel's module. Each fails with
 its own trick. Where a layer is proven on its own (frames reachable, torch free), the adversary runs on a
 candidate child's real timing loop in a process of its own, without the guard."""
 
@@ -44,6 +45,7 @@ CASES = [
     ("guard_defaults_read", "softmax", "escape", "__defaults__"),
     ("guard_popped_mla", "mla_decode", "escape", "_pop_torch_dispatch_stack"),
     ("frames_generator_mla", "mla_decode", "escape", "gi_frame"),
+    ("interpreter_globals", "softmax", "exception", "'np' is not defined"),
 ]
 
 

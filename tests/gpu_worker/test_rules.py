@@ -4,7 +4,7 @@ import pytest
 
 from rules.check import check_source
 
-OK_HEAD = "import torch\nimport triton\nimport triton.language as tl\n"
+OK_HEAD = "import torch\nimport triton\nimport triton.language as tl\nx = torch.empty((4, 4))\n"
 
 
 def src(body: str) -> str:

@@ -45,6 +45,9 @@ def refused(code: str, problem: str = "softmax"):
     "        v = tl.load(p + i).to(p.dtype.element_ty)\n    w = tl.extra.cuda.libdevice.rsqrt(v)\n"
     "    b = p.dtype.element_ty.primitive_bitwidth // 8\n    while b < 4:\n        b += 1\n"
     "    tl.extra.cuda.gdc_wait()\n    tl.store(p, tl.math.exp(w) + tl.sum(v.reshape(1), axis=0) + b)",
+    # names bound in their own scope, an enclosing function's or the module's (a later definition too)
+    "B = 3\ndef f(t=B):\n    s = 2\n    def g():\n        return s + t + h()\n    del s\n    return g\n"
+    "def h():\n    return [i * 2 for i in range(B)]",
     # inline PTX that computes on its operands only
     "@triton.jit\ndef k(p):\n    x = tl.load(p)\n    y = tl.inline_asm_elementwise('ex2.approx.f32 $0, $1;', '=r,r', [x], "
     "dtype=tl.float32, is_pure=True, pack=1)\n    tl.store(p, y)",
@@ -169,6 +172,15 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("A = 'mov.u64 $0, %globaltimer;'\n@triton.jit\ndef k(p):\n    t = tl.inline_asm_elementwise(A, '=l', [], "
      "dtype=tl.int64, is_pure=False, pack=1)", "language"),
     ("@triton.jit\ndef k(p):\n    h = p.__class__", "escape"),
+    # PTX reads comments as whitespace and a label as no instruction: neither hides the opcode behind it
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('/* */ ld.global.f32 $0, [$1];', '=r,l', [a], "
+     "dtype=tl.float32, is_pure=True, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('mov.u32 $0, 0; // x\\n/**/nanosleep.u32 1;', "
+     "'=r', [], dtype=tl.int32, is_pure=False, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('L9:membar.gl; mov.u32 $0, 0;', '=r', [], "
+     "dtype=tl.int32, is_pure=False, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('tex.1d.v4.f32.s32 {$0, $1, $2, $3}, [t, {$4}];', "
+     "'=r,=r,=r,=r,r', [a], dtype=tl.float32, is_pure=True, pack=1)", "escape"),
     # descriptors and hooks: class bodies, decorators, the builtins that make them
     ("class D:\n    def __get__(self, obj, owner):\n        return 1", "language"),
     ("class D:\n    def __set_name__(self, owner, name):\n        pass", "language"),
@@ -196,6 +208,12 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("b = __builtins__", "escape"),
     ("f = (1).__class__.__base__.__subclasses__()", "escape"),
     ("f = x.mro", "escape"),
+    # a name nobody bound is found in the module's globals, where a library may have put one (Triton's
+    # interpreter puts numpy, time and inspect there), as is a name bound elsewhere or deleted at the top level
+    ("def f(t):\n    return np.append(t, t)", "escape"),
+    ("def g(np):\n    return np\ndef f(t):\n    return np.append(t, t)", "escape"),
+    ("A = [np for np in (1,)]\nB = np", "escape"),
+    ("np = 0\nif np == 0:\n    del np", "escape"),
     # a module as a value, an import's name rebound: the chain would leave the lists
     ("m = torch", "escape"),
     ("f = print(triton)", "escape"),

@@ -59,6 +59,8 @@ def test_a_hang_is_contained_as_a_timeout(judge_raw, store, monkeypatch):
 @pytest.mark.parametrize("name,stage,words", [
     ("rt_crash", "sandbox", ("crash", "SIGSEGV")),
     ("rt_exception", "verify", ("exception", "blew up on purpose")),
+    # printing is in the language; the log it fills is on the worker's disk, and read back from its end
+    ("rt_log_flood", "sandbox", ("output", "over 64 MiB")),
 ])
 def test_sandbox_failures_contained(judge_raw, store, name, stage, words):
     v = judge_raw.verify(req(store, kernel(name)))
