@@ -14,7 +14,7 @@ from cli.query import fmt_end, run_report, watch
 from cli.run import cmd_start
 from cli.server import demo_server, register_search_attributes, stop_server, ui_port_of
 from cli.spec import parse_spec
-from cli.workers import wait_for_worker
+from cli.workers import shared_agent_queue, wait_for_worker
 
 #: the Web UI's list filtered to the runs, without their per-candidate evaluations (URL-encoded query)
 RUNS_QUERY = "WorkflowType%3D%22KernelOptimization%22"
@@ -57,6 +57,9 @@ async def cmd_demo(args) -> int:
     try:
         await register_search_attributes(client)
         model = start_local_model() if getattr(args, "local_model", False) else None
+        shared = await shared_agent_queue(client) if model is not None else None
+        if shared:
+            print(f"warning: {shared}", flush=True)
         log = open(HOME / "worker.log", "ab")
         worker = subprocess.Popen([sys.executable, "-m", "cli", "worker", "--role", "all", "--address", target,
                                    "--namespace", client.namespace], stdout=log, stderr=log, start_new_session=True,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from cli.errors import UsageError
+from cli.spec import is_problem_path
 
 
 async def cmd_llm_check(args) -> int:
@@ -31,6 +32,9 @@ async def cmd_problems(args) -> int:
     from baselines.registry import get_problem, problem_names
 
     if args.path and args.path not in problem_names():
+        if not is_problem_path(args.path) and not args.path.startswith(("file:", "folder:")):  # a mistyped name
+            raise UsageError(f"unknown problem {args.path!r}; known problems: {', '.join(problem_names())} "
+                             "(or a problem file or folder)")
         return describe_problem_path(args.path, args.json)
     rows = []
     for name in [args.path] if args.path else problem_names():

@@ -144,6 +144,13 @@ def serve(argv: list[str]) -> None:
 
     native.llama_model_default_params = params
     from llama_cpp.server.__main__ import main
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    # the server reads each of its settings from an environment variable of the field's name, before the
+    # arguments (`make run PORT=7300` exports PORT, for the dev server's port): only the arguments count
+    for name in [k for k in os.environ if k.lower() in {*ServerSettings.model_fields, *ModelSettings.model_fields,
+                                                        "config_file"}]:
+        del os.environ[name]
 
     sys.argv = ["llama_cpp.server"] + argv
     main()

@@ -119,6 +119,9 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             phase = "paused" if st.paused else st.phase
             print(f"{st.iteration:>5} {phase:<13} {fmt_best(st.best):<58} {fmt_last(st.last)}", file=out,
                   flush=True)
+            if st.paused:
+                print(f"      paused: {st.pause_reason or 'by a pause signal'}; `marathon resume {wid}` goes on",
+                      file=out, flush=True)
         if st.llm is not None:
             for line in turns.new_lines(st.llm.turns, time.time()):
                 print(f"      {line}", file=out, flush=True)
@@ -131,7 +134,23 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
                 print(f"      {now}", file=out, flush=True)
             trouble = failed
         await asyncio.sleep(interval)
-    return await h.result()
+    res = await h.result()
+    if seen is None or seen[0] != res.iterations:  # the run ended between two polls: its last row
+        print(f"{res.iterations:>5} {'done':<13} {fmt_best(res.best):<58} {fmt_last(_last_record(res))}", file=out,
+              flush=True)
+    return res
+
+
+def _last_record(res: RunResult):
+    """The run's last recorded iteration, from its ledger; None where the artifact store cannot be read here."""
+    from activities.ledger import read_ledger
+    from workflows.artifacts import ArtifactStore, ArtifactStoreError
+
+    try:
+        records = read_ledger(ArtifactStore(), res.ledger_key) if res.ledger_key else []
+    except (ArtifactStoreError, OSError, ValueError):
+        return None
+    return records[-1] if records else None
 
 
 async def cmd_watch(args) -> int:

@@ -14,7 +14,7 @@ from cli.connection import connect_client, run_handle, run_spec_of, update_run
 from cli.errors import UsageError
 from cli.server import register_search_attributes
 from cli.spec import check_hint, is_problem_path, parse_spec, search_space
-from cli.workers import check_workers_can_run, unserved_queues
+from cli.workers import FIRST_TASK_WAIT_S, check_workers_can_run, first_task_taken, unserved_queues
 
 
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
@@ -69,14 +69,23 @@ async def cmd_start(args) -> int:
         temporal_hints(wid, spec, getattr(args, "address", None), getattr(args, "namespace", None))),
         file=sys.stderr)
     if not getattr(args, "worker_follows", False):  # `marathon demo` starts its worker next
-        for line in await unserved_queues(client, spec):
+        unserved = await unserved_queues(client, spec)
+        for line in unserved:
             print(f"warning: {line}", file=sys.stderr)
+        agent_listed = not any(f"task queue {AGENT_QUEUE}:" in line for line in unserved)
+        if agent_listed and not await first_task_taken(client, wid):
+            print(f"warning: no worker took this run's first task within {FIRST_TASK_WAIT_S:g} s: the workers the "
+                  f"server lists on task queue {AGENT_QUEUE} may have stopped; nothing runs this run until one "
+                  f"starts (`marathon worker --role all`)", file=sys.stderr)
     return 0
 
 
 async def cmd_budget(args) -> int:
     fields = {k: getattr(args, k) for k in ("iterations", "hours", "tokens", "gpu_seconds")
               if getattr(args, k) is not None}
+    if not fields and getattr(args, "context_tokens", None) is None:
+        raise UsageError("budget needs at least one of --iterations, --hours, --tokens, --gpu-seconds, "
+                         "--context-tokens")
     if getattr(args, "context_tokens", None) is not None:
         await _set_context_tokens(args)
         if not fields:

@@ -146,8 +146,8 @@ async def agent_worker_missing(client) -> str | None:
     """One line saying that no worker polls the agent task queue, so nothing answers a run's queries or
     moves it on; None where one does, or where the server does not say."""
     if await queue_pollers(client, AGENT_QUEUE, workflow=True) == []:
-        return (f"no worker is polling task queue {AGENT_QUEUE}: start one with `marathon worker --role agent` "
-                f"(`--role all` for the GPU side too) against this server")
+        return (f"no worker is polling task queue {AGENT_QUEUE}: start one with `marathon worker --role all` "
+                f"against this server (`--role agent` where GPU workers run elsewhere)")
     return None
 
 
@@ -163,6 +163,37 @@ async def unserved_queues(client, spec: RunSpec) -> list[str]:
                      f"(`marathon worker --role gpu" + ("" if spec.gpu_queue == GPU_QUEUE else
                                                          f" --gpu-queue {spec.gpu_queue}") + "`)")
     return lines
+
+
+async def shared_agent_queue(client) -> str | None:
+    """One line where workers already poll the agent task queue's activities: a model turn one of them takes
+    goes to that worker's endpoint, not the one the demo serves. None where none does."""
+    others = await queue_pollers(client, AGENT_QUEUE)
+    if not others:
+        return None
+    return (f"other workers poll task queue {AGENT_QUEUE} ({', '.join(sorted(others))}): a model turn one of them "
+            f"takes goes to its own endpoint, not the local model (the run pauses where it has none); stop them "
+            f"for this demo, or `marathon resume` the run once they have stopped")
+
+
+#: a live worker takes a run's first workflow task within moments of its start
+FIRST_TASK_WAIT_S = 10.0
+
+
+async def first_task_taken(client, wid: str, within: float = FIRST_TASK_WAIT_S) -> bool:
+    """Whether a worker took the run's first workflow task within `within` seconds. The server lists a
+    stopped worker's poller for minutes, so a listed poller does not say that anything will run the run."""
+    from temporalio.api.enums.v1 import EventType
+
+    h = client.get_workflow_handle(wid)
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        async for e in h.fetch_history_events():
+            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+                return True
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.25)
 
 
 async def wait_for_worker(client, proc, log, spec: RunSpec, timeout: float = 120) -> None:

@@ -11,7 +11,9 @@ section per endpoint kind.
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -80,7 +82,10 @@ _NONE = ("", "none", "off", "unset")
 
 
 def config_error(text: str) -> ApplicationError:
-    return ApplicationError(text, type="LLMConfigError", non_retryable=True)
+    """A setting of this worker's that no retry mends. The worker is named as Temporal names it (pid@host):
+    where several poll one task queue, the one that took the turn may not be the one set up for the run."""
+    return ApplicationError(f"{text} [agent worker {os.getpid()}@{socket.gethostname()}]", type="LLMConfigError",
+                            non_retryable=True)
 
 
 def _env_value(field_name: str, raw: str):

@@ -4,10 +4,12 @@ credentials and unknown models, malformed output, a failing compaction; hints an
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 
 from activities.ledger import read_ledger
 from activities.search import candidate_id
+from cli.query import watch
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import TurnScript, prompt_tokens, turn
 from tests.llm.server import ChatServer, completion, error, prompt_text
@@ -80,6 +82,8 @@ async def test_bad_key_pauses_the_run_and_resume_retries_the_turn(env, store, ll
         mp = llm_env(server, key="bad-key-SECRET1")
         async with workers(env.client):
             h = await start(env.client, spec(1), "llm-401")
+            shown = io.StringIO()
+            watching = asyncio.create_task(watch(env.client, h.id, interval=0.1, out=shown))
             st = await until(lambda s: s.phase == "paused", h, timeout=30)
             assert st.paused and "401" in st.pause_reason and "authentication" in st.pause_reason
             assert "OPENAI_API_KEY" in st.pause_reason and "resume" in st.pause_reason
@@ -92,7 +96,11 @@ async def test_bad_key_pauses_the_run_and_resume_retries_the_turn(env, store, ll
             await h.signal(KernelOptimization.resume)
             res = await h.result()
             hist = await history_text(h)
+            await watching
         statuses = [s.status for s in server.turns()]
+    # the live view says why the run paused and what goes on
+    (said,) = [ln for ln in shown.getvalue().splitlines() if ln.startswith("      paused: ")]
+    assert "401" in said and "OPENAI_API_KEY" in said and f"`marathon resume {h.id}` goes on" in said, said
     assert res.stopped_by == "budget-iterations" and res.iterations == 1
     assert statuses == [401, 200]
     assert res.used.turns == 1

@@ -9,6 +9,7 @@ included) is a submission. Slow: a turn evaluates up to about 3,600 prompt token
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 
 import pytest
@@ -30,12 +31,20 @@ TURNS_PER_ITERATION = 8  # only submit_kernel is offered after 2 turns without o
 
 @pytest.fixture
 def model(tmp_path, monkeypatch):
+    # The server reads each of its settings from a variable of that name too (`make run PORT=7300` exports
+    # PORT): set here to a port taken, a model that does not exist and a tiny context, they must not count.
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    for k, v in {"PORT": str(held.getsockname()[1]), "MODEL": str(tmp_path / "none.gguf"), "N_CTX": "64"}.items():
+        monkeypatch.setenv(k, v)
     # one thread: under a busy host, two OpenMP threads wait on each other far longer than one works
     m = LocalModel(threads=1, n_ctx=N_CTX, log=tmp_path / "model.log").start()
     for k, v in {**m.env(), "MARATHON_LLM_MAX_TOKENS": "512", "MARATHON_LLM_TIMEOUT": "900"}.items():
         monkeypatch.setenv(k, v)
     yield m
     m.kill()
+    held.close()
 
 
 @pytest.mark.slow(15)

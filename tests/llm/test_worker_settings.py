@@ -4,6 +4,9 @@ activities with its own message while the search policy's keep working."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
@@ -40,6 +43,7 @@ def test_an_invalid_variable_fails_every_llm_activity_with_its_message(store, ll
             ActivityEnvironment().run(LlmActivities(settings).llm_turn, turn_req())
         assert server.turns() == []  # nothing was sent
     assert e.value.type == "LLMConfigError" and e.value.non_retryable
+    assert e.value.message.endswith(f"[agent worker {os.getpid()}@{socket.gethostname()}]")  # which of them
     assert "MARATHON_LLM_TOOL_MODE='sometimes' on the agent worker is not valid: expected native, text or auto" \
         in e.value.message
     # the search policy's activities on the same worker are unaffected

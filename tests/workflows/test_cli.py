@@ -43,7 +43,8 @@ def marathon(*args, env_address=None, check=False):
     (["start", "softmax", "--gpu-queue", "two words"], "gpu_queue must be a task queue name"),
     (["worker", "--role", "gpu", "--gpu-queue", "a/b"], "invalid --gpu-queue"),
     (["budget", "some-id", "--iterations", "-1"], "invalid budget"),
-    (["budget", "some-id"], "at least one of"),
+    (["budget", "some-id"], "budget needs at least one of --iterations, --hours, --tokens, --gpu-seconds, "
+                            "--context-tokens"),
     (["hint", "some-id", "   "], "hint text is empty"),
     (["start", "softmax", "--spec", "@/nonexistent/spec.json"], "--spec @/nonexistent/spec.json: cannot read the file"),
     (["start", "softmax", "--iterations", "abc"], "start: argument --iterations: invalid int value: 'abc'"),
@@ -56,6 +57,7 @@ def marathon(*args, env_address=None, check=False):
     (["verify", "nosuch", "README.md"], "unknown problem 'nosuch'; known problems:"),
     (["start"], "which problem? name one of kda, mla_decode, mla_prefill, softmax (`marathon problems` describes"),
     (["problems", "/nonexistent/problem.py"], "/nonexistent/problem.py: no such file or folder"),
+    (["problems", "sofmax"], "unknown problem 'sofmax'; known problems: kda, mla_decode, mla_prefill, softmax"),
     (["problems", "README.md"], "README.md: syntax error at line"),
 ])
 def test_bad_input_is_one_clear_line(args, message):
@@ -396,7 +398,7 @@ def test_one_dev_server_per_database_and_no_worker_said_at_once(tmp_path):
         p = marathon("status", wid, env_address=address)
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1, p.stderr
-        assert "no worker is polling task queue marathon-agent: start one with `marathon worker --role agent`" \
+        assert "no worker is polling task queue marathon-agent: start one with `marathon worker --role all`" \
             in lines[0]
         assert time.monotonic() - t0 < 20, "said at once, not after the query's time-out"
         with pytest.raises(subprocess.TimeoutExpired) as waited:

@@ -68,10 +68,11 @@ async def test_no_worker_start_warns_and_the_rest_answer_at_once(bare, capsys):
 
 @pytest.mark.slow
 async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
-    """The server lists a stopped worker's poller for a minute: status and budget give up after a few seconds
-    with one line instead of waiting for an answer that cannot come."""
+    """The server lists a stopped worker's poller for minutes: status and budget give up after a few seconds
+    with one line instead of waiting for an answer that cannot come, and a run started then is told that no
+    worker took its first task."""
     from activities.worker import build_agent_worker
-    from cli.workers import queue_pollers
+    from cli.workers import queue_pollers, shared_agent_queue
 
     address, client = bare
     wid = run_id("orphan")
@@ -83,6 +84,8 @@ async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
                 await asyncio.sleep(0.2)
         await asyncio.wait_for(polled(), 30)
         await asyncio.sleep(1.0)  # the run's first task is taken
+        # a local-model demo started now is told that this worker may take its model's turns
+        assert f"({client.identity})" in await shared_agent_queue(client)
     from cli.connection import ANSWER_TIMEOUT_S
 
     for argv, said in ((["status", wid], f"no worker answered within {ANSWER_TIMEOUT_S:g} s"),
@@ -93,3 +96,10 @@ async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
         assert rc == 2 and len(lines) == 1 and said in lines[0], (argv, err, took)
         assert took < ANSWER_TIMEOUT_S + SECONDS, (argv, took)  # the wait for an answer, then one line
     await client.get_workflow_handle(wid).terminate("test over")
+    # the stopped worker is still listed: a run started now is told that no worker took its first task
+    assert await queue_pollers(client, "marathon-agent", workflow=True)
+    later = run_id("orphan")
+    rc, out, err, took = await asyncio.to_thread(timed, capsys, "start", "softmax", "--id", later, "--address", address)
+    warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
+    assert rc == 0 and "no worker took this run's first task within 10 s" in warnings[-1], err
+    await client.get_workflow_handle(later).terminate("test over")

@@ -48,6 +48,11 @@ async def test_every_execution_carries_summary_and_details_and_the_demo_shows_no
                                 "--id", wid, env_address=address, check=True)
         res = await asyncio.wait_for(watch(env.client, wid, interval=0.05, out=live), 120)
         assert res.runs == 3  # continued as new twice
+        # watched once it has ended (as a run that ends between two polls): its last row, the last record
+        ended = io.StringIO()
+        await watch(env.client, wid, out=ended)
+        last = ended.getvalue().splitlines()[-1]
+        assert last.startswith("    6 done ") and " #6 " in last, ended.getvalue()
         summary = "softmax: search policy, budget 6 iterations"
         executions = await _executions(env.client, wid, 3)
         for ex in executions:
