@@ -59,9 +59,9 @@ WALL = time.time() - time.monotonic()  # monotonic -> epoch seconds (the endpoin
 
 # ---- what the scripted model submits ---------------------------------------------------------------------
 def compile_error(source: str) -> str:
-    """`source` with a name no scope defines read in every @triton.jit function: valid Python the static
-    rules pass, refused when Triton compiles the kernels (under the interpreter, at the first run, which is
-    where the compile stage surfaces an interpreted kernel's errors)."""
+    """`source` with a range whose length is not a power of two made in every @triton.jit function: valid
+    Python the static rules pass, refused when Triton compiles the kernels (under the interpreter, at the
+    first run, which is where the compile stage surfaces an interpreted kernel's errors)."""
     lines = source.splitlines(keepends=True)
     at = []
     for node in ast.walk(ast.parse(source)):
@@ -74,7 +74,7 @@ def compile_error(source: str) -> str:
     if not at:
         raise ValueError("no @triton.jit function in the starting kernel")
     for i, col in sorted(at, reverse=True):
-        lines.insert(i, " " * col + "_unresolved = name_defined_nowhere + 1\n")
+        lines.insert(i, " " * col + "_not_a_power_of_two = tl.arange(0, 3)\n")
     return "".join(lines)
 
 
@@ -115,7 +115,7 @@ def submissions(problem: str, variants: list[dict]) -> list[dict]:
     start = p.template()
     base = p.default_knobs()
     subs = [{"label": "starting kernel as written", "kind": "start", "source": start},
-            {"label": "compile error (unresolved name in the kernels)", "kind": "compile-error",
+            {"label": "compile error (a range of 3 in the kernels)", "kind": "compile-error",
              "source": compile_error(start)},
             {"label": "Python syntax error", "kind": "syntax-error", "source": syntax_error(start)}]
     for v in variants:
