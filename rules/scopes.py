@@ -67,8 +67,12 @@ def unbound_names(tree: ast.Module, builtins: frozenset[str]) -> list[tuple[ast.
             return
         if isinstance(node, COMPREHENSIONS):
             own = {t.id for g in node.generators for t in ast.walk(g.target) if isinstance(t, ast.Name)}
+            first = node.generators[0].iter
+            visit(first, scopes)  # the first iterable is evaluated in the enclosing scope
             for child in ast.iter_child_nodes(node):
-                visit(child, scopes + (own,))
+                parts = [child.target, *child.ifs] if child is node.generators[0] else [child]
+                for part in parts:
+                    visit(part, scopes + (own,))
             return
         for child in ast.iter_child_nodes(node):
             visit(child, scopes)

@@ -213,6 +213,7 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("def f(t):\n    return np.append(t, t)", "escape"),
     ("def g(np):\n    return np\ndef f(t):\n    return np.append(t, t)", "escape"),
     ("A = [np for np in (1,)]\nB = np", "escape"),
+    ("A = [np for np in [np]]", "escape"),  # the first iterable is read in the enclosing scope
     ("np = 0\nif np == 0:\n    del np", "escape"),
     # a module as a value, an import's name rebound: the chain would leave the lists
     ("m = torch", "escape"),
