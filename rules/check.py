@@ -132,6 +132,8 @@ class _Walker:
         for n in ast.walk(tree):
             if isinstance(n, (ast.Import, ast.ImportFrom)):
                 self._bind_import(n)
+        self.kernels = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and any(
+            self.path(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in n.decorator_list)}
 
     def refuse(self, node: ast.AST, rule: str, what: str, weak: bool = False):
         """Reported first: a refusal with a family, by line (on one line, before an escape); `weak` ones and
@@ -311,8 +313,9 @@ class _Walker:
             self.refuse(node, rule, f"binding {name!r} is not allowed (a hook Python, torch or the harness would call)")
         elif name in self.aliases and not importing:
             self.refuse(node, "escape", f"rebinding {name!r}, a name an import bound, is not allowed")
-        elif name in BUILTIN_NAMES and name not in ALL_BUILTINS and name_rule(name)[0] != "language":
-            # a refused builtin stays refused wherever it is named: `def f(getattr=getattr)` binds nothing
+        elif name in BUILTIN_NAMES and name not in ALL_BUILTINS:
+            # a refused builtin stays refused wherever it is named: `def f(getattr=getattr)` binds nothing, and
+            # a parameter named `iter` in one function does not make `iter` the candidate's in another
             self.refuse(node, "escape", f"binding {name!r}, the name of a builtin outside the language, is not "
                                         "allowed (name it otherwise)")
 
@@ -429,6 +432,10 @@ class _Walker:
                 self.refuse(node, "library-kernel", f".{a} is the library's implementation of this operator")
 
     def call(self, node: ast.Call, kernel: bool):
+        if not kernel and isinstance(node.func, ast.Name) and node.func.id in self.kernels:
+            # on a GPU such a call raises; the interpreter runs the kernel as host Python and returns its value
+            self.refuse(node, "language", f"{node.func.id}(...) calls a @triton.jit function from host code: launch "
+                                          f"it with a grid ({node.func.id}[grid](...)) or call it from a kernel")
         self.expr(node.func, kernel)
         for a in node.args:
             self.expr(a, kernel)

@@ -30,6 +30,9 @@ def _bound_in(body: list[ast.AST]) -> set[str]:
             continue
         if isinstance(n, (ast.Lambda, *COMPREHENSIONS)):
             continue
+        if isinstance(n, ast.AnnAssign) and n.value is None:  # `x: int` alone binds nothing
+            todo.append(n.annotation)
+            continue
         if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
             out.add(n.id)
         elif isinstance(n, (ast.Import, ast.ImportFrom)):
@@ -58,7 +61,11 @@ def unbound_names(tree: ast.Module, builtins: frozenset[str]) -> list[tuple[ast.
                                     "candidate's own code or is a listed builtin"))
             return
         if isinstance(node, FUNCTIONS):
-            for d in getattr(node, "decorator_list", []) + node.args.defaults + node.args.kw_defaults:
+            a = node.args
+            every = a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]
+            outer = getattr(node, "decorator_list", []) + a.defaults + a.kw_defaults + [
+                x.annotation for x in every] + [getattr(node, "returns", None)]
+            for d in outer:  # evaluated where the function is defined
                 if d is not None:
                     visit(d, scopes)
             own = _arg_names(node.args) | (_bound_in(node.body) if not isinstance(node, ast.Lambda) else set())

@@ -107,15 +107,19 @@ ASM_PREFETCHES = ("cp.async.bulk.prefetch.",)
 def asm_refusal(asm: str) -> tuple[str, str] | None:
     """Why an inline PTX string is refused, as (rule, reason), or None."""
     low = asm.lower()
+    # LLVM rewrites its escapes before PTX reads the text: `$$` and the dialect groups `$(`, `$|`, `$)` could
+    # join or hide what is read here
+    if re.search(r"\$[$(|)]", low):
+        return "escape", "inline PTX: LLVM's $$, $(, $| and $) escapes are not allowed (operands are $0, $1, ...)"
     for reg in ASM_SPECIAL_REGISTERS:
         if reg in low:
             return "timer", f"inline PTX reads {reg}...: a device clock or counter register"
-    # PTX reads a comment as whitespace; a label (`L9:`) and a predicate guard (`@p`) come before an opcode
-    code = re.sub(r"/\*.*?\*/", " ", re.sub(r"//[^\n]*", " ", low), flags=re.S)
+    # PTX reads a comment as whitespace, from the left (a `//` inside /* */ is the comment's); labels (`L9:`)
+    # and predicate guards (`@p`, `@ !p`) come before an opcode
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", " ", low, flags=re.S)
     for stmt in code.replace("{", ";").replace("}", ";").replace("\n", ";").split(";"):
-        words = re.sub(r"^(\s*[a-z_$%][\w$]*\s*:)+", " ", stmt).split()
-        while words and words[0].startswith("@"):
-            words = words[1:]
+        stmt = re.sub(r"^(\s*[a-z_$%][\w$]*\s*:)+", " ", stmt)
+        words = re.sub(r"^(\s*@\s*!?\s*[\w$%]+)+", " ", stmt).split()
         if words and words[0].split(".")[0] in ASM_OPCODES_REFUSED and not words[0].startswith(ASM_PREFETCHES):
             return "escape", (f"inline PTX instruction {words[0]!r}: inline assembly may only compute on its "
                               "operands (no memory, synchronization or jumps)")

@@ -1,36 +1,41 @@
-"""Triton's interpreter keeps its own names out of the candidate's module.
+"""Triton's interpreter keeps its own names out of the candidate's reach.
 
 To run a kernel as Python, the interpreter rewrites the kernel's source and executes it among the kernel's
-globals, adding its own module's globals there first (numpy, time, inspect, its attribute patcher): they
-would then be the candidate module's, reachable by a bare name from any of its functions. Here the rewrite
-executes among a copy of those globals instead, so the kernel still finds the interpreter's names and the
-candidate's module never holds them. A kernel sees the module's names as they were at its first launch."""
+globals, having first added there every global of its own module (numpy, time, inspect, its attribute
+patcher): a name the candidate's module lacks would then be the interpreter's, in its kernels and, through
+the module, its host code. Here a rewritten kernel executes among a copy of its module's globals with only
+the names the rewrite itself introduced (its helpers) added from the interpreter's; a name the kernel's own
+code reads and its module lacks stays undefined. The kernel sees the module's names as at its first launch."""
 
 from __future__ import annotations
 
-import types
+import ast
 
 
 def keep_kernel_globals_private() -> bool:
-    """Wrap the interpreter's rewrite; False where this Triton has no such step (nothing is added then)."""
+    """Replace the interpreter's compile-and-execute step; False where this Triton has no such step."""
     try:
-        from triton.runtime.interpreter import FunctionRewriter
+        from triton.runtime import interpreter
     except ImportError:
         return False
-    original = getattr(FunctionRewriter, "_compile_and_exec", None)
-    if original is None:
+    rewriter = getattr(interpreter, "FunctionRewriter", None)
+    if rewriter is None or not hasattr(rewriter, "_compile_and_exec"):
         return False
-    if getattr(original, "keeps_globals_private", False):
+    if getattr(rewriter._compile_and_exec, "keeps_globals_private", False):
         return True
+    helpers = vars(interpreter)
 
     def compile_and_exec(self, transformed_ast):
         fn = self.fn
-        self.fn = types.FunctionType(fn.__code__, dict(fn.__globals__), fn.__name__, fn.__defaults__, fn.__closure__)
-        try:
-            return original(self, transformed_ast)
-        finally:
-            self.fn = fn
+        code = fn.__code__
+        own = {*code.co_names, *code.co_varnames, *code.co_cellvars, *code.co_freevars}
+        introduced = {n.id for n in ast.walk(transformed_ast) if isinstance(n, ast.Name)} - own
+        namespace = dict(fn.__globals__)
+        namespace.update({k: helpers[k] for k in introduced if k in helpers and k not in namespace})
+        local = dict(self.kwargs)
+        exec(compile(transformed_ast, filename=self.filename, mode="exec"), namespace, local)
+        return local[fn.__name__]
 
     compile_and_exec.keeps_globals_private = True
-    FunctionRewriter._compile_and_exec = compile_and_exec
+    rewriter._compile_and_exec = compile_and_exec
     return True

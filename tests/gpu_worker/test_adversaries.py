@@ -46,6 +46,7 @@ CASES = [
     ("guard_popped_mla", "mla_decode", "escape", "_pop_torch_dispatch_stack"),
     ("frames_generator_mla", "mla_decode", "escape", "gi_frame"),
     ("interpreter_globals", "softmax", "exception", "'np' is not defined"),
+    ("interpreter_globals_kernel", "softmax", "compile", "'np' is not defined"),
 ]
 
 

@@ -179,6 +179,15 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
      "'=r', [], dtype=tl.int32, is_pure=False, pack=1)", "escape"),
     ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('L9:membar.gl; mov.u32 $0, 0;', '=r', [], "
      "dtype=tl.int32, is_pure=False, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('/* // */ ld.global.f32 $0, [$1];', '=r,l', [a], "
+     "dtype=tl.float32, is_pure=True, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('{ .reg .pred q; setp.eq.u32 q, 1, 1; @ q ld.global.f32 "
+     "$0, [$1]; }', '=r,l', [a], dtype=tl.float32, is_pure=True, pack=1)", "escape"),
+    # LLVM's dialect groups would hide an opcode or join a register's name before PTX reads the text
+    ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('$( ld.global.f32 $0, [$1]; $)', '=r,l', [a], "
+     "dtype=tl.float32, is_pure=True, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p):\n    t = tl.inline_asm_elementwise('mov.u32 $0, %global$(timer_lo$);', '=r', [], "
+     "dtype=tl.int32, is_pure=False, pack=1)", "escape"),
     ("@triton.jit\ndef k(p, a):\n    t = tl.inline_asm_elementwise('tex.1d.v4.f32.s32 {$0, $1, $2, $3}, [t, {$4}];', "
      "'=r,=r,=r,=r,r', [a], dtype=tl.float32, is_pure=True, pack=1)", "escape"),
     # descriptors and hooks: class bodies, decorators, the builtins that make them
@@ -196,6 +205,9 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("def f(g):\n    vars = g\n    return vars", "escape"),
     ("for type in (1,):\n    pass", "escape"),
     ("y = [help for help in ()]", "escape"),
+    ("def f(iter, next):\n    pass\ndef g(t):\n    return next(iter(t))", "escape"),
+    # a kernel called from host code: the interpreter would run it as host Python and hand back its value
+    ("@triton.jit\ndef k():\n    return 1\ndef f():\n    return k()", "language"),
     # frames: a generator's, a coroutine's, a traceback's, and what they lead to
     ("def g():\n    yield 1\nf = g().gi_frame.f_back.f_globals", "escape"),
     ("f = (i for i in ()).gi_frame", "escape"),
@@ -214,6 +226,8 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("def g(np):\n    return np\ndef f(t):\n    return np.append(t, t)", "escape"),
     ("A = [np for np in (1,)]\nB = np", "escape"),
     ("A = [np for np in [np]]", "escape"),  # the first iterable is read in the enclosing scope
+    ("np: int\ndef f(t):\n    return np", "escape"),  # an annotation alone binds nothing
+    ("def f(t: np) -> np:\n    return t", "escape"),
     ("np = 0\nif np == 0:\n    del np", "escape"),
     # a module as a value, an import's name rebound: the chain would leave the lists
     ("m = torch", "escape"),
