@@ -177,7 +177,7 @@ async def shared_agent_queue(client) -> str | None:
 
 
 #: a live worker takes a run's first workflow task within moments of its start
-FIRST_TASK_WAIT_S = 10.0
+FIRST_TASK_WAIT_S = 5.0
 
 
 async def first_task_taken(client, wid: str, within: float = FIRST_TASK_WAIT_S) -> bool:
