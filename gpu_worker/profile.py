@@ -44,7 +44,9 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
     from gpu_worker.caches import triton_cache_dir
     from gpu_worker.settings import work_root
 
-    exe = shutil.which("ncu")
+    from gpu_worker.ncu_trace import find_ncu
+
+    exe = find_ncu()
     if not exe or not kernels:
         return "", "unknown", "ncu not found" if not exe else "no kernels to profile"
     import tempfile
@@ -74,7 +76,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         out = p.stdout.read()
         rows = _parse_ncu_csv(out)
         if not rows:
-            return out[-3000:], "unknown", "ncu produced no metrics (permissions or unsupported)"
+            return out[-3000:], "unknown", f"ncu produced no metrics (status {p.returncode}): {_ncu_said(out)}"
         lines, bound = [], "unknown"
         for r in rows:
             mem = r.get("Memory Throughput")
@@ -95,6 +97,13 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         return "\n".join(lines), bound, None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ncu_said(out: str, n: int = 400) -> str:
+    """What ncu reported of its failure: its error and warning lines, else the end of its output, one line."""
+    notes = [ln.strip() for ln in out.splitlines() if ln.startswith(("==ERROR==", "==WARNING=="))]
+    text = " | ".join(notes) if notes else " | ".join(ln.strip() for ln in out.splitlines()[-5:] if ln.strip())
+    return (text or "no output")[-n:]
 
 
 def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:
