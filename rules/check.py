@@ -132,8 +132,10 @@ class _Walker:
         for n in ast.walk(tree):
             if isinstance(n, (ast.Import, ast.ImportFrom)):
                 self._bind_import(n)
-        self.kernels = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and any(
+        # the @triton.jit functions: their bodies are kernel code, and host code only launches them
+        self.kernel_defs = {n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and any(
             self.path(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in n.decorator_list)}
+        self.kernels = {n.name for n in self.kernel_defs}
 
     def refuse(self, node: ast.AST, rule: str, what: str, weak: bool = False):
         """Reported first: a refusal with a family, by line (on one line, before an escape); `weak` ones and
@@ -263,7 +265,6 @@ class _Walker:
 
     def function(self, node: ast.FunctionDef):
         self._store(node, node.name)
-        kernel = False
         for d in node.decorator_list:
             path = self.path(d.func if isinstance(d, ast.Call) else d)
             if path not in host.DECORATORS:
@@ -271,7 +272,6 @@ class _Walker:
                 rule = "escape" if rule == "language" and path in ("property", "staticmethod", "classmethod") else rule
                 self.refuse(d, rule, f"decorator {ast.unparse(d)!r}: only Triton's (triton.jit, triton.autotune, "
                                      "triton.heuristics) are allowed")
-            kernel |= path == "triton.jit"
             self.expr(d, False)
         args = node.args
         for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
@@ -283,7 +283,7 @@ class _Walker:
             self.expr(d, False)
         if node.returns is not None:
             self.expr(node.returns, False)
-        self.body(node.body, kernel)
+        self.body(node.body, node in self.kernel_defs)
 
     def target(self, node: ast.AST, kernel: bool):
         if isinstance(node, ast.Name):

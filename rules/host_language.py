@@ -94,7 +94,8 @@ fill_/zero_, new_empty/new_zeros; dict get/items/keys/values; torch's allocation
 *_like) and dtypes; triton.cdiv and triton.next_power_of_2; math.*; torch.cuda.get_device_properties. \
 Inside @triton.jit functions: tl.*, range and tl.static_range, tl.constexpr, your other @triton.jit \
 functions. No classes, lambdas (a grid or a heuristic is a def), generators, try, with, global, decorators \
-other than Triton's, getattr and the like, or names starting with an underscore after a dot; every name used is defined or imported by the module, or a builtin.
+other than Triton's, getattr and the like, or names starting with an underscore after a dot; every name \
+used is defined or imported by the module, or a builtin.
 Example:
     import torch
     import triton
