@@ -45,6 +45,7 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
     from gpu_worker.settings import work_root
 
     from gpu_worker.ncu_trace import find_ncu
+    from gpu_worker.sandbox import child_pythonpath
 
     exe = find_ncu()
     if not exe or not kernels:
@@ -62,7 +63,8 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
                "--section", "LaunchStats", "--csv", "--page", "details", "-k", regex, "-c", "4",
                sys.executable, "-m", "gpu_worker.oneshot", job, req.problem, req.shape or "", tmp]
         env = dict(os.environ, TRITON_CACHE_DIR=str(triton_cache_dir(ev.settings, ev.cuda)), TMPDIR=tmp,
-                   TRITON_HOME=tmp, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                   TRITON_HOME=tmp)
+        env["PYTHONPATH"] = child_pythonpath(env)
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp, env=env,
                              start_new_session=True)
         deadline = time.monotonic() + 300
@@ -100,10 +102,17 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
 
 
 def _ncu_said(out: str, n: int = 400) -> str:
-    """What ncu reported of its failure: its error and warning lines, else the end of its output, one line."""
-    notes = [ln.strip() for ln in out.splitlines() if ln.startswith(("==ERROR==", "==WARNING=="))]
-    text = " | ".join(notes) if notes else " | ".join(ln.strip() for ln in out.splitlines()[-5:] if ln.strip())
-    return (text or "no output")[-n:]
+    """What ncu reported of its failure, one line: its error and warning lines, and where the profiled process
+    itself failed, that process's last lines (its traceback's end); else the end of the output."""
+    lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    notes = [ln for ln in lines if ln.startswith(("==ERROR==", "==WARNING=="))]
+    if not notes:
+        return (" | ".join(lines[-5:]) or "no output")[-n:]
+    text = " | ".join(notes)
+    if any("application returned an error code" in ln for ln in notes):
+        app = [ln for ln in lines if not ln.startswith("==")]
+        text += " | the profiled process said: " + (" | ".join(app[-3:]) or "nothing")
+    return text[-n:]
 
 
 def profile_candidate(ev, req: EvalRequest, hb=None) -> ProfileReport:

@@ -104,6 +104,12 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
+def child_pythonpath(environ) -> str:
+    """A child process's PYTHONPATH: the repository first, then the worker's own entries, which may hold the
+    packages the child imports (a host whose extra packages are on PYTHONPATH, not in site-packages)."""
+    return str(REPO) + (os.pathsep + environ["PYTHONPATH"] if environ.get("PYTHONPATH") else "")
+
+
 class Sandbox:
     def __init__(self, role: str, interpreter: bool, mem_limit_gb: float | None = None, cpus: set | None = None,
                  settings: GpuWorkerSettings | None = None):
@@ -122,7 +128,7 @@ class Sandbox:
         self._guard_r, guard_w = os.pipe() if role == "candidate" else (None, None)
         self.guard_records: list[tuple[str, str]] = []
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONPATH"] = child_pythonpath(env)
         env["TMPDIR"] = self.tmp
         env["TRITON_HOME"] = self.tmp
         env.update(triton_env(role, self.tmp, self.settings, not interpreter))

@@ -26,7 +26,7 @@ from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_re
                                   source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.sandbox import LOG_LIMIT, REPO, file_size, input_bank_dir, tail_bytes, triton_env
+from gpu_worker.sandbox import LOG_LIMIT, child_pythonpath, file_size, input_bank_dir, tail_bytes, triton_env
 from gpu_worker.settings import CHILD_SETTINGS, work_root
 
 PROOF_WARMUP = 1  # untimed calls first: Triton compiles (and an autotuner tries its configs) there
@@ -106,7 +106,7 @@ class NcuProofCheck:
         os.makedirs(front)
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
-        env.update(PYTHONPATH=str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""),
+        env.update(PYTHONPATH=child_pythonpath(env),
                    TMPDIR=front, TRITON_HOME=tmp, MARATHON_INPUT_BANK=str(input_bank_dir(ctx.settings.gpu_workdir)),
                    PYTHONDONTWRITEBYTECODE="1", PYTHONUNBUFFERED="1", MARATHON_CHILD_LIMITS=json.dumps({"core": 0}),
                    **{CHILD_SETTINGS: ctx.settings.to_child()}, **triton_env("candidate", tmp, ctx.settings, True))

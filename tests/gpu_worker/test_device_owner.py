@@ -412,6 +412,41 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path, policy):
     e.close()
 
 
+@pytest.mark.parametrize("policy", ["owner", "dispatcher"])
+def test_a_stage_retried_alone_loads_its_child_with_no_other_stage_running(tmp_path, policy):
+    """The retry is alone from its start: the steps before its stage's gate (a fresh child's CUDA context
+    and load, which ran out of memory beside others on an 80 GB H100) wait for the neighbours' stages too."""
+    from workflows.contracts import VerifyReport
+
+    e = _evaluator(tmp_path, policy)
+    events, entered = [], threading.Event()
+
+    def neighbour():
+        with e.turns.stage():
+            entered.set()
+            time.sleep(0.5)
+            events.append("the neighbour's stage ends")
+
+    t = threading.Thread(target=neighbour)
+    t.start()
+    assert entered.wait(10)
+    calls = []
+
+    def attempt():
+        calls.append(1)
+        if len(calls) == 1:
+            return VerifyReport(ok=False, stage="sandbox", reason="oom: AcceleratorError: CUDA error: out of memory")
+        events.append("the retry loads its child")
+        with e.turns.stage():
+            events.append("the retry's stage")
+        return VerifyReport(ok=True, rel_err=1e-3)
+
+    rep = e.children.retried_alone(attempt)
+    t.join(10)
+    assert rep.ok and events == ["the neighbour's stage ends", "the retry loads its child", "the retry's stage"]
+    e.close()
+
+
 def test_the_reference_process_out_of_memory_beside_others_retries_the_stage_alone(tmp_path):
     """The trusted reference child's allocation failing beside the candidates' memory is no candidate's
     fault and no infrastructure failure: the stage runs again alone; failing alone too, it is the harness's."""

@@ -119,3 +119,18 @@ def ev_raw(tmp_path_factory):
 def test_an_unjoined_side_stream_is_rejected(ev_raw):
     _, b = _bench_kernel(ev_raw, "gpu_side_stream")
     assert not b.ok, b
+
+
+def test_a_profile_reads_ncu_s_metrics(ev):
+    """The profile's ncu pass runs its candidate in a process of its own under ncu: where ncu is installed,
+    that process starts with the worker's packages and the report carries ncu's rows."""
+    from gpu_worker.ncu_trace import find_ncu
+    from workflows.contracts import EvalRequest
+
+    if not find_ncu():
+        pytest.skip("no ncu on this host")
+    from gpu_worker.canaries import canary_source
+
+    src = canary_source("fast")
+    rep = ev.profile(EvalRequest(problem="softmax", candidate_id="profile-ncu", source_key=ev.store.put_text(src)))
+    assert rep.ok and rep.tool == "ncu" and "ncu unavailable" not in rep.summary, rep.summary

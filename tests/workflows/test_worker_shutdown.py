@@ -50,9 +50,12 @@ async def _compile_under_sigterm(env, store, tmp_path, grace_s: str):
             h = await env.client.start_workflow(CompileOnce.run, args=[request, gpu_queue],
                                                 id=f"stop-{uuid.uuid4().hex[:8]}", task_queue=wf_queue)
             deadline = time.monotonic() + 120
-            while True:  # the compile taken by the worker: then the stop
+            # the stop once the compile runs in the worker: its first heartbeat arrived. A task the server
+            # counts as started may still sit in the SDK's poller, and a stop then loses it until its timeout.
+            while True:
                 pending = (await h.describe()).raw_description.pending_activities
-                if pending and pending[0].state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED:
+                if pending and pending[0].state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED \
+                        and pending[0].HasField("last_heartbeat_time"):
                     break
                 assert time.monotonic() < deadline and proc.poll() is None, log_path.read_text()[-3000:]
                 await asyncio.sleep(0.1)
@@ -61,6 +64,8 @@ async def _compile_under_sigterm(env, store, tmp_path, grace_s: str):
                 outcome = await asyncio.wait_for(h.result(), 150)
             except Exception as e:  # noqa: BLE001 - the cut compile fails the workflow
                 outcome = e
+                while outcome.__cause__ is not None:  # the activity's own failure: timeout, cancel or error
+                    outcome = outcome.__cause__
             attempts = [e.activity_task_started_event_attributes.attempt async for e in h.fetch_history_events()
                         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED]
         try:
