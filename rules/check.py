@@ -136,6 +136,13 @@ class _Walker:
         self.kernel_defs = {n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and any(
             self.path(d.func if isinstance(d, ast.Call) else d) == "triton.jit" for d in n.decorator_list)}
         self.kernels = {n.name for n in self.kernel_defs}
+        self.callees: set[int] = set()  # the nodes called where they stand (a call's function, a decorator)
+        # host functions of the module, bound by their def alone: '**' may pass keywords into them
+        rebound = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)} | {
+            a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments)
+            for a in n.posonlyargs + n.args + n.kwonlyargs + [n.vararg, n.kwarg] if a is not None} | set(self.aliases)
+        defs = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        self.host_defs = {d for d in defs if d not in self.kernels and d not in rebound and defs.count(d) == 1}
 
     def refuse(self, node: ast.AST, rule: str, what: str, weak: bool = False):
         """Reported first: a refusal with a family, by line (on one line, before an escape); `weak` ones and
@@ -272,6 +279,8 @@ class _Walker:
                 rule = "escape" if rule == "language" and path in ("property", "staticmethod", "classmethod") else rule
                 self.refuse(d, rule, f"decorator {ast.unparse(d)!r}: only Triton's (triton.jit, triton.autotune, "
                                      "triton.heuristics) are allowed")
+            if not isinstance(d, ast.Call):  # a decorator is called on the function
+                self.callees.add(id(d))
             self.expr(d, False)
         args = node.args
         for a in args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]:
@@ -322,6 +331,10 @@ class _Walker:
     # expressions -----------------------------------------------------------------------------------------
     def expr(self, node: ast.expr, kernel: bool):
         allowed = KERNEL_EXPRESSIONS if kernel else HOST_EXPRESSIONS
+        if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) \
+                and id(node) not in self.callees and self.path(node) in host.CALLED_WHERE_NAMED:
+            self.refuse(node, "escape", f"{self.path(node)} used as a value: call it where it is named, so that "
+                                        "the rules read its arguments")
         if not isinstance(node, allowed):
             rule, what = CONSTRUCTS.get(type(node), ("language", f"a {_describe(node)} is outside the language"))
             if kernel and type(node) not in CONSTRUCTS:
@@ -436,7 +449,10 @@ class _Walker:
             # on a GPU such a call raises; the interpreter runs the kernel as host Python and returns its value
             self.refuse(node, "language", f"{node.func.id}(...) calls a @triton.jit function from host code: launch "
                                           f"it with a grid ({node.func.id}[grid](...)) or call it from a kernel")
+        self.callees.add(id(node.func))
         self.expr(node.func, kernel)
+        if not kernel and self.path(node.func) not in host.TRITON_KEYWORDS:
+            self._host_keywords(node)
         for a in node.args:
             self.expr(a, kernel)
         for k in node.keywords:
@@ -455,6 +471,20 @@ class _Walker:
                 self.refuse(node, "escape", f"{path}: at most {host.TRITON_POSITIONAL[path]} positional arguments, "
                                             "none starred (the rest are hooks)")
 
+
+    def _host_keywords(self, node: ast.Call):
+        """A host call's keywords are spelled out, and none is one of Triton's options beyond a launch's: any
+        call may be a launch (`k[grid]` bound to a name). `**` only into a function of the module, whose
+        own calls are checked the same way."""
+        for k in node.keywords:
+            if k.arg is None and not (isinstance(node.func, ast.Name) and node.func.id in self.host_defs):
+                self.refuse(node, "escape", f"'**' in a call of {ast.unparse(node.func)[:40]}: spell the keywords "
+                                            "out (a launch's options among them), or pass them to a function of "
+                                            "this module")
+            elif k.arg in host.REFUSED_OPTIONS:
+                self.refuse(node, "escape", f"keyword {k.arg}=: Triton's {k.arg} option is outside the language "
+                                            "(a launch takes its kernel's parameters, num_warps, num_stages, "
+                                            "num_ctas, maxnreg, launch_pdl)")
 
     def _inline_asm(self, node: ast.Call):
         asm = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "asm"), None)

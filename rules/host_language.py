@@ -81,6 +81,17 @@ TRITON_KEYWORDS = {
     "triton.Config": {"kwargs", "num_warps", "num_stages", "num_ctas", "maxnreg"},
 }
 TRITON_POSITIONAL = {"triton.jit": 1, "triton.autotune": 2, "triton.heuristics": 1, "triton.Config": 5}
+#: what the rules check at its call site (keywords, an assembly literal): called where it is named, never a value
+CALLED_WHERE_NAMED = frozenset(TRITON_KEYWORDS) | {"triton.language.inline_asm_elementwise"}
+#: Triton's options a launch also takes as keywords, beside num_warps, num_stages, num_ctas, maxnreg, launch_pdl,
+#: launch_cooperative_grid and enable_fp_fusion: an IR file, external libraries, PTX options, debug and
+#: instrumentation modes. Refused as a keyword of any host call (a launch may be reached through a name).
+REFUSED_OPTIONS = frozenset({
+    "extern_libs", "ir_override", "ptx_options", "ptx_version", "arch", "backend_name", "debug",
+    "instrumentation_mode", "sanitize_overflow", "enable_reflect_ftz", "allowed_dot_input_precisions",
+    "default_dot_input_precision", "max_num_imprecise_acc_default", "supported_fp8_dtypes",
+    "deprecated_fp8_dot_operand_dtypes", "fpsan_homomorphic_casts", "min_shared_mem", "sched4reg", "clc",
+    "matrix_instr_nonkdim", "waves_per_eu", "kpack", "schedule_hint"})
 
 #: the language in the words told to proposers (activities/llm/prompt.py), with one example
 LANGUAGE_RULE = """\
@@ -88,7 +99,8 @@ The module is written in a small language, checked before it runs (anything else
   imports of torch, triton, triton.language and math only; module-level constants; plain functions, decorated \
 only by triton.jit, triton.autotune or triton.heuristics (with triton.Config); assignments, arithmetic, \
 comparisons, if, for, while, assert, raise ValueError(...), tuples, lists, dicts, comprehensions; kernel \
-launches kernel[grid](...). Attributes only by name: a tensor's shape, stride(), dtype, device, numel(), \
+launches kernel[grid](...) with the kernel's parameters and num_warps, num_stages, num_ctas, maxnreg, launch_pdl \
+(keywords spelled out; ** only into your own functions). Attributes only by name: a tensor's shape, stride(), dtype, device, numel(), \
 contiguous(), view/reshape/permute/transpose/expand/squeeze/unsqueeze/split/chunk/unbind, clone/copy_/to, \
 fill_/zero_, new_empty/new_zeros; dict get/items/keys/values; torch's allocations (empty, zeros, full, \
 *_like) and dtypes; triton.cdiv and triton.next_power_of_2; math.*; torch.cuda.get_device_properties. \

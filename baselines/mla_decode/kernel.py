@@ -363,7 +363,10 @@ def run(inputs, out):
     )
     block_s = triton.next_power_of_2(splits)
     block_d = min(DL, max(16, KNOBS["COMBINE_TILE"] // block_s))
-    extra = {"launch_pdl": True} if pdl else {}
-    LAUNCHED["combine"] = _mla_decode_combine[(M, DL // block_d)](
-        po, plse, o, M, splits, DL, DL=DL, BLOCK_S=block_s, BLOCK_D=block_d, PDL=pdl, num_warps=4, **extra,
-    )
+    combine = _mla_decode_combine[(M, DL // block_d)]
+    if pdl:  # launch_pdl is a compiled launch's option: the interpreter takes no such keyword
+        LAUNCHED["combine"] = combine(po, plse, o, M, splits, DL, DL=DL, BLOCK_S=block_s, BLOCK_D=block_d,
+                                      PDL=pdl, num_warps=4, launch_pdl=True)
+    else:
+        LAUNCHED["combine"] = combine(po, plse, o, M, splits, DL, DL=DL, BLOCK_S=block_s, BLOCK_D=block_d,
+                                      PDL=pdl, num_warps=4)

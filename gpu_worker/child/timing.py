@@ -29,8 +29,9 @@ class TimingSet:
     pool: list  # [inputs] value sets the static inputs' values are made from
     fresh: FreshValues
     graphs: list | None = None
-    # per static set, its output buffers as the harness allocated them: what is poisoned, kept and
-    # fingerprinted, whatever the candidate does to the dicts it is handed
+    # per static set, its input and output buffers as the harness allocated them: what is refilled, and
+    # poisoned, kept and fingerprinted, whatever the candidate does to the dicts it is handed (`given`)
+    ins: list = field(default_factory=list)
     outs: list = field(default_factory=list)
     # reference role, per graph: the tensors the baseline returned when it was captured, which its replays
     # rewrite (an eager call of another benchmark returns new ones: base_outputs is not the graph's)
@@ -38,6 +39,16 @@ class TimingSet:
 
     def values(self, e: int, key: int) -> dict:
         return self.fresh(self.pool, e, key)
+
+    def given(self, r: int) -> tuple[dict, dict]:
+        """Static set r's dicts as a call is handed them: the harness's own buffers again, whatever an
+        earlier call put in them (a buffer of its own there would take the next refill, untimed)."""
+        inp, out = self.sets[r]
+        inp.clear()
+        inp.update(self.ins[r])
+        out.clear()
+        out.update(self.outs[r])
+        return inp, out
 
 
 class ChildTiming:
@@ -131,10 +142,10 @@ class ChildTiming:
                   for k, v in entries[i % pool].items()}, self.core._outputs()) for i in range(rotate)]
         fresh = FreshValues(self.core.perturbed, dist, self.core.device, self.core.T["Generator"])
         ts = self.timing_sets[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
-                                           outs=[dict(out) for _, out in sets])
+                                           ins=[dict(inp) for inp, _ in sets], outs=[dict(out) for _, out in sets])
         if self.core.role == "candidate":  # what derives and holds the timed values, by identity (gpu_worker.pins)
             self._pinned_timing = [(self.timing_sets, [dist]),
-                                   (vars(ts), ["key", "sets", "pool", "fresh", "outs"]),
+                                   (vars(ts), ["key", "sets", "pool", "fresh", "ins", "outs"]),
                                    (vars(fresh), ["perturbed", "dist", "gen"])]
             for m, keys in self._pinned_timing:
                 self.core.pins.add("timing set", m, keys)
@@ -223,7 +234,8 @@ class ChildTiming:
         """Everything a repetition needs that is not timed, queued on the stream ahead of its events (and
         outside any captured graph): entry e's values (drawn with `key`) into static set r, its outputs
         poisoned, and the L2 flush last, launched the way the timed work is (`graph`: as a graph replay)."""
-        self._refill(ts.sets[r][0], ts.values(e, key))
+        ts.given(r)
+        self._refill(ts.ins[r], ts.values(e, key))
         self._poison(ts.outs[r])
         if self.core.cuda:
             if graph and self.flush_graph is not None:
@@ -252,12 +264,13 @@ class ChildTiming:
             s = torch.cuda.Stream()
             s.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(s):  # capture needs every lazy initialisation done: one call per set first
-                for inp, out in ts.sets:
-                    fn(inp, out)
+                for r in range(len(ts.sets)):
+                    fn(*ts.given(r))
             torch.cuda.current_stream().wait_stream(s)
             self.core.T["sync"]()
             graphs, graph_outs = [], []
-            for inp, out in ts.sets:
+            for r in range(len(ts.sets)):
+                inp, out = ts.given(r)
                 g = self.core.T["graph"]()
                 with torch.cuda.graph(g):
                     fn(inp, out)

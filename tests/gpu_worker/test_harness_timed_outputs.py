@@ -28,6 +28,13 @@ def test_work_skipped_on_some_timed_calls_is_rejected_by_their_fingerprints(judg
     assert b.reason.startswith("timed-output: timed call ") and "'y' does not match" in b.reason, b.reason
 
 
+def test_a_buffer_left_in_the_inputs_dict_is_never_handed_to_a_later_call(judge, store):
+    """Every timed call is handed the harness's own buffers, refilled: one the candidate left in its dict
+    would take the next values in its own layout, untimed (the kernel writes zeros where it gets it back)."""
+    b = _benchmark_after_verify(judge, store, "input_buffer_swap")
+    assert b.ok, b.reason
+
+
 def test_honest_benchmark_reports_checked_timed_outputs(ev, store):
     r = req(store, canary("fast"))
     b = ev.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))

@@ -26,6 +26,7 @@ def test_named_shape_and_unknown_shape(ev, store):
 @pytest.mark.parametrize("source,stage,reason", [
     ("canary:wrong", "verify", ("wrong", "non-finite")),               # precision/overflow: wide inputs
     ("canary:cheat", "verify", ("input-mutation",)),                   # family 2: mutates inputs
+    ("input_swap_hides_mutation", "verify", ("input-mutation",)),      # ... and hands an untouched copy back
     ("unwritten", "verify", ("non-finite",)),                          # family 11: skipped elements (NaN poison)
     ("shape_cache", "verify", ("wrong", "output-cache", "non-finite", "degenerate")),  # family 6/10: cached
     # result replayed; on a GPU the first result it caches is the compile's (Triton's warmup path runs no

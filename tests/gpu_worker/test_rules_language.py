@@ -38,6 +38,10 @@ def refused(code: str, problem: str = "softmax"):
     "    del xs[1:]\n    n = 1\n    while n < a.shape[-1]:\n        n *= 2\n    return max(*[n, 16]), kw.get('extra')",
     "from triton import cdiv\nfrom math import sqrt\nLAUNCHED: dict = {}\nC = cdiv(300, 64) * sqrt(2.0)",
     "n = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4",
+    "@triton.jit\ndef k(x, B: tl.constexpr):\n    pass\n"
+    "def go(x):\n    k[(1,)](x, B=64, num_warps=4, num_stages=2, maxnreg=128, launch_pdl=True)",
+    "@triton.jit\ndef k(x, B: tl.constexpr):\n    pass\n"
+    "def go(x, **opts):\n    k[(1,)](x, B=opts.get('B', 64), num_warps=4)\ndef run2(x):\n    go(x, **{'B': 32})",
     "def f(x):\n    y = torch.empty_strided((4, 4), (4, 1), dtype=torch.bfloat16, device=x.device)\n"
     "    return y.new_zeros((2,)).view(-1), x.device.type == 'cuda', torch.finfo(x.dtype).max",
     # kernels: tl.extra, libdevice, static_range, constexpr locals, dtype fields, a while loop
@@ -239,6 +243,24 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("for torch in ():\n    pass", "escape"),
     ("torch.Tensor.copy_ = None", "escape"),
     ("x.data = None", "escape"),
+    # what the rules read at a call site, reached as a value: its keywords or its assembly go unread
+    ("@triton.jit\ndef k(p):\n    t = (tl.inline_asm_elementwise if True else tl.inline_asm_elementwise)(\n"
+     "        'mov.u64 $0, %globaltimer;', '=l,r', [p], dtype=tl.int64, is_pure=False, pack=1)", "escape"),
+    ("@triton.jit\ndef k(p):\n    t = (tl.inline_asm_elementwise,)[0]('nanosleep.u32 1;', '=r', [p], "
+     "dtype=tl.int32, is_pure=False, pack=1)", "escape"),
+    ("from triton.language import inline_asm_elementwise as ia\n@triton.jit\ndef k(p):\n    f = ia", "escape"),
+    ("cfg = triton.Config\nc = cfg({}, num_warps=4, pre_hook=print)", "escape"),
+    ("tune = triton.autotune\nD = {'c': triton.Config}", "escape"),
+    ("jits = [triton.jit]", "escape"),
+    # Triton's options beyond a launch's own, on a launch or on any call (a launch bound to a name), or hidden
+    # in '**' anywhere but into a function of the module
+    ("@triton.jit\ndef k(p):\n    pass\ndef go(x):\n    k[(1,)](x, extern_libs={'m': '/tmp/m.bc'})", "escape"),
+    ("@triton.jit\ndef k(p):\n    pass\ndef go(x):\n    k[(1,)](x, ir_override='/tmp/k.ttgir')", "escape"),
+    ("@triton.jit\ndef k(p):\n    pass\ndef go(x):\n    f = k[(1,)]\n    f(x, ptx_options='--x')", "escape"),
+    ("@triton.jit\ndef k(p):\n    pass\ndef go(x, o):\n    k[(1,)](x, **o)", "escape"),
+    ("@triton.jit\ndef k(p):\n    pass\ndef go(x):\n    f = k[(1,)]\n    f(x, **{'extern_' + 'libs': {}})",
+     "escape"),
+    ("def h(x, **kw):\n    return kw\nh = print\ndef go(x):\n    h(x, **{'a': 1})", "escape"),
 ])
 def test_adversaries_are_refused_at_the_rules(code, rule):
     rep = refused(code)
