@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from gpu_worker import protocol
 from gpu_worker.child.core import Refused
 from gpu_worker.child.interpreter_globals import keep_kernel_globals_private
+from gpu_worker.child.launch_options import refuse_compile_options
 
 if TYPE_CHECKING:
     from gpu_worker.child.core import ChildCore
@@ -50,6 +51,7 @@ class ChildLoading:
             core.cmd_warm_triton()
         else:
             keep_kernel_globals_private()
+        refuse_compile_options()
         from gpu_worker import wall
 
         core.seal, core.wall = wall.enclose(core.tmp, list(write_roots), list(trusted_roots), core.cuda, core.guard_fd,

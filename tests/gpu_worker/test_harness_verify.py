@@ -44,6 +44,15 @@ def test_cheating_families_rejected(judge, store, source, stage, reason):
     assert v.log_key is not None
 
 
+@pytest.mark.parametrize("name,option", [("config_compile_options", "extern_libs, ir_override"),
+                                         ("heuristic_compile_options", "ptx_options")])
+def test_compile_options_reaching_a_launch_by_a_config_or_a_heuristic_are_refused(judge, store, name, option):
+    """Past the rules (the options are a dict's keys, one built at run time): the launch refuses them."""
+    r = req(store, kernel(name))
+    c = judge.compile(r)
+    assert not c.ok and f"launch option {option}:" in c.error, c
+
+
 def test_late_write_rejected(judge_raw, store):
     # the thread that writes the answer after the call returned is still alive when it returns: refused at
     # once (the run-time guard); behind it, outputs are snapshotted right after each call and the buffers
