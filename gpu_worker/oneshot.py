@@ -42,6 +42,15 @@ def main(argv):
         from gpu_worker.child.core import _warm_triton
 
         _warm_triton()
+    # the candidate as a sandbox child loads and calls it: launches refuse Triton's compile options, the
+    # interpreter's names stay out of its kernels, and each call runs under the dispatch guard
+    from gpu_worker.child.interpreter_globals import keep_kernel_globals_private
+    from gpu_worker.child.launch_options import refuse_compile_options
+    from gpu_worker.guard import dispatch_guard
+
+    refuse_compile_options()
+    if not cuda:
+        keep_kernel_globals_private()
     ptxas = wall.compiler_binaries() if cuda else []
     guard.install([tmp], [], allowed_exec=tuple(ptxas),
                   launcher_exec=tuple(wall.c_compiler_programs() if ptxas else ()))
@@ -49,7 +58,8 @@ def main(argv):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     for _ in range(4):
-        mod.run(inputs, outs)
+        with dispatch_guard(outputs=outs):
+            mod.run(inputs, outs)
     if cuda:
         torch.cuda.synchronize()
     return 0

@@ -19,6 +19,18 @@ if TYPE_CHECKING:
     from gpu_worker.child.inputs import ChildInputs
 
 
+def forget_autotuning(objects) -> None:
+    """Empty the choices of the autotuners among `objects` (through the wrappers around them): made while
+    every launch was Triton's warmup path, which runs nothing, they were taken on timings of nothing. The
+    next real call tunes again, with its launches run."""
+    for obj in objects:
+        f, depth = obj, 0
+        while f is not None and depth < 4:
+            if type(f).__name__ == "Autotuner" and isinstance(getattr(f, "cache", None), dict):
+                f.cache.clear()
+            f, depth = getattr(f, "fn", None), depth + 1
+
+
 class ChildLoading:
     """A candidate child's load and compile commands, and its guarded call. Built with the child's core
     (which holds the loaded module, the guard's seal and the wall) and its inputs (the compile's case)."""
@@ -171,6 +183,7 @@ class ChildLoading:
             self._call(inputs, outs, guarded=True)
         finally:
             JITFunction.run = orig
+            forget_autotuning(vars(self.core.module).values())
 
     def _load_kernels(self, inputs: dict, outs: dict) -> None:
         """Before the worker's timing block: find the candidate's kernels in Triton's cache and load them

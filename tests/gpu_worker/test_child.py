@@ -135,3 +135,23 @@ def test_a_candidate_childs_parts_and_what_each_was_built_with_are_pinned(tmp_pa
     finally:
         ChildTiming._before_rep = original
     assert pins.changed() == []
+
+
+def test_autotuning_chosen_during_the_compile_s_warmup_is_forgotten():
+    """Compile runs every launch as Triton's warmup path (nothing runs): an autotuner's choice made there
+    rests on timings of nothing, so it is emptied, through a heuristic wrapped around it too."""
+    import triton
+    import triton.language as tl
+
+    from gpu_worker.child.loading import forget_autotuning
+
+    @triton.heuristics(values={"B2": lambda args: args["B"] * 2})
+    @triton.autotune(configs=[triton.Config({"B": 64}), triton.Config({"B": 128})], key=["n"])
+    @triton.jit
+    def k(x, n, B: tl.constexpr, B2: tl.constexpr):
+        pass
+
+    tuner = k.fn
+    tuner.cache[(300,)] = tuner.configs[1]
+    forget_autotuning([k, 3, None])
+    assert type(tuner).__name__ == "Autotuner" and tuner.cache == {}

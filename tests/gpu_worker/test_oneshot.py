@@ -1,5 +1,6 @@
 """The one-shot runner external profilers wrap (gpu_worker.oneshot): the candidate runs under the guard with
-the temp directory it is given, as a sandbox child does."""
+the temp directory it is given, its launches refusing Triton's compile options and its calls under the
+dispatch guard, as in a sandbox child."""
 
 import os
 import subprocess
@@ -15,7 +16,7 @@ import tempfile
 def run(inputs, outs):
     with tempfile.NamedTemporaryFile(mode="w", suffix=".ptx") as f:
         f.write("x")
-    outs["y"].copy_(inputs["x"].softmax(-1))
+    outs["y"].copy_(inputs["x"])
 '''
 
 
@@ -38,3 +39,11 @@ def test_a_write_outside_that_directory_is_refused(tmp_path):
     r = _oneshot(tmp_path, source, tmp_path / "work")
     assert r.returncode != 0 and "outside the sandbox's temp directory" in r.stderr
     assert not outside.exists()
+
+
+def test_compile_options_and_torch_compute_are_refused_as_in_a_sandbox_child(tmp_path):
+    kernels = ROOT / "tests" / "gpu_worker" / "kernels"
+    r = _oneshot(tmp_path, (kernels / "heuristic_compile_options.py").read_text(), tmp_path / "work")
+    assert r.returncode != 0 and "launch option ptx_options:" in r.stderr, r.stderr[-2000:]
+    r = _oneshot(tmp_path, (kernels / "hidden_torch_softmax.py").read_text(), tmp_path / "work2")
+    assert r.returncode != 0 and "library-kernel" in r.stderr, r.stderr[-2000:]
