@@ -173,9 +173,9 @@ class CandidateChildren:
             if not (retries and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
                 return first
         _add_phase("retried-alone", 1)
-        # the whole attempt in one stage alone, its child's loading included: a fresh child's CUDA context
-        # and load, before the stage's own gate, ran out of memory beside the others too (a stage inside
-        # it is part of it)
+        # the whole attempt is one stage alone, its child's loading included: a fresh child's CUDA context
+        # and load, which come before the stage's own gate, take device memory too (a stage inside it is
+        # part of it)
         with self.ctx.owner.alone(on_start=self.shed_idle), self.ctx.owner.stage():
             rep = attempt()
         extra = {"seconds": (getattr(first, "seconds", 0) or 0) + (rep.seconds or 0)} if hasattr(rep, "seconds") else {}
