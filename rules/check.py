@@ -460,6 +460,10 @@ class _Walker:
         path = self.path(node.func)
         if kernel and path == "triton.language.inline_asm_elementwise":
             self._inline_asm(node)
+        if path in ("triton.Config", "triton.heuristics"):
+            field = "kwargs" if path == "triton.Config" else "values"
+            self._launch_keys(node, path, node.args[0] if node.args else
+                              next((k.value for k in node.keywords if k.arg == field), None))
         if path in host.TRITON_KEYWORDS:
             allowed = host.TRITON_KEYWORDS[path]
             for k in node.keywords:
@@ -471,6 +475,22 @@ class _Walker:
                 self.refuse(node, "escape", f"{path}: at most {host.TRITON_POSITIONAL[path]} positional arguments, "
                                             "none starred (the rest are hooks)")
 
+
+    def _launch_keys(self, node: ast.Call, path: str, d: ast.expr | None):
+        """A Config's kwargs and a heuristic's values become a launch's keywords: a dict written out, its
+        keys string literals, none of them one of Triton's compile options (the launch refuses those too,
+        however they come: gpu_worker/child/launch_options.py)."""
+        if d is None:
+            return
+        if not isinstance(d, ast.Dict) or not all(isinstance(k, ast.Constant) and isinstance(k.value, str)
+                                                  for k in d.keys):
+            self.refuse(node, "escape", f"{path}: its dict is written out with string keys, so that the rules "
+                                        "read the launch keywords it makes")
+            return
+        refused = sorted({k.value for k in d.keys} & host.REFUSED_OPTIONS)
+        if refused:
+            self.refuse(node, "escape", f"{path}: key {', '.join(refused)} is one of Triton's compile options, "
+                                        "outside the language")
 
     def _host_keywords(self, node: ast.Call):
         """A host call's keywords are spelled out, and none is one of Triton's options beyond a launch's: any

@@ -261,6 +261,14 @@ def test_constructs_outside_the_language_are_refused_by_name(code, rule, words):
     ("@triton.jit\ndef k(p):\n    pass\ndef go(x):\n    f = k[(1,)]\n    f(x, **{'extern_' + 'libs': {}})",
      "escape"),
     ("def h(x, **kw):\n    return kw\nh = print\ndef go(x):\n    h(x, **{'a': 1})", "escape"),
+    # ... and as the keys of a Config's kwargs or a heuristic's values, which the launch receives
+    ("c = triton.Config({'B': 64, 'ir_override': '/tmp/k.ttgir'}, num_warps=4)", "escape"),
+    ("O = {'extern_libs': {}}\nc = triton.Config({**O, 'B': 64})", "escape"),
+    ("K = 'ptx_' + 'options'\nc = triton.Config(kwargs={K: '-O0'})", "escape"),
+    ("def p(args):\n    return '-O0'\n@triton.heuristics(values={'ptx_options': p})\n@triton.jit\ndef k(x):\n"
+     "    pass", "escape"),
+    ("def p(args):\n    return 64\nV = {'B': p}\n@triton.heuristics(V)\n@triton.jit\ndef k(x, B: tl.constexpr):\n"
+     "    pass", "escape"),
 ])
 def test_adversaries_are_refused_at_the_rules(code, rule):
     rep = refused(code)
