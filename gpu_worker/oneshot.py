@@ -42,15 +42,11 @@ def main(argv):
         from gpu_worker.child.core import _warm_triton
 
         _warm_triton()
-    # the candidate as a sandbox child loads and calls it: launches refuse Triton's compile options, the
-    # interpreter's names stay out of its kernels, and each call runs under the dispatch guard
-    from gpu_worker.child.interpreter_globals import keep_kernel_globals_private
-    from gpu_worker.child.launch_options import refuse_compile_options
+    # the candidate loaded and called as in a sandbox child: Triton readied, each call under the dispatch guard
+    from gpu_worker.child.loading import ready_triton
     from gpu_worker.guard import dispatch_guard
 
-    refuse_compile_options()
-    if not cuda:
-        keep_kernel_globals_private()
+    ready_triton(cuda)
     ptxas = wall.compiler_binaries() if cuda else []
     guard.install([tmp], [], allowed_exec=tuple(ptxas),
                   launcher_exec=tuple(wall.c_compiler_programs() if ptxas else ()))

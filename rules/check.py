@@ -332,9 +332,11 @@ class _Walker:
     def expr(self, node: ast.expr, kernel: bool):
         allowed = KERNEL_EXPRESSIONS if kernel else HOST_EXPRESSIONS
         if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) \
-                and id(node) not in self.callees and self.path(node) in host.CALLED_WHERE_NAMED:
-            self.refuse(node, "escape", f"{self.path(node)} used as a value: call it where it is named, so that "
-                                        "the rules read its arguments")
+                and id(node) not in self.callees:
+            path = self.path(node)
+            if path in host.CALLED_WHERE_NAMED:
+                self.refuse(node, "escape", f"{path} used as a value: call it where it is named, so that the rules "
+                                            "read its arguments")
         if not isinstance(node, allowed):
             rule, what = CONSTRUCTS.get(type(node), ("language", f"a {_describe(node)} is outside the language"))
             if kernel and type(node) not in CONSTRUCTS:
@@ -451,13 +453,13 @@ class _Walker:
                                           f"it with a grid ({node.func.id}[grid](...)) or call it from a kernel")
         self.callees.add(id(node.func))
         self.expr(node.func, kernel)
-        if not kernel and self.path(node.func) not in host.TRITON_KEYWORDS:
+        path = self.path(node.func)
+        if not kernel and path not in host.TRITON_KEYWORDS:
             self._host_keywords(node)
         for a in node.args:
             self.expr(a, kernel)
         for k in node.keywords:
             self.expr(k.value, kernel)
-        path = self.path(node.func)
         if kernel and path == "triton.language.inline_asm_elementwise":
             self._inline_asm(node)
         if path in ("triton.Config", "triton.heuristics"):
@@ -503,8 +505,7 @@ class _Walker:
                                             "this module")
             elif k.arg in host.REFUSED_OPTIONS:
                 self.refuse(node, "escape", f"keyword {k.arg}=: Triton's {k.arg} option is outside the language "
-                                            "(a launch takes its kernel's parameters, num_warps, num_stages, "
-                                            "num_ctas, maxnreg, launch_pdl)")
+                                            f"(a launch takes its kernel's parameters, {host.LAUNCH_OPTIONS_TEXT})")
 
     def _inline_asm(self, node: ast.Call):
         asm = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "asm"), None)

@@ -83,9 +83,11 @@ TRITON_KEYWORDS = {
 TRITON_POSITIONAL = {"triton.jit": 1, "triton.autotune": 2, "triton.heuristics": 1, "triton.Config": 5}
 #: what the rules check at its call site (keywords, an assembly literal): called where it is named, never a value
 CALLED_WHERE_NAMED = frozenset(TRITON_KEYWORDS) | {"triton.language.inline_asm_elementwise"}
-#: Triton's options a launch also takes as keywords, beside num_warps, num_stages, num_ctas, maxnreg, launch_pdl,
-#: launch_cooperative_grid and enable_fp_fusion: an IR file, external libraries, PTX options, debug and
-#: instrumentation modes. Refused as a keyword of any host call (a launch may be reached through a name).
+#: a launch's own options, in the words of the refusals and the prompt
+LAUNCH_OPTIONS_TEXT = "num_warps, num_stages, num_ctas, maxnreg, launch_pdl"
+#: Triton's options a launch also takes as keywords, beside its own (and launch_cooperative_grid,
+#: enable_fp_fusion): an IR file, external libraries, PTX options, debug and instrumentation modes. Refused as
+#: a keyword of any host call (a launch may be reached through a name) and at every launch of a candidate.
 REFUSED_OPTIONS = frozenset({
     "extern_libs", "ir_override", "ptx_options", "ptx_version", "arch", "backend_name", "debug",
     "instrumentation_mode", "sanitize_overflow", "enable_reflect_ftz", "allowed_dot_input_precisions",
@@ -99,9 +101,9 @@ The module is written in a small language, checked before it runs (anything else
   imports of torch, triton, triton.language and math only; module-level constants; plain functions, decorated \
 only by triton.jit, triton.autotune or triton.heuristics (with triton.Config); assignments, arithmetic, \
 comparisons, if, for, while, assert, raise ValueError(...), tuples, lists, dicts, comprehensions; kernel \
-launches kernel[grid](...) with the kernel's parameters and num_warps, num_stages, num_ctas, maxnreg, launch_pdl \
-(keywords spelled out; ** only into your own functions). Attributes only by name: a tensor's shape, stride(), dtype, device, numel(), \
-contiguous(), view/reshape/permute/transpose/expand/squeeze/unsqueeze/split/chunk/unbind, clone/copy_/to, \
+launches kernel[grid](...) with the kernel's parameters and """ + LAUNCH_OPTIONS_TEXT + """ (keywords \
+spelled out; ** only into your own functions). Attributes only by name: a tensor's shape, stride(), dtype, \
+device, numel(), contiguous(), view/reshape/permute/transpose/expand/squeeze/unsqueeze/split/chunk/unbind, clone/copy_/to, \
 fill_/zero_, new_empty/new_zeros; dict get/items/keys/values; torch's allocations (empty, zeros, full, \
 *_like) and dtypes; triton.cdiv and triton.next_power_of_2; math.*; torch.cuda.get_device_properties. \
 Inside @triton.jit functions: tl.*, range and tl.static_range, tl.constexpr, your other @triton.jit \

@@ -7,7 +7,7 @@ compiled one and the interpreter's, refuses them whatever way they came."""
 
 from __future__ import annotations
 
-from rules.host_language import REFUSED_OPTIONS
+from rules.host_language import LAUNCH_OPTIONS_TEXT, REFUSED_OPTIONS
 
 
 def refuse_compile_options() -> None:
@@ -30,8 +30,8 @@ def refuse_compile_options() -> None:
             refused = sorted(REFUSED_OPTIONS & kwargs.keys())
             if refused:
                 raise ValueError(f"launch option {', '.join(refused)}: Triton's compile options beyond a launch's "
-                                 "own (num_warps, num_stages, num_ctas, maxnreg, launch_pdl) are outside the "
-                                 "language, however they reach the launch (a Config's or a heuristic's keys too)")
+                                 f"own ({LAUNCH_OPTIONS_TEXT}) are outside the language, however they reach the "
+                                 "launch (a Config's or a heuristic's keys too)")
             return _launch(self, *args, **kwargs)
 
         run.refuses_compile_options = True

@@ -19,6 +19,15 @@ if TYPE_CHECKING:
     from gpu_worker.child.inputs import ChildInputs
 
 
+def ready_triton(cuda: bool) -> None:
+    """What a process that runs a candidate sets on Triton before the candidate loads (a sandbox child, the
+    profile's process under ncu): launches refuse Triton's compile options, and under the interpreter its
+    own names stay out of the candidate's kernels."""
+    if not cuda:
+        keep_kernel_globals_private()
+    refuse_compile_options()
+
+
 def forget_autotuning(objects) -> None:
     """Empty the choices of the autotuners among `objects` (through the wrappers around them): made while
     every launch was Triton's warmup path, which runs nothing, they were taken on timings of nothing. The
@@ -61,9 +70,7 @@ class ChildLoading:
         if core.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
             core.cmd_cuda_init()
             core.cmd_warm_triton()
-        else:
-            keep_kernel_globals_private()
-        refuse_compile_options()
+        ready_triton(core.cuda)
         from gpu_worker import wall
 
         core.seal, core.wall = wall.enclose(core.tmp, list(write_roots), list(trusted_roots), core.cuda, core.guard_fd,
