@@ -127,6 +127,7 @@ class _Walker:
         self.ops = _problem_ops(problem)
         self.bound = _bound_names(tree)
         self.aliases: dict[str, str] = {}  # a local name -> the dotted module or member an import bound it to
+        self.imported: dict[str, set[str]] = {}  # a local name -> every path an import anywhere binds it to
         self.found: list[tuple[bool, int, bool, int, str, str]] = []
         self.in_class = 0  # inside a (refused) class body: only its torch hooks are named besides
         for n in ast.walk(tree):
@@ -157,11 +158,23 @@ class _Walker:
         if isinstance(node, ast.Import):
             for a in node.names:
                 if self._module(a.name):
-                    self.aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                    self._alias(a.asname or a.name.split(".")[0], a.name if a.asname else a.name.split(".")[0])
         elif not node.level and self._module(node.module or ""):
             for a in node.names:
                 if self._member(node.module, a.name):
-                    self.aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    self._alias(a.asname or a.name, f"{node.module}.{a.name}")
+
+    def _alias(self, name: str, path: str):
+        # one name, one path: `aliases` is read for every scope, so a name two imports bind to different
+        # modules (one in a function, one in the module) would be read as one where the other is bound
+        self.aliases[name] = path
+        self.imported.setdefault(name, set()).add(path)
+
+    def _one_path(self, node, name: str):
+        paths = self.imported.get(name, set())
+        if len(paths) > 1:
+            self.refuse(node, "escape", f"imports bind {name!r} to {', '.join(sorted(paths))}: a name an import "
+                                        "binds names one module or member throughout the source")
 
     @staticmethod
     def _module(path: str) -> bool:
@@ -178,6 +191,7 @@ class _Walker:
                     rule, why = import_rule(a.name)
                     self.refuse(node, rule, f"import of {a.name!r} is {why}")
                 self._store(node, a.asname or a.name.split(".")[0], importing=True)
+                self._one_path(node, a.asname or a.name.split(".")[0])
             return
         mod = node.module or ""
         if node.level:
@@ -197,6 +211,7 @@ class _Walker:
                     self.refuse(node, rule, f"'from {mod} import {a.name}': {why}")
                 else:
                     self._store(node, a.asname or a.name, importing=True)
+                    self._one_path(node, a.asname or a.name)
 
     # statements ------------------------------------------------------------------------------------------
     def body(self, stmts: list, kernel: bool):

@@ -29,6 +29,30 @@ def other_shapes(problem, verified) -> list[str]:
     return [s.name for s in sorted((s for s in problem.shapes if s.name != verified.name), key=cost)]
 
 
+def misshapen(handles: dict, specs: dict, names) -> str | None:
+    """Why a call's exported outputs (name -> OutputHandle) cannot be compared with the oracle, else None:
+    an output missing, or exported with another shape or dtype than the problem's spec. A buffer resized
+    in place (a torch call's `out=`) is still the harness's object, so only its metadata shows it; the
+    reference child compares like with like, and a mismatch reaching it would be its own failure, a
+    harness error, where it is the candidate's."""
+    for name in names:
+        h, spec = handles.get(name), specs[name]
+        if h is None:
+            return f"output {name!r} was removed from out"
+        if tuple(h.shape) != tuple(spec.shape) or h.dtype != spec.dtype:
+            return (f"output {name!r} was left as {h.dtype}{list(h.shape)}, its buffer was {spec.dtype}"
+                    f"{list(spec.shape)}")
+    return None
+
+
+def check_shapes(handles: dict, specs: dict, names, stage: str, call: str) -> None:
+    """Rejects a call whose exported outputs are not the buffers' shape and dtype (see `misshapen`)."""
+    why = misshapen(handles, specs, names)
+    if why:
+        raise Rejection(stage, f"output-type: run must write into the tensors it is given in out, as they are "
+                        f"({call}: {why})")
+
+
 @dataclass(frozen=True)
 class CasesPassed:
     """A passing verification: the worst error over the cases and outputs, the baseline's worst own error,
@@ -59,6 +83,7 @@ class CaseVerification:
 
         ctx = self.ctx
         names = compared_outputs(problem, shape, ctx.interpreter)
+        specs = problem.output_specs(shape, cpu=ctx.interpreter)
         cases = cases or ctx.cases(problem, candidate_id)
         base_err_given = base_err
         key = ctx.child_key(problem.name, shape, source_key)
@@ -89,6 +114,11 @@ class CaseVerification:
                 if not got.out_type_ok:
                     raise Rejection("verify", "output-type: run must write into the tensors it is given in out, in "
                                     "place; an entry of out was replaced or removed")
+                check_shapes(got.outputs, specs, names, "verify", f"{dist}, seed {seed}")
+            if r.rerun is not None:
+                check_shapes(r.rerun, specs, names, "verify", "the determinism rerun")
+            if r.stale is not None:
+                check_shapes(r.stale.outputs, specs, names, "verify", "the stale-output probe")
             # The outputs' copies go to files and then onto the reference child's device, where they are
             # compared with the oracle.
             changed = r.changed + self.children.write_exports(sb, "verify", hb)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpu_worker import protocol as msg
+from gpu_worker.harness.cases import misshapen
 from gpu_worker.harness.children import CandidateChildren
 from gpu_worker.harness.context import StageContext
 from gpu_worker.harness.references import ReferenceChildren
@@ -89,6 +90,11 @@ class TimedOutputChecks:
         noise_seed = res.noise_seed
         if not jobs:
             raise Rejection("benchmark", "timed-output: no output of a timed call was kept (harness error)")
+        specs = problem.output_specs(shape, cpu=self.ctx.interpreter)
+        for job in jobs:
+            why = misshapen({job.name: job.out}, specs, [job.name])
+            if why:
+                raise Rejection("benchmark", f"output-type: a timed call's {why} ({dist}, entry {job.entry})")
         bound = self.timed_output_bound(problem, shape)
         cr = self.refs.call(problem, shape, hb, msg.CompareTimed(jobs=jobs, dist=dist, noise_seed=noise_seed),
                             self.ctx.timeouts["reference"])

@@ -84,3 +84,15 @@ def test_verification_reports_where_its_time_went(ev, store):
         assert name in ph and ph[name] >= 0, (name, ph)
     assert ph["run-cases"] >= ph["run-cases.first-call"]
     assert phases_end() == {}  # collected once
+
+
+@pytest.mark.parametrize("name,where", [("resized_output", "seed"),           # every call: other shape, same buffer
+                                        ("rerun_removed_output", "rerun")])   # the rerun's output removed
+def test_an_output_left_other_than_its_buffer_is_the_candidate_s_rejection(judge, store, name, where):
+    """An output resized in place (a torch call's `out=`) or removed where only the determinism rerun sees
+    it: the reference child compares like with like, so this is refused before it, as the candidate's
+    `output-type`, never a failure of the trusted child (a harness error, retried, then pausing the run)."""
+    v = judge.verify(req(store, kernel(name)))
+    assert not v.ok and v.stage == "verify", v
+    assert v.reason.startswith("output-type: run must write into the tensors it is given"), v.reason
+    assert where in v.reason, v.reason

@@ -195,6 +195,7 @@ def test_chains_builtins_and_modules_refused(code, rule):
     "z = x.select(0, 1).chunk(2)",
     "import math\nr = math.sqrt(2.0)",
     "def _helper(v):\n    return v\nq = _helper(1)",
+    "def f():\n    import math\n    return math.pi\nimport math\nr = math.e",  # one name, one module, twice
 ])
 def test_honest_constructs_pass(code):
     rep = check_source(src(code), "softmax")
@@ -276,6 +277,7 @@ def test_modules_bound_to_names_are_refused_with_what_they_reach(code, rule):
     ("alias_runtime_module", "escape"),   # rt = triton.runtime
     ("torch_only_softmax", "library-kernel"),  # exp, amax, sum: torch doing the work, not torch.softmax
     ("composed_softmax", "library-kernel"),    # Triton normalises, torch.exp in run()
+    ("alias_two_scopes", "escape"),       # X is torch in the module, math in a function: X.exp is torch.exp
 ])
 def test_adversary_kernels_refused_statically(name, rule):
     from pathlib import Path
