@@ -277,6 +277,38 @@ def triton_cache_dir(settings, cuda: bool) -> Path:
     return d
 
 
+#: the harness's own Triton kernels that run in a candidate's child (the timing refill's, baselines.perturb_kernels)
+HARNESS_KERNELS = ("_perturb_elementwise", "_perturb_rows")
+
+
+def seed_harness_kernels(own: str | os.PathLike, trusted: str | os.PathLike, names=HARNESS_KERNELS) -> int:
+    """Copy the trusted Triton cache's compiled entries of the harness's own kernels into a candidate child's
+    own cache (its TRITON_CACHE_DIR), before the candidate loads: the child loads them instead of compiling
+    them inside a device turn. Only trusted children write `trusted`; an entry already there, or one that
+    cannot be read whole, is left (the child compiles what it lacks). Returns the entries copied."""
+    import shutil
+
+    copied = 0
+    for grp in Path(trusted).glob("*/__grp__*.json"):
+        if grp.name[len("__grp__"):-len(".json")] not in names:
+            continue
+        dst = Path(own) / grp.parent.name
+        if dst.exists():
+            continue
+        tmp = Path(own) / f".{grp.parent.name}.{os.getpid()}.tmp"
+        try:
+            group = json.loads(grp.read_text())["child_paths"]
+            shutil.copytree(grp.parent, tmp)
+            # a group names its files by absolute path: the copy's must be the copy's own
+            (tmp / grp.name).write_text(json.dumps({"child_paths": {c: str(dst / Path(f).name)
+                                                                     for c, f in group.items()}}))
+            os.replace(tmp, dst)
+            copied += 1
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shutil.rmtree(tmp, ignore_errors=True)
+    return copied
+
+
 def host_key() -> dict[str, str]:
     return {"host": socket.gethostname()}
 

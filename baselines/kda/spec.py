@@ -71,22 +71,17 @@ class KDA(Problem):
         """q and k mixed with fresh directions and normalised again, v and the fp32 state mixed with fresh
         normal values (baselines.perturb.mixed), g and beta drawn afresh from their laws (make_inputs'): g
         stays <= 0 with its distribution's decay, beta within (0, 1)."""
-        import torch
-        import torch.nn.functional as F
-
-        from baselines.perturb import mixed, normal_like
+        from baselines.perturb import logsigmoid_drawn, mixed, renormalized, sigmoid_drawn
 
         if distribution not in G_LAW:
             raise ValueError(f"kda has no distribution {distribution!r}")
         out = dict(inputs)
         D = inputs["q"].shape[-1]
         for n in ("q", "k"):  # a unit vector plus an independent one of about the same length, normalised
-            t = inputs[n].float()
-            out[n] = F.normalize(t + normal_like(t, generator) / math.sqrt(D), p=2, dim=-1).to(inputs[n].dtype)
+            out[n] = renormalized(inputs[n], generator, 1 / math.sqrt(D))
         out["v"] = mixed(inputs["v"], generator)
-        shift, div = G_LAW[distribution]
-        out["g"] = (F.logsigmoid(normal_like(inputs["g"], generator) + shift) / div).to(inputs["g"].dtype)
-        out["beta"] = torch.sigmoid(normal_like(inputs["beta"], generator)).to(inputs["beta"].dtype)
+        out["g"] = logsigmoid_drawn(inputs["g"], generator, *G_LAW[distribution])
+        out["beta"] = sigmoid_drawn(inputs["beta"], generator)
         if "initial_state" in inputs:
             out["initial_state"] = mixed(inputs["initial_state"], generator)
         return out

@@ -70,6 +70,11 @@ class ChildLoading:
         if core.cuda:  # Triton's per-process subprocesses (ldconfig, its driver module's build) run before the wall
             core.cmd_cuda_init()
             core.cmd_warm_triton()
+            if os.environ.get("TRITON_CACHE_DIR"):  # the refill's kernels, compiled by a trusted child
+                from gpu_worker.caches import seed_harness_kernels
+
+                for root in trusted_roots:
+                    seed_harness_kernels(os.environ["TRITON_CACHE_DIR"], root)
         ready_triton(core.cuda)
         from gpu_worker import wall
 

@@ -143,6 +143,9 @@ class ChildTiming:
         fresh = FreshValues(self.core.perturbed, dist, self.core.device, self.core.T["Generator"])
         ts = self.timing_sets[dist] = TimingSet(key=key, sets=sets, pool=entries, fresh=fresh,
                                            ins=[dict(inp) for inp, _ in sets], outs=[dict(out) for _, out in sets])
+        if self.core.cuda:  # the refill's own kernels loaded now, outside any timing window (the values unused)
+            ts.values(0, entry_seed(int(seed), -1))
+            self.core._sync()
         if self.core.role == "candidate":  # what derives and holds the timed values, by identity (gpu_worker.pins)
             self._pinned_timing = [(self.timing_sets, [dist]),
                                    (vars(ts), ["key", "sets", "pool", "fresh", "ins", "outs"]),

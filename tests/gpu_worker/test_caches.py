@@ -281,3 +281,47 @@ def test_the_ceilings_are_kept_per_gpu_model_host_and_versions(tmp_path):
     c = DiskCache(tmp_path, "ceilings")
     c.put_json(h200, {"bandwidth": 4.1e12, "flops": 7.2e14})
     assert c.get_json(h200) == {"bandwidth": 4.1e12, "flops": 7.2e14} and c.get_json(h100) is None
+
+
+def _triton_entry(root, key: str, name: str, group: bool = True) -> None:
+    """A compiled kernel's entry as Triton's file cache writes it: its files, and a group naming them by
+    absolute path."""
+    d = root / key
+    d.mkdir(parents=True)
+    files = {f"{name}.cubin": d / f"{name}.cubin", f"{name}.json": d / f"{name}.json"}
+    for f in files.values():
+        f.write_text(f"{key} {f.name}")
+    if group:
+        (d / f"__grp__{name}.json").write_text(json.dumps({"child_paths": {k: str(v) for k, v in files.items()}}))
+
+
+def test_a_candidate_child_s_cache_gets_the_harness_s_kernels_from_the_trusted_one(tmp_path):
+    """The refill's compiled kernels are copied, their group naming the copy's files (Triton's own reader
+    finds them there); a candidate's or a library's kernel is not, nor an entry without its group, nor one
+    the child's cache has already."""
+    from triton.runtime.cache import FileCacheManager
+
+    from gpu_worker.caches import seed_harness_kernels
+
+    trusted, own = tmp_path / "trusted", tmp_path / "own"
+    own.mkdir()
+    _triton_entry(trusted, "aaa", "_perturb_elementwise")
+    _triton_entry(trusted, "bbb", "_perturb_rows")
+    _triton_entry(trusted, "ccc", "chunk_kda_fwd")  # the baseline's: never the candidate's
+    _triton_entry(trusted, "ddd", "_perturb_elementwise", group=False)  # half-written: nothing to trust
+    _triton_entry(own, "bbb", "_perturb_rows")
+    (own / "bbb" / "_perturb_rows.cubin").write_text("the child's own")
+    assert seed_harness_kernels(own, trusted) == 1
+    assert sorted(p.name for p in own.iterdir()) == ["aaa", "bbb"]
+    assert (own / "bbb" / "_perturb_rows.cubin").read_text() == "the child's own"
+    import triton
+
+    saved = triton.knobs.cache.dir
+    triton.knobs.cache.dir = str(own)
+    try:
+        group = FileCacheManager("aaa").get_group("_perturb_elementwise.json")
+    finally:
+        triton.knobs.cache.dir = saved
+    assert group and all(Path(p).parent == own / "aaa" for p in group.values()), group
+    assert Path(group["_perturb_elementwise.cubin"]).read_text() == "aaa _perturb_elementwise.cubin"
+    assert seed_harness_kernels(own, trusted) == 0  # copied once
