@@ -8,8 +8,9 @@ of shorter timing blocks and job turns."""
 from __future__ import annotations
 
 from gpu_worker.device.turns import DispatchTurns, OwnerTurns
-from gpu_worker.device.schedule_costs import (PRESENT, RECORDED, TURN_S, CostTable, StageCost, as_present, h200_table,
-                                       seconds, table_from_activities, turn_overhead)
+from gpu_worker.device.schedule_costs import (RECORDED_BLOCK, ONE_PASS_REFILL, PRESENT, RECORDED, TURN_S, CostTable,
+                                              StageCost, as_present, h200_table, seconds, table_from_activities,
+                                              turn_overhead)
 from gpu_worker.device.schedule_sim import simulate
 
 SEEDS = (0, 1, 2)
@@ -38,18 +39,20 @@ def test_the_recorded_harness_is_predicted_near_the_measured_rate():
 
 def test_the_present_harness_is_predicted_at_its_rate():
     """The present policy (owner, 4 slots, 4 s windows, 24 in flight) under the costs as the harness asks for
-    them now (verification one job and the comparison; the timed outputs' download in the block): the
-    predicted rate of docs/results.md ("The schedule, simulated"), held within about 10%."""
+    them now (verification one job and the comparison; the timed outputs' download in the block, the block
+    as long as the one-pass refill leaves it): the predicted rate of docs/results.md ("The schedule,
+    simulated"), held within about 15%."""
     reports = [simulate(OwnerTurns(4, 4.0), seed=s) for s in SEEDS]
     rate = _mean(reports, "evaluations_per_hour")
-    assert 930 <= rate <= 1140, rate
-    assert 0.34 <= _mean(reports, "timing") <= 0.46
+    assert 1130 <= rate <= 1520, rate
+    assert 0.25 <= _mean(reports, "timing") <= 0.37
     assert all(not r.bad for r in reports)
 
 
-def test_the_present_layout_asks_for_fewer_turns_with_the_same_device_seconds():
+def test_the_present_layout_asks_for_fewer_turns_and_shorter_blocks():
     """Verification: the recorded eleven turns become two (the candidate child's one job, the comparison),
-    their seconds less nine turns' overhead; a benchmark's distribution loses its export job to the block."""
+    their seconds less nine turns' overhead; a benchmark's distribution loses its export job to the block,
+    whose recorded timing takes ONE_PASS_REFILL of its length."""
     (rv,), (pv,) = RECORDED["verify"], PRESENT["verify"]
     assert (rv.jobs, pv.jobs) == (11, 2)
     held = lambda c: sum(seconds(s) for k, s in c.turns if k != "block")  # noqa: E731
@@ -59,7 +62,8 @@ def test_the_present_layout_asks_for_fewer_turns_with_the_same_device_seconds():
         blocks = sum(k == "block" for k, _ in rb.turns)
         assert pb.jobs == rb.jobs - blocks and abs(rb.host - pb.host) < 0.5
         device = lambda c: sum(seconds(s) for _, s in c.turns)  # noqa: E731
-        assert abs(device(pb) - (device(rb) - blocks * TURN_S)) < 1e-9
+        shorter = blocks * (TURN_S + RECORDED_BLOCK * (1 - ONE_PASS_REFILL))
+        assert abs(device(pb) - (device(rb) - shorter)) < 1e-9
 
 
 def test_the_dispatcher_keeps_its_invariants():
@@ -70,7 +74,7 @@ def test_the_dispatcher_keeps_its_invariants():
     for r in reports:
         assert not r.bad, r.bad[:3]
         assert r.fewest_evaluations >= 15  # ~35 an hour per slot: none starved
-        assert r.longest_job_wait < 90 and r.longest_block_wait < 90
+        assert r.longest_job_wait < 120 and r.longest_block_wait < 120
         assert 0 < r.timing <= r.busy <= 1.0 and r.shut_to_jobs <= 1.0
     assert 700 <= _mean(reports, "evaluations_per_hour") <= 1300
 
@@ -126,15 +130,16 @@ def test_a_what_if_scales_the_job_turns_and_the_timing_blocks_and_nothing_else()
 
 def test_the_target_rate_is_predicted_only_with_shorter_blocks_shorter_jobs_and_no_retry_alone():
     """docs/results.md ("The schedule, simulated"): the owner with 16 job slots, 8 s windows and 48 in
-    flight, no stage retried alone, reaches 2,000 an hour with the timing blocks at 0.58 of their length
-    and the job turns at half; with either alone it stays short."""
+    flight, no stage retried alone, reaches 2,000 an hour with the job turns at half, now that the one-pass
+    refill has the timing blocks at ONE_PASS_REFILL of their recorded length; with the turns as they are, or
+    the blocks as recorded, it stays short."""
     def rate(jobs: float, blocks: float) -> float:
         table = h200_table().scaled(jobs, blocks)
         return _mean([simulate(OwnerTurns(16, 8.0), table, candidates=48, retry_alone=0.0, hours=0.5, seed=s)
                       for s in SEEDS], "evaluations_per_hour")
 
-    assert rate(0.5, 0.58) >= 2000
-    assert rate(1.0, 0.58) < 2000 and rate(0.5, 1.0) < 2000
+    assert rate(0.5, 1.0) >= 2000
+    assert rate(1.0, 1.0) < 2000 and rate(0.5, 1 / ONE_PASS_REFILL) < 2000
 
 
 def _rows(recorded: bool) -> list[dict]:
