@@ -376,17 +376,18 @@ class KernelOptimization:
                                    self.spec.heartbeat_seconds, f"{name} #{self.st.iteration + 1}")
 
     # ---- operator controls ---------------------------------------------------------------------
-    # The update takes a plain mapping and validates it itself: a typed argument that fails to decode
-    # would reach the caller as "Failed decoding arguments" instead of saying which field is wrong.
+    # The updates take their input raw and validate it themselves: even a `dict` or `int` argument that fails to
+    # decode (the plain temporal CLI sends any JSON) reaches the caller as "Failed decoding arguments" instead
+    # of saying what the update expects.
     @workflow.update
-    def set_budget(self, change: dict) -> Budget:
+    def set_budget(self, change: Any) -> Budget:
         new = controls.budget_after(self.spec.budget, self.st.used, change, self.finished)
         self.spec = self.spec.model_copy(update={"budget": new})
         self.publish()
         return self.spec.budget
 
     @set_budget.validator
-    def _check_budget(self, change: dict) -> None:
+    def _check_budget(self, change: Any) -> None:
         controls.budget_after(self.spec.budget, self.st.used, change, self.finished)  # Refused: rejected
 
     # The same change sent as a signal (`temporal workflow signal --name set_budget`): applied, or refused with
@@ -402,12 +403,12 @@ class KernelOptimization:
 
     # llm policy: the prompt's size cap, changed on a running run (an endpoint with a smaller context)
     @workflow.update
-    def set_context_tokens(self, tokens: int) -> int:
+    def set_context_tokens(self, tokens: Any) -> int:
         self.spec = self.spec.model_copy(update={"context_tokens": tokens})
         return tokens
 
     @set_context_tokens.validator
-    def _check_context_tokens(self, tokens: int) -> None:
+    def _check_context_tokens(self, tokens: Any) -> None:
         controls.context_tokens(tokens, self.finished)  # Refused: rejected
 
     # Signals take their input raw and validate it here: a typed argument that fails to decode is dropped by
