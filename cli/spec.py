@@ -203,12 +203,17 @@ def store_problem_file(spec: RunSpec, problem, start_kernel: bool = False) -> No
 
 def search_space(spec: RunSpec) -> dict:
     """The knob space a search run tunes: its starting kernel's KNOB_SPACE, or its problem's."""
-    from baselines.problem import start_kernel_knobs
+    from baselines.problem import UnknownProblem, start_kernel_knobs
     from baselines.registry import get_problem
     from workflows.artifacts import ArtifactStore, ArtifactStoreError
 
     if spec.start_kernel is None:
-        return get_problem(spec.problem).knob_space()
+        # the spec comes from the run's history, where the workflow alone checked the problem: a run started
+        # by the plain temporal CLI on an unknown problem (failed at once) or on a problem file stored elsewhere
+        try:
+            return get_problem(spec.problem).knob_space()
+        except UnknownProblem as e:
+            raise UsageError(f"the run's problem cannot be loaded here to check the hint: {e}")
     try:
         return start_kernel_knobs(ArtifactStore().get_text(spec.start_kernel))[1]
     except (OSError, ArtifactStoreError, ValueError) as e:
