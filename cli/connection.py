@@ -45,9 +45,11 @@ async def query_run(client, wid: str, query, timeout: float = ANSWER_TIMEOUT_S):
     except RPCError as e:
         if (e.status in (RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.CANCELLED)
                 or "timeout expired" in e.message.lower()):
+            # the same advice as where no worker polls at all: `--role agent` alone on a one-host setup leaves
+            # the run's candidates with no GPU worker, and the run waits at "evaluating" without a word
             raise UsageError(f"run {wid!r}: no worker answered within {timeout:g} s (a worker polled task queue "
                              f"{AGENT_QUEUE} lately and may have stopped): start one with `marathon worker --role "
-                             f"agent` against this server")
+                             f"all` against this server (`--role agent` where GPU workers run elsewhere)")
         raise UsageError(f"cannot query run {wid!r}: {e.message}")
     except WorkflowQueryFailedError as e:
         raise UsageError(f"cannot query run {wid!r}: {e}")

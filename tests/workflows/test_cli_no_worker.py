@@ -95,6 +95,11 @@ async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
         lines = err.strip().splitlines()
         assert rc == 2 and len(lines) == 1 and said in lines[0], (argv, err, took)
         assert took < ANSWER_TIMEOUT_S + SECONDS, (argv, took)  # the wait for an answer, then one line
+        # the advice is the one given where no worker polls at all: `--role agent` alone would leave the
+        # run's candidates without a GPU worker on a one-host setup
+        if argv[0] == "status":
+            assert lines[0].endswith("start one with `marathon worker --role all` against this server "
+                                     "(`--role agent` where GPU workers run elsewhere)"), lines
     await client.get_workflow_handle(wid).terminate("test over")
     # the stopped worker is still listed: a run started now is told that no worker took its first task
     assert await queue_pollers(client, "marathon-agent", workflow=True)
