@@ -14,10 +14,13 @@ def _clock(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M:%S UTC")
 
 
-def turn_line(v: TurnView) -> str:
-    """`turn 7: compile, submit_kernel (1,234 in / 56 out tokens)`; a turn still waiting for its reply says so."""
+def turn_line(v: TurnView, paused: bool = False) -> str:
+    """`turn 7: compile, submit_kernel (1,234 in / 56 out tokens)`; a turn still waiting for its reply says so.
+    A paused run waits for nobody: its unanswered turn failed (no key, endpoint gone), and the pause says why."""
     only = " [only submit_kernel offered]" if v.submit_only else ""
     if not v.replied:
+        if paused:
+            return f"turn {v.turn}: asked at {_clock(v.asked_at)}, not answered: the run paused{only}"
         return f"turn {v.turn}: asked at {_clock(v.asked_at)}, waiting for the model{only}"
     what = ", ".join(c.name for c in v.calls) or f"no tool call: {clip(v.note, 100) or 'nothing to run'}"
     return f"turn {v.turn}: {what} ({v.tokens_in:,} in / {v.tokens_out:,} out tokens){only}"
@@ -27,9 +30,9 @@ def call_line(name: str, verdict: str, error: bool) -> str:
     return f"  {name}: {'ERROR ' if error else ''}{clip(verdict, 150)}"
 
 
-def turn_lines(v: TurnView) -> list[str]:
+def turn_lines(v: TurnView, paused: bool = False) -> list[str]:
     """The turn and each answered call, for `status`."""
-    return [turn_line(v)] + [call_line(c.name, c.verdict, c.error) for c in v.calls if c.verdict]
+    return [turn_line(v, paused)] + [call_line(c.name, c.verdict, c.error) for c in v.calls if c.verdict]
 
 
 class TurnPrinter:
@@ -42,11 +45,12 @@ class TurnPrinter:
         self.waiting: set[int] = set()
         self.calls: set[tuple[int, int]] = set()
 
-    def new_lines(self, turns: list[TurnView], now: float) -> list[str]:
+    def new_lines(self, turns: list[TurnView], now: float, paused: bool = False) -> list[str]:
         out = []
         for v in turns:
             if not v.replied:
-                if now - v.asked_at >= self.wait_note and v.turn not in self.waiting:
+                # a paused run's unanswered turn is not waited on (the pause line says why); once resumed, it is
+                if not paused and now - v.asked_at >= self.wait_note and v.turn not in self.waiting:
                     self.waiting.add(v.turn)
                     out.append(turn_line(v))
                 continue

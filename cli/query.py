@@ -66,7 +66,7 @@ async def cmd_status(args) -> int:
     for refused in st.refused:  # signals the run did not apply (the plain temporal CLI gets no answer)
         print(f"refused: {refused}")
     if st.llm is not None:  # the model's latest turn, and an endpoint failing it
-        for line in (turn_lines(st.llm.turns[-1]) if st.llm.turns else []):
+        for line in (turn_lines(st.llm.turns[-1], st.paused) if st.llm.turns else []):
             print(line)
         trouble = endpoint_trouble(await run_handle(client, args.id).describe(), _asked_at(st))
         if trouble:
@@ -123,7 +123,7 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
                 print(f"      paused: {st.pause_reason or 'by a pause signal'}; `marathon resume {wid}` goes on",
                       file=out, flush=True)
         if st.llm is not None:
-            for line in turns.new_lines(st.llm.turns, time.time()):
+            for line in turns.new_lines(st.llm.turns, time.time(), st.paused):
                 print(f"      {line}", file=out, flush=True)
             # only while a turn waits: a describe read after the status can still hold a turn the status
             # shows answered (its attempt line would repeat the last one, without its "since")
