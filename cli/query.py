@@ -49,8 +49,7 @@ async def cmd_status(args) -> int:
         if st.best and st.best.interpreter:
             print(f"note: {INTERPRETER_NOTE}")
         return 0
-    print(f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
-          f"{' (paused: ' + st.pause_reason + ')' if st.paused else ''}, run {st.runs}")
+    print(headline(st))
     if st.phase == "done":  # why it ended: the result says
         try:
             res = await asyncio.wait_for(run_result(client, args.id), 10)
@@ -74,6 +73,14 @@ async def cmd_status(args) -> int:
     if (st.best and st.best.interpreter) or (st.last and st.last.interpreter):
         print(f"note: {INTERPRETER_NOTE}")
     return 0
+
+
+def headline(st) -> str:
+    """`ID: problem (policy) iteration N, phase P, run R`, with why it pauses while it does. A run stopped while
+    paused keeps its pause flag in the state, but a finished run is no longer paused."""
+    paused = st.paused and st.phase != "done"
+    return (f"{st.workflow_id}: {st.problem} ({st.policy}) iteration {st.iteration}, phase {st.phase}"
+            f"{' (paused: ' + st.pause_reason + ')' if paused else ''}, run {st.runs}")
 
 
 def _asked_at(st) -> float | None:
