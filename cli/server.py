@@ -21,18 +21,26 @@ async def register_search_attributes(client) -> None:
     from temporalio.api.operatorservice.v1 import (AddSearchAttributesRequest,
                                                    ListSearchAttributesRequest)
 
+    from temporalio.service import RPCError
+
     from workflows.run_view import SEARCH_ATTRIBUTES
 
     kinds = {"KEYWORD": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
              "INT": IndexedValueType.INDEXED_VALUE_TYPE_INT,
              "DOUBLE": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE}
-    have = await client.operator_service.list_search_attributes(
-        ListSearchAttributesRequest(namespace=client.namespace))
-    missing = {k.name: kinds[k.indexed_value_type.name] for k in SEARCH_ATTRIBUTES
-               if k.name not in have.custom_attributes}
-    if missing:
-        await client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
+    # the first call of `start` that names the namespace: an unknown one (or one whose attributes this key may
+    # not change) is one line before anything starts, not a traceback
+    try:
+        have = await client.operator_service.list_search_attributes(
+            ListSearchAttributesRequest(namespace=client.namespace))
+        missing = {k.name: kinds[k.indexed_value_type.name] for k in SEARCH_ATTRIBUTES
+                   if k.name not in have.custom_attributes}
+        if missing:
+            await client.operator_service.add_search_attributes(
+                AddSearchAttributesRequest(namespace=client.namespace, search_attributes=missing))
+    except RPCError as e:
+        raise UsageError(f"namespace {client.namespace!r}: cannot check or add the runs' search attributes: "
+                         f"{e.message}")
 
 
 # The dev server's history queue processors poll at most 20 times a second by default, and each hand-off of
