@@ -59,6 +59,7 @@ async def cmd_worker(args) -> int:
         client = await connect(args.address, args.namespace)
     except Unreachable as e:
         raise UsageError(str(e))
+    await check_namespace(client)
     from workflows.logs import configure_logging
 
     configure_logging()
@@ -104,6 +105,21 @@ async def cmd_worker(args) -> int:
         if ev.settings.gpu_selftest and ev.selftest_verdict.failed:
             return 1  # the start-up self-test's failure stopped the workers; its line is in the log
     return 0
+
+
+async def check_namespace(client) -> None:
+    """One line where the namespace is not on the server: the SDK's worker would otherwise fail its validation
+    with a traceback that ends in the server's raw status."""
+    from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
+    from temporalio.service import RPCError, RPCStatusCode
+
+    try:
+        await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=client.namespace))
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise UsageError(f"namespace {client.namespace!r} is not on the server at "
+                             f"{client.service_client.config.target_host}: {e.message}")
+        # anything else (a key that may not describe namespaces): the worker's own validation decides
 
 
 #: in a GPU worker's identity when it has no CUDA and runs kernels under the Triton interpreter
