@@ -8,6 +8,7 @@ import sys
 
 from cli.errors import UsageError
 from cli.parser import build_parser
+from workflows.artifacts import ArtifactStoreError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,6 +20,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return _quiet_closed_pipe()
+    except ArtifactStoreError as e:  # read here, a run's artifacts are often in a store this machine does not see
+        print(f"marathon: error: {e} (MARATHON_ARTIFACTS, or MARATHON_HOME, names the store the workers wrote)",
+              file=sys.stderr)
+        return 2
     except OSError as e:  # a file or directory given that cannot be read or written
         where = f": {e.filename}" if getattr(e, "filename", None) else ""
         print(f"marathon: error: {e.strerror or e}{where}", file=sys.stderr)
