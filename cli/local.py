@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
+import threading
 from pathlib import Path
 
 from cli.errors import UsageError
@@ -105,14 +107,45 @@ def describe_problem_path(path: str, as_json: bool = False) -> int:
 async def cmd_verify(args) -> int:
     """The harness's verification of a kernel file against a problem, on this machine."""
     from cli.export import ExportError, verify_kernel
+    from cli.spec import cuda_here
+    from gpu_worker.harness.context import default_timeouts
 
+    where = "GPU" if cuda_here() else "CPU, Triton interpreter"
+    print(f"verifying {args.kernel} against {args.problem} here ({where}); a kernel that does not return is "
+          f"stopped after {default_timeouts(where == 'GPU')['verify']:.0f} s, Ctrl-C stops it now", file=sys.stderr,
+          flush=True)
     try:
-        ok, lines = await asyncio.to_thread(verify_kernel, args.problem, Path(args.kernel), args.shape)
+        ok, lines = await in_daemon_thread(verify_kernel, args.problem, Path(args.kernel), args.shape)
     except ExportError as e:
         raise UsageError(str(e))
     for line in lines:
         print(line)
     return 0 if ok else 1
+
+
+def in_daemon_thread(fn, *args) -> asyncio.Future:
+    """fn(*args) on a daemon thread, awaited: an interrupted command ends without waiting for it (asyncio's
+    own threads are joined at exit), and the sandbox children it started end with this process (their fork
+    server ends them once it is gone)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def settle(how, value):
+        if not done.done():
+            how(value)
+
+    def work():
+        try:
+            outcome = (done.set_result, fn(*args))
+        except BaseException as e:  # noqa: BLE001 - raised where it is awaited
+            outcome = (done.set_exception, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the command was interrupted and its loop closed: nobody waits
+            pass
+
+    threading.Thread(target=work, name=getattr(fn, "__name__", "work"), daemon=True).start()
+    return done
 
 
 async def cmd_selftest(args) -> int:

@@ -14,7 +14,9 @@ Parent side: `start_child(...)` asks the fork server for the child's import envi
 such environment, started on first use) and returns a `ForkedProcess` (the slice of Popen the sandbox
 uses: pid, poll, wait, returncode); where no server can be had it falls back to `subprocess.Popen`. The
 server is the child's parent: it reaps each child and writes its wait status into a pipe that the
-`ForkedProcess` reads. The server exits when its socket to the worker closes.
+`ForkedProcess` reads. The server exits when its socket to the worker closes, and its children with it:
+a worker that ended without closing them (killed, or an interrupted `marathon verify`) leaves no child
+spinning in a candidate's loop or holding device memory.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import time
 _IMPORT_PREFIXES = ("TRITON_", "TORCH", "PYTORCH_", "CUDA_", "OMP_", "MKL_", "OPENBLAS_", "LD_", "PYTHON")
 _PER_CHILD = ("TRITON_HOME", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING")
 _STATUS = struct.Struct("i")
+GRACE_S = 3.0  # a child's time to end on SIGTERM once its worker is gone
 _MAX_FDS = 8
 
 
@@ -230,6 +233,23 @@ def _become_child(request: dict, received: list[int], started: int) -> None:
         os._exit(code)
 
 
+def end_children(children: dict, reap, grace_s: float = GRACE_S) -> None:
+    """SIGTERM to each child's process group (it exits as a killed process would, its exit handlers
+    unrun), SIGKILL to those still there after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in list(children):
+            try:
+                os.killpg(pid, sig)
+            except OSError:  # gone already (reaped next), or its group left behind
+                pass
+        deadline = time.monotonic() + grace_s
+        while children and time.monotonic() < deadline:
+            reap()
+            time.sleep(0.05)
+        if not children:
+            return
+
+
 def serve(sock: socket.socket) -> None:
     import torch  # noqa: F401 - imported once here, inherited by every child
     import triton  # noqa: F401
@@ -273,8 +293,9 @@ def serve(sock: socket.socket) -> None:
         if sock not in ready:
             continue
         msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, _MAX_FDS + 1)
-        if not msg:
-            return  # the worker is gone; the children live on until their own pipes close
+        if not msg:  # the worker is gone: a child in a candidate's loop would never read its closed pipe
+            end_children(children, reap)
+            return
         *received, status_w = fds
         started_r, started_w = os.pipe()
         try:

@@ -91,3 +91,21 @@ def test_a_child_killed_as_soon_as_it_is_started_is_gone_and_reported(tmp_path):
         proc = start_child([PROBE, str(tmp_path / f"{n}.json"), "wait"], _env(), str(tmp_path), ())
         os.killpg(proc.pid, signal.SIGKILL)
         assert proc.wait(10) == -signal.SIGKILL
+
+
+@pytest.mark.slow(15)
+def test_a_worker_that_is_gone_takes_its_children_with_it(tmp_path):
+    """A child that never reads its pipe again (a candidate's endless loop) does not outlive its worker: the
+    fork server, seeing the worker's socket close, ends its children's process groups before it exits."""
+    env = _env(MARATHON_PROBE="orphan")
+    proc = start_child([PROBE, str(tmp_path / "o.json"), "wait"], env, str(tmp_path), ())
+    pid = _report(tmp_path / "o.json")["pid"]
+    key = forkserver.import_key(env)
+    server = forkserver._servers.pop(key)
+    server.close()  # what the kernel does to the socket of a worker that was killed
+    assert server.proc.wait(30) == 0
+    deadline = time.monotonic() + 15
+    while forkserver._pid_alive(pid):
+        assert time.monotonic() < deadline, "the child outlived its fork server"
+        time.sleep(0.1)
+    assert proc.wait(5) == -signal.SIGTERM
