@@ -64,6 +64,9 @@ async def cmd_status(args) -> int:
     print(f"last: {fmt_last(st.last)}")
     for refused in st.refused:  # signals the run did not apply (the plain temporal CLI gets no answer)
         print(f"refused: {refused}")
+    unserved = await unserved_gpu_queue(client, st)
+    if unserved:
+        print(f"waiting: {unserved}")
     if st.llm is not None:  # the model's latest turn, and an endpoint failing it
         for line in (turn_lines(st.llm.turns[-1], st.paused) if st.llm.turns else []):
             print(line)
@@ -83,10 +86,23 @@ def headline(st) -> str:
             f"{' (paused: ' + st.pause_reason + ')' if paused else ''}, run {st.runs}")
 
 
+async def unserved_gpu_queue(client, st) -> str | None:
+    """While a run goes on: one line where no GPU worker polls its GPU queue (None otherwise)."""
+    from cli.workers import gpu_worker_missing
+
+    if st.phase == "done" or st.paused or not st.gpu_queue:
+        return None
+    return await gpu_worker_missing(client, st.gpu_queue)
+
+
 def _asked_at(st) -> float | None:
     """When the turn the model has not answered yet was asked."""
     turns = st.llm.turns if st.llm is not None else []
     return turns[-1].asked_at if turns and not turns[-1].replied else None
+
+
+#: how often watch asks whether a GPU worker polls the run's GPU queue
+GPU_QUEUE_CHECK_S = 15.0
 
 
 async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunResult:
@@ -104,6 +120,7 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
         raise UsageError(f"no run {wid!r}: {e.message}")
     print(f"{'iter':>5} {'phase':<13} {'best':<58} last result", file=out)
     seen, noted, waiting, turns, trouble = None, False, None, TurnPrinter(), None
+    unserved, checked = None, 0.0  # the GPU queue's line, and when its pollers were last asked for
     while True:
         desc = await h.describe()
         if desc.status != WorkflowExecutionStatus.RUNNING:
@@ -117,6 +134,12 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             await asyncio.sleep(interval)
             continue
         waiting = None
+        if time.monotonic() - checked >= GPU_QUEUE_CHECK_S:  # the server's poller list, not every poll
+            checked = time.monotonic()
+            line = await unserved_gpu_queue(client, st)
+            if line and line != unserved:
+                print(f"waiting: {line}", file=sys.stderr, flush=True)
+            unserved = line
         row = (st.iteration, st.phase, st.paused)
         if row != seen:
             seen = row

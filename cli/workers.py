@@ -174,11 +174,19 @@ async def unserved_queues(client, spec: RunSpec) -> list[str]:
     if await queue_pollers(client, AGENT_QUEUE, workflow=True) == []:
         lines.append(f"no worker is polling task queue {AGENT_QUEUE}: nothing runs this run until one starts "
                      f"(`marathon worker --role all`, or `--role agent` where GPU workers run elsewhere)")
-    if await queue_pollers(client, spec.gpu_queue) == []:
-        lines.append(f"no GPU worker is polling task queue {spec.gpu_queue}: its candidates wait until one starts "
-                     f"(`marathon worker --role gpu" + ("" if spec.gpu_queue == GPU_QUEUE else
-                                                         f" --gpu-queue {spec.gpu_queue}") + "`)")
+    gpu = await gpu_worker_missing(client, spec.gpu_queue)
+    if gpu:
+        lines.append(gpu)
     return lines
+
+
+async def gpu_worker_missing(client, queue: str) -> str | None:
+    """One line saying that no GPU worker polls the run's GPU task queue, so its candidates wait (an agent-only
+    worker runs the loop and evaluates nothing); None where one does, or where the server does not say."""
+    if await queue_pollers(client, queue) != []:
+        return None
+    return (f"no GPU worker is polling task queue {queue}: its candidates wait until one starts "
+            f"(`marathon worker --role gpu" + ("" if queue == GPU_QUEUE else f" --gpu-queue {queue}") + "`)")
 
 
 async def shared_agent_queue(client) -> str | None:

@@ -46,7 +46,7 @@ def status(workflow_id: str, spec: RunSpec, st: CarriedState, phase: str, stop) 
                   notebook_key=st.notebook_key, notebook_version=st.notebook_version, ledger_key=st.ledger_key,
                   pending_hints=len(st.hints), best_source_key=st.best.source_key if st.best else None,
                   stop_reason=stop.reason if stop else None, refused=st.refused,
-                  llm=st.llm_progress if spec.policy == "llm" else None)
+                  llm=st.llm_progress if spec.policy == "llm" else None, gpu_queue=spec.gpu_queue)
 
 
 def result(workflow_id: str, spec: RunSpec, st: CarriedState, stopped_by: str, stop, reverified: bool | None

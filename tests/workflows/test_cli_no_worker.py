@@ -108,3 +108,26 @@ async def test_a_worker_that_has_just_stopped_is_not_waited_for(bare, capsys):
     warnings = [ln for ln in err.splitlines() if ln.startswith("warning: ")]
     assert rc == 0 and "no worker took this run's first task within 5 s" in warnings[-1], err
     await client.get_workflow_handle(later).terminate("test over")
+
+
+@pytest.mark.slow
+async def test_a_run_with_an_agent_worker_alone_says_that_no_gpu_worker_polls(bare, capsys):
+    """The loop runs, its candidates wait: `status` and `watch` say that no GPU worker polls the run's GPU
+    queue and what starts one, where before the run sat at "evaluating" without a word. (Last in the file:
+    the agent worker's poller lingers on the server.)"""
+    from activities.worker import build_agent_worker
+    from cli.query import watch
+
+    address, client = bare
+    wid = run_id("agent-only")
+    line = "waiting: no GPU worker is polling task queue marathon-gpu: its candidates wait until one starts"
+    async with build_agent_worker(client):
+        rc, *_ = await asyncio.to_thread(timed, capsys, "start", "softmax", "--id", wid, "--address", address)
+        assert rc == 0
+        rc, out, err, _ = await asyncio.to_thread(timed, capsys, "status", wid, "--address", address)
+        assert rc == 0 and line in out, (out, err)
+        said = io.StringIO()
+        with redirect_stderr(said), pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(watch(client, wid, interval=0.2, out=io.StringIO()), 5)
+        assert said.getvalue().count(line) == 1, said.getvalue()
+    await client.get_workflow_handle(wid).terminate("test over")

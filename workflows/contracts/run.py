@@ -159,6 +159,7 @@ class Status(Strict):
     stop_reason: str | None = None  # the stop signal's reason, once one has arrived
     refused: list[str] = Field(default_factory=list)  # the newest signals refused, each with why
     llm: LlmProgress | None = None  # llm policy: the latest turns with their calls and verdicts, stalled turns
+    gpu_queue: str = ""  # the task queue its candidates' GPU stages go to (RunSpec.gpu_queue)
 
 
 class RunResult(Strict):
