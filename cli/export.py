@@ -240,9 +240,10 @@ def export_run(wid: str, st, out: Path, force: bool = False, store: ArtifactStor
 
 
 # ---- verify ------------------------------------------------------------------------------------------------
-def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> tuple[bool, list[str]]:
+def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None, started=None) -> tuple[bool, list[str]]:
     """The harness's verification of the kernel file against the problem (a built-in name, a problem file or
-    folder, or a stored key), here: (passed, lines to print). ExportError for bad input."""
+    folder, or a stored key), here: (passed, lines to print). ExportError for bad input. `started` is
+    handed one line as the verification begins: where it runs and its stage's time limit."""
     from baselines.external.file import check_cpu_run, is_file_key, load_file
     from baselines.external.folder import folder_manifest, is_folder_key, read_folder
     from baselines.external.model_new import entry_source, kernel_part
@@ -307,6 +308,9 @@ def verify_kernel(problem_arg: str, kernel: Path, shape: str | None = None) -> t
             raise ExportError(str(e))
         source_key = store.put_text(text)
         ev = Evaluator(store=store, interpreter=not cuda, settings=settings)
+        if started:
+            started(f"verifying {kernel} against {problem_arg} here ({'GPU' if cuda else 'CPU, Triton interpreter'}"
+                    f"); a kernel that does not return is stopped after {ev.ctx.timeouts['verify']:.0f} s")
         try:
             rep = ev.verify(EvalRequest(problem=name, candidate_id=source_key[:16], source_key=source_key,
                                         shape=shape, random_shape=True))

@@ -107,15 +107,12 @@ def describe_problem_path(path: str, as_json: bool = False) -> int:
 async def cmd_verify(args) -> int:
     """The harness's verification of a kernel file against a problem, on this machine."""
     from cli.export import ExportError, verify_kernel
-    from cli.spec import cuda_here
-    from gpu_worker.harness.context import default_timeouts
 
-    where = "GPU" if cuda_here() else "CPU, Triton interpreter"
-    print(f"verifying {args.kernel} against {args.problem} here ({where}); a kernel that does not return is "
-          f"stopped after {default_timeouts(where == 'GPU')['verify']:.0f} s, Ctrl-C stops it now", file=sys.stderr,
-          flush=True)
+    def started(line: str) -> None:  # once the input is good: how long a kernel that never returns may take
+        print(f"{line}; Ctrl-C stops it now", file=sys.stderr, flush=True)
+
     try:
-        ok, lines = await in_daemon_thread(verify_kernel, args.problem, Path(args.kernel), args.shape)
+        ok, lines = await in_daemon_thread(verify_kernel, args.problem, Path(args.kernel), args.shape, started)
     except ExportError as e:
         raise UsageError(str(e))
     for line in lines:
