@@ -11,8 +11,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.endpoint import Endpoint, Profile, client_for, config_error, redact
-from activities.llm.errors import (ContextTooSmall, adaptation, classify, context_error, describe_change,
-                                   diagnose)
+from activities.llm.errors import (FIX_CONFIG, ContextTooSmall, adaptation, classify, context_error,
+                                   describe_change, diagnose)
 from activities.llm.probe import answers_seen, tools_seen
 from activities.llm.replies import Reply, normalise
 
@@ -242,8 +242,22 @@ def _raw_json(raw, ep: Endpoint) -> dict:
     try:
         data = json.loads(raw.text)
     except (ValueError, TypeError):
-        raise ApplicationError(f"{ep.where()}: the reply is not JSON: {redact(str(raw.text)[:200], ep)}",
-                               type="LLMServerError") from None
+        raise _not_json(raw, ep) from None
     if not isinstance(data, dict):
         raise ApplicationError(f"{ep.where()}: the reply is not a JSON object", type="LLMServerError")
     return data
+
+
+def _not_json(raw, ep: Endpoint) -> ApplicationError:
+    """A reply that is not JSON. A web page is what an OPENAI_BASE_URL naming a web server rather than its
+    API gets (a UI or a proxy answers every path with a page), and waiting does not change it: the run
+    pauses naming the setting. Anything else (a reply cut off on its way) may be transient: retried."""
+    text = str(raw.text)
+    page = "html" in str(raw.headers.get("content-type", "")).lower() or text.lstrip().startswith("<")
+    if not page:
+        return ApplicationError(f"{ep.where()}: the reply is not JSON: {redact(text[:200], ep)}",
+                                type="LLMServerError")
+    return ApplicationError(f"{ep.where()}: the reply is a web page, not a Chat Completions reply: "
+                            f"{redact(text[:200], ep)}. OPENAI_BASE_URL names a web server, not its OpenAI-"
+                            f"compatible API (that usually ends in /v1). {FIX_CONFIG}", type="LLMClientError",
+                            non_retryable=True)

@@ -42,7 +42,7 @@ def _retry_after(response) -> float | None:
         return None
 
 
-_FIX_CONFIG = "Fix the agent worker's configuration (OPENAI_API_KEY, OPENAI_BASE_URL, MARATHON_MODEL), restart " \
+FIX_CONFIG = "Fix the agent worker's configuration (OPENAI_API_KEY, OPENAI_BASE_URL, MARATHON_MODEL), restart " \
               "it, then `marathon resume`."
 
 
@@ -81,7 +81,7 @@ def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
                                     type="LLMAuthError", non_retryable=True)
         kind = {400: "bad request", 404: "not found (unknown model or wrong OPENAI_BASE_URL?)",
                 413: "request too large", 422: "unprocessable request"}.get(code, "client error")
-        return ApplicationError(f"{where}: {code} {kind}: {msg}. {_FIX_CONFIG}", type="LLMClientError",
+        return ApplicationError(f"{where}: {code} {kind}: {msg}. {FIX_CONFIG}", type="LLMClientError",
                                 non_retryable=True)
     if isinstance(e, ApplicationError):
         return e

@@ -25,6 +25,7 @@ class Reply:
     body: dict = field(default_factory=dict)
     headers: dict = field(default_factory=dict)
     delay: float = 0.0
+    text: str | None = None  # sent as it is instead of `body` (a reply that is not JSON)
 
 
 @dataclass
@@ -244,13 +245,14 @@ class ChatServer:
                         seen.usage = reply.body.get("usage")
                 if reply.delay:
                     time.sleep(reply.delay)
-                data = json.dumps(reply.body).encode()
+                data = (reply.text if reply.text is not None else json.dumps(reply.body)).encode()
                 try:
                     self.send_response(reply.status)
-                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Type", reply.headers.get("Content-Type", "application/json"))
                     self.send_header("Content-Length", str(len(data)))
                     for k, v in reply.headers.items():
-                        self.send_header(k, v)
+                        if k != "Content-Type":
+                            self.send_header(k, v)
                     self.end_headers()
                     self.wfile.write(data)
                     self.wfile.flush()

@@ -17,7 +17,7 @@ from activities.search import candidate_id
 from activities.settings import AgentSettings
 from tests.llm.kernels import LADDER, softmax_kernel
 from tests.llm.script import prompt_tokens
-from tests.llm.server import ChatServer, Endpoint, Kind, completion, error, prompt_text
+from tests.llm.server import ChatServer, Endpoint, Kind, Reply, completion, error, prompt_text
 from workflows.contracts import Budget, IterationRecord, LlmTurnRequest, Used
 
 SRC = softmax_kernel(**LADDER[2])
@@ -236,6 +236,21 @@ def test_auth_and_quota_pause_with_the_remedy(store, llm_env):
             with pytest.raises(ApplicationError) as e:
                 run_turn(turn_req())
         assert e.value.non_retryable and words in e.value.message and "marathon resume" in e.value.message
+
+
+def test_a_web_page_for_a_reply_pauses_naming_the_base_url_and_a_cut_off_reply_is_retried(store, llm_env):
+    # an OPENAI_BASE_URL naming a web UI or a proxy's page gets a page for every path: waiting does not help
+    page = Reply(200, text="<!DOCTYPE html><html><body>Welcome to nginx!</body></html>",
+                 headers={"Content-Type": "text/html"})
+    cut = Reply(200, text='{"choices": [')
+    for reply, retried in ((page, False), (cut, True)):
+        with ChatServer(lambda b, h, r=reply: r) as server:
+            llm_env(server)
+            with pytest.raises(ApplicationError) as e:
+                run_turn(turn_req())
+        assert e.value.non_retryable is not retried, e.value
+        if not retried:
+            assert "web page" in e.value.message and "OPENAI_BASE_URL" in e.value.message, e.value.message
 
 
 def test_a_source_in_the_ledger_is_a_duplicate(store, llm_env):
