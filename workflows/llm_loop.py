@@ -18,6 +18,7 @@ and used through its public surface (`Loop`), so this module imports the workflo
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Protocol
 
@@ -48,6 +49,9 @@ PROGRESS_PATCH = "llm-progress"
 # both patches above decided in the run's first activation, before any local activity: a patch marker
 # recorded after a local activity's can be met on replay before the code that makes it has run
 AT_START_PATCH = "llm-patches-at-start"
+# a stop or pause that comes while a turn waits on the model cancels the turn; decided where that happens
+# (histories recorded before waited for the turn to end)
+INTERRUPT_PATCH = "llm-turn-interrupt"
 
 
 def patch_on(wf: "Loop", name: str) -> bool:
@@ -78,13 +82,30 @@ class Loop(Protocol):
     async def gpu(self, name: str, arg, result_type, minutes: int): ...
 
 
-async def _turn(wf: Loop, req: LlmTurnRequest) -> LlmTurnResult:
+def _interrupted(wf: Loop) -> bool:
+    return wf.stop is not None or wf.st.paused
+
+
+async def _turn(wf: Loop, req: LlmTurnRequest) -> LlmTurnResult | None:
+    """The model's reply; None when a stop or pause came first. A turn retries a failing endpoint for about
+    half an hour (TURN_RETRY) and a slow reply may take 20 minutes: the operator's stop or pause does not
+    wait for either. The turn is cancelled and asked again on resume (a stopping run evaluates no
+    submission of it anyway)."""
+    handle = workflow.start_activity(
+        "llm_turn", req, result_type=LlmTurnResult, task_queue=AGENT_QUEUE,
+        start_to_close_timeout=timedelta(minutes=20),
+        heartbeat_timeout=timedelta(seconds=wf.spec.heartbeat_seconds),
+        retry_policy=TURN_RETRY, summary=f"llm turn {req.turn}")
+    await workflow.wait_condition(lambda: handle.done() or _interrupted(wf))
+    if not handle.done() and workflow.patched(INTERRUPT_PATCH):
+        handle.cancel()
+        try:
+            await handle
+        except (ActivityError, asyncio.CancelledError):
+            pass  # cancelled, as asked; a reply that came meanwhile is asked again
+        return None
     try:
-        return await workflow.execute_activity(
-            "llm_turn", req, result_type=LlmTurnResult, task_queue=AGENT_QUEUE,
-            start_to_close_timeout=timedelta(minutes=20),
-            heartbeat_timeout=timedelta(seconds=wf.spec.heartbeat_seconds),
-            retry_policy=TURN_RETRY, summary=f"llm turn {req.turn}")
+        return await handle
     except ActivityError as e:
         cause = e.cause
         msg = str(cause) if cause is not None else str(e)
@@ -129,6 +150,9 @@ async def llm_step(wf: Loop) -> bool:
     except BaseException:
         wf.st.hints = hints + wf.st.hints  # nobody has read them yet
         raise
+    if res is None:  # stopped or paused while the model was asked: the loop's top acts on it
+        wf.st.hints = hints + wf.st.hints
+        return False
     # The turn happened: its answers were delivered, its cost is spent.
     wf.st.conversation_key = res.conversation_key
     wf.st.pending_tool_results = []

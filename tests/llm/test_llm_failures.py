@@ -244,3 +244,39 @@ async def test_endpoint_down_then_back_the_run_waits_and_goes_on(env, store, llm
     assert [s.status for s in turns] == [200, 200]  # nothing reached the server while it was down
     recs = read_ledger(store, res.ledger_key)
     assert [r.iteration for r in recs] == [1, 2]
+
+
+async def test_pause_and_stop_while_the_endpoint_is_down_act_at_once(env, store, llm_env):
+    # The endpoint refuses every connection: the turn would be retried for about half an hour. The
+    # operator's pause takes effect within seconds and nothing asked of the model is lost (resumed with the
+    # endpoint up, the same turn is asked, its hint in it); a stop while the endpoint fails again as well.
+    script = TurnScript([turn(submit(0))])
+    answered = []
+
+    def respond(body, headers):  # one turn answered, then overloaded
+        if answered:
+            return error(503, "overloaded")
+        answered.append(body)
+        return script(body, headers)
+
+    server = ChatServer(respond)
+    llm_env(server)
+    async with workers(env.client):
+        h = await start(env.client, spec(3), "llm-down-stop")
+        await until(lambda s: s.llm is not None and s.llm.turns, h, timeout=30)
+        await asyncio.sleep(3.5)  # a few attempts failed: the turn waits in its backoff
+        await h.signal(KernelOptimization.hint, Hint(text="keep it simple"))
+        await h.signal(KernelOptimization.pause)
+        st = await until(lambda s: s.phase == "paused", h, timeout=10)
+        assert st.used.turns == 0 and st.pending_hints == 1
+        assert not (await h.describe()).raw_description.pending_activities  # the turn was cancelled
+        with server:
+            await h.signal(KernelOptimization.resume)
+            await until(lambda s: s.iteration == 1, h, timeout=60)
+            await asyncio.sleep(2.5)  # the next turn fails and waits in its backoff
+            stopped = time.monotonic()
+            await h.signal(KernelOptimization.stop, {"reason": "endpoint down"})
+            res = await asyncio.wait_for(h.result(), timeout=30)
+    assert res.stopped_by == "stop-signal" and res.iterations == 1 and res.used.turns == 1
+    assert time.monotonic() - stopped < 30
+    assert "keep it simple" in prompt_text(server.turns()[0])  # the cancelled turn's hint reached the model
