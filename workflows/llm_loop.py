@@ -52,6 +52,9 @@ AT_START_PATCH = "llm-patches-at-start"
 # a stop or pause that comes while a turn waits on the model cancels the turn; decided where that happens
 # (histories recorded before waited for the turn to end)
 INTERRUPT_PATCH = "llm-turn-interrupt"
+# turns that only repeat the calls the turn before made and had answered narrow the offer to submit_kernel;
+# decided where one is first found (histories recorded before counted them as progress)
+REPEATS_PATCH = "llm-repeated-answered-calls"
 
 
 def patch_on(wf: "Loop", name: str) -> bool:
@@ -195,6 +198,10 @@ async def llm_step(wf: Loop) -> bool:
     submitted = wf.st.iteration > iteration_before
     if submitted:
         wf.st.turns_since_submission = 0
+    repeated = llm_progress.repeats_answered(progress, res.tool_calls, results) if guarded else ""
+    if repeated and not workflow.patched(REPEATS_PATCH):
+        repeated = ""
+    llm_progress.note_answered(progress, res.tool_calls, results, repeated, held=bool(submit_only) and not submitted)
     if llm_progress.note_turn(progress, submitted=submitted, executed=executed, submit_only=submit_only,
                               had_calls=bool(res.tool_calls)) and (guarded or not res.tool_calls):
         wf.llm_stopped_by = "exhausted"

@@ -3,8 +3,9 @@
 Plain functions of the carried `LlmProgress`, used by the deterministic loop (workflows/llm_loop.py):
 - the same call failing the same way REPEAT_LIMIT times in a row is not run again: it is answered with
   what to do instead;
-- after turns without a submission (NARROW_AFTER, or a repeated failure, or stalled turns) only
-  submit_kernel is offered, until an iteration is recorded;
+- after turns without a submission (NARROW_AFTER, or a repeated failure, or stalled turns, or turns that
+  only made the answered calls of the turn before again) only submit_kernel is offered, until an
+  iteration is recorded;
 - a turn that brings nothing new (no call, only repeats, or no submission when only submit_kernel was
   offered) is stalled; STALLED_TURNS_EXHAUST in a row end the run as `exhausted`, with the reason.
 """
@@ -82,12 +83,32 @@ def note_result(p: LlmProgress, call: ToolCall, result: ToolResult) -> None:
         p.failing_call, p.failing_times, p.failing_answer = sig, 1, clip(result.content, 400)
 
 
+def repeats_answered(p: LlmProgress, calls: list[ToolCall], results: list[ToolResult]) -> str:
+    """The calls, in words, where a turn made only calls that the turn before made and had answered, and
+    they were answered again: a model reading one file turn after turn learns nothing new; else ""."""
+    if not calls or any(r.error for r in results) or any(signature(c) not in p.answered for c in calls):
+        return ""
+    return ", ".join(dict.fromkeys(_shown(c) for c in calls))
+
+
+def note_answered(p: LlmProgress, calls: list[ToolCall], results: list[ToolResult], repeated: str,
+                  held: bool = False) -> None:
+    """Count a turn that repeated the answered calls of the turn before (`repeated`, repeats_answered) and
+    keep this turn's calls that succeeded, for the next turn's. Such turns narrow the offer to
+    submit_kernel; they do not count toward exhaustion (the answers were real ones). `held`: a narrowed
+    turn that submitted nothing keeps the count (the narrowing holds until a submission)."""
+    p.repeating = p.repeating + 1 if repeated else (p.repeating if held else 0)
+    p.answered = [signature(c) for c, r in zip(calls, results) if not r.error]
+
+
 def narrow_reason(p: LlmProgress, turns_since_submission: int, turns_per_iteration: int) -> str:
     """Why only submit_kernel is offered next turn, or "" (every tool is)."""
     if p.failing_times >= REPEAT_LIMIT:
         return f"the same call failed {p.failing_times} times in a row"
     if p.stalled >= STALLED_TURNS_NARROW:
         return f"{p.stalled} turns in a row brought nothing new"
+    if p.repeating >= STALLED_TURNS_NARROW:
+        return f"{p.repeating} turns in a row only made the calls of the turn before again"
     if turns_since_submission >= narrow_after(turns_per_iteration):
         return f"{turns_since_submission} turns without a new submission"
     return ""

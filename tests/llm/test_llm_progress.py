@@ -91,6 +91,47 @@ async def test_a_model_calling_compile_without_source_over_and_over_stops_cleanl
     assert "only submit_kernel is open now" in answers(turns[5])[0]
 
 
+def test_turns_repeating_the_answered_calls_of_the_turn_before_narrow_the_offer():
+    p = LlmProgress()
+    read = [ToolCall(call_id="a", name="read_baseline")]
+    ok = [ToolResult(call_id="a", name="read_baseline", content="# softmax/baseline.py lines 1-7 of 7")]
+    assert lp.repeats_answered(p, read, ok) == ""  # the first read is new
+    lp.note_answered(p, read, ok, "")
+    assert lp.repeats_answered(p, read, ok) == "`read_baseline {}`"
+    ranged = [read[0].model_copy(update={"args": {"start_line": 3}})]
+    assert lp.repeats_answered(p, ranged, ok) == ""  # another part of the file
+    failed = [ok[0].model_copy(update={"error": True})]
+    assert lp.repeats_answered(p, read, failed) == ""  # failures have their own count
+    lp.note_answered(p, read, ok, "`read_baseline {}`")
+    assert lp.narrow_reason(p, 2, 30) == ""
+    lp.note_answered(p, read, ok, "`read_baseline {}`")
+    assert lp.narrow_reason(p, 3, 30) == "2 turns in a row only made the calls of the turn before again"
+    assert p.stalled == 0  # the answers were real: not counted toward exhaustion
+    lp.note_answered(p, read, [failed[0]], "", held=True)  # narrowed, no submission: still narrowed
+    assert lp.narrow_reason(p, 4, 30) != ""
+    lp.note_answered(p, ranged, ok, "")
+    assert p.repeating == 0 and lp.narrow_reason(p, 4, 30) == ""
+
+
+async def test_a_model_reading_one_file_over_and_over_is_narrowed_and_stops(env, store, llm_env):
+    script = TurnScript([turn(("read_baseline", {})) for _ in range(30)])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 3}),
+                            "llm-rereading")
+            res = await h.result()
+        turns = server.turns()
+    # narrowed after two turns that only read the file again, not after the 8 turns without a submission,
+    # then stopped after 6 narrowed turns without one
+    assert [len(tool_names(s)) for s in turns[:3]] == [11] * 3
+    assert all(tool_names(s) == ["submit_kernel"] for s in turns[3:])
+    assert "only made the calls of the turn before again" in turns[3].body["messages"][-1]["content"]
+    assert res.stopped_by == "exhausted" and res.iterations == 0
+    assert len(turns) == res.used.turns == 9, len(turns)
+    assert "brought nothing new in 6 turns in a row" in res.stop_reason, res.stop_reason
+
+
 async def test_a_narrowed_model_that_submits_gets_every_tool_back(env, store, llm_env):
     script = TurnScript([turn(submit(0))] + [turn(("compile", {})) for _ in range(3)]
                         + [turn(submit(1)), turn(("read_baseline", {})), turn(submit(2))])

@@ -111,6 +111,8 @@ class LlmProgress(Strict):
     last_stall: str = ""  # what the latest stalled turn did, in words
     stop_reason: str = ""  # set when the model's turns end the run: why, in words
     turns: list[TurnView] = Field(default_factory=list)  # the latest few turns, the current one last
+    answered: list[str] = Field(default_factory=list)  # the signatures of the latest turn's calls that succeeded
+    repeating: int = 0  # consecutive turns that made only the answered calls of the turn before again
 
 
 class LlmToolRequest(Strict):
