@@ -165,10 +165,23 @@ async def watch(client, wid: str, interval: float = 1.0, out=sys.stdout) -> RunR
             trouble = failed
         await asyncio.sleep(interval)
     res = await h.result()
+    for line in await _turns_since_last_poll(client, wid, turns):
+        print(f"      {line}", file=out, flush=True)
     if seen is None or seen[0] != res.iterations:  # the run ended between two polls: its last row
         print(f"{res.iterations:>5} {'done':<13} {fmt_best(res.best):<58} {fmt_last(_last_record(res))}", file=out,
               flush=True)
     return res
+
+
+async def _turns_since_last_poll(client, wid: str, turns: TurnPrinter) -> list[str]:
+    """The lines of the turns a finished run made after watch's last poll (a run that ends between two polls,
+    or all of it on a fast endpoint): from its status, which a worker still answers for a while; [] where
+    none does, or for a search run."""
+    try:
+        st = await query_status(client, wid, timeout=3)
+    except UsageError:
+        return []
+    return turns.new_lines([v for v in st.llm.turns if v.replied], time.time()) if st.llm is not None else []
 
 
 def _last_record(res: RunResult):

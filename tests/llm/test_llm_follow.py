@@ -98,3 +98,23 @@ def test_watch_says_a_turn_is_waiting_for_a_slow_model_once():
     done = replied.model_copy(update={"calls": [CallView(name="compile", verdict="compiled (interpreter)")]})
     assert p.new_lines([done], now=1102.0) == ["  compile: compiled (interpreter)"]
     assert p.new_lines([done], now=1103.0) == []
+
+
+async def test_watch_shows_the_turns_of_a_run_that_ended_before_it_looked(env, store, llm_env):
+    # a fast endpoint's run can end between two polls (or before watch starts): its last turns still show
+    from cli.query import watch
+
+    script = TurnScript([turn(("read_baseline", {})), turn(submit(1))])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 1}),
+                            "llm-watch-late")
+            await h.result()
+            shown = io.StringIO()
+            res = await watch(env.client, h.id, out=shown)
+    lines = shown.getvalue().splitlines()
+    assert res.iterations == 1
+    assert any(ln.startswith("      turn 1: read_baseline (") for ln in lines), lines
+    assert any(ln.startswith("      turn 2: submit_kernel (") for ln in lines), lines
+    assert any(ln.startswith("        submit_kernel: iteration 1: ") for ln in lines), lines
