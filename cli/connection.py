@@ -136,7 +136,12 @@ async def run_result(client, wid: str) -> RunResult:
     try:
         return await run_handle(client, wid).result()
     except WorkflowFailureError as e:
-        cause = e.cause
-        how = {"TerminatedError": "was terminated", "CancelledError": "was cancelled",
-               "TimeoutError": "timed out"}.get(type(cause).__name__, "failed")
-        raise RunFailed(f"run {wid} {how}: {getattr(cause, 'message', None) or cause or e}") from None
+        raise run_failed(wid, e) from None
+
+
+def run_failed(wid: str, e) -> RunFailed:
+    """How the run ended without a result (a WorkflowFailureError), in one line."""
+    cause = e.cause
+    how = {"TerminatedError": "was terminated", "CancelledError": "was cancelled",
+           "TimeoutError": "timed out"}.get(type(cause).__name__, "failed")
+    return RunFailed(f"run {wid} {how}: {getattr(cause, 'message', None) or cause or e}")

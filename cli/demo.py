@@ -89,7 +89,8 @@ async def cmd_demo(args) -> int:
             model.stop()
         if server is not None and not started:
             stop_server(server)  # nothing ran on it: the demo leaves no server behind
-    print(f"the demo's worker has stopped: a run started now waits for `marathon worker --role all --address {target}`")
+    print(f"the demo's worker has stopped: a run started now needs a worker (`marathon worker --role all --address "
+          f"{target}`) where no other polls this server")
     if server is not None:
         print(f"the dev server keeps running (pid {server.pid}) so the Web UI stays up; "
               f"stop it with: kill {server.pid}")

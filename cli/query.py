@@ -11,7 +11,8 @@ from pathlib import Path
 
 from workflows.contracts import RunResult
 from workflows.text import INTERPRETER_NOTE, best_text, budget_text, record_text, used_text
-from cli.connection import RunFailed, connect_client, query_run, query_status, run_handle, run_result, status_or_result
+from cli.connection import (RunFailed, connect_client, query_run, query_status, run_failed, run_handle, run_result,
+                            status_or_result)
 from cli.errors import UsageError
 from cli.llm_view import TurnPrinter, endpoint_trouble, turn_lines
 from cli.home import HOME
@@ -202,8 +203,9 @@ async def cmd_watch(args) -> int:
 
     try:
         res = await watch(client, args.id)
-    except WorkflowFailureError as e:
-        raise UsageError(f"run {args.id} failed: {e.cause}")
+    except WorkflowFailureError as e:  # as `status` says it: on stdout, exit status 1
+        print(run_failed(args.id, e))
+        return 1
     print(fmt_end(res))
     return 0
 

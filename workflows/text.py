@@ -16,11 +16,15 @@ def _num(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}"
 
 
+def iterations_text(n: int) -> str:
+    return f"{n:,} iteration{'' if n == 1 else 's'}"
+
+
 def budget_text(budget: Budget) -> str:
     """`30 iterations, 2 h, 50,000 tokens, 600 GPU-s`; fields without a limit are left out."""
     parts = []
     if budget.iterations is not None:
-        parts.append(f"{budget.iterations:,} iterations")
+        parts.append(iterations_text(budget.iterations))
     if budget.hours is not None:
         parts.append(f"{_num(budget.hours)} h")
     if budget.tokens is not None:
@@ -43,7 +47,7 @@ def left_text(budget: Budget, used: Used) -> str:
     """What is left of each limited budget: `18 iterations, 1.60 h`; `no limit` when none is set."""
     parts = []
     if budget.iterations is not None:
-        parts.append(f"{max(0, budget.iterations - used.iterations):,} iterations")
+        parts.append(iterations_text(max(0, budget.iterations - used.iterations)))
     if budget.hours is not None:
         parts.append(f"{max(0.0, budget.hours - used.seconds / 3600):.2f} h")
     if budget.tokens is not None:

@@ -56,8 +56,8 @@ async def test_plain_temporal_cli_drives_the_workflow(env, store):
 ])
 async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(env, store, payload, message, capsys):
     """No validation on the client side here: the workflow itself must fail with one clear message
-    instead of retrying its first task forever or pausing at the first proposal; `marathon status` says
-    that it failed, and why, with a non-zero exit status (a worker is up to answer its query)."""
+    instead of retrying its first task forever or pausing at the first proposal; `marathon status` and
+    `marathon watch` say that it failed, and why, alike, with exit status 1 (a worker is up to answer)."""
     from temporalio.client import WorkflowFailureError
 
     from cli import main
@@ -73,10 +73,15 @@ async def test_bad_input_through_the_plain_temporal_cli_fails_the_run_clearly(en
         with pytest.raises(WorkflowFailureError) as e:
             await asyncio.wait_for(env.client.get_workflow_handle(wid).result(), 30)
         capsys.readouterr()
-        rc = await asyncio.to_thread(main, ["status", wid, "--address", address])
-        out = capsys.readouterr().out.strip().splitlines()
+        said = {}
+        for command in ("status", "watch"):  # both say it the same way
+            rc = await asyncio.to_thread(main, [command, wid, "--address", address])
+            said[command] = (rc, capsys.readouterr().out.strip().splitlines())
     assert message in str(e.value.cause), str(e.value.cause)
+    rc, out = said["status"]
     assert rc == 1 and len(out) == 1 and out[0].startswith(f"run {wid} failed: ") and message in out[0], out
+    rc, out = said["watch"]
+    assert rc == 1 and out[-1] == said["status"][1][0], out
 
 
 def docs_temporal_lines() -> list[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from workflows.contracts import BestRef, Budget, CarriedState, Used
-from workflows.text import evaluation_summary, left_text
+from workflows.text import budget_text, evaluation_summary, left_text
 
 
 def test_left_text_names_each_limited_budget_and_never_goes_below_zero():
@@ -11,6 +11,8 @@ def test_left_text_names_each_limited_budget_and_never_goes_below_zero():
     assert left_text(Budget(iterations=30, hours=2, tokens=5000, gpu_seconds=600), used) == \
         "18 iterations, 1.50 h, 4,000 tokens, 550.0 GPU-s"
     assert left_text(Budget(iterations=10), used) == "0 iterations"
+    assert left_text(Budget(iterations=13), used) == "1 iteration"
+    assert budget_text(Budget(iterations=1)) == "1 iteration" and budget_text(Budget(iterations=2)) == "2 iterations"
     assert left_text(Budget(iterations=None), used) == "no limit"
 
 

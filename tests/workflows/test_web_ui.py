@@ -140,7 +140,7 @@ async def test_gpu_timings_show_as_speedups_with_the_crowned_best_first(env, sto
         last = (await _listed(env.client, query, 1))[0]
         last_summary = await (await env.client.get_workflow_handle(last.id).describe()).static_summary()
     b = res.best
-    progress = r"#6 \w+ \| best [\d.]+x, [\d.]+ ms \(#[1-5]\) \| left 1 iterations"
+    progress = r"#6 \w+ \| best [\d.]+x, [\d.]+ ms \(#[1-5]\) \| left 1 iteration"
     assert re.fullmatch(progress, last_summary), last_summary
     assert not b.interpreter and res.runs == 2 and INTERPRETER_NOTE not in text
     assert f"- best: {b.speedup:.3g}x, {b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms" in text
