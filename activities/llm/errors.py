@@ -88,6 +88,32 @@ def classify(e: Exception, ep: Endpoint | None) -> ApplicationError:
     return ApplicationError(f"{where}: {type(e).__name__}: {msg}", type="LLMError")
 
 
+_TRANSIENT = (408, 409, 429)  # and every 5xx: statuses that waiting may mend
+
+
+def not_a_completion(data: dict, ep: Endpoint) -> ApplicationError:
+    """A 200 reply whose JSON is no Chat Completions reply at all. An error object: a proxy (OpenRouter)
+    answers 200 before its upstream does, so the upstream's failure rides the body with its status as
+    `code`; a transient status is retried as that status would be, any other error pauses the run naming
+    it. JSON without `choices` is some other API's answer (OPENAI_BASE_URL naming another JSON service, or
+    a path of it), which waiting does not change: it pauses naming the setting."""
+    err = data.get("error")
+    if err:
+        text = _body_text(data)[0]
+        code = err.get("code") if isinstance(err, dict) else None
+        status = code if isinstance(code, int) and not isinstance(code, bool) else None
+        if status is not None and (status >= 500 or status in _TRANSIENT):
+            return ApplicationError(f"{ep.where()}: {status} error in a 200 reply: {redact(text, ep)[:600]}",
+                                    type="RateLimited" if status == 429 else "LLMServerError")
+        return ApplicationError(f"{ep.where()}: the endpoint answered 200 with an error instead of a reply: "
+                                f"{redact(text, ep)[:600]}. {FIX_CONFIG}", type="LLMClientError",
+                                non_retryable=True)
+    return ApplicationError(f"{ep.where()}: the reply is JSON but not a Chat Completions reply (it has no "
+                            f"`choices`): {redact(json.dumps(data)[:200], ep)}. OPENAI_BASE_URL names a server that "
+                            f"is not an OpenAI-compatible API, or not its API's root (that usually ends in /v1). "
+                            f"{FIX_CONFIG}", type="LLMClientError", non_retryable=True)
+
+
 # What a refusal says, and what fixes it. Matched on the error's text (and `param` where the server
 # names one): servers word these differently, and some send them as 500s.
 _PARAM_NAMES = ("max_completion_tokens", "max_tokens", "temperature", "seed", "reasoning_effort")
@@ -107,13 +133,18 @@ _CONTEXT = re.compile(r"context[_ ]length[_ ]exceeded|maximum context length|exc
 def _error_text(e) -> tuple[str, str | None, str | None]:
     """(message, param, code) of an endpoint's error body, whatever its shape."""
     body = getattr(e, "body", None)
-    if isinstance(body, dict) and isinstance(body.get("error"), dict):
-        body = body["error"]
     if isinstance(body, dict):
-        m = body.get("message") or body.get("detail") or body.get("error") or json.dumps(body)
-        return str(m), (body.get("param") if isinstance(body.get("param"), str) else None), \
-            (body.get("code") if isinstance(body.get("code"), str) else None)
+        return _body_text(body)
     return str(body if body is not None else getattr(e, "message", e)), None, None
+
+
+def _body_text(body: dict) -> tuple[str, str | None, str | None]:
+    """(message, param, code) of an error body: the object itself or under `error`."""
+    if isinstance(body.get("error"), dict):
+        body = body["error"]
+    m = body.get("message") or body.get("detail") or body.get("error") or json.dumps(body)
+    return str(m), (body.get("param") if isinstance(body.get("param"), str) else None), \
+        (body.get("code") if isinstance(body.get("code"), str) else None)
 
 
 def diagnose(e: Exception) -> tuple[str, dict]:

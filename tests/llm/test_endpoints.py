@@ -253,6 +253,26 @@ def test_a_web_page_for_a_reply_pauses_naming_the_base_url_and_a_cut_off_reply_i
             assert "web page" in e.value.message and "OPENAI_BASE_URL" in e.value.message, e.value.message
 
 
+def test_json_that_is_no_chat_completion_pauses_naming_what_to_check_and_a_garbled_one_is_retried(store, llm_env):
+    # another JSON API behind OPENAI_BASE_URL, or an error sent with a 200: waiting does not change either;
+    # a proxy's upstream failure sent with a 200 (OpenRouter's, its status as the code) and choices in no
+    # readable shape may pass
+    cases = ((Reply(200, {}), False, ("`choices`", "OPENAI_BASE_URL")),
+             (Reply(200, {"object": "list", "data": []}), False, ("`choices`", "OPENAI_BASE_URL")),
+             (Reply(200, {"error": {"message": "model 'gpt-9' not found", "type": "invalid_request_error"}}), False,
+              ("200 with an error", "model 'gpt-9' not found", "MARATHON_MODEL")),
+             (Reply(200, {"error": {"message": "Provider returned error", "code": 502}}), True, ("502",)),
+             (Reply(200, {"error": {"message": "Rate limit exceeded", "code": 429}}), True, ("429",)),
+             (Reply(200, {"id": "x", "choices": []}), True, ("no choices",)))
+    for reply, retried, words in cases:
+        with ChatServer(lambda b, h, r=reply: r) as server:
+            llm_env(server)
+            with pytest.raises(ApplicationError) as e:
+                run_turn(turn_req())
+        assert e.value.non_retryable is not retried, (reply.body, e.value)
+        assert all(w in e.value.message for w in words), (words, e.value.message)
+
+
 def test_a_source_in_the_ledger_is_a_duplicate(store, llm_env):
     rec = IterationRecord(iteration=1, candidate_id=candidate_id(SRC), source_key=store.put_text(SRC),
                           outcome="passed", speedup=1.3, time_ms=0.5, baseline_ms=0.65)
