@@ -7,7 +7,7 @@ import os
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.chat import chat, post
-from activities.llm.context import with_server_context
+from activities.llm.context import get_json, listed_models, with_server_context
 from activities.llm.prompt import context_fit
 from activities.llm.endpoint import PROFILE_ENV, LlmSettings, env_text
 from activities.llm.errors import describe_change
@@ -32,6 +32,9 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
              f"temperature {p.temperature if p.temperature is not None else '(server default)'}, seed "
              f"{p.seed if p.seed is not None else '-'}, reasoning effort {p.reasoning_effort or '-'}, context "
              f"{p.context_tokens or 'unknown'}"]
+    unlisted = _unlisted_model(ep)
+    if unlisted:
+        return False, lines + [unlisted]
     def msgs(s, shrink):  # in text mode the system prompt describes the protocol, as a run's does
         system = "You are checking a connection. Do exactly what the user asks."
         if s.tool_mode == "text":
@@ -124,6 +127,21 @@ _DROPPED_CAUSE = ("cause: the server takes the `tools` of a request and leaves t
                   "llama-server needs --jinja. Fix: start the server so, or set MARATHON_LLM_TOOL_MODE=text "
                   "(the auto tool mode falls back to text by itself)")
 _DROPPED_NATIVE = "; MARATHON_LLM_TOOL_MODE=native keeps the run from falling back"
+
+
+SHOWN_MODELS = 8  # of the models an endpoint lists, named in the line that says the model is not one
+
+
+def _unlisted_model(ep) -> str | None:
+    """The line saying the model named is not among those the endpoint lists at /v1/models, or None (it is,
+    or the endpoint lists none). Some servers answer a request for any model name with the one model they
+    serve (llama-cpp-python's), so a reply alone does not tell. Ollama takes a name without its `:latest`."""
+    ids = listed_models(get_json((ep.base_url or "https://api.openai.com/v1").rstrip("/") + "/models", ep.api_key))
+    if not ids or ep.model in ids or f"{ep.model}:latest" in ids:
+        return None
+    more = f" and {len(ids) - SHOWN_MODELS} more" if len(ids) > SHOWN_MODELS else ""
+    return (f"NOT OK: the endpoint does not list the model {ep.model} at /v1/models; it lists "
+            f"{', '.join(ids[:SHOWN_MODELS])}{more}: set MARATHON_MODEL (or --model) to one of them")
 
 
 def _tools_seen(ep, reply) -> ToolsSeen | None:

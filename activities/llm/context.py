@@ -53,7 +53,15 @@ def from_models(data, model: str) -> int | None:
     return None
 
 
-def _get_json(url: str, key: str):
+def listed_models(data) -> list[str]:
+    """The model ids /v1/models lists; empty where it lists none or not in the OpenAI shape."""
+    items = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(items, list):
+        return []
+    return [m["id"] for m in items if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def get_json(url: str, key: str):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}", "Accept": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=PROBE_SECONDS) as r:
@@ -76,7 +84,7 @@ def server_context(ep: Endpoint) -> int | None:
     root = base[:-3] if base.endswith("/v1") else base
     found = None
     for url, pick in ((root + "/props", from_props), (base + "/models", lambda d: from_models(d, ep.model))):
-        found = pick(_get_json(url, ep.api_key))
+        found = pick(get_json(url, ep.api_key))
         if found:
             break
     with _LOCK:

@@ -316,6 +316,30 @@ def test_llm_check_names_a_bad_setting(llm_env, monkeypatch):
     assert not ok and "MARATHON_LLM_PROFILE='gpt'" in lines[0] and "openai-reasoning" in lines[0]
 
 
+def test_llm_check_says_when_the_endpoint_does_not_list_the_model(llm_env, capsys):
+    from cli import main
+
+    # llama-cpp-python's server answers a request for any model name with the one model it serves
+    with ChatServer(Endpoint("vllm", answer(("read_notebook", {})))) as server:
+        llm_env(server)
+        unlisted_ok, unlisted = llm_check()  # no /v1/models: nothing said of the name
+        server.info["/v1/models"] = ["not", "the", "openai", "shape"]
+        odd_ok, odd = llm_check()
+        server.info["/v1/models"] = {"object": "list", "data": [
+            {"id": "SmolLM2-135M-Instruct", "object": "model"}, {"id": "qwen2.5-coder:latest", "object": "model"}]}
+        assert main(["llm-check"]) == 1
+        wrong = capsys.readouterr().out.splitlines()
+        llm_env(server, model="SmolLM2-135M-Instruct")
+        right_ok, right = llm_check()
+        llm_env(server, model="qwen2.5-coder")  # Ollama's name without its tag
+        tagless_ok, tagless = llm_check()
+    assert wrong[-1] == ("NOT OK: the endpoint does not list the model scripted-model at /v1/models; it lists "
+                         "SmolLM2-135M-Instruct, qwen2.5-coder:latest: set MARATHON_MODEL (or --model) to one of them")
+    assert sum("/v1/models" in line for line in wrong) == 1, wrong
+    for ok, lines in ((unlisted_ok, unlisted), (odd_ok, odd), (right_ok, right), (tagless_ok, tagless)):
+        assert ok and not any("/v1/models" in line for line in lines), lines
+
+
 def test_marathon_llm_check_command(llm_env, capsys):
     from cli import main
 
