@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.chat import chat, post
 from activities.llm.context import get_json, listed_models, with_server_context
 from activities.llm.prompt import context_fit
-from activities.llm.endpoint import PROFILE_ENV, LlmSettings, env_text
+from activities.llm.endpoint import PROFILE_ENV, LlmSettings, env_text, worker_tag
 from activities.llm.errors import describe_change
 from activities.llm.probe import ToolsSeen, answers_seen, tools_seen
 from activities.llm.sources import extract_code
@@ -24,7 +25,7 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     try:
         ep = with_server_context(LlmSettings.from_env(os.environ).endpoint(model, profile))
     except ApplicationError as e:
-        return False, [f"configuration: {e.message}"]
+        return False, [f"configuration: {for_check(e.message)}"]
     p = ep.settings(None)  # the reply cap within a known context
     lines = [f"endpoint: {ep.base_url or 'https://api.openai.com/v1'}, model {ep.model}, profile {p.name}",
              f"settings: {p.token_param}={p.reply_tokens or '(not sent)'}, tool mode {p.tool_mode}, "
@@ -45,7 +46,7 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
     try:
         reply = chat(msgs, ep, [_CHECK_TOOL], must_act=True)
     except ApplicationError as e:
-        return False, lines + [f"FAILED: {e.message}"]
+        return False, lines + [f"FAILED: {for_check(e.message)}"]
     first = reply
     seen = _tools_seen(ep, reply)
     if seen is not None and seen.seen is False and "tool_mode" not in reply.adapted and \
@@ -57,7 +58,7 @@ def llm_check(model: str | None = None, profile: str | None = None) -> tuple[boo
         try:  # what the run's next turns do: the same request in text mode
             reply = chat(msgs, ep, [_CHECK_TOOL], adapted=reply.adapted, must_act=True)
         except ApplicationError as e:
-            return False, lines + [f"FAILED in text tool mode: {e.message}"]
+            return False, lines + [f"FAILED in text tool mode: {for_check(e.message)}"]
     answers = _answers_seen(ep, reply)
     if answers is not None and answers.seen is False and "tool_answers" not in reply.adapted:
         line = describe_change("answers", {"probe": answers.describe()}, {"tool_answers": "user"}, p)
@@ -127,6 +128,18 @@ _DROPPED_CAUSE = ("cause: the server takes the `tools` of a request and leaves t
                   "llama-server needs --jinja. Fix: start the server so, or set MARATHON_LLM_TOOL_MODE=text "
                   "(the auto tool mode falls back to text by itself)")
 _DROPPED_NATIVE = "; MARATHON_LLM_TOOL_MODE=native keeps the run from falling back"
+
+
+# How a run's remedy ends: its worker reads the environment once, when it starts, and a paused run goes
+# on at `marathon resume`. llm-check reads this environment each time it runs and resumes nothing.
+_RUN_REMEDY_END = re.compile(r",? (then )?(restart (it|the (agent )?worker),? (then|and) )?`marathon resume( ID)?`")
+
+
+def for_check(message: str) -> str:
+    """A failure's message, worded for a run and its worker, as llm-check says it: no worker named, the
+    model given by --model, the remedy ending in running llm-check again."""
+    message = message.replace(worker_tag(), "").replace("RunSpec.model", "pass --model")
+    return _RUN_REMEDY_END.sub(", then run `marathon llm-check` again", message)
 
 
 SHOWN_MODELS = 8  # of the models an endpoint lists, named in the line that says the model is not one

@@ -81,11 +81,15 @@ PROFILE_ENV = {"token_param": "MARATHON_LLM_TOKEN_PARAM", "reply_tokens": "MARAT
 _NONE = ("", "none", "off", "unset")
 
 
+def worker_tag() -> str:
+    """This process named as Temporal names a worker (pid@host), as config_error ends its message."""
+    return f" [agent worker {os.getpid()}@{socket.gethostname()}]"
+
+
 def config_error(text: str) -> ApplicationError:
     """A setting of this worker's that no retry mends. The worker is named as Temporal names it (pid@host):
     where several poll one task queue, the one that took the turn may not be the one set up for the run."""
-    return ApplicationError(f"{text} [agent worker {os.getpid()}@{socket.gethostname()}]", type="LLMConfigError",
-                            non_retryable=True)
+    return ApplicationError(f"{text}{worker_tag()}", type="LLMConfigError", non_retryable=True)
 
 
 def _env_value(field_name: str, raw: str):

@@ -4,6 +4,7 @@ like each kind of endpoint: profiles, what adapts and what pauses, reply shapes,
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from temporalio.exceptions import ApplicationError
@@ -338,6 +339,30 @@ def test_llm_check_says_when_the_endpoint_does_not_list_the_model(llm_env, capsy
     assert sum("/v1/models" in line for line in wrong) == 1, wrong
     for ok, lines in ((unlisted_ok, unlisted), (odd_ok, odd), (right_ok, right), (tagless_ok, tagless)):
         assert ok and not any("/v1/models" in line for line in lines), lines
+
+
+def test_llm_check_speaks_of_llm_check_not_of_a_run_or_a_worker(llm_env):
+    unknown = error(404, "The model `gpt-9` does not exist or you do not have access to it.", code="model_not_found")
+    with ChatServer(Endpoint("openai-reasoning", lambda b, h: unknown)) as server:
+        llm_env(server)
+        _, missing = llm_check()
+        llm_env(server, model="")
+        _, unnamed = llm_check()
+        llm_env(server, model="o4-mini").setenv("MARATHON_LLM_TEMPERATURE", "0.2")
+        _, fixed = llm_check()  # a setting a variable fixed, refused: its config error
+    assert "404" in missing[-1] and "MARATHON_LLM_TEMPERATURE" in fixed[-1], (missing, fixed)
+    assert unnamed[-1] == "configuration: no model: set MARATHON_MODEL on the agent worker or pass --model", unnamed
+    for line in (missing[-1], fixed[-1]):
+        assert line.endswith(", then run `marathon llm-check` again."), line
+    for line in (missing[-1], unnamed[-1], fixed[-1]):
+        assert "marathon resume" not in line and f"agent worker {os.getpid()}" not in line, line
+    # every remedy a run's message ends with reads as llm-check's
+    from activities.llm.check import for_check
+
+    for tail in (", restart it, then `marathon resume`.", "; set it, restart the worker, then `marathon resume`",
+                 " (llama.cpp: --jinja), then restart the agent worker and `marathon resume`.",
+                 "MARATHON_LLM_CONTEXT_TOKENS, then `marathon resume ID`."):
+        assert "marathon resume" not in for_check(tail) and "then run `marathon llm-check` again" in for_check(tail)
 
 
 def test_marathon_llm_check_command(llm_env, capsys):
