@@ -29,7 +29,7 @@ from temporalio.exceptions import ActivityError
 with workflow.unsafe.imports_passed_through():
     from workflows import decisions, llm_progress
     from workflows.contracts import (
-        AGENT_QUEUE, BenchReport, Candidate, CarriedState, CompileReport, EvalRequest,
+        AGENT_QUEUE, BenchReport, BestRef, Candidate, CarriedState, CompileReport, EvalRequest,
         IterationRecord, LlmToolRequest, LlmTurnRequest, LlmTurnResult, Phase, ProfileReport, RunSpec,
         StopRequest, ToolCall, ToolResult, VerifyReport,
     )
@@ -275,8 +275,7 @@ async def _submit(wf: Loop, call: ToolCall) -> ToolResult:
     # as recorded: acceptance may have turned "improved" into "passed"; with the run's patches decided at
     # its start, a new best's profile is taken beside its checks (the patch's own marker stays where it was)
     rec, taken = await wf.submit(cand, profile_if_crowned=wf.llm_patches_at_start)
-    b = wf.st.best
-    best = (f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)" if b else "no best yet")
+    best = _best_line(wf.st.best)
     profile = ""
     if patch_on(wf, PROFILE_BESTS_PATCH):
         with_profile = decisions.profile_with_verdict(rec.outcome, rec.interpreter)
@@ -322,15 +321,31 @@ def _distributions_note(b: BenchReport) -> str:
         f"{d.dist} {d.time_ms:.4g} vs {d.baseline_ms:.4g} ms {d.speedup:.3f}x" for d in b.distributions))
 
 
+# Said to the model of a kernel that ran under the interpreter: its times, and the baseline's (torch on the
+# CPU), measure nothing about speed, so their ratio would mislead it.
+INTERPRETER_VERDICT = "under the Triton interpreter no speed is measured (speedups come from a GPU)"
+
+
 def _describe(r: IterationRecord) -> str:
     if r.outcome == "rejected":
         return f"rejected at {r.stage}: {r.reason}"
-    interp = " (interpreter timing)" if r.interpreter else ""
+    if r.interpreter:
+        err = f" (rel err {r.rel_err:.2g})" if r.rel_err is not None else ""
+        return f"passed verification{err}; {INTERPRETER_VERDICT}"
     ci = f" [95% CI {r.speedup_ci[0]:.3f}-{r.speedup_ci[1]:.3f}]" if r.speedup_ci else ""
     worst = f" on {r.deciding_dist}, the worst distribution" if r.deciding_dist else ""
     return (f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms vs baseline {r.baseline_ms:.4g} ms, "
-            f"rel err {r.rel_err:.2g}{interp}{_host_note(r)}" if r.rel_err is not None else
-            f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms{interp}{_host_note(r)}")
+            f"rel err {r.rel_err:.2g}{_host_note(r)}" if r.rel_err is not None else
+            f"{r.outcome}: {r.speedup:.3f}x{ci}{worst}, {r.time_ms:.4g} ms{_host_note(r)}")
+
+
+def _best_line(b: BestRef | None) -> str:
+    """The run's best in a submission's answer; under the interpreter without a speed (INTERPRETER_VERDICT)."""
+    if b is None:
+        return "no best yet"
+    if b.interpreter:
+        return f"current best: {b.candidate_id} (iteration {b.iteration})"
+    return f"current best: {b.candidate_id} {b.speedup:.3f}x ({b.time_ms:.4g} ms)"
 
 
 async def _gpu_tool(wf: Loop, call: ToolCall) -> ToolResult:

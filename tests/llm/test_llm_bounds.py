@@ -6,6 +6,7 @@ cleared, timed kernels bring their profile on a GPU, a new best's taken beside i
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import threading
 import time
@@ -23,6 +24,9 @@ from tests.workflows.helpers import start, until, workers
 from tests import evaluators as synthetic
 from workflows.contracts import BenchReport, BenchRequest, EvalRequest, ProfileReport, RunSpec
 from workflows.optimization import KernelOptimization
+
+
+NO_SPEED = "under the Triton interpreter no speed is measured (speedups come from a GPU)"
 
 
 def submit(i: int):
@@ -201,6 +205,8 @@ async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
     assert f"PROFILE-OF-{candidate_id(src0)}" in bench and "(ncu, memory-bound)" in bench
     (submitted,) = tool_answers(turns[2])
     assert submitted.startswith("iteration 1: improved") and f"PROFILE-OF-{candidate_id(src1)}" in submitted
+    assert re.search(r"improved: \d+\.\d{3}x .*, [\d.]+ ms vs baseline [\d.]+ ms", submitted), submitted
+    assert f"current best: {candidate_id(src1)} " in submitted and NO_SPEED not in submitted
     # a submission that crowns nothing gets its verdict without waiting for a profile, and says how to ask
     (slower,) = tool_answers(turns[3])
     assert slower.startswith("iteration 2: passed") and "PROFILE-OF-" not in slower, slower
@@ -208,6 +214,28 @@ async def test_timed_kernels_bring_their_profile_on_a_gpu(env, store, llm_env):
     # the notebook's rewrite is given what the tools said, not only the submissions
     summary = prompt_text(compactions[-1])
     assert f"- turn 1 benchmark {candidate_id(src0)}: " in summary and f"PROFILE-OF-{candidate_id(src0)}" in summary
+
+
+async def test_a_submission_under_the_interpreter_is_told_it_passed_and_that_no_speed_is_measured(env, store, llm_env):
+    # the synthetic evaluator answers as the interpreter does: a kernel's time and the baseline's (torch on
+    # the CPU) say nothing about speed
+    script = TurnScript([turn(submit(0)), turn(submit(4)), turn(submit(4)), turn(submit(7))])
+    with ChatServer(script) as server:
+        llm_env(server)
+        async with workers(env.client):
+            h = await start(env.client, RunSpec(problem="softmax", policy="llm", budget={"iterations": 3}),
+                            "llm-interp-answers")
+            res = await h.result()
+        turns = server.turns()
+    recs = read_ledger(store, res.ledger_key)
+    assert all(r.interpreter and r.speedup is not None for r in recs)  # the record keeps its ratio
+    first, second, again = (tool_answers(s)[0] for s in turns[1:4])
+    assert first == (f"iteration 1: passed verification (rel err {recs[0].rel_err:.2g}); {NO_SPEED}. "
+                     f"current best: {recs[0].candidate_id} (iteration 1)."), first
+    assert second.startswith("iteration 2: passed verification") and "already evaluated" in again
+    for answer in (first, second, again):
+        assert NO_SPEED in answer and "vs baseline" not in answer, answer
+        assert not re.search(r"\d\.\d{3}x|\d ms", answer), answer
 
 
 BESIDE: dict = {}  # (iteration, "verify" | "profile") -> threading.Event: that check has begun
