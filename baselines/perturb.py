@@ -39,9 +39,12 @@ def normal_like(t, generator, dtype=None):
 
 
 def _one_pass(t) -> bool:
-    """Whether t's law runs as one kernel pass: a contiguous CUDA tensor whose element indices fit the
-    draws' 32-bit counters."""
-    return t.is_cuda and t.is_contiguous() and t.numel() < 1 << 32
+    """Whether t's law runs as one kernel pass: a contiguous, non-empty CUDA tensor of a float dtype the
+    kernels load and store, whose element indices fit the draws' 32-bit counters."""
+    import torch
+
+    return (t.is_cuda and t.is_contiguous() and 0 < t.numel() < 1 << 32
+            and t.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64))
 
 
 def _stream(generator) -> int:
