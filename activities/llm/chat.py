@@ -12,7 +12,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.llm.endpoint import Endpoint, Profile, client_for, config_error, redact
 from activities.llm.errors import (FIX_CONFIG, ContextTooSmall, adaptation, classify, context_error,
-                                   describe_change, diagnose)
+                                   describe_change, diagnose, not_a_completion)
 from activities.llm.probe import answers_seen, tools_seen
 from activities.llm.replies import Reply, normalise
 
@@ -245,6 +245,8 @@ def _raw_json(raw, ep: Endpoint) -> dict:
         raise _not_json(raw, ep) from None
     if not isinstance(data, dict):
         raise ApplicationError(f"{ep.where()}: the reply is not a JSON object", type="LLMServerError")
+    if "choices" not in data or data.get("error"):  # another API's answer, or an error sent with a 200
+        raise not_a_completion(data, ep)
     return data
 
 

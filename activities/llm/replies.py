@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from temporalio.exceptions import ApplicationError
 
 from activities.llm.endpoint import Endpoint
-from activities.llm.errors import not_a_completion
 from activities.llm.tools import text_tool_calls
 
 
@@ -72,11 +71,9 @@ def split_reasoning(content: str) -> tuple[str, str]:
 def normalise(data: dict, messages: list[dict], ep: Endpoint) -> Reply:
     """A Chat Completions reply as a Reply, whatever its shape: content as text or parts, arguments as
     a string or an object, reasoning in its own field or in <think> tags, tool calls native or written
-    in the text, usage present or not. Only a reply without choices is an error: JSON without a
-    `choices` field is no Chat Completions reply (errors.not_a_completion); choices in a shape none is
-    read from, a reply garbled on its way, may be transient."""
-    if "choices" not in data or data.get("error"):
-        raise not_a_completion(data, ep)
+    in the text, usage present or not. Only a reply without choices is an error (choices in a shape none
+    is read from, a reply garbled on its way, may be transient; JSON that is no Chat Completions reply at
+    all never reaches here: chat._raw_json)."""
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise ApplicationError(f"{ep.where()}: the reply has no choices", type="LLMServerError")

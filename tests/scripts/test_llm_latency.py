@@ -50,7 +50,8 @@ def test_every_scripted_submission_gets_a_timed_verdict(tmp_path):
     rows = res["submissions"]
     assert [x["kind"] for x in rows] == ["start", "compile-error", "syntax-error", "variant"]
     assert [x["iteration"] for x in rows] == [1, 2, 3, 4]
-    assert rows[0]["outcome"] == "improved" and rows[3]["outcome"] in ("improved", "passed")
+    # under the interpreter an answer names no new best (no speed is measured): the first passed
+    assert rows[0]["outcome"] == "passed" and rows[3]["outcome"] == "passed"
     assert (rows[1]["outcome"], rows[1]["stage"]) == ("rejected", "compile")
     assert (rows[2]["outcome"], rows[2]["stage"]) == ("rejected", "rules")
     for x in rows:

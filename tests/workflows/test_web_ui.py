@@ -17,6 +17,7 @@ from tests import evaluators
 from tests.workflows.helpers import run_id, start, workers
 from tests.workflows.test_cli import marathon
 from cli.query import run_report, watch
+from workflows.text import iterations_text
 from workflows.contracts import AGENT_QUEUE, BenchReport, BenchRequest, RunSpec
 from workflows.optimization import KernelOptimization
 from workflows.text import INTERPRETER_NOTE
@@ -116,7 +117,7 @@ async def test_each_evaluation_is_summarized_with_the_run_s_progress_and_listed_
     assert by_iteration[1].endswith(" | best none yet | left 5 iterations"), by_iteration[1]
     for n in range(2, 6):  # the best so far (its iteration before this one) and what the budget had left
         best, left = by_iteration[n].split(" | ")[1:]
-        assert left == f"left {5 - (n - 1)} iterations", by_iteration[n]
+        assert left == f"left {iterations_text(5 - (n - 1))}", by_iteration[n]
         found = re.fullmatch(r"best [\d.]+ ms \(#(\d+), interpreter\)", best)
         assert found and int(found.group(1)) < n, by_iteration[n]
     assert f"(#{res.best.iteration}, interpreter)" in by_iteration[5] or res.best.iteration == 5
