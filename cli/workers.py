@@ -31,15 +31,30 @@ def shutdown_grace_s(environ) -> float:
     return value
 
 
+def checked_queue(queue: str, source: str) -> str:
+    """`queue` if it is a task queue name (the same rule as a run's gpu_queue), else UsageError naming `source`."""
+    try:
+        RunSpec(problem="softmax", gpu_queue=queue)
+    except ValidationError as e:
+        raise UsageError(f"invalid {source}: {explain(e)}")
+    return queue
+
+
+def worker_queue(flag: str | None, environ) -> str:
+    """The GPU worker's task queue: --gpu-queue, else MARATHON_GPU_QUEUE (empty: unset), else marathon-gpu.
+    A flag given empty is refused, not read as unset: `--gpu-queue "$POOL"` with POOL unset would otherwise
+    put the worker on the shared queue, evaluating runs meant for another pool's GPUs."""
+    if flag is not None:
+        return checked_queue(flag, "--gpu-queue")
+    env = environ.get("MARATHON_GPU_QUEUE", "")
+    return checked_queue(env, "MARATHON_GPU_QUEUE") if env else GPU_QUEUE
+
+
 async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
 
-    queue = args.gpu_queue or os.environ.get("MARATHON_GPU_QUEUE") or GPU_QUEUE
-    try:
-        RunSpec(problem="softmax", gpu_queue=queue)  # the same rule as a run's gpu_queue
-    except ValidationError as e:
-        raise UsageError(f"invalid --gpu-queue: {explain(e)}")
+    queue = worker_queue(args.gpu_queue, os.environ)
     grace = shutdown_grace_s(os.environ)
     gpu_settings = None
     if args.role in ("gpu", "all"):

@@ -1,0 +1,42 @@
+"""The GPU worker's task queue as `marathon worker` takes it: --gpu-queue, MARATHON_GPU_QUEUE, the default."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from cli.errors import UsageError
+from cli.workers import worker_queue
+from tests.workflows.test_cli import MARATHON
+
+
+def test_the_flag_then_the_variable_then_the_shared_queue():
+    assert worker_queue("h100", {"MARATHON_GPU_QUEUE": "h200"}) == "h100"
+    assert worker_queue(None, {"MARATHON_GPU_QUEUE": "h200"}) == "h200"
+    assert worker_queue(None, {"MARATHON_GPU_QUEUE": ""}) == "marathon-gpu"  # empty is unset
+    assert worker_queue(None, {}) == "marathon-gpu"
+
+
+def test_an_empty_flag_is_refused_not_taken_for_the_shared_queue():
+    with pytest.raises(UsageError, match="invalid --gpu-queue: .*got ''"):
+        worker_queue("", {})
+
+
+def test_a_bad_variable_is_named_as_the_variable():
+    with pytest.raises(UsageError, match="invalid MARATHON_GPU_QUEUE: .*got 'a b'"):
+        worker_queue(None, {"MARATHON_GPU_QUEUE": "a b"})
+
+
+@pytest.mark.parametrize("flag, env, message", [
+    (["--gpu-queue", ""], {}, "marathon: error: invalid --gpu-queue: "),
+    ([], {"MARATHON_GPU_QUEUE": "a b"}, "marathon: error: invalid MARATHON_GPU_QUEUE: "),
+])
+def test_the_worker_says_so_in_one_line_before_connecting(flag, env, message):
+    env = {**os.environ, "TEMPORAL_ADDRESS": "127.0.0.1:1", **env}
+    p = subprocess.run(MARATHON + ["worker", "--role", "gpu", *flag], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), p.stderr
