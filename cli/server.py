@@ -79,11 +79,15 @@ def temporal_binary() -> str:
 
 
 def port_open(host: str, port: int) -> bool:
+    """Whether something accepts connections on host:port; any address family, and False (not an error) for
+    a host that does not resolve, so that waiting on a server never ends in a resolver's message."""
     import socket
 
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex((host, port)) == 0
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def lock_database(db: Path) -> int:
@@ -118,16 +122,25 @@ def start_dev_server(port: int, ui_port: int, db: Path, ip: str = "127.0.0.1", h
                   0)
     finally:
         os.close(fd)  # the server's inherited copy keeps the lock
-    deadline = time.time() + 60
-    while not port_open("127.0.0.1" if ip == "0.0.0.0" else ip, port):
+    try:
+        wait_accepting(proc, "127.0.0.1" if ip == "0.0.0.0" else ip, port, log)
+    except BaseException:
+        # the server runs in a session of its own: nothing else would stop it, and it keeps the database's lock
+        stop_server(proc)
+        raise
+    return proc
+
+
+def wait_accepting(proc: subprocess.Popen, host: str, port: int, log: Path | None, timeout: float = 60) -> None:
+    """Until the server `proc` accepts connections on host:port, or UsageError saying why not."""
+    deadline = time.time() + timeout
+    while not port_open(host, port):
         if proc.poll() is not None:
             raise UsageError(f"the dev server exited with status {proc.returncode}" +
                              (f"; see {log}" if log else ""))
         if time.time() > deadline:
-            proc.kill()
-            raise UsageError("the dev server did not start within 60 s")
+            raise UsageError(f"the dev server did not start within {timeout:g} s")
         time.sleep(0.2)
-    return proc
 
 
 def ui_port_of(port: int, ui_port: int | None) -> int:
@@ -201,7 +214,9 @@ async def cmd_dev(args) -> int:
     stop = asyncio.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, stop.set)
-    proc = start_dev_server(args.port, ui_port, db, args.ip, args.headless, lock=lock)
+    # beside the database, where the demo's server logs too: a server that exits says why there
+    log = db.parent / "dev-server.log"
+    proc = start_dev_server(args.port, ui_port, db, args.ip, args.headless, log=log, lock=lock)
     print(f"Temporal dev server on {args.ip}:{args.port}, database {db}")
     if not args.headless:
         print(f"Web UI: http://localhost:{ui_port}")
@@ -213,7 +228,10 @@ async def cmd_dev(args) -> int:
         except asyncio.TimeoutError:
             pass
     stop_server(proc)
-    return 0 if stop.is_set() else (proc.returncode or 1)
+    if stop.is_set():
+        return 0
+    print(f"marathon: error: the dev server exited with status {proc.returncode}; see {log}", file=sys.stderr)
+    return proc.returncode or 1
 
 
 def lock_holder(db: Path) -> dict | None:
