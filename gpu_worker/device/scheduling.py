@@ -167,6 +167,28 @@ class LoadedChildren:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def sweep(self) -> int:
+        """Close the children kept longer than `ttl`; returns how many. put() and take() drop them as well, but
+        only when work comes: without a sweep an idle worker holds them (on CUDA, each with its context)."""
+        now = time.monotonic()
+        with self._lock:
+            old = [e for e in self._kept if now - e[2] > self.ttl]
+            self._kept = [e for e in self._kept if now - e[2] <= self.ttl]
+        for _, sb, _ in old:
+            sb.close()
+        return len(old)
+
+    def sweep_every(self, period: float) -> threading.Thread:
+        """sweep() every `period` seconds on a daemon thread, for as long as the process lives."""
+        def loop():
+            while True:
+                time.sleep(period)
+                self.sweep()
+
+        t = threading.Thread(target=loop, name="loaded-children-sweep", daemon=True)
+        t.start()
+        return t
+
     def shed(self) -> int:
         """Close every kept child (their candidates load afresh at their next stage), freeing their memory
         for a stage retried alone. Returns how many were closed."""
@@ -249,7 +271,10 @@ class Scheduler:
         Warm spares: a candidate child costs seconds to start (torch + Triton imports), and on CUDA a rolling
         population keeps several acquisitions in flight at once. Children handed from one stage to the next:
         room for every candidate in flight on this worker, twice over."""
-        return cls.under(settings, spares=settings.spares, keep=min(32, 2 * settings.gpu_concurrency))
+        sched = cls.under(settings, spares=settings.spares, keep=min(32, 2 * settings.gpu_concurrency))
+        # kept children expire while the worker idles too (a run ended, its queue went quiet)
+        sched.loaded.sweep_every(sched.loaded.ttl / 4)
+        return sched
 
     def pool(self, interpreter: bool, ready: Callable[[Sandbox], None] | None,
              settings: GpuWorkerSettings | None = None) -> SandboxPool:
