@@ -109,6 +109,8 @@ async def cmd_worker(args) -> int:
         print(f"stopping: no new work taken; running activities may take up to {grace:g} s to finish "
               f"(MARATHON_SHUTDOWN_GRACE_S), then are cancelled and retried elsewhere", flush=True)
     await asyncio.gather(*(w.shutdown() for w in workers), return_exceptions=True)
+    if args.role in ("gpu", "all"):
+        await asyncio.to_thread(close_gpu_harness)
     metrics.close()
     for t in done:
         if t is not waiter and t.exception():
@@ -120,6 +122,15 @@ async def cmd_worker(args) -> int:
         if ev.settings.gpu_selftest and ev.selftest_verdict.failed:
             return 1  # the start-up self-test's failure stopped the workers; its line is in the log
     return 0
+
+
+def close_gpu_harness() -> None:
+    """Close the GPU worker's children once its workers have stopped: each removes its scratch directory
+    (verification outputs among it) from MARATHON_GPU_WORKDIR, which outlives the worker, and a reference
+    child first writes the cache entries it queued, so a restarted worker finds them."""
+    from gpu_worker.activities import evaluator
+
+    evaluator().close()
 
 
 async def check_namespace(client) -> None:
