@@ -54,6 +54,9 @@ async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
 
+    if args.role == "agent" and args.gpu_queue is not None:  # a run names its GPU queue; an agent serves every run
+        raise UsageError("--gpu-queue is a GPU worker's (--role gpu or all); an agent worker serves every run, "
+                         "whatever GPU queue the run names")
     queue = worker_queue(args.gpu_queue, os.environ)
     grace = shutdown_grace_s(os.environ)
     gpu_settings = None

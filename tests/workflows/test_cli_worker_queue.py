@@ -29,13 +29,14 @@ def test_a_bad_variable_is_named_as_the_variable():
         worker_queue(None, {"MARATHON_GPU_QUEUE": "a b"})
 
 
-@pytest.mark.parametrize("flag, env, message", [
-    (["--gpu-queue", ""], {}, "marathon: error: invalid --gpu-queue: "),
-    ([], {"MARATHON_GPU_QUEUE": "a b"}, "marathon: error: invalid MARATHON_GPU_QUEUE: "),
+@pytest.mark.parametrize("role, flag, env, message", [
+    ("gpu", ["--gpu-queue", ""], {}, "marathon: error: invalid --gpu-queue: "),
+    ("gpu", [], {"MARATHON_GPU_QUEUE": "a b"}, "marathon: error: invalid MARATHON_GPU_QUEUE: "),
+    ("agent", ["--gpu-queue", "h100"], {}, "marathon: error: --gpu-queue is a GPU worker's"),
 ])
-def test_the_worker_says_so_in_one_line_before_connecting(flag, env, message):
+def test_the_worker_says_so_in_one_line_before_connecting(role, flag, env, message):
     env = {**os.environ, "TEMPORAL_ADDRESS": "127.0.0.1:1", **env}
-    p = subprocess.run(MARATHON + ["worker", "--role", "gpu", *flag], capture_output=True, text=True, env=env,
+    p = subprocess.run(MARATHON + ["worker", "--role", role, *flag], capture_output=True, text=True, env=env,
                        timeout=120)
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
