@@ -128,7 +128,8 @@ def trusted_modules() -> list:
     names = ("gpu_worker.child", "gpu_worker.child.process", "gpu_worker.child.server", "gpu_worker.child.core",
              "gpu_worker.child.inputs", "gpu_worker.child.loading", "gpu_worker.child.verify",
              "gpu_worker.child.exports", "gpu_worker.child.timing", "gpu_worker.child.profile",
-             "gpu_worker.child.reference", "gpu_worker.timing_inputs", "gpu_worker.protocol", "gpu_worker.guard",
+             "gpu_worker.child.reference", "gpu_worker.child.transfers", "gpu_worker.timing_inputs",
+             "gpu_worker.protocol", "gpu_worker.guard",
              "gpu_worker.pins", "gpu_worker.wall", "multiprocessing.connection", "pickle", "time", "os", "threading",
              "hashlib", "math")
     return [sys.modules[n] for n in names if n in sys.modules]

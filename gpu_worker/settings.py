@@ -90,6 +90,9 @@ class GpuWorkerSettings(BaseModel):
     timing_window_s: float = _setting(
         4.0, "once the device is drained for timing, waiting timing blocks run back to back for up to this "
         "many seconds before jobs that asked earlier get the device again", "a number of seconds >= 0", ge=0)
+    retry_beside: int = _setting(
+        0, "a stage that ran out of device memory beside others runs again once at most this many other stages "
+        "run (0: alone, once none runs); none enters while it waits", "an integer >= 0", ge=0)
     device_policy: Literal["owner", "dispatcher"] = _setting(
         "owner", "who schedules the device: `owner` (a timing block drains the jobs when it asks) or `dispatcher` "
         "(blocks batched into windows; jobs admitted only where they end before the next)", "owner or dispatcher")

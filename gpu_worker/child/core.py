@@ -12,6 +12,7 @@ import time
 import traceback
 
 from gpu_worker import protocol, wire
+from gpu_worker.child.transfers import PinnedStaging
 from gpu_worker.guard_torch import mode_stacks
 from gpu_worker.pins import Pins
 
@@ -103,7 +104,7 @@ def _torch_rewrap(torch):
 class ChildCore:
     """The state every part of a child shares, and the commands that make its context."""
 
-    PINNED = ("T", "pins", "watch", "saved")  # by identity, in a candidate's child (pin_trusted)
+    PINNED = ("T", "pins", "watch", "saved", "staging")  # by identity, in a candidate's child (pin_trusted)
 
     def __init__(self, tmp: str, role: str, settings=None):
         """`settings`: the worker's GpuWorkerSettings, as the child's channel carried them (child.main)."""
@@ -166,6 +167,8 @@ class ChildCore:
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
         self.T.update(threads=threading.enumerate, listdir=os.listdir)
         self.pins = Pins(same=_torch_rewrap(torch))
+        # every large copy between host memory and the device goes through it
+        self.staging = PinnedStaging(self.T, self.cuda, self.pins if role == "candidate" else None)
 
     def pin_trusted(self, server, parts: dict, state_classes: tuple) -> None:
         """Before any candidate exists here: what the trusted code calls (gpu_worker.pins), by identity,
@@ -184,13 +187,14 @@ class ChildCore:
         for m in (torch, torch.cuda, torch.nn.functional):
             self.pins.add_module(m)
         for c in (type(server), *(type(p) for p in parts.values()), *state_classes, torch.Tensor, torch.Generator,
-                  timing_inputs.FreshValues, guard.Seal, multiprocessing.connection.Connection):
+                  timing_inputs.FreshValues, guard.Seal, multiprocessing.connection.Connection, PinnedStaging):
             self.pins.add_class(c)
         if self.cuda:
             for c in (torch.cuda.Event, torch.cuda.CUDAGraph, torch.cuda.Stream):
                 self.pins.add_class(c)
         self.pins.add("T", self.T, list(self.T))
         self.pins.add("server", vars(server), list(parts))
+        self.pins.add("staging", vars(self.staging), ["T", "cuda", "pins", "chunk", "buffers", "events"])
         for name, part in parts.items():
             self.pins.add(name, vars(part), list(type(part).PINNED))
         # the modules the trusted code imports later, loaded now: a module planted under one of these names
@@ -282,6 +286,7 @@ class ChildCore:
             import torch
 
             torch.empty(1, device="cuda")
+            self.staging.ready()
             torch.cuda.synchronize()
             self.cuda_ready = True
         return protocol.CudaReady(cuda=self.cuda)

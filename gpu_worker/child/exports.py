@@ -38,7 +38,7 @@ class ChildExports:
         twice per case cost more CPU than the whole verification's GPU time (KDA at T = 8192)."""
         # the copy goes to host memory at once (a device copy per output per case held a prefill
         # verification at ~17 GB and made the device memory the pipeline's bottleneck)
-        snap = {k: self.core.T["to"](v.detach(), "cpu", copy=True) for k, v in outs.items()
+        snap = {k: self.core.staging.download(v.detach()) for k, v in outs.items()
                 if type(v) is __import__("torch").Tensor}
         handles = self._handles(snap, tag)  # an output that is no plain Tensor is reported by out_type_ok
         self._pending.append((tag, outs, snap, handles))
@@ -59,7 +59,8 @@ class ChildExports:
         import torch
 
         for name, v in snap.items():
-            flat = self.core.T["contiguous"](self.core.T["to"](v, "cpu")).reshape(-1)
+            host = self.core.T["contiguous"](v) if v.device.type == "cpu" else self.core.staging.download(v)
+            flat = host.reshape(-1)
             self._to_write.append((self.core.T["view"](flat, torch.uint8), handles[name].path))
 
     def cmd_write_exports(self):
@@ -91,7 +92,7 @@ class ChildExports:
             if any(type(outs.get(name)) is not torch.Tensor for name in snap):
                 changed += [f"{tag}/{name}" for name in snap if type(outs.get(name)) is not torch.Tensor]
             else:  # the buffers as they are now, for write_exports' comparison with the copies
-                self._to_check.append((tag, {name: self.core.T["to"](outs[name].detach(), "cpu", copy=True)
+                self._to_check.append((tag, {name: self.core.staging.download(outs[name].detach())
                                              for name in snap}, snap))
             self._download(snap, handles)
         self._pending = []

@@ -39,15 +39,15 @@ class ChildInputs:
         def fresh(v):
             if not isinstance(v, torch.Tensor):
                 return v
-            return self.core.T["clone"](v) if v.device.type == here else self.core.T["to"](v, self.core.device)
+            return self.core.T["clone"](v) if v.device.type == here else self.core.staging.upload(v, self.core.device)
 
         return {k: fresh(v) for k, v in pre.items()}
 
     def _to_device(self, inp: dict) -> dict:
         import torch
 
-        to, device = self.core.T["to"], self.core.device
-        return {k: (to(v, device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
+        up, device = self.core.staging.upload, self.core.device
+        return {k: (up(v, device) if isinstance(v, torch.Tensor) else v) for k, v in inp.items()}
 
     def cmd_stage(self, cases: list, uncached=None):
         """Cases' inputs into host memory now, from the bank or generated (and banked, by the reference):

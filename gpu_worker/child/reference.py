@@ -107,7 +107,7 @@ class ChildReference:
 
     def _uploaded(self, tensors: dict) -> dict:
         """A cached entry's tensors on this child's device."""
-        return {k: self.core.T["to"](v, self.core.device) for k, v in tensors.items()}
+        return {k: self.core.staging.upload(v, self.core.device) for k, v in tensors.items()}
 
     def _keep_oracle(self, dist: str, seed: int, ref: dict) -> dict:
         cache = self.oracles
@@ -152,7 +152,7 @@ class ChildReference:
             errs = [rel_rms(ref[k], base[k]) for k in self.core.outputs] if baseline else [math.nan]
             if self.case_cache is not None:  # copied off the device now, written on its own thread
                 self.case_cache.put(dist, seed, h, max(errs) if baseline else None,
-                                    {k: self.core.T["to"](v, "cpu") for k, v in ref.items()})
+                                    {k: self.core.staging.download(v) for k, v in ref.items()})
             out.append(protocol.ReferenceCase(dist=dist, seed=seed, hash=h, baseline_err=max(errs),
                                               timing={"inputs": t1 - t0, "oracle": t2 - t1, "baseline": t3 - t2}))
         return protocol.References(cases=out)
@@ -167,7 +167,7 @@ class ChildReference:
             raise ValueError(f"output file {handle.path} holds {os.path.getsize(handle.path)} bytes, "
                              f"expected {nbytes}")
         raw = torch.from_file(handle.path, shared=False, size=nbytes, dtype=torch.uint8)
-        return raw.view(dtype).reshape(handle.shape).to(self.core.device)
+        return self.core.staging.upload(raw, self.core.device).view(dtype).reshape(handle.shape)
 
     def cmd_compare_timed(self, jobs: list, noise_seed: int, dist: str | None = None):
         """Each job: a candidate's output from a timed call that ran on entry `set` of the timing set of

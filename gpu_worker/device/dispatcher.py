@@ -38,9 +38,9 @@ class DeviceDispatcher(ThreadedTurns):
     """See the module's docstring: DispatchTurns' decisions, threaded."""
 
     def __init__(self, max_jobs: int = 4, batch: int = 2, max_wait_s: float = 1.0, window_s: float = 4.0,
-                 mem_gb: float | None = None, durations: Durations | None = None):
+                 mem_gb: float | None = None, durations: Durations | None = None, beside: int = 0):
         super().__init__(DispatchTurns(max_jobs, batch, max_wait_s, window_s, mem_gb, durations,
-                                       Stretches(add_gpu_busy, add_gpu_closed)))
+                                       Stretches(add_gpu_busy, add_gpu_closed)), beside)
 
     batch = property(lambda self: self.turns.batch)
     max_wait_s = property(lambda self: self.turns.max_wait_s)

@@ -27,8 +27,9 @@ block under way then) plus the blocks that asked before it.
 
 Stages (`stage()`: a candidate's compile, verify or benchmark, from its first upload to its last
 comparison) are counted, not turns: they hold no device turn. A stage retried after running out of
-memory (`alone()` on its thread) waits until no other stage of ours runs, and no other stage starts
-beside it until it ends; stages arriving while it waits wait for it.
+memory (`alone()` on its thread) waits until no other stage of ours runs (or, with `retry_beside` N, at
+most N), and no other stage starts beside it until it ends (beyond N); stages arriving while it waits wait
+for it.
 """
 
 from __future__ import annotations
@@ -57,9 +58,10 @@ class ThreadedTurns:
 
     retries_alone = True  # a stage that ran out of memory beside others is run again alone (see alone)
 
-    def __init__(self, turns):
+    def __init__(self, turns, beside: int = 0):
+        """`beside`: the settings' retry_beside (StageTurns)."""
         self.turns = turns
-        self.stages = StageGate()  # stages and the retry alone: counted apart from the turns
+        self.stages = StageGate(beside)  # stages and the retry alone: counted apart from the turns
         self._cv = threading.Condition()
 
     busy_s = property(lambda self: self.turns.stretches.busy_s)
@@ -206,28 +208,29 @@ class ThreadedTurns:
 class DeviceOwner(ThreadedTurns):
     """See the module's docstring: OwnerTurns' decisions, threaded."""
 
-    def __init__(self, max_jobs: int | None = None, window_s: float | None = None):
+    def __init__(self, max_jobs: int | None = None, window_s: float | None = None, beside: int = 0):
         """`max_jobs`: the settings' device_jobs (MARATHON_DEVICE_JOBS); `window_s`: their timing_window_s
-        (MARATHON_TIMING_WINDOW_S); None takes the default."""
+        (MARATHON_TIMING_WINDOW_S); None takes the default; `beside`: their retry_beside."""
         super().__init__(OwnerTurns(DEVICE_JOBS if max_jobs is None else max_jobs,
                                     TIMING_WINDOW_S if window_s is None else window_s,
-                                    Stretches(add_gpu_busy, add_gpu_closed)))
+                                    Stretches(add_gpu_busy, add_gpu_closed)), beside)
 
 
 class StageGate:
     """Stages of candidates, counted (they hold no device turn), and the retry alone of one that ran out of
     memory: see `stage` and `alone`. Apart from the turns, so that every device policy shares it."""
 
-    def __init__(self) -> None:
+    def __init__(self, beside: int = 0) -> None:
         self._cv = threading.Condition()
-        self.turns = StageTurns()  # the decisions (gpu_worker.device.turns)
+        self.turns = StageTurns(beside)  # the decisions (gpu_worker.device.turns)
         self._local = threading.local()  # per thread: stage depth, alone
 
     @contextlib.contextmanager
     def alone(self, on_start: Callable[[], None] | None = None):
         """The calling thread's stages run alone (see stage): for the retry of a stage that ran out of
-        device memory beside others (CandidateChildren.retried_alone). `on_start`: called once no other stage
-        runs, before the stage itself (the worker frees its idle children's memory there)."""
+        device memory beside others (CandidateChildren.retried_alone). `on_start`: called once it may enter
+        (no other stage runs, or no more than `beside`), before the stage itself (the worker frees its idle
+        children's memory there)."""
         before = getattr(self._local, "alone", False), getattr(self._local, "on_alone", None)
         self._local.alone, self._local.on_alone = True, on_start
         try:

@@ -246,11 +246,11 @@ class Scheduler:
     `for_worker(settings)`."""
 
     def __init__(self, spares: int = 1, keep: int = 16, cpus: tuple[set, set] | None = TIMING_CPUS,
-                 max_jobs: int | None = None, timing_window_s: float | None = None, owner=None):
+                 max_jobs: int | None = None, timing_window_s: float | None = None, owner=None, beside: int = 0):
         self.spares = spares
         self.cpus = cpus  # (cores for timed work, cores for everything else), or None
         # when this worker's work goes on the device (DeviceOwner, or a DeviceDispatcher given as `owner`)
-        self.owner = owner if owner is not None else DeviceOwner(max_jobs, timing_window_s)
+        self.owner = owner if owner is not None else DeviceOwner(max_jobs, timing_window_s, beside)
         # a candidate's child goes on from compile to verify to benchmark (see LoadedChildren)
         self.loaded = LoadedChildren(limit=keep)
 
@@ -261,9 +261,10 @@ class Scheduler:
         owner = None
         if settings.device_policy == "dispatcher":
             owner = DeviceDispatcher(max_jobs=settings.device_jobs, batch=settings.timing_batch,
-                                     max_wait_s=settings.timing_max_wait_s, window_s=settings.timing_window_s)
+                                     max_wait_s=settings.timing_max_wait_s, window_s=settings.timing_window_s,
+                                     beside=settings.retry_beside)
         return cls(spares=spares, keep=keep, cpus=timing_cpus(settings.timing_cpus), max_jobs=settings.device_jobs,
-                   timing_window_s=settings.timing_window_s, owner=owner)
+                   timing_window_s=settings.timing_window_s, owner=owner, beside=settings.retry_beside)
 
     @classmethod
     def for_worker(cls, settings: GpuWorkerSettings) -> "Scheduler":

@@ -350,7 +350,7 @@ class StageTurns:
     """StageGate's decisions (see gpu_worker.device.owner): stages counted; one retried alone (after running
     out of memory beside others) enters once no other stage runs, and none enters while it runs or waits.
 
-    `beside` > 0 (a proposal, for the schedule's simulator; StageGate keeps 0): the retried stage waits for
+    `beside` > 0 (the settings' retry_beside; 0 by default): the retried stage waits for
     memory, not for an empty device: it enters once at most `beside` other stages run (the memory they hold
     and the idle children shed, it has what it lacked), none entering while it waits; while it runs, others
     enter while at most `beside` run beside it."""

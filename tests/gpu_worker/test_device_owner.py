@@ -239,6 +239,48 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
         assert owner.stages.turns.stages == 1
 
 
+def test_a_retry_with_retry_beside_enters_beside_that_many_stages():
+    """MARATHON_RETRY_BESIDE=1: the retried stage waits until one other stage runs, not none, sheds the idle
+    children then, and a stage arriving meanwhile waits until the retry ends."""
+    owner = DeviceOwner(beside=1)
+    order, mu = [], threading.Lock()
+
+    def note(x):
+        with mu:
+            order.append(x)
+
+    def stage(name, hold, alone=False):
+        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone else _null()
+        with ctx, owner.stage():
+            note(name + "+")
+            time.sleep(hold)
+            note(name + "-")
+
+    ends = [threading.Event(), threading.Event()]
+
+    def running(end):  # a stage of another candidate, on a thread of its own
+        with owner.stage():
+            end.wait(5)
+
+    others = [start(running, e) for e in ends]
+    time.sleep(0.1)
+    retry = start(stage, "retry", 0.3, True)
+    time.sleep(0.3)
+    assert order == [] and retry.is_alive()  # two run beside: too many
+    late = start(stage, "late", 0.01)
+    time.sleep(0.1)
+    ends[0].set()  # one left beside it: the retry enters, the late stage still waits
+    time.sleep(0.1)
+    assert order == ["shed beside 1", "retry+"]
+    retry.join(5)
+    late.join(5)
+    ends[1].set()
+    for t in others:
+        t.join(5)
+    assert order == ["shed beside 1", "retry+", "retry-", "late+", "late-"]
+    assert owner.stages.turns.stages == 0 and not owner.stages.turns.alone_on
+
+
 def test_a_raising_stage_retried_alone_lets_the_others_go():
     owner = DeviceOwner()
     with pytest.raises(ZeroDivisionError):

@@ -60,6 +60,7 @@ BAD = [
     ("MARATHON_DEVICE_JOBS", "abc", "an integer >= 1"),
     ("MARATHON_DEVICE_JOBS", "0", "an integer >= 1"),
     ("MARATHON_TIMING_WINDOW_S", "-1", "a number of seconds >= 0"),
+    ("MARATHON_RETRY_BESIDE", "-2", "an integer >= 0"),
     ("MARATHON_WALL", "maybe", "on, landlock, seccomp or off"),
     ("MARATHON_GPU_CONCURRENCY", "eight", "an integer >= 1"),
     ("MARATHON_SPARES", "-1", "an integer >= 0"),

@@ -1,0 +1,84 @@
+"""The child's pinned staging (gpu_worker.child.transfers): every byte arrives, in order, whatever the chunk
+boundaries; strided and small tensors take the plain copy. On the CPU the upload's loop runs with
+host tensors for buffers and events that record nothing (what the loop does between them is the subject); on
+a GPU both directions against plain copies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_worker.child import transfers
+from gpu_worker.child.transfers import PinnedStaging
+
+T = {"to": torch.Tensor.to, "copy_": torch.Tensor.copy_, "contiguous": torch.Tensor.contiguous,
+     "view": torch.Tensor.view, "empty": torch.empty}
+
+
+class _Event:
+    """Stands in for a CUDA event on the CPU, where every copy has finished when it returns; counts use."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def record(self):
+        self.log.append("record")
+
+    def synchronize(self):
+        self.log.append("sync")
+
+
+def _cpu_staging(chunk: int, log: list) -> PinnedStaging:
+    st = PinnedStaging(T, cuda=True, chunk=chunk)
+    st.buffers = (torch.full((chunk,), 7, dtype=torch.uint8), torch.full((chunk,), 9, dtype=torch.uint8))
+    st.events = (_Event(log), _Event(log))
+    return st
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("chunk", [1 << 16, 3 * (1 << 16) + 5, 4 << 20])  # a chunk size no element divides too
+def test_a_staged_copy_carries_every_byte(dtype, chunk):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(3, 1 << 17, generator=g) * 10).to(dtype)  # 393,216 elements: past SMALL in each dtype but bool
+    x = x if x.numel() * x.element_size() >= transfers.SMALL else x.repeat(4, 1)
+    log: list = []
+    st = _cpu_staging(chunk, log)
+    up = st.upload(x, "cpu")
+    assert up is not x and up.shape == x.shape and up.dtype == x.dtype and torch.equal(up, x)
+    n = -(-x.numel() * x.element_size() // chunk)
+    assert log.count("record") == n and log.count("sync") == n  # each chunk waits for its buffer, then queues
+    down = st.download(x.t())  # host memory already: a contiguous copy of its own
+    assert down.is_contiguous() and torch.equal(down, x.t()) and down.data_ptr() != x.data_ptr()
+
+
+def test_small_and_strided_tensors_take_the_plain_copy():
+    log: list = []
+    st = _cpu_staging(1 << 16, log)
+    small = torch.arange(10, dtype=torch.float32)
+    strided = torch.randn(1024, 512)[:, ::2]
+    assert torch.equal(st.upload(small, "cpu"), small)
+    up = st.upload(strided, "cpu")
+    assert torch.equal(up, strided) and up.stride() == strided.stride()  # its layout kept
+    assert log == []
+
+
+def test_without_cuda_no_buffers_are_made():
+    st = PinnedStaging(T, cuda=False)
+    st.ready()
+    x = torch.randn(1 << 20)
+    assert torch.equal(st.upload(x, "cpu"), x) and torch.equal(st.download(x), x)
+    assert st.buffers is None
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_staged_copies_equal_plain_ones():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    st = PinnedStaging(T, cuda=True)
+    st.ready()
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 7_000_001, generator=g).to(torch.bfloat16)  # 70 MB: several chunks, a partial last one
+    up = st.upload(x, "cuda")
+    assert torch.equal(up.cpu(), x)
+    back = st.download(up * 2)
+    assert torch.equal(back, (x.cuda() * 2).cpu())
