@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
 
 if TYPE_CHECKING:
     from gpu_worker.child.core import ChildCore
+
+
+#: threads that draw a reference child's cases at once: half the host's cores (compiles and other children
+#: use the rest)
+GENERATION_THREADS = max(1, (os.cpu_count() or 2) // 2)
 
 
 class ChildInputs:
@@ -23,6 +29,7 @@ class ChildInputs:
         self.prefetched: dict = {}  # (dist, seed) -> a case's inputs uploaded ahead (ChildTiming.cmd_prepare)
         self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
         self.prep_timing: dict = {}  # seconds and counts per step of input preparation (_count)
+        self._counting = threading.Lock()  # cases drawn on threads count their steps
 
     def _inputs(self, dist: str, seed: int) -> dict:
         """Fresh device buffers holding one case's inputs."""
@@ -56,9 +63,24 @@ class ChildInputs:
         cached cases instead: ChildReference._stage_cached)."""
         t0 = self.core.T["perf"]()
         cases = uncached(cases) if uncached is not None else cases
-        staged = {(d, s): self._host_inputs(d, s) for d, s in cases}  # (an earlier staging of a case is taken)
+        staged = self.host_inputs(cases)  # (an earlier staging of a case is taken)
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
+
+    def host_inputs(self, cases: list) -> dict:
+        """(dist, seed) -> that case's inputs in host memory (`_host_inputs`). The reference child, which
+        generates them, draws several cases at once on threads of its own (each case has its own generator,
+        so the values are those of a draw alone): the first verification and the first timing sets of an
+        empty host wait for it, about a second a KDA case on one core. A candidate's child reads the bank,
+        and runs no thread of the harness's beside its candidate."""
+        cases = list(dict.fromkeys((d, int(s)) for d, s in cases))
+        threads = min(len(cases), GENERATION_THREADS) if self.core.role == "reference" else 1
+        if threads <= 1:
+            return {c: self._host_inputs(*c) for c in cases}
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads, thread_name_prefix="inputs") as ex:
+            return dict(zip(cases, ex.map(lambda c: self._host_inputs(*c), cases)))
 
     def _host_inputs(self, dist: str, seed: int) -> dict:
         """One case's inputs in host memory. The reference child (trusted) generates them and leaves a
@@ -97,9 +119,12 @@ class ChildInputs:
         return inp
 
     def _count(self, what: str, t0: float) -> None:
-        """Seconds and count per step of input preparation, returned by ChildTiming.cmd_prepare (the phase log)."""
-        self.prep_timing[what] = self.prep_timing.get(what, 0.0) + self.core.T["perf"]() - t0
-        self.prep_timing[what + "-n"] = self.prep_timing.get(what + "-n", 0) + 1
+        """Seconds and count per step of input preparation, returned by ChildTiming.cmd_prepare (the phase log);
+        steps on threads at once (`host_inputs`) add their seconds each."""
+        dt = self.core.T["perf"]() - t0
+        with self._counting:
+            self.prep_timing[what] = self.prep_timing.get(what, 0.0) + dt
+            self.prep_timing[what + "-n"] = self.prep_timing.get(what + "-n", 0) + 1
 
     def _bank_path(self, dist: str, seed: int) -> str | None:
         from baselines.problem import RANDOM_SHAPE

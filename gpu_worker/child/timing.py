@@ -88,7 +88,7 @@ class ChildTiming:
         if cases:
             # uploaded now, before the timing block (the worker holds an untimed device job for this);
             # bounded so that many children at once stay within the device's memory
-            host = {(d, s): inputs._host_inputs(d, s) for d, s in cases}
+            host = inputs.host_inputs(cases)
             nbytes = sum(v.numel() * v.element_size() for inp in host.values() for v in inp.values()
                          if hasattr(v, "element_size"))
             # only small sets wait on the device; larger ones are uploaded case by case during the run
@@ -137,7 +137,10 @@ class ChildTiming:
             self.base_outputs.clear()  # the next timed call of each set fills its entry again
         if pool < 2:
             raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
-        entries = [self.inputs._inputs(dist, int(seed) + k) for k in range(pool)]
+        pool_cases = [(dist, int(seed) + k) for k in range(pool)]
+        # drawn at once (the reference child's threads) and staged, for `_inputs` to take
+        self.inputs._staged.update(self.inputs.host_inputs([c for c in pool_cases if c not in self.inputs.prefetched]))
+        entries = [self.inputs._inputs(*c) for c in pool_cases]
         sets = [({k: (self.core.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self.core._outputs()) for i in range(rotate)]
         fresh = FreshValues(self.core.perturbed, dist, self.core.device, self.core.T["Generator"])

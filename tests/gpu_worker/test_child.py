@@ -155,3 +155,62 @@ def test_autotuning_chosen_during_the_compile_s_warmup_is_forgotten():
     tuner.cache[(300,)] = tuner.configs[1]
     forget_autotuning([k, 3, None])
     assert type(tuner).__name__ == "Autotuner" and tuner.cache == {}
+
+
+def test_the_reference_child_draws_several_cases_at_once_with_the_values_of_draws_alone(tmp_path, monkeypatch):
+    """An empty host's first verification and timing sets wait for the reference child's draws: it makes
+    them on threads of its own, each case with its own generator, so a case's values are those a draw alone
+    makes (a candidate's child, which runs no harness thread beside its candidate, draws one at a time)."""
+    import threading
+
+    import torch
+
+    from gpu_worker import child
+    from gpu_worker.child import inputs as child_inputs
+
+    monkeypatch.setattr(child_inputs, "GENERATION_THREADS", 3)
+    drawn, ref = {}, None
+    for role in ("reference", "candidate"):
+        s = child.Server(str(tmp_path / role), role)
+        if role == "reference":
+            s.cmd_setup("softmax", None)
+            ref = s.core
+        else:  # the problem and shape a load would set, without a candidate
+            s.core.problem, s.core.shape, s.core.make_inputs = ref.problem, ref.shape, ref.problem.make_inputs
+        threads, make = set(), s.core.make_inputs
+
+        def counted(*a, _make=make, _threads=threads, **k):
+            _threads.add(threading.current_thread().name.split("_")[0])
+            return _make(*a, **k)
+
+        s.core.make_inputs = counted
+        dists = s.core.problem.distributions
+        cases = [(d, seed) for seed in range(3) for d in dists]
+        drawn[role] = s.inputs.host_inputs(cases + cases[:1])  # a case asked twice is drawn once
+        assert list(drawn[role]) == cases
+        assert threads == ({"inputs"} if role == "reference" else {"MainThread"}), (role, threads)
+    for c in drawn["reference"]:
+        one, other = drawn["reference"][c], drawn["candidate"][c]
+        assert one.keys() == other.keys() and all(torch.equal(one[k], other[k]) for k in one), c
+
+
+def test_a_candidate_childs_staging_buffers_are_pinned(tmp_path):
+    """The pinned staging's buffers carry every output downloaded from a candidate's child: replacing one
+    (or the staging, or what it copies with) is named, and its own buffers, once made, are not."""
+    import torch
+
+    from gpu_worker import child
+
+    s = child.Server(str(tmp_path), "candidate")
+    st = s.core.staging
+    assert s.pins.changed() == []
+    st.buffers = (torch.zeros(4, dtype=torch.uint8),) * 2
+    assert s.pins.changed() == ["staging.buffers"]
+    st.buffers = None
+    assert s.pins.changed() == []
+    st.cuda, st.chunk = True, 64  # as on a GPU: ready() makes them and pins them again
+    try:
+        st.ready()
+    except (RuntimeError, AssertionError):  # no CUDA here: pinned memory cannot be made
+        return
+    assert s.pins.changed() == []
