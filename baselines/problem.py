@@ -74,6 +74,9 @@ class Problem:
     tolerance_alpha: float = 2.0
     #: names of the outputs that are compared with the oracle, in order
     outputs: tuple[str, ...] = ("out",)
+    #: make_inputs draws only from generators of its own, so cases may be drawn on several threads at once
+    #: (torch's global generator is one per process: a draw from it on two threads interleaves)
+    own_generators: bool = False
 
     @property
     def folder(self) -> Path:

@@ -98,6 +98,8 @@ class KDA(Problem):
         return tuple(n for n in self.outputs if n in specs)
 
     # --- inputs and outputs -------------------------------------------------------------------
+    own_generators = True  # each case from a torch.Generator of its own
+
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         import torch
         import torch.nn.functional as F

@@ -93,6 +93,8 @@ class MLADecode(Problem):
     tolerance_alpha = 2.0
     outputs = ("o",)
 
+    own_generators = True  # each case from a torch.Generator of its own
+
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         return mla_inputs(self.name, shape["Q"], shape["H"], shape["S"], shape["DL"], shape["DR"], distribution,
                           seed, device, cpu)

@@ -48,6 +48,8 @@ class MLAPrefill(Problem):
     tolerance_alpha = 2.0
     outputs = ("o",)
 
+    own_generators = True  # each case from a torch.Generator of its own
+
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         # query i attends to cache rows 0..i: as many cache rows as queries
         return mla_inputs(self.name, shape["N"], shape["H"], shape["N"], shape["DL"], shape["DR"], distribution,

@@ -31,6 +31,8 @@ class Softmax(Problem):
             return {"M": (1, 7, 33), "N": (5, 130, 300)}
         return {"M": (1, 37, 1000, 3001), "N": (5, 130, 1000, 3000, 4096)}
 
+    own_generators = True  # each case from a torch.Generator of its own
+
     def make_inputs(self, shape, distribution, seed, device, cpu=False):
         import torch
 

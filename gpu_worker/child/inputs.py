@@ -69,12 +69,14 @@ class ChildInputs:
 
     def host_inputs(self, cases: list) -> dict:
         """(dist, seed) -> that case's inputs in host memory (`_host_inputs`). The reference child, which
-        generates them, draws several cases at once on threads of its own (each case has its own generator,
-        so the values are those of a draw alone): the first verification and the first timing sets of an
-        empty host wait for it, about a second a KDA case on one core. A candidate's child reads the bank,
-        and runs no thread of the harness's beside its candidate."""
+        generates them, draws several cases at once on threads of its own where the problem draws each case
+        from a generator of its own (Problem.own_generators: the values are those of a draw alone): the
+        first verification and the first timing sets of an empty host wait for it, about a second a KDA
+        case on one core. A candidate's child reads the bank, and runs no thread of the harness's beside
+        its candidate."""
         cases = list(dict.fromkeys((d, int(s)) for d, s in cases))
-        threads = min(len(cases), GENERATION_THREADS) if self.core.role == "reference" else 1
+        own = getattr(self.core.problem, "own_generators", False)  # else they would interleave their draws
+        threads = min(len(cases), GENERATION_THREADS) if self.core.role == "reference" and own else 1
         if threads <= 1:
             return {c: self._host_inputs(*c) for c in cases}
         from concurrent.futures import ThreadPoolExecutor

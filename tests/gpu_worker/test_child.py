@@ -214,3 +214,26 @@ def test_a_candidate_childs_staging_buffers_are_pinned(tmp_path):
     except (RuntimeError, AssertionError):  # no CUDA here: pinned memory cannot be made
         return
     assert s.pins.changed() == []
+
+
+def test_a_problem_drawing_from_torch_s_global_generator_is_drawn_one_case_at_a_time(tmp_path, monkeypatch):
+    """A KernelBench file seeds torch's global generator: drawn on two threads at once, two cases would
+    interleave their draws, so the reference child draws such a problem's cases on its own thread."""
+    import threading
+
+    from gpu_worker import child
+    from gpu_worker.child import inputs as child_inputs
+
+    monkeypatch.setattr(child_inputs, "GENERATION_THREADS", 3)
+    s = child.Server(str(tmp_path), "reference")
+    s.cmd_setup("softmax", None)
+    s.core.problem = type("GlobalDraws", (type(s.core.problem),), {"own_generators": False})()
+    names, make = set(), s.core.make_inputs
+
+    def counted(*a, **k):
+        names.add(threading.current_thread().name)
+        return make(*a, **k)
+
+    s.core.make_inputs = counted
+    s.inputs.host_inputs([(d, seed) for seed in range(3) for d in s.core.problem.distributions])
+    assert names == {"MainThread"}
