@@ -237,3 +237,27 @@ def test_a_problem_drawing_from_torch_s_global_generator_is_drawn_one_case_at_a_
     s.core.make_inputs = counted
     s.inputs.host_inputs([(d, seed) for seed in range(3) for d in s.core.problem.distributions])
     assert names == {"MainThread"}
+
+
+def test_the_reference_child_s_copies_to_and_from_the_device_go_through_its_staging(tmp_path, monkeypatch):
+    """Every copy between host memory and the device goes through the child's pinned staging (on a GPU two
+    pinned buffers; here the plain copies it falls back to): the cases' uploads, the timing pool's, and the
+    oracles' download into the cases' cache."""
+    from gpu_worker import child
+
+    monkeypatch.setenv("MARATHON_CACHE_DIR", str(tmp_path / "cache"))
+    s = child.Server(str(tmp_path / "ref"), "reference")
+    s.cmd_setup("softmax", None)
+    calls = []
+    staging = s.core.staging
+    up, down = staging.upload, staging.download
+    staging.upload = lambda v, device: (calls.append("up"), up(v, device))[1]
+    staging.download = lambda v: (calls.append("down"), down(v))[1]
+    dists = s.core.problem.distributions
+    s.reference.cmd_reference([(dists[0], 0)])
+    n_inputs = len(s.core.problem.make_inputs(s.core.shape, dists[0], 0, "cpu", cpu=True))
+    assert calls.count("up") == n_inputs, calls
+    assert s.reference.case_cache.enabled and calls.count("down") == len(s.core.outputs), calls
+    calls.clear()
+    s.cmd_prepare(rotate=2, pool=2, dist=dists[0], seed=5)
+    assert calls.count("up") == 2 * n_inputs, calls  # the pool's two sets
