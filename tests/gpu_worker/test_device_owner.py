@@ -203,8 +203,9 @@ def test_waits_beat_the_activitys_heartbeat():
     assert len(beats) >= 2  # one per 2 s of waiting
 
 
-def test_a_stage_retried_alone_runs_with_no_other_stage():
-    owner = DeviceOwner()
+def _noted_stages(owner):
+    """(order, stage): `stage(name, hold, alone)` runs a stage of `hold` seconds on the calling thread and
+    notes its start and end in `order`; a stage retried alone notes first how many stages it sheds beside."""
     order, mu = [], threading.Lock()
 
     def note(x):
@@ -212,7 +213,7 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
             order.append(x)
 
     def stage(name, hold, alone=False):
-        # a stage retried alone starts by freeing the idle children's memory: once, with no other stage on
+        # a stage retried alone starts by freeing the idle children's memory: once, as it enters
         ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone else _null()
         with ctx, owner.stage():
             note(name + "+")
@@ -220,6 +221,13 @@ def test_a_stage_retried_alone_runs_with_no_other_stage():
                 pass
             time.sleep(hold)
             note(name + "-")
+
+    return order, stage
+
+
+def test_a_stage_retried_alone_runs_with_no_other_stage():
+    owner = DeviceOwner()
+    order, stage = _noted_stages(owner)
 
     first = owner.stage()
     first.__enter__()  # a stage runs
@@ -243,18 +251,7 @@ def test_a_retry_with_retry_beside_enters_beside_that_many_stages():
     """MARATHON_RETRY_BESIDE=1: the retried stage waits until one other stage runs, not none, sheds the idle
     children then, and a stage arriving meanwhile waits until the retry ends."""
     owner = DeviceOwner(beside=1)
-    order, mu = [], threading.Lock()
-
-    def note(x):
-        with mu:
-            order.append(x)
-
-    def stage(name, hold, alone=False):
-        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone else _null()
-        with ctx, owner.stage():
-            note(name + "+")
-            time.sleep(hold)
-            note(name + "-")
+    order, stage = _noted_stages(owner)
 
     ends = [threading.Event(), threading.Event()]
 
