@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sys
 
 from pydantic import ValidationError
 
@@ -50,6 +51,17 @@ def worker_queue(flag: str | None, environ) -> str:
     return checked_queue(env, "MARATHON_GPU_QUEUE") if env else GPU_QUEUE
 
 
+def warn_llm_settings(env) -> None:
+    """An agent worker starts whatever its llm settings say (a search run needs none), but says at once
+    what is wrong with them: else the first llm-policy run learns it at its first turn, paused."""
+    from activities.llm.endpoint import LlmSettings
+
+    error = LlmSettings.from_env(env).error
+    if error:
+        print(f"marathon: warning: {error}; runs of the llm policy pause at their first turn until it is fixed "
+              "and this worker restarted (search runs are unaffected)", file=sys.stderr, flush=True)
+
+
 async def cmd_worker(args) -> int:
     from workflows.metrics import MetricsConfigError, setup_metrics
     from workflows.client import Unreachable, connect
@@ -59,6 +71,8 @@ async def cmd_worker(args) -> int:
                          "whatever GPU queue the run names")
     queue = worker_queue(args.gpu_queue, os.environ)
     grace = shutdown_grace_s(os.environ)
+    if args.role in ("agent", "all"):
+        warn_llm_settings(os.environ)
     gpu_settings = None
     if args.role in ("gpu", "all"):
         from gpu_worker.settings import GpuWorkerSettings, SettingsError

@@ -41,3 +41,19 @@ def test_the_worker_says_so_in_one_line_before_connecting(role, flag, env, messa
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), p.stderr
+
+
+def test_an_agent_worker_says_at_start_what_is_wrong_with_its_llm_settings():
+    """A search run needs no model endpoint, so the worker starts; the bad variable is named before it
+    connects (here to nothing), where an llm-policy run would learn it only at its first turn, paused."""
+    env = {**os.environ, "TEMPORAL_ADDRESS": "127.0.0.1:1", "MARATHON_LLM_TIMEOUT": "soon"}
+    p = subprocess.run(MARATHON + ["worker", "--role", "agent"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    lines = p.stderr.strip().splitlines()
+    assert lines[0].startswith("marathon: warning: MARATHON_LLM_TIMEOUT, MARATHON_PRICE_IN and MARATHON_PRICE_OUT "
+                               "must be numbers") and "runs of the llm policy pause" in lines[0], p.stderr
+    assert p.returncode == 2 and "127.0.0.1:1" in lines[-1], p.stderr  # then the connection's own error
+    env.pop("MARATHON_LLM_TIMEOUT")
+    p = subprocess.run(MARATHON + ["worker", "--role", "agent"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert "warning" not in p.stderr and p.returncode == 2, p.stderr
