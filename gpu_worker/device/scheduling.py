@@ -135,13 +135,8 @@ class LoadedChildren:
                 self._kept.append((key, sb, time.monotonic()))
             else:
                 drop.append(sb)
-            now = time.monotonic()
-            keep = []
-            for entry in self._kept:
-                if now - entry[2] > self.ttl:
-                    drop.append(entry[1])
-                else:
-                    keep.append(entry)
+            drop += self._expire()
+            keep = list(self._kept)
             same = [e for e in keep if e[0] == key]
             for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
                 keep.remove(e)
@@ -170,13 +165,18 @@ class LoadedChildren:
     def sweep(self) -> int:
         """Close the children kept longer than `ttl`; returns how many. put() and take() drop them as well, but
         only when work comes: without a sweep an idle worker holds them (on CUDA, each with its context)."""
-        now = time.monotonic()
         with self._lock:
-            old = [e for e in self._kept if now - e[2] > self.ttl]
-            self._kept = [e for e in self._kept if now - e[2] <= self.ttl]
-        for _, sb, _ in old:
+            old = self._expire()
+        for sb in old:
             sb.close()
         return len(old)
+
+    def _expire(self) -> list:
+        """With the lock held: the children kept longer than `ttl`, taken out (the caller closes them)."""
+        now = time.monotonic()
+        old = [sb for _, sb, t in self._kept if now - t > self.ttl]
+        self._kept = [e for e in self._kept if now - e[2] <= self.ttl]
+        return old
 
     def sweep_every(self, period: float) -> threading.Thread:
         """sweep() every `period` seconds on a daemon thread, for as long as the process lives."""

@@ -3,6 +3,8 @@ side by side before they are handed out, and the loaded children kept for hand-o
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from gpu_worker.protocol import CudaInit
@@ -79,18 +81,19 @@ def test_pool_readies_spares_before_handing_them_out():
         pool.close()
 
 
+class Child:  # what LoadedChildren uses of a Sandbox
+    def __init__(self):
+        self.closed = False
+
+    def alive(self):
+        return not self.closed
+
+    def close(self):
+        self.closed = True
+
+
 def test_loaded_children_limit_and_age():
     from gpu_worker.device.scheduling import LoadedChildren
-
-    class Child:  # what LoadedChildren uses of a Sandbox
-        def __init__(self):
-            self.closed = False
-
-        def alive(self):
-            return not self.closed
-
-        def close(self):
-            self.closed = True
 
     kept = LoadedChildren(limit=2, ttl=60)
     a, b, c = Child(), Child(), Child()
@@ -142,3 +145,37 @@ def test_shed_spares_are_made_again_at_the_next_acquire():
         assert len(pool._idle) == 1, "the pool fills again after an acquire"
     finally:
         pool.close()
+
+
+def test_sweep_closes_the_children_past_their_ttl():
+    """Loaded children kept between stages expire on an idle worker too, not only when the next stage comes."""
+    from gpu_worker.device.scheduling import LoadedChildren
+
+    kept = LoadedChildren(limit=4, ttl=0.1)
+    a = Child()
+    kept.put("a", a)
+    time.sleep(0.2)
+    assert kept.sweep() == 1 and a.closed and len(kept) == 0
+
+
+def test_an_idle_worker_closes_its_kept_children_without_new_work():
+    from gpu_worker.device.scheduling import LoadedChildren
+
+    kept = LoadedChildren(limit=4, ttl=0.1)
+    a, b = Child(), Child()
+    kept.put("a", a)
+    kept.put("b", b)
+    kept.sweep_every(0.05)
+    deadline = time.monotonic() + 5
+    while not (a.closed and b.closed) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert a.closed and b.closed and len(kept) == 0
+
+
+def test_sweep_keeps_children_within_their_ttl():
+    from gpu_worker.device.scheduling import LoadedChildren
+
+    kept = LoadedChildren(limit=4, ttl=60)
+    a = Child()
+    kept.put("a", a)
+    assert kept.sweep() == 0 and not a.closed and kept.take("a") is a
