@@ -122,9 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="llm policy: the cap on a turn's prompt (estimated tokens), for an endpoint with a smaller "
                         "context")
 
-    c = client_cmd("stop", cmd_stop, "stop a run: finish the step, re-verify the best, return")
+    c = client_cmd("stop", cmd_stop, "stop a run: finish the evaluations under way, re-verify the best, return")
     c.add_argument("id")
     c.add_argument("--reason", default="operator")
+    c.add_argument("--now", action="store_true",
+                   help="cancel the evaluations under way (not recorded) and skip the re-verification")
 
     c = client_cmd("hint", cmd_hint, "steer the proposer: KNOB=value pairs (search), free text (llm)")
     c.add_argument("id")

@@ -14,7 +14,8 @@ from cli.connection import connect_client, run_handle, run_spec_of, update_run
 from cli.errors import UsageError
 from cli.server import register_search_attributes
 from cli.spec import check_hint, is_problem_path, parse_spec, search_space
-from cli.workers import FIRST_TASK_WAIT_S, check_workers_can_run, first_task_taken, unserved_queues
+from cli.workers import (FIRST_TASK_WAIT_S, check_workers_can_run, first_task_taken, gpu_worker_missing,
+                         unserved_queues)
 
 
 def temporal_hints(wid: str, spec: RunSpec, address: str | None = None, namespace: str | None = None) -> list[str]:
@@ -127,7 +128,15 @@ async def _signal(args, name: str, arg=None) -> int:
 
 
 async def cmd_stop(args) -> int:
-    return await _signal(args, "stop", StopRequest(reason=args.reason))
+    rc = await _signal(args, "stop", StopRequest(reason=args.reason, now=args.now))
+    if not args.now:
+        client = await connect_client(args)
+        spec = await run_spec_of(client, args.id)
+        missing = await gpu_worker_missing(client, spec.gpu_queue) if spec is not None else None
+        if missing:  # the stop waits for the evaluations under way, and nothing runs them
+            print(f"note: {missing}; the stop waits for the evaluations under way until then: "
+                  f"`marathon stop {args.id} --now` cancels them", file=sys.stderr)
+    return rc
 
 
 async def cmd_pause(args) -> int:

@@ -93,6 +93,9 @@ class GpuWorkerSettings(BaseModel):
     retry_beside: int = _setting(
         0, "a stage that ran out of device memory beside others runs again once at most this many other stages "
         "run (0: alone, once none runs); none enters while it waits", "an integer >= 0", ge=0)
+    pinned_staging: bool = _setting(
+        False, "children copy tensors of 1 MB or more between host and device through two pinned 16 MB buffers "
+        "each, instead of the driver's pageable copies", _FLAG)
     device_policy: Literal["owner", "dispatcher"] = _setting(
         "owner", "who schedules the device: `owner` (a timing block drains the jobs when it asks) or `dispatcher` "
         "(blocks batched into windows; jobs admitted only where they end before the next)", "owner or dispatcher")

@@ -35,15 +35,10 @@ from baselines.parse import parse as parse_source
 from rules import host_language as host
 from rules import scopes
 from rules import triton_language as tri
-from rules.refusals import NAME_FAMILY, import_rule, name_rule
+from rules.refusals import CONSTRUCTS, NAME_FAMILY, import_rule, name_rule
+from rules.torch_ops import problem_ops
 from workflows.contracts import RuleReport
 
-#: per problem: PyTorch ops that *are* the operator (refused even where the language would list the name)
-PROBLEM_OPS = {
-    "softmax": {"softmax", "log_softmax", "_softmax", "softmin"},
-    "kda": {"scaled_dot_product_attention", "softmax", "triangular_solve", "solve_triangular", "inverse", "linalg"},
-    "mla": {"scaled_dot_product_attention", "softmax", "log_softmax", "logsumexp"},
-}
 #: strings that name a kernel library or the harness
 LIBRARY_STRINGS = ("fla.", "flash_attn", "flashinfer", "xformers", "vllm", "deep_gemm", "flash_mla", "liger_kernel",
                    "tilelang", "baselines.", "gpu_worker")
@@ -52,51 +47,8 @@ ALL_BUILTINS = host.BUILTINS | host.ERRORS | tri.KERNEL_BUILTINS
 HOST_TREE = host.MODULE_MEMBERS
 KERNEL_TREE = tri.KERNEL_MODULE_MEMBERS
 
-HOST_STATEMENTS = (ast.FunctionDef, ast.Assign, ast.Delete, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If,
-                   ast.For, ast.While, ast.Break, ast.Continue, ast.Pass, ast.Expr, ast.Assert, ast.Raise, ast.Import,
-                   ast.ImportFrom)
-KERNEL_STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For, ast.While, ast.Break,
-                     ast.Continue, ast.Pass, ast.Expr, ast.Assert)
-KERNEL_EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call, ast.Constant,
-                      ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List, ast.Tuple, ast.Slice)
-HOST_EXPRESSIONS = KERNEL_EXPRESSIONS + (ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp,
-                                         ast.GeneratorExp, ast.JoinedStr, ast.FormattedValue)
-#: constructs outside the language, each with its rule and the words of its refusal
-CONSTRUCTS = {
-    ast.ClassDef: ("language", "a class statement: write functions (the project builds a problem file's "
-                               "ModelNew around them)"),
-    ast.AsyncFunctionDef: ("language", "'async def': coroutines are outside the language"),
-    ast.Await: ("language", "'await': coroutines are outside the language"),
-    ast.Yield: ("language", "'yield': generator functions are outside the language"),
-    ast.YieldFrom: ("language", "'yield from': generator functions are outside the language"),
-    ast.Lambda: ("language", "a lambda: write a def (a launch grid or a heuristic may be a function)"),
-    ast.NamedExpr: ("language", "':=' is outside the language"),
-    ast.Try: ("fallback", "try/except is not allowed (no fallback paths)"),
-    ast.Global: ("output-cache", "'global' is not allowed (state across calls)"),
-    ast.Nonlocal: ("output-cache", "'nonlocal' is not allowed (state across calls)"),
-    ast.With: ("language", "a 'with' statement is outside the language"),
-    ast.AsyncWith: ("language", "'async with': coroutines are outside the language"),
-    ast.AsyncFor: ("language", "'async for': coroutines are outside the language"),
-    ast.Match: ("language", "'match' is outside the language (its class patterns read attributes by name)"),
-}
-if hasattr(ast, "TryStar"):
-    CONSTRUCTS[ast.TryStar] = CONSTRUCTS[ast.Try]
+HOST_EXPRESSIONS = tri.EXPRESSIONS + host.EXTRA_EXPRESSIONS
 TIMING_NAMES = {n for n, fam in NAME_FAMILY.items() if fam in ("timer", "stream")}
-
-
-def _problem_ops(problem: str) -> set[str]:
-    if problem.startswith("file:"):  # a problem file: the ops its reference calls (baselines/external/reference_ops.py)
-        from baselines.external.reference_ops import reference_ops_for_key
-
-        return set(reference_ops_for_key(problem))
-    if problem.startswith("folder:"):  # a problem folder names its core ops itself (Problem.core_ops)
-        from baselines.registry import get_problem
-
-        return set(getattr(get_problem(problem), "core_ops", ()))
-    for key, ops in PROBLEM_OPS.items():
-        if problem == key or problem.startswith(key + "_"):
-            return ops
-    return set()
 
 
 def _dunder(name: str) -> bool:
@@ -107,25 +59,12 @@ def _describe(node: ast.AST) -> str:
     return type(node).__name__
 
 
-def _bound_names(tree: ast.AST) -> set[str]:
-    """Every name the module binds anywhere: a loaded name outside this set is a builtin."""
-    out = set()
-    for n in ast.walk(tree):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
-            out.add(n.id)
-        elif isinstance(n, ast.arg):
-            out.add(n.arg)
-        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            out.add(n.name)
-    return out
-
-
 class _Walker:
     """One pass over the module, collecting every refusal (rule, line, words)."""
 
     def __init__(self, problem: str, tree: ast.Module):
-        self.ops = _problem_ops(problem)
-        self.bound = _bound_names(tree)
+        self.ops = problem_ops(problem)
+        self.bound = scopes.bound_names(tree)
         self.aliases: dict[str, str] = {}  # a local name -> the dotted module or member an import bound it to
         self.imported: dict[str, set[str]] = {}  # a local name -> every path an import anywhere binds it to
         self.found: list[tuple[bool, int, bool, int, str, str]] = []
@@ -219,7 +158,7 @@ class _Walker:
             self.stmt(s, kernel)
 
     def stmt(self, node: ast.stmt, kernel: bool):
-        allowed = KERNEL_STATEMENTS if kernel else HOST_STATEMENTS
+        allowed = tri.STATEMENTS if kernel else host.STATEMENTS
         if not isinstance(node, allowed):
             rule, what = CONSTRUCTS.get(type(node), ("language", f"a {_describe(node)} statement is outside the "
                                                                  "language"))
@@ -345,7 +284,7 @@ class _Walker:
 
     # expressions -----------------------------------------------------------------------------------------
     def expr(self, node: ast.expr, kernel: bool):
-        allowed = KERNEL_EXPRESSIONS if kernel else HOST_EXPRESSIONS
+        allowed = tri.EXPRESSIONS if kernel else HOST_EXPRESSIONS
         if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load) \
                 and id(node) not in self.callees:
             path = self.path(node)

@@ -9,7 +9,16 @@ and listed here, for a module (MODULE_MEMBERS) or for any other value (VALUE_ATT
 attribute by a string, and no listed name leads to frames, code, globals, modules or the class graph.
 """
 
+import ast
+
 from rules.torch_ops import ALLOWED_TORCH_CALLS
+
+#: the host's statements, and the expressions it has beyond a kernel's (rules/triton_language.py)
+STATEMENTS = (ast.FunctionDef, ast.Assign, ast.Delete, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For,
+              ast.While, ast.Break, ast.Continue, ast.Pass, ast.Expr, ast.Assert, ast.Raise, ast.Import,
+              ast.ImportFrom)
+EXTRA_EXPRESSIONS = (ast.Dict, ast.Set, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp, ast.JoinedStr,
+                     ast.FormattedValue)
 
 #: the modules a candidate may import (and `from __future__ import annotations`)
 IMPORTABLE = ("torch", "triton", "triton.language", "math")

@@ -4,6 +4,7 @@ where it has one, so that a rejection says why: a stream API is `stream`, `torch
 a frame's attribute is `escape`, and a name outside every family is `language`.
 """
 
+import ast
 import sys
 
 from rules.torch_ops import COMPUTE_NAMES
@@ -109,3 +110,24 @@ def import_rule(module: str) -> tuple[str, str]:
         if rule != "language":
             return rule, f"not allowed: {why}"
     return "forbidden-import", "not allowed: allowed are torch, triton, triton.language and math"
+
+#: constructs outside the language, each with its rule and the words of its refusal
+CONSTRUCTS = {
+    ast.ClassDef: ("language", "a class statement: write functions (the project builds a problem file's "
+                               "ModelNew around them)"),
+    ast.AsyncFunctionDef: ("language", "'async def': coroutines are outside the language"),
+    ast.Await: ("language", "'await': coroutines are outside the language"),
+    ast.Yield: ("language", "'yield': generator functions are outside the language"),
+    ast.YieldFrom: ("language", "'yield from': generator functions are outside the language"),
+    ast.Lambda: ("language", "a lambda: write a def (a launch grid or a heuristic may be a function)"),
+    ast.NamedExpr: ("language", "':=' is outside the language"),
+    ast.Try: ("fallback", "try/except is not allowed (no fallback paths)"),
+    ast.Global: ("output-cache", "'global' is not allowed (state across calls)"),
+    ast.Nonlocal: ("output-cache", "'nonlocal' is not allowed (state across calls)"),
+    ast.With: ("language", "a 'with' statement is outside the language"),
+    ast.AsyncWith: ("language", "'async with': coroutines are outside the language"),
+    ast.AsyncFor: ("language", "'async for': coroutines are outside the language"),
+    ast.Match: ("language", "'match' is outside the language (its class patterns read attributes by name)"),
+}
+if hasattr(ast, "TryStar"):
+    CONSTRUCTS[ast.TryStar] = CONSTRUCTS[ast.Try]

@@ -87,3 +87,16 @@ def unbound_names(tree: ast.Module, builtins: frozenset[str]) -> list[tuple[ast.
     for stmt in tree.body:
         visit(stmt, ())
     return found
+
+
+def bound_names(tree: ast.AST) -> set[str]:
+    """Every name the module binds anywhere: a loaded name outside this set is a builtin."""
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del)):
+            out.add(n.id)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+    return out

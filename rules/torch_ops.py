@@ -1,7 +1,7 @@
 """What a candidate's torch may do: allocate, view, copy, cast and fill. The work is its own Triton.
 
 Held at run time by the guard's dispatch mode (ALLOWED_ATEN_OPS, gpu_worker.guard) and, where a name shows
-it, by the static rules (rules.check); told to proposers as TORCH_RULE. Pure data: no torch import.
+it, by the static rules (rules.check); told to proposers as TORCH_RULE. Pure data and its lookups: no torch import.
 """
 
 #: the aten ops a candidate's torch may run (gpu_worker.guard refuses every other one while it runs): they
@@ -76,3 +76,26 @@ COMPUTE_NAMES = frozenset({
     "normalize", "dropout", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "cosine_similarity", "pairwise_distance", "cdist", "embedding", "one_hot",
 })
+
+#: per problem: PyTorch ops that *are* the operator (refused even where the language would list the name)
+PROBLEM_OPS = {
+    "softmax": {"softmax", "log_softmax", "_softmax", "softmin"},
+    "kda": {"scaled_dot_product_attention", "softmax", "triangular_solve", "solve_triangular", "inverse", "linalg"},
+    "mla": {"scaled_dot_product_attention", "softmax", "log_softmax", "logsumexp"},
+}
+
+
+def problem_ops(problem: str) -> set[str]:
+    """The PyTorch ops that are `problem`'s operator: listed above, or read from its file or folder."""
+    if problem.startswith("file:"):  # a problem file: the ops its reference calls (baselines/external/reference_ops.py)
+        from baselines.external.reference_ops import reference_ops_for_key
+
+        return set(reference_ops_for_key(problem))
+    if problem.startswith("folder:"):  # a problem folder names its core ops itself (Problem.core_ops)
+        from baselines.registry import get_problem
+
+        return set(getattr(get_problem(problem), "core_ops", ()))
+    for key, ops in PROBLEM_OPS.items():
+        if problem == key or problem.startswith(key + "_"):
+            return ops
+    return set()

@@ -7,6 +7,7 @@ on any value only the attributes of Triton's tensors, pointers, dtypes and descr
 installed Triton's public names to TL_MEMBERS | TL_REFUSED, so a new Triton's names are a decision.
 """
 
+import ast
 import re
 
 from rules.host_language import TL_DTYPES
@@ -124,3 +125,9 @@ def asm_refusal(asm: str) -> tuple[str, str] | None:
             return "escape", (f"inline PTX instruction {words[0]!r}: inline assembly may only compute on its "
                               "operands (no memory, synchronization or jumps)")
     return None
+
+#: the statements and expressions of a @triton.jit body (any other construct is refused)
+STATEMENTS = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Return, ast.If, ast.For, ast.While, ast.Break,
+              ast.Continue, ast.Pass, ast.Expr, ast.Assert)
+EXPRESSIONS = (ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.IfExp, ast.Compare, ast.Call, ast.Constant,
+               ast.Attribute, ast.Subscript, ast.Starred, ast.Name, ast.List, ast.Tuple, ast.Slice)

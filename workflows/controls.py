@@ -62,13 +62,23 @@ def hint_text(raw: Any) -> str:
 
 
 def stop_request(raw: Any) -> StopRequest:
-    """A stop from `{"reason": "..."}`, or from nothing at all (`reason` defaults to "operator"), or Refused."""
+    """A stop from `{"reason": "...", "now": true}` (either field may be left out: `reason` defaults to
+    "operator", `now` to false), or from nothing at all, or Refused."""
     if raw is not None and not isinstance(raw, dict):
-        raise Refused(f'invalid stop: expected {{"reason": "..."}} or no input, got {_shown(raw)}')
+        raise Refused(f'invalid stop: expected {{"reason": "...", "now": true|false}} or no input, got {_shown(raw)}')
     try:
         return StopRequest.model_validate({} if raw is None else raw)
     except ValidationError as e:
-        raise Refused(f'invalid stop: {explain(e)} (expected {{"reason": "..."}} or no input)') from None
+        raise Refused(f'invalid stop: {explain(e)} (expected {{"reason": "...", "now": true|false}} or no input)'
+                      ) from None
+
+
+def later_stop(current: StopRequest | None, new: StopRequest) -> StopRequest:
+    """The stop in force after `new`: its reason, and `now` once any stop asked for it (a stop under way
+    that cancels what runs does not go back to waiting for it)."""
+    if current is not None and current.now and not new.now:
+        return new.model_copy(update={"now": True})
+    return new
 
 
 def unknown_signal(name: str) -> str:

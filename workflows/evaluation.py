@@ -17,7 +17,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
 with workflow.unsafe.imports_passed_through():
@@ -60,6 +60,10 @@ class Paused(Exception):
         self.reason = reason
 
 
+class Interrupted(Paused):
+    """A stop with `now` came while an activity waited (for a worker, or to end): it was cancelled."""
+
+
 class WorkerGone(Exception):
     """A stage sent to a GPU worker's own queue was not taken within its schedule-to-start timeout: the
     worker that loaded the candidate has gone (its queue dies with it; a restarted worker has a new one)."""
@@ -74,15 +78,31 @@ class Rejected(Exception):
 
 
 async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
-                        summary: str, start_within: timedelta | None = None):
+                        summary: str, start_within: timedelta | None = None, interrupted=None):
     """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
-    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone."""
+    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone.
+    With `interrupted` (a condition), the activity is cancelled, or not scheduled, once it holds: Interrupted."""
+    kw = dict(result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
+              heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary,
+              schedule_to_start_timeout=start_within)
     try:
-        return await workflow.execute_activity(
-            name, arg, result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
-            heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary,
-            schedule_to_start_timeout=start_within)
+        if interrupted is None:
+            return await workflow.execute_activity(name, arg, **kw)
+        if interrupted():
+            raise Interrupted(f"{name} was not run: the run is stopping now")
+        handle = workflow.start_activity(name, arg, **kw)
+        await workflow.wait_condition(lambda: handle.done() or interrupted())
+        if not handle.done():
+            handle.cancel()  # TRY_CANCEL: resolved at once, even where no worker polls the queue
+            try:
+                await handle
+            except (ActivityError, asyncio.CancelledError):
+                pass
+            raise Interrupted(f"{name} was cancelled: the run is stopping now")
+        return await handle
     except ActivityError as e:
+        if is_cancelled_exception(e):
+            raise  # the workflow itself was cancelled (a stop with `now`): it ends cancelled, not paused
         if start_within is not None and isinstance(e.cause, ActivityTimeout) \
                 and e.cause.type == TimeoutType.SCHEDULE_TO_START:
             raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \

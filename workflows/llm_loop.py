@@ -33,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
         IterationRecord, LlmToolRequest, LlmTurnRequest, LlmTurnResult, Phase, ProfileReport, RunSpec,
         StopRequest, ToolCall, ToolResult, VerifyReport,
     )
-    from workflows.evaluation import Paused
+    from workflows.evaluation import Interrupted, Paused
 
 # The model's endpoint is retried by Temporal, not by the client: many attempts for rate limits and
 # server errors (429s carry their own delay), none for client errors (they are non-retryable).
@@ -189,9 +189,9 @@ async def llm_step(wf: Loop) -> bool:
         done = {r.call_id for r in results}
         for call in res.tool_calls:
             if call.call_id not in done:
+                after = "" if isinstance(p, Interrupted) else "; the run paused and resumed. Try again."
                 results.append(ToolResult(call_id=call.call_id, name=call.name, error=True, implicit=call.implicit,
-                                          content=f"not completed: {p.reason}; the run paused and resumed. "
-                                                  f"Try again."))
+                                          content=f"not completed: {p.reason}{after}"))
         wf.st.pending_tool_results = results
         raise
     wf.st.pending_tool_results = results

@@ -20,16 +20,19 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
 
-    from workflows import controls, decisions, run_view
+    from workflows import controls, decisions, run_end, run_view
     from workflows.contracts import (
-        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, Budget, Candidate, CarriedState,
-        CompactRequest, CompactResult, CrownDecision, EvalRequest, EvaluateRequest, Evaluation, EvaluationResult,
-        IterationRecord, LeaderEntry, Phase, ProfileReport, Proposal, ProposeRequest, RunResult, RunSpec, Status,
-        StopRequest, VerifyReport, explain,
+        AGENT_QUEUE, WORKFLOW_TYPE, BestRef, Budget, Candidate, CarriedState, CrownDecision, EvaluateRequest,
+        Evaluation, EvaluationResult, IterationRecord, LeaderEntry, Phase, ProfileReport, Proposal, ProposeRequest,
+        RunResult, RunSpec, Status, StopRequest, explain,
     )
-    from workflows.evaluation import CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Paused, call_activity, call_local
+    from workflows.evaluation import (CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Interrupted, Paused, call_activity,
+                                      call_local)
     from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
     from workflows.text import evaluation_summary, run_details, run_summary
+
+# a GPU activity of the run itself (an llm tool, the best's re-verification) gives way to a stop with `now`
+STOP_NOW_PATCH = "stop-now-cancels-gpu-waits"
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -62,6 +65,8 @@ class KernelOptimization:
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
         self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
+        self.gpu_interruptible = False  # STOP_NOW_PATCH, decided in this run's first activation
+        self.cancelled: list[int] = []  # iterations whose evaluations a stop with `now` cancelled
 
     # ---- the loop ------------------------------------------------------------------------------
     @workflow.run
@@ -70,6 +75,7 @@ class KernelOptimization:
             raise ApplicationError(self.invalid, type="InvalidRunSpec", non_retryable=True)
         if self.spec.policy == "llm":  # decided before the first local activity, as the summary's patch below
             self.llm_patches_at_start = workflow.patched(LLM_AT_START_PATCH)
+        self.gpu_interruptible = workflow.patched(STOP_NOW_PATCH)
         if self.first_run:
             # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo: set
             # whatever the start's memo holds (a replay may see the memo as it is now), and before the first local
@@ -97,6 +103,8 @@ class KernelOptimization:
                 continue
             try:
                 exhausted = await self._step()
+            except Interrupted:
+                continue  # the stop is under way: the loop's top ends the run
             except Paused as p:
                 self._pause(p.reason)
                 continue
@@ -105,14 +113,14 @@ class KernelOptimization:
                 break
             self._account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
-                continue  # the top of the loop says why; _finish compacts, no needless new run
+                continue  # the top of the loop says why; run_end.finish compacts, no needless new run
             if self._time_to_compact():
                 # the evaluations under way go on meanwhile: their results reach the next run
-                await self._compact(final=False)
+                await run_end.compact(self, final=False)
                 await workflow.wait_condition(lambda: self._started() and workflow.all_handlers_finished())
                 self._account_time()
                 workflow.continue_as_new(self.spec.model_copy(update={"carried": self._carry()}))
-        return await self._finish(stopped_by)
+        return await run_end.finish(self, stopped_by)
 
     async def _check_spec(self) -> None:
         """Problem and shape must exist (a registry lookup: I/O, so an activity). A bad one fails the run
@@ -139,6 +147,8 @@ class KernelOptimization:
         as they arrive. Returns True when the proposer has nothing new left and nothing is in flight."""
         if any(e.failure for e in self.evaluations.values()):
             reason = await self._drain()
+            if self._stopping_now():
+                return False  # the loop's top ends the run
             raise Paused(reason or "an evaluation failed")
         await self._record_finished()
         if self._time_to_compact():
@@ -166,7 +176,7 @@ class KernelOptimization:
         # for "any arrived" would return at once while an arrived one waits behind a slower, older one.)
         running = [e for e in self.evaluations.values() if not decisions.settled(e)]
         if running:
-            await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running))
+            await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running) or self._stopping_now())
         return False
 
     def _launch(self, iteration: int, slot: int, cand: Candidate, profile_if_crowned: bool = False) -> None:
@@ -241,7 +251,12 @@ class KernelOptimization:
         infrastructure reasons, discard that one and everything after it (their iteration numbers are
         tried again later, so nothing is recorded twice and no number is skipped). Returns the failure."""
         while self.evaluations:
-            await workflow.wait_condition(lambda: all(decisions.settled(e) for e in self.evaluations.values()))
+            await workflow.wait_condition(lambda: all(decisions.settled(e) for e in self.evaluations.values())
+                                          or self._stopping_now())
+            if self._stopping_now():
+                await self._record_finished()
+                await self._cancel_under_way()
+                return None
             await self._record_finished()
             if not self.evaluations or not all(decisions.settled(e) for e in self.evaluations.values()):
                 continue  # a candidacy at the front was answered: its result comes next
@@ -252,6 +267,21 @@ class KernelOptimization:
             self.evaluations = {}
             return failure
         return None
+
+    def _stopping_now(self) -> bool:
+        return self.stop is not None and self.stop.now
+
+    async def _cancel_under_way(self) -> None:
+        """A stop with `now`: the evaluations not yet recorded are cancelled (their GPU stages with them) and
+        their iterations left unrecorded; a child workflow that has ended meanwhile is let be."""
+        await workflow.wait_condition(self._started)  # the server's confirmation; no worker needed
+        for it, e in sorted(self.evaluations.items()):
+            try:
+                await workflow.get_external_workflow_handle(e.workflow_id).cancel()
+            except Exception:  # noqa: BLE001 - it ended, or never started: nothing left to cancel
+                pass
+            self.cancelled.append(it)
+        self.evaluations = {}
 
     async def _propose(self, first: int, n: int, hints: list[str], taken: list[str] | None = None
                        ) -> list[Proposal]:
@@ -276,10 +306,13 @@ class KernelOptimization:
         Returns the record as recorded (acceptance may have turned "improved" into "passed") and, with
         `profile_if_crowned`, the profile taken beside a new best's checks (None where none was)."""
         self.set_phase("evaluating")
-        self._launch(self.st.iteration + 1, 0, cand, profile_if_crowned)
+        iteration = self.st.iteration + 1
+        self._launch(iteration, 0, cand, profile_if_crowned)
         failure = await self._drain()
         if failure:
             raise Paused(failure)
+        if self.st.iteration < iteration:
+            raise Interrupted("the run stopped before the submission's evaluation ended")
         return self.st.last, self.last_profile
 
     async def _record(self, rec: IterationRecord) -> None:
@@ -308,55 +341,7 @@ class KernelOptimization:
         self._account_time()
         self.publish()
 
-    # ---- compaction and the end ----------------------------------------------------------------
-    async def _compact(self, final: bool, stopped_by: str | None = None) -> None:
-        self.set_phase("compacting")
-        req = CompactRequest(workflow_id=workflow.info().workflow_id, problem=self.spec.problem,
-                             policy=self.spec.policy, model=self.spec.model, run=self.st.runs,
-                             records=self.records, notebook_key=self.st.notebook_key,
-                             notebook_version=self.st.notebook_version, ledger_key=self.st.ledger_key,
-                             best=self.st.best, final=final, adapted=self.st.llm_adapted,
-                             hints=self.st.llm_hints, conversation_key=self.st.conversation_key,
-                             tool_results=self.st.pending_tool_results, stopped_by=stopped_by)
-        while True:
-            try:
-                res = await self.agent("compact_notebook", req, CompactResult, minutes=10)
-                break
-            except Paused as p:
-                # Compaction must happen before continue-as-new; wait for the operator to fix it.
-                self._pause(p.reason)
-                self.set_phase("paused")
-                await self._wait_paused(lambda: not self.st.paused)
-                self.set_phase("compacting")
-        self.st.notebook_key, self.st.notebook_version = res.notebook_key, res.notebook_version
-        self.st.ledger_key = res.ledger_key
-        self.st.used.tokens_in += res.tokens_in
-        self.st.used.tokens_out += res.tokens_out
-        self.records = []
-
-    async def _finish(self, stopped_by: str) -> RunResult:
-        reverified = None
-        if self.st.best is not None and stopped_by == "stop-signal":
-            self.set_phase("reverifying")
-            reverified = await self._reverify_best()
-        if self.records or self.st.ledger_key is None:
-            await self._compact(final=True, stopped_by=stopped_by)
-        self._account_time()
-        self.finished = True
-        self.set_phase("done")
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        return run_view.result(workflow.info().workflow_id, self.spec, self.st, stopped_by, self.stop, reverified)
-
-    async def _reverify_best(self) -> bool:
-        b = self.st.best
-        ev = EvalRequest(problem=self.spec.problem, candidate_id=b.candidate_id, source_key=b.source_key,
-                         shape=self.spec.shape)
-        try:
-            ver = await self.gpu("verify_candidate", ev, VerifyReport, minutes=20)
-            return ver.ok
-        except Paused:
-            return False
-
+    # ---- the end: workflows/run_end.py ------------------------------------------------------
     def _carry(self) -> CarriedState:
         st = self.st.model_copy(deep=True)
         st.runs += 1
@@ -373,7 +358,8 @@ class KernelOptimization:
     async def gpu(self, name: str, arg, result_type, minutes: int):
         """An activity on the run's GPU queue; Paused when it fails for infrastructure reasons."""
         return await call_activity(name, arg, result_type, self.spec.gpu_queue, minutes,
-                                   self.spec.heartbeat_seconds, f"{name} #{self.st.iteration + 1}")
+                                   self.spec.heartbeat_seconds, f"{name} #{self.st.iteration + 1}",
+                                   interrupted=self._stopping_now if self.gpu_interruptible else None)
 
     # ---- operator controls ---------------------------------------------------------------------
     # The updates take their input raw and validate it themselves: even a `dict` or `int` argument that fails to
@@ -416,7 +402,7 @@ class KernelOptimization:
     @workflow.signal
     def stop(self, req: Any = None) -> None:
         try:
-            self.stop = controls.stop_request(req)
+            self.stop = controls.later_stop(self.stop, controls.stop_request(req))
         except controls.Refused as e:
             return self._refuse("stop", str(e))
         workflow.set_current_details(self._details())

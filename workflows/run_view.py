@@ -49,14 +49,14 @@ def status(workflow_id: str, spec: RunSpec, st: CarriedState, phase: str, stop) 
                   llm=st.llm_progress if spec.policy == "llm" else None, gpu_queue=spec.gpu_queue)
 
 
-def result(workflow_id: str, spec: RunSpec, st: CarriedState, stopped_by: str, stop, reverified: bool | None
-           ) -> RunResult:
+def result(workflow_id: str, spec: RunSpec, st: CarriedState, stopped_by: str, stop, reverified: bool | None,
+           cancelled: list[int] | None = None) -> RunResult:
     """The run's result: why it stopped, in the operator's words where a stop or the llm policy gave any."""
     stop_reason = (stop.reason if stop and stopped_by == "stop-signal" else
                    (st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget") else None)
     best = best_summary(st.best)
-    return RunResult(summary=result_summary(st.iteration, stopped_by, stop_reason, best), workflow_id=workflow_id,
+    return RunResult(summary=result_summary(st.iteration, stopped_by, stop_reason, best, len(cancelled or [])), workflow_id=workflow_id,
                      problem=spec.problem, iterations=st.iteration, best=best,
                      best_source_key=st.best.source_key if st.best else None, stopped_by=stopped_by, runs=st.runs,
                      used=st.used, notebook_key=st.notebook_key, ledger_key=st.ledger_key, reverified=reverified,
-                     stop_reason=stop_reason)
+                     stop_reason=stop_reason, cancelled=list(cancelled or []))

@@ -144,7 +144,8 @@ def run_details(spec, st, phase: str, stop) -> str:
     return "\n".join(lines)[:19000]
 
 
-def result_summary(iterations: int, stopped_by: str, stop_reason: str | None, best) -> str:
+def result_summary(iterations: int, stopped_by: str, stop_reason: str | None, best, cancelled: int = 0) -> str:
     """A finished run in one line, first in its result."""
     why = stopped_by + (f" ({stop_reason})" if stop_reason else "")
-    return f"{iterations} iterations, stopped by {why}; best: {best_text(best)}"
+    gone = f", {cancelled} evaluation{'s' * (cancelled != 1)} under way cancelled" if cancelled else ""
+    return f"{iterations} iterations, stopped by {why}{gone}; best: {best_text(best)}"

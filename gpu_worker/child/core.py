@@ -167,8 +167,9 @@ class ChildCore:
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
         self.T.update(threads=threading.enumerate, listdir=os.listdir)
         self.pins = Pins(same=_torch_rewrap(torch))
-        # every large copy between host memory and the device goes through it
-        self.staging = PinnedStaging(self.T, self.cuda, self.pins if role == "candidate" else None)
+        # every large copy between host memory and the device goes through it, where the setting asks
+        self.staging = PinnedStaging(self.T, self.cuda and self.settings.pinned_staging,
+                                     self.pins if role == "candidate" else None)
 
     def pin_trusted(self, server, parts: dict, state_classes: tuple) -> None:
         """Before any candidate exists here: what the trusted code calls (gpu_worker.pins), by identity,

@@ -67,6 +67,11 @@ class ChildInputs:
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
 
+    def stage_more(self, cases: list) -> None:
+        """Those of `cases` not uploaded ahead drawn at once (`host_inputs`) and staged beside what is staged
+        already, for `_inputs` to take: a timing set's pool."""
+        self._staged.update(self.host_inputs([c for c in cases if c not in self.prefetched]))
+
     def host_inputs(self, cases: list) -> dict:
         """(dist, seed) -> that case's inputs in host memory (`_host_inputs`). The reference child, which
         generates them, draws several cases at once on threads of its own where the problem draws each case

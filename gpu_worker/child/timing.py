@@ -138,8 +138,7 @@ class ChildTiming:
         if pool < 2:
             raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
         pool_cases = [(dist, int(seed) + k) for k in range(pool)]
-        # drawn at once (the reference child's threads) and staged, for `_inputs` to take
-        self.inputs._staged.update(self.inputs.host_inputs([c for c in pool_cases if c not in self.inputs.prefetched]))
+        self.inputs.stage_more(pool_cases)  # drawn at once (the reference child's threads)
         entries = [self.inputs._inputs(*c) for c in pool_cases]
         sets = [({k: (self.core.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self.core._outputs()) for i in range(rotate)]

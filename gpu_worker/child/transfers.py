@@ -18,8 +18,8 @@ SMALL = 1 << 20
 
 class PinnedStaging:
     """Uploads and downloads of contiguous tensors through two pinned buffers of `chunk` bytes, made on the
-    first large copy. `T`: the child's trusted references (ChildCore.T). Without CUDA (the interpreter) every
-    copy is a plain one."""
+    first large copy. `T`: the child's trusted references (ChildCore.T). `cuda` false (the interpreter, or
+    MARATHON_PINNED_STAGING off): every copy is a plain one."""
 
     def __init__(self, T: dict, cuda: bool, pins=None, chunk: int = CHUNK):
         """`pins`: a candidate child's (gpu_worker.pins.Pins): the buffers and events, once made, are pinned

@@ -73,6 +73,7 @@ BAD = [
     ("MARATHON_TIMING_CPUS", "-1", "a count (e.g. 2) or cores (e.g. 30,31 or 28-29)"),
     ("MARATHON_GPU_SELFTEST", "maybe", "1 or 0"),
     ("MARATHON_FORCE_INTERPRETER", "2", "1 or 0"),
+    ("MARATHON_PINNED_STAGING", "2", "1 or 0"),
     ("MARATHON_BENCH_BLOCKS", "5.5", "an integer >= 1"),
     ("MARATHON_BENCH_REPS", "0", "an integer >= 1"),
     ("MARATHON_BENCH_BLOCK_MS", "0", "a number of milliseconds > 0"),

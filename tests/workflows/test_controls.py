@@ -47,6 +47,14 @@ def test_hints_and_stops_take_their_documented_bodies_only():
     assert controls.stop_request({"reason": "done"}).reason == "done"
     with pytest.raises(controls.Refused, match="invalid stop"):
         controls.stop_request({"reason": 5})
+    with pytest.raises(controls.Refused, match=r'invalid stop: .*"now": true\|false'):
+        controls.stop_request({"now": "soon"})
+    now = controls.stop_request({"reason": "gpu gone", "now": True})
+    assert now.now and not controls.stop_request(None).now
+    # a later plain stop changes the reason; the stop still cancels what runs rather than waiting for it
+    later = controls.later_stop(now, controls.stop_request({"reason": "really"}))
+    assert later.reason == "really" and later.now
+    assert controls.later_stop(controls.stop_request(None), now) == now
     assert "set_context_tokens is an update" in controls.unknown_signal("set_context_tokens")
     kept = []
     for i in range(controls.REFUSALS_KEPT + 2):

@@ -16,6 +16,9 @@ from workflows.contracts.records import BestRef, BestSummary, IterationRecord, L
 
 class StopRequest(Strict):
     reason: str = "operator"
+    # True: the evaluations under way are cancelled rather than waited for, and the best is not verified
+    # again (a GPU queue that no worker polls never finishes them)
+    now: bool = False
 
 
 class Hint(Strict):
@@ -178,3 +181,5 @@ class RunResult(Strict):
     reverified: bool | None = None
     # the stop signal's reason when stopped_by is "stop-signal"; for exhausted and turn-budget, what the model did
     stop_reason: str | None = None
+    # the iterations whose evaluations a stop with `now` cancelled under way: not recorded
+    cancelled: list[int] = Field(default_factory=list)
