@@ -38,6 +38,10 @@ STICKY_PATCH = "one-worker-per-candidate"
 STICKY_WAIT_HEARTBEATS = 5
 #: ... and a candidate is evaluated again from compile at most this often after its worker went away
 REDOS = 3
+# a stage on a worker's own queue is tried once: its failure (the worker stopped heartbeating, or failed
+# under it) sends the candidate back to compile elsewhere at once, not after retries on a queue nobody may
+# poll (a heartbeat timeout, then five heartbeats' wait for each retry)
+OWN_QUEUE_ONCE_PATCH = "own-queue-stages-once"
 # a would-be best's checks (fresh re-measure, other shapes) run only once the run finds it would crown it
 CROWN_PATCH = "best-checks-when-crowned"
 CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
@@ -50,6 +54,7 @@ PROFILE_PATCH = "profile-beside-best-checks"
 # run instead of failing it: nothing is lost, and `resume` tries the step again once it is fixed.
 RETRY = RetryPolicy(maximum_attempts=5, initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30))
+ONCE = RetryPolicy(maximum_attempts=1)
 
 
 class Paused(Exception):
@@ -78,13 +83,15 @@ class Rejected(Exception):
 
 
 async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
-                        summary: str, start_within: timedelta | None = None, interrupted=None):
+                        summary: str, start_within: timedelta | None = None, interrupted=None, once: bool = False):
     """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
-    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone.
-    With `interrupted` (a condition), the activity is cancelled, or not scheduled, once it holds: Interrupted."""
+    `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone;
+    with `once` too, it is tried once and any failure raises WorkerGone. With `interrupted` (a condition),
+    the activity is cancelled, or not scheduled, once it holds: Interrupted."""
+    once = once and start_within is not None
     kw = dict(result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
-              heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=RETRY, summary=summary,
-              schedule_to_start_timeout=start_within)
+              heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=ONCE if once else RETRY,
+              summary=summary, schedule_to_start_timeout=start_within)
     try:
         if interrupted is None:
             return await workflow.execute_activity(name, arg, **kw)
@@ -108,6 +115,8 @@ async def call_activity(name: str, arg, result_type, queue: str, minutes: int, h
             raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
                 from e
         msg = str(e.cause) if e.cause is not None else str(e)
+        if once:
+            raise WorkerGone(f"{name} failed on {queue}: {decisions.trim(msg, 300)}") from e
         raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
 
@@ -139,6 +148,7 @@ class EvaluateCandidate:
         self.crown_once = workflow.patched(CROWN_PATCH)
         self.together = workflow.patched(TOGETHER_PATCH)
         self.profile_beside = workflow.patched(PROFILE_PATCH)
+        self.own_queue_once = workflow.patched(OWN_QUEUE_ONCE_PATCH)
         self.profile: ProfileReport | None = None  # a new best's, taken beside its checks
         try:
             record, facts = await self.evaluate(req)
@@ -198,7 +208,8 @@ class EvaluateCandidate:
 
         async def gpu(name, arg, result_type, minutes, queue=shared):
             return await call_activity(name, arg, result_type, queue, minutes, req.heartbeat_seconds,
-                                       f"{name} #{req.iteration}", start_within if queue != shared else None)
+                                       f"{name} #{req.iteration}", start_within if queue != shared else None,
+                                       once=self.own_queue_once)
 
         try:
             rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),

@@ -117,8 +117,9 @@ async def test_a_worker_gone_after_compiling_costs_a_new_evaluation_not_a_record
 
 
 async def test_a_worker_gone_in_the_middle_of_a_stage_costs_a_new_evaluation(env, store):
-    """Worker a stops while a verification of one of its candidates runs: the stage's retry waits on a's
-    queue, times out there, and the candidate is evaluated again from compile on worker b."""
+    """Worker a stops while a verification of one of its candidates runs: the stage, tried once on a's own
+    queue, fails there, and the candidate is evaluated again from compile on worker b at once (no retry
+    waiting on a queue nobody polls)."""
     standin_gpu.reset()
     a, b = StandInGpu("a", verify_s=30.0), StandInGpu("b")
     loop = asyncio.get_running_loop()
@@ -139,3 +140,11 @@ async def test_a_worker_gone_in_the_middle_of_a_stage_costs_a_new_evaluation(env
     assert_contiguous(store, res, 1)
     assert [(s, w) for s, _, w, _ in STAGES][:5] == [("compile", "a"), ("verify", "a"), ("compile", "b"),
                                                       ("verify", "b"), ("benchmark", "b")], STAGES
+    from temporalio.api.enums.v1 import EventType
+
+    (child,) = [w async for w in env.client.list_workflows(f'WorkflowId STARTS_WITH "{h.id}-eval-"')]
+    events = (await env.client.get_workflow_handle(child.id).fetch_history()).events
+    on_a = [e for e in events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+            and e.activity_task_scheduled_event_attributes.task_queue.name == a.own]
+    assert len(on_a) == 1 and on_a[0].activity_task_scheduled_event_attributes.retry_policy.maximum_attempts == 1
+    assert not any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT for e in events), "waited on a"
