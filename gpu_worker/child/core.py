@@ -110,6 +110,7 @@ class ChildCore:
         """`settings`: the worker's GpuWorkerSettings, as the child's channel carried them (child.main)."""
         import hashlib
 
+        import numpy
         import torch
 
         from gpu_worker.settings import GpuWorkerSettings
@@ -142,6 +143,8 @@ class ChildCore:
             "contiguous": torch.Tensor.contiguous,
             "view": torch.Tensor.view,
             "empty": torch.empty,
+            "numpy": torch.Tensor.numpy,
+            "copyto": numpy.copyto,
             "urandom": os.urandom,
             "sum": torch.sum,
             "dot": torch.dot,

@@ -4,7 +4,6 @@ reference child), staged in host memory, uploaded, fingerprinted, and compared b
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from typing import TYPE_CHECKING
 

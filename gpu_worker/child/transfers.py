@@ -50,6 +50,11 @@ class PinnedStaging:
 
         return self.T["view"](v.reshape(-1), torch.uint8)
 
+    def _host_copy(self, dst, src) -> None:
+        # on one thread: torch's CPU copy fans out over an OpenMP thread per core in every child, which a
+        # worker with a dozen children at once oversubscribes
+        self.T["copyto"](self.T["numpy"](dst), self.T["numpy"](src))
+
     def upload(self, v, device: str):
         """`v` (host memory) as a new tensor on `device`. The copy is queued: the device's stream orders
         every later use of it, and the host may reuse nothing of `v`'s until the stream is synchronised."""
@@ -62,7 +67,7 @@ class PinnedStaging:
         for i, off in enumerate(range(0, src.numel(), self.chunk)):
             b, w = i % 2, min(self.chunk, src.numel() - off)
             self.events[b].synchronize()  # the buffer's last chunk has left it
-            self.T["copy_"](self.buffers[b][:w], src[off:off + w])
+            self._host_copy(self.buffers[b][:w], src[off:off + w])
             self.T["copy_"](dst[off:off + w], self.buffers[b][:w], non_blocking=True)
             self.events[b].record()  # on the current stream, as the copies
         return out
@@ -92,5 +97,5 @@ class PinnedStaging:
                 queue(i + 1)  # into the other buffer, whose chunk was copied out in the last step
             b, w = i % 2, min(self.chunk, src.numel() - off)
             self.events[b].synchronize()
-            self.T["copy_"](dst[off:off + w], self.buffers[b][:w])
+            self._host_copy(dst[off:off + w], self.buffers[b][:w])
         return out

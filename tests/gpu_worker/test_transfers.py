@@ -5,6 +5,7 @@ a GPU both directions against plain copies."""
 
 from __future__ import annotations
 
+import numpy
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ from gpu_worker.child import transfers
 from gpu_worker.child.transfers import PinnedStaging
 
 T = {"to": torch.Tensor.to, "copy_": torch.Tensor.copy_, "contiguous": torch.Tensor.contiguous,
-     "view": torch.Tensor.view, "empty": torch.empty}
+     "view": torch.Tensor.view, "empty": torch.empty, "numpy": torch.Tensor.numpy, "copyto": numpy.copyto}
 
 
 class _Event:
