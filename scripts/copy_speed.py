@@ -23,17 +23,15 @@ def measure(problem_name: str, reps: int) -> list[str]:
     import torch
 
     from baselines.registry import get_problem
-    from gpu_worker.child.transfers import PinnedStaging
+    from gpu_worker.child.transfers import PinnedStaging, staging_refs
 
-    T = {"to": torch.Tensor.to, "copy_": torch.Tensor.copy_, "contiguous": torch.Tensor.contiguous,
-         "view": torch.Tensor.view, "empty": torch.empty}
     p = get_problem(problem_name)
     shape = p.shapes[0]
     inputs = {k: v for k, v in p.make_inputs(shape, p.distributions[0], 1, "cpu").items() if torch.is_tensor(v)}
     path = f"/dev/shm/copy-speed-{os.getpid()}.pt"
     torch.save(inputs, path)
     nbytes = sum(v.numel() * v.element_size() for v in inputs.values())
-    staging = PinnedStaging(T, cuda=True)
+    staging = PinnedStaging(staging_refs(), cuda=True)
     staging.ready()
     t = time.perf_counter()
     pinned = {k: torch.empty_like(v, pin_memory=True) for k, v in inputs.items()}

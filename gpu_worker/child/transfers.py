@@ -16,6 +16,16 @@ CHUNK = 16 << 20
 SMALL = 1 << 20
 
 
+def staging_refs() -> dict:
+    """The references PinnedStaging calls, for one used outside a child (a script, a test); a child's staging
+    takes them from ChildCore.T, captured before any candidate code."""
+    import numpy
+    import torch
+
+    return {"to": torch.Tensor.to, "copy_": torch.Tensor.copy_, "contiguous": torch.Tensor.contiguous,
+            "view": torch.Tensor.view, "empty": torch.empty, "numpy": torch.Tensor.numpy, "copyto": numpy.copyto}
+
+
 class PinnedStaging:
     """Uploads and downloads of contiguous tensors through two pinned buffers of `chunk` bytes, made on the
     first large copy. `T`: the child's trusted references (ChildCore.T). `cuda` false (the interpreter, or

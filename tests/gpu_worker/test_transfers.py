@@ -5,15 +5,13 @@ a GPU both directions against plain copies."""
 
 from __future__ import annotations
 
-import numpy
 import pytest
 import torch
 
 from gpu_worker.child import transfers
-from gpu_worker.child.transfers import PinnedStaging
+from gpu_worker.child.transfers import PinnedStaging, staging_refs
 
-T = {"to": torch.Tensor.to, "copy_": torch.Tensor.copy_, "contiguous": torch.Tensor.contiguous,
-     "view": torch.Tensor.view, "empty": torch.empty, "numpy": torch.Tensor.numpy, "copyto": numpy.copyto}
+T = staging_refs()
 
 
 class _Event:
