@@ -1,11 +1,12 @@
-"""Copies between host memory and the device through two pinned staging buffers, chunk by chunk.
+"""Copies between host memory and the device through two pinned staging buffers, chunk by chunk, where
+MARATHON_PINNED_STAGING asks (off by default).
 
 A copy from or into pageable memory goes through the driver's own staging at a fraction of the link's speed
-(on an H100: 6.5 GB/s up, 1.4 GB/s down, against about 50 GB/s from or into pinned memory; the copies
-scripts/copy_speed.py makes). Here the copy
-engine moves one chunk into (or out of) one pinned buffer while the CPU copies the other, so a verification's
-uploads and downloads hold the device for about the time the link needs. Pinning a whole case instead costs
-as much host time as it saves, and keeps hundreds of MB per child out of the OS's reach."""
+(on an idle H100: 6.5 GB/s up, 1.4 GB/s down, against about 50 GB/s from or into pinned memory; the copies
+scripts/copy_speed.py makes). Here the copy engine moves one chunk into (or out of) one pinned buffer while
+the CPU copies the other. In a worker with a dozen children at once the staged copies were no faster than
+the plain ones (docs/results.md), hence the default. Pinning a whole case instead costs as much host time as
+it saves, and keeps hundreds of MB per child out of the OS's reach."""
 
 from __future__ import annotations
 
