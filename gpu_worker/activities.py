@@ -172,7 +172,11 @@ class GpuActivities:
     @activity.defn(name="compile_candidate")
     def compile_candidate(self, req: EvalRequest) -> CompileReport:
         rep = _beating(self.ev, "compile", lambda ev, r: ev.compile(r, _heartbeat()), req)
-        return rep.model_copy(update={"worker_queue": self.own_queue}) if rep.ok and self.own_queue else rep
+        # a compile that ends while this worker stops names no queue of its own: the candidate's later
+        # stages go to the shared queue at once rather than wait out their timeout on one nobody polls
+        if rep.ok and self.own_queue and not activity.is_worker_shutdown():
+            return rep.model_copy(update={"worker_queue": self.own_queue})
+        return rep
 
     @activity.defn(name="verify_candidate")
     def verify_candidate(self, req: EvalRequest) -> VerifyReport:

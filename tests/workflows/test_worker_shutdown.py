@@ -1,6 +1,7 @@
 """A stopping worker finishes what it is running: `marathon worker --role gpu` SIGTERMed while a compile is in
 flight (the real GPU worker process under the Triton interpreter, the real dev server) stops taking work,
-lets the compile finish and report on its first attempt, and exits 0; with no grace the compile is cut."""
+lets the compile finish and report on its first attempt, naming no queue of its own (the candidate's later
+stages go to the shared queue), and exits 0; with no grace the compile is cut."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ async def test_a_stopped_gpu_worker_lets_its_running_compile_finish(env, store, 
     outcome, rc, log, attempts = await _compile_under_sigterm(env, store, tmp_path, "60")
     assert isinstance(outcome, CompileReport) and outcome.ok, (outcome, log[-3000:])
     assert attempts == [1], attempts  # finished where it ran, not retried
+    assert outcome.worker_queue is None  # the later stages go to the shared queue, not to this stopped worker
     assert rc == 0 and "stopping: no new work taken; running activities may take up to 60 s" in log, log[-3000:]
 
 
