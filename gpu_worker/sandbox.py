@@ -17,13 +17,12 @@ import os
 import pickle
 import shutil
 import signal
-import tempfile
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Callable
 
-from gpu_worker import protocol, wire
+from gpu_worker import protocol, scratch, wire
 from gpu_worker.caches import triton_cache_dir
 from gpu_worker.forkserver import start_child
 from gpu_worker.settings import CHILD_SETTINGS, GpuWorkerSettings, work_root
@@ -120,7 +119,7 @@ class Sandbox:
         self.settings = (settings or GpuWorkerSettings()).for_device(not interpreter)
         workdir = self.settings.gpu_workdir
         self.mem_limit = int((mem_limit_gb or self.settings.sandbox_mem_gb or default_mem_gb()) * (1 << 30))
-        self.tmp = tempfile.mkdtemp(prefix=f"{role}-", dir=work_root(workdir))
+        self.tmp = scratch.make(role, work_root(workdir))
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
         # a candidate child's guard writes each refusal here at once; the reading end stays in this

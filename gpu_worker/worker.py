@@ -29,7 +29,9 @@ from datetime import timedelta
 
 from temporalio.worker import Worker
 
+from gpu_worker import scratch
 from gpu_worker.activities import GpuActivities, evaluator
+from gpu_worker.settings import work_root
 from gpu_worker.wall import host_summary
 from workflows.contracts import GPU_QUEUE
 
@@ -131,6 +133,10 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     ev = ev if ev is not None else evaluator()
     settings = ev.settings
     print(host_summary(settings.wall), flush=True)
+    gone = scratch.remove_orphans(work_root(settings.gpu_workdir))
+    if gone:
+        print(f"removed the scratch of {len(gone)} children of workers no longer running from "
+              f"{work_root(settings.gpu_workdir)}", flush=True)
     if selftest is None:
         selftest = settings.gpu_selftest
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call
