@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         StopRequest, ToolCall, ToolResult, VerifyReport,
     )
     from workflows.evaluation import Interrupted, Paused
+    from workflows.text import INTERPRETER_VERDICT
 
 # The model's endpoint is retried by Temporal, not by the client: many attempts for rate limits and
 # server errors (429s carry their own delay), none for client errors (they are non-retryable).
@@ -321,11 +322,6 @@ def _distributions_note(b: BenchReport) -> str:
         f"{d.dist} {d.time_ms:.4g} vs {d.baseline_ms:.4g} ms {d.speedup:.3f}x" for d in b.distributions))
 
 
-# Said to the model of a kernel that ran under the interpreter: its times, and the baseline's (torch on the
-# CPU), measure nothing about speed, so their ratio would mislead it.
-INTERPRETER_VERDICT = "under the Triton interpreter no speed is measured (speedups come from a GPU)"
-
-
 def _describe(r: IterationRecord) -> str:
     if r.outcome == "rejected":
         return f"rejected at {r.stage}: {r.reason}"
@@ -377,12 +373,14 @@ async def _gpu_tool(wf: Loop, call: ToolCall) -> ToolResult:
         wf.st.used.gpu_seconds += b.gpu_seconds
         if not b.ok:
             return _answer(call, f"benchmark failed ({b.stage}): {b.reason}", error=True)
+        if b.interpreter:
+            return _answer(call, f"ran under the interpreter; {INTERPRETER_VERDICT}. Not submitted: use "
+                                 f"submit_kernel to make it count.")
         ci = f" [95% CI {b.speedup_ci[0]:.3f}-{b.speedup_ci[1]:.3f}]" if b.speedup_ci else ""
         vs = f"; current best re-timed {b.best_time_ms:.4g} ms" if b.best_time_ms else ""
-        profile = "" if b.interpreter else await _profile_line(wf, ev)
+        profile = await _profile_line(wf, ev)
         return _answer(call, f"{b.time_ms:.4g} ms vs baseline {b.baseline_name} {b.baseline_ms:.4g} ms: "
-                             f"{b.speedup:.3f}x{ci}{vs}{' (interpreter timing)' if b.interpreter else ''}"
-                             f"{_distributions_note(b)}{_host_note(b)}. "
+                             f"{b.speedup:.3f}x{ci}{vs}{_distributions_note(b)}{_host_note(b)}. "
                              f"Not submitted: use submit_kernel to make it count.{profile}")
     wf.set_phase("benchmarking")
     p = await wf.gpu("profile_candidate", ev, ProfileReport, minutes=20)

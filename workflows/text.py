@@ -12,6 +12,19 @@ INTERPRETER_NOTE = ("no GPU: kernels ran under the Triton interpreter on the CPU
                     "95% confidence, so its choices here check the machinery, not the kernels")
 
 
+# Said to a model of a kernel that ran under the interpreter: its times, and the baseline's (torch on the
+# CPU), measure nothing about speed, so their ratio would mislead it.
+INTERPRETER_VERDICT = "under the Triton interpreter no speed is measured (speedups come from a GPU)"
+
+
+def measured_text(r) -> str:
+    """A timed IterationRecord's measurement as a model reads it: its speedup and time, or, under the
+    interpreter, that no speed was measured (a ratio of interpreter timings would mislead it)."""
+    if r.interpreter:
+        return "no speed measured (interpreter)"
+    return f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.time_ms is not None else f"{r.speedup:.3f}x"
+
+
 def _num(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}"
 

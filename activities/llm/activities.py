@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolResult
-from workflows.text import clip
+from workflows.text import INTERPRETER_VERDICT, clip, measured_text
 from activities.llm.calls import parse_calls
 from activities.llm.chat import chat, offered_tools
 from activities.llm.context import with_server_context
@@ -44,7 +44,7 @@ def ledger_index(store: ArtifactStore, ledger_key: str | None) -> dict[str, str]
 
     out: dict[str, str] = {}
     for r in read_ledger(store, ledger_key):
-        what = (f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.speedup is not None and r.time_ms is not None
+        what = (measured_text(r) if r.speedup is not None and r.time_ms is not None
                 else f"rejected at {r.stage}: {clip(r.reason, 200)}")
         out.setdefault(r.candidate_id, f"iteration {r.iteration}: {r.outcome}, {what}")
     with _LEDGER_LOCK:
@@ -166,8 +166,9 @@ class LlmActivities:
                 if b is None:
                     text = "No kernel has passed yet."
                 else:
-                    text = (f"Best: {b.candidate_id} from iteration {b.iteration}: {b.speedup:.3f}x, {b.time_ms:.4g} ms "
-                            f"vs baseline {b.baseline_ms:.4g} ms{' (interpreter timing)' if b.interpreter else ''}\n\n"
+                    measured = INTERPRETER_VERDICT if b.interpreter else \
+                        f"{b.speedup:.3f}x, {b.time_ms:.4g} ms vs baseline {b.baseline_ms:.4g} ms"
+                    text = (f"Best: {b.candidate_id} from iteration {b.iteration}: {measured}\n\n"
                             + store.get_text(b.source_key))
             elif call.name == "diff_against_best":
                 if req.best is None:

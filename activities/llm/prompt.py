@@ -11,7 +11,7 @@ from rules.host_language import LANGUAGE_RULE
 from rules.torch_ops import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import Budget, LlmTurnRequest, Used
-from workflows.text import clip
+from workflows.text import INTERPRETER_VERDICT, clip, measured_text
 from activities.llm.context import endpoint_room, too_small
 from activities.llm.endpoint import Endpoint, Profile
 from activities.llm.errors import ContextTooSmall
@@ -107,11 +107,12 @@ def run_state(req: LlmTurnRequest) -> str:
     lines = ["# Where the run stands"]
     lines.append(f"Baseline time: {req.baseline_ms:.4g} ms" if req.baseline_ms else
                  "Baseline time: not measured yet (the first submission measures it).")
-    if b:
-        interp = " (interpreter timing on CPU, not GPU speed)" if b.interpreter else ""
+    if b and b.interpreter:
+        lines.append(f"Current best: {b.candidate_id} from iteration {b.iteration}; {INTERPRETER_VERDICT}.")
+    elif b:
         worst = f" on {b.deciding_dist}, its worst input distribution" if b.deciding_dist else ""
         lines.append(f"Current best: {b.candidate_id} from iteration {b.iteration}: {b.speedup:.3f}x the "
-                     f"baseline{worst}, {b.time_ms:.4g} ms{interp}. A new best needs a worst speedup over the input "
+                     f"baseline{worst}, {b.time_ms:.4g} ms. A new best needs a worst speedup over the input "
                      f"distributions above the best's with 95% confidence; being slower than the best on a "
                      f"distribution that is not its worst is allowed.")
     else:
@@ -150,8 +151,7 @@ def _records_block(req: LlmTurnRequest) -> str:
         return ""
     lines = ["# Latest submissions"]
     for r in req.recent[-8:]:
-        what = (f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.speedup is not None
-                else f"rejected at {r.stage}: {clip(r.reason, 160)}")
+        what = measured_text(r) if r.speedup is not None else f"rejected at {r.stage}: {clip(r.reason, 160)}"
         lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {clip(r.rationale, 100)}")
     return "\n".join(lines)
 
@@ -161,13 +161,19 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, 
     shorter: for prompts too small for the whole source), then with_diffs the leaderboard against the best."""
     best_src = None
     lines = []
+    # under the interpreter (its best's timings are the run's) a ratio says nothing: the entries are unranked
+    interp = req.best is not None and req.best.interpreter
+
+    def speed(x: float) -> str:
+        return "interpreter" if interp else f"{x:.3f}x"
+
     if req.best is not None:
         try:
             best_src = store.get_text(req.best.source_key)
         except ArtifactStoreError:
             best_src = None
     if best_src:
-        head = f"## 1. {req.best.candidate_id} (the best, {req.best.speedup:.3f}x)"
+        head = f"## 1. {req.best.candidate_id} (the best, {speed(req.best.speedup)})"
         same = base is not None and best_src.rstrip() == base.rstrip()
         diff = "".join(difflib.unified_diff(base.splitlines(True), best_src.splitlines(True), "start",
                                             req.best.candidate_id, n=1)) if base and not same else None
@@ -190,10 +196,10 @@ def _kernels_block(req: LlmTurnRequest, store: ArtifactStore, with_diffs: bool, 
             diff = "".join(difflib.unified_diff(best_src.splitlines(True), src.splitlines(True),
                                                 "best", e.candidate_id, n=1))
             if len(diff) < len(src):
-                lines += [f"## {i}. {e.candidate_id} ({e.speedup:.3f}x), as a diff against the best",
+                lines += [f"## {i}. {e.candidate_id} ({speed(e.speedup)}), as a diff against the best",
                           "```diff", diff.rstrip(), "```"]
                 continue
-        lines += [f"## {i}. {e.candidate_id} ({e.speedup:.3f}x)", "```python", src.rstrip(), "```"]
+        lines += [f"## {i}. {e.candidate_id} ({speed(e.speedup)})", "```python", src.rstrip(), "```"]
     return "\n".join(lines)
 
 
@@ -240,7 +246,10 @@ def build_messages(req: LlmTurnRequest, store: ArtifactStore, mode: str = "nativ
                if mode == "text" else "call submit_kernel with the complete module in `source` and a `rationale`")
         tail.append(f"Only submit_kernel is open this turn ({req.submit_only}): {how}. The other tools open "
                     f"again once a submission is recorded.")
-    if req.best:
+    if req.best and req.best.interpreter:
+        tail.append(f"Goal: improve on the current best {req.best.candidate_id} for {req.problem} "
+                    f"({INTERPRETER_VERDICT}). Decide your next step and {call}.")
+    elif req.best:
         tail.append(f"Goal: beat {req.best.speedup:.3f}x (current best {req.best.candidate_id}) on "
                     f"{req.problem}. Decide your next step and {call}.")
     else:
