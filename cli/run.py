@@ -127,20 +127,28 @@ async def _signal(args, name: str, arg=None) -> int:
     return 0
 
 
+async def _note_unserved(args, what: str, instead: str) -> None:
+    """One note where no GPU worker polls the run's queue: `what` waits for the evaluations under way, and
+    nothing runs them; `instead`: what does not wait."""
+    client = await connect_client(args)
+    spec = await run_spec_of(client, args.id)
+    missing = await gpu_worker_missing(client, spec.gpu_queue) if spec is not None else None
+    if missing:
+        print(f"note: {missing}; the {what} waits for the evaluations under way until then: {instead}",
+              file=sys.stderr)
+
+
 async def cmd_stop(args) -> int:
     rc = await _signal(args, "stop", StopRequest(reason=args.reason, now=args.now))
     if not args.now:
-        client = await connect_client(args)
-        spec = await run_spec_of(client, args.id)
-        missing = await gpu_worker_missing(client, spec.gpu_queue) if spec is not None else None
-        if missing:  # the stop waits for the evaluations under way, and nothing runs them
-            print(f"note: {missing}; the stop waits for the evaluations under way until then: "
-                  f"`marathon stop {args.id} --now` cancels them", file=sys.stderr)
+        await _note_unserved(args, "stop", f"`marathon stop {args.id} --now` cancels them")
     return rc
 
 
 async def cmd_pause(args) -> int:
-    return await _signal(args, "pause")
+    rc = await _signal(args, "pause")
+    await _note_unserved(args, "pause", f"`marathon stop {args.id} --now` ends the run without them")
+    return rc
 
 
 async def cmd_resume(args) -> int:

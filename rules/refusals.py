@@ -111,6 +111,7 @@ def import_rule(module: str) -> tuple[str, str]:
             return rule, f"not allowed: {why}"
     return "forbidden-import", "not allowed: allowed are torch, triton, triton.language and math"
 
+
 #: constructs outside the language, each with its rule and the words of its refusal
 CONSTRUCTS = {
     ast.ClassDef: ("language", "a class statement: write functions (the project builds a problem file's "

@@ -1,5 +1,5 @@
 """A stop where no GPU worker polls the run's queue: the plain stop waits for the evaluations under way (and
-`marathon stop` says so, naming `--now`); a stop with `now` cancels them, records none of them, skips the
+`marathon stop` and `pause` say so, naming `--now`); a stop with `now` cancels them, records none of them, skips the
 best's re-verification and ends the run."""
 
 from __future__ import annotations
@@ -24,6 +24,10 @@ async def test_a_stop_with_now_cancels_evaluations_nobody_runs(env, store, capsy
         await _until(lambda s: s.phase == "evaluating", h)
         address = env.client.service_client.config.target_host
         capsys.readouterr()
+        rc = await asyncio.to_thread(main, ["pause", h.id, "--address", address])
+        err = capsys.readouterr().err
+        assert rc == 0 and "the pause waits for the evaluations under way until then" in err, err
+        await h.signal(KernelOptimization.resume)
         rc = await asyncio.to_thread(main, ["stop", h.id, "--reason", "no gpu", "--address", address])
         err = capsys.readouterr().err
         assert rc == 0
