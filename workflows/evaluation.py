@@ -38,9 +38,9 @@ STICKY_PATCH = "one-worker-per-candidate"
 STICKY_WAIT_HEARTBEATS = 5
 #: ... and a candidate is evaluated again from compile at most this often after its worker went away
 REDOS = 3
-# a stage on a worker's own queue is tried once: its failure (the worker stopped heartbeating, or failed
-# under it) sends the candidate back to compile elsewhere at once, not after retries on a queue nobody may
-# poll (a heartbeat timeout, then five heartbeats' wait for each retry)
+# a stage on a worker's own queue is scheduled one attempt at a time: an attempt that ended with its worker
+# (a heartbeat timeout, the worker's shutdown) sends the candidate back to compile elsewhere at once, not
+# after retries that each wait five heartbeats on a queue nobody polls
 OWN_QUEUE_ONCE_PATCH = "own-queue-stages-once"
 # a would-be best's checks (fresh re-measure, other shapes) run only once the run finds it would crown it
 CROWN_PATCH = "best-checks-when-crowned"
@@ -86,38 +86,52 @@ async def call_activity(name: str, arg, result_type, queue: str, minutes: int, h
                         summary: str, start_within: timedelta | None = None, interrupted=None, once: bool = False):
     """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
     `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone;
-    with `once` too, it is tried once and any failure raises WorkerGone. With `interrupted` (a condition),
-    the activity is cancelled, or not scheduled, once it holds: Interrupted."""
+    with `once` too, each attempt is scheduled alone, and one that ends because the worker went (a timeout, its
+    shutdown) raises WorkerGone at once, where the server's retry would wait on a queue nobody polls; an error
+    under a live worker is tried again there as RETRY would. With `interrupted` (a condition), the activity is
+    cancelled, or not scheduled, once it holds: Interrupted."""
     once = once and start_within is not None
     kw = dict(result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
               heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=ONCE if once else RETRY,
               summary=summary, schedule_to_start_timeout=start_within)
-    try:
-        if interrupted is None:
-            return await workflow.execute_activity(name, arg, **kw)
-        if interrupted():
-            raise Interrupted(f"{name} was not run: the run is stopping now")
-        handle = workflow.start_activity(name, arg, **kw)
-        await workflow.wait_condition(lambda: handle.done() or interrupted())
-        if not handle.done():
-            handle.cancel()  # TRY_CANCEL: resolved at once, even where no worker polls the queue
-            try:
-                await handle
-            except (ActivityError, asyncio.CancelledError):
-                pass
-            raise Interrupted(f"{name} was cancelled: the run is stopping now")
-        return await handle
-    except ActivityError as e:
-        if is_cancelled_exception(e):
-            raise  # the workflow itself was cancelled (a stop with `now`): it ends cancelled, not paused
-        if start_within is not None and isinstance(e.cause, ActivityTimeout) \
-                and e.cause.type == TimeoutType.SCHEDULE_TO_START:
-            raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
-                from e
-        msg = str(e.cause) if e.cause is not None else str(e)
-        if once:
-            raise WorkerGone(f"{name} failed on {queue}: {decisions.trim(msg, 300)}") from e
-        raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            if interrupted is None:
+                return await workflow.execute_activity(name, arg, **kw)
+            if interrupted():
+                raise Interrupted(f"{name} was not run: the run is stopping now")
+            handle = workflow.start_activity(name, arg, **kw)
+            await workflow.wait_condition(lambda: handle.done() or interrupted())
+            if not handle.done():
+                handle.cancel()  # TRY_CANCEL: resolved at once, even where no worker polls the queue
+                try:
+                    await handle
+                except (ActivityError, asyncio.CancelledError):
+                    pass
+                raise Interrupted(f"{name} was cancelled: the run is stopping now")
+            return await handle
+        except ActivityError as e:
+            if is_cancelled_exception(e):
+                raise  # the workflow itself was cancelled (a stop with `now`): it ends cancelled, not paused
+            if start_within is not None and isinstance(e.cause, ActivityTimeout) \
+                    and e.cause.type == TimeoutType.SCHEDULE_TO_START:
+                raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
+                    from e
+            msg = str(e.cause) if e.cause is not None else str(e)
+            if once and _worker_went(e):
+                raise WorkerGone(f"{name} ended on {queue} with its worker: {decisions.trim(msg, 300)}") from e
+            if once and attempt < RETRY.maximum_attempts:
+                await workflow.sleep(min(RETRY.initial_interval * 2 ** (attempt - 1), RETRY.maximum_interval))
+                continue
+            raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+
+
+def _worker_went(e: ActivityError) -> bool:
+    """The attempt ended because its worker did: it stopped heartbeating, overran, or shut down under it."""
+    cause = e.cause
+    return isinstance(cause, ActivityTimeout) or (isinstance(cause, ApplicationError) and cause.type == "WorkerShutdown")
 
 
 async def call_local(name: str, arg, result_type, summary: str):

@@ -148,3 +148,24 @@ async def test_a_worker_gone_in_the_middle_of_a_stage_costs_a_new_evaluation(env
             and e.activity_task_scheduled_event_attributes.task_queue.name == a.own]
     assert len(on_a) == 1 and on_a[0].activity_task_scheduled_event_attributes.retry_policy.maximum_attempts == 1
     assert not any(e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT for e in events), "waited on a"
+
+
+async def test_an_error_under_a_live_worker_is_tried_again_there(env, store):
+    """A verification that fails once on its worker (an error, not the worker gone) is tried again on that
+    worker's own queue, a second later: the candidate is not compiled again."""
+    standin_gpu.reset()
+    a = StandInGpu("a")
+    failed: list[str] = []
+
+    def fail_first(req):
+        if not failed:
+            failed.append(req.candidate_id)
+            raise RuntimeError("a transient fault under a live worker")
+
+    a.on_verify = fail_first
+    spec = RunSpec(problem="softmax", budget={"iterations": 1}, population=1, heartbeat_seconds=2)
+    res, _ = await _run(env, [a], spec, "error-on-worker")
+    assert_contiguous(store, res, 1)
+    assert [(s, w) for s, _, w, _ in STAGES][:4] == [("compile", "a"), ("verify", "a"), ("verify", "a"),
+                                                      ("benchmark", "a")], STAGES
+    assert COMPILES[failed[0]] == 1, COMPILES
