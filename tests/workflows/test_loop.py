@@ -187,7 +187,7 @@ async def test_unwritable_artifact_store_pauses_without_a_corrupt_record(env, st
             objects.unlink()
             moved.rename(objects)
             await h.signal(KernelOptimization.resume)
-            res = await h.result()
+            res = await asyncio.wait_for(h.result(), 300)  # paused again: a failure, not a hang
         assert_contiguous(store, res, 12)
         assert store.verify_all() == []
     finally:
