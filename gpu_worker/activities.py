@@ -28,7 +28,8 @@ from gpu_worker.phases import phases_begin, phases_end
 from gpu_worker.device.scheduling import Scheduler
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStoreError
-from workflows.contracts import BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport, VerifyReport
+from workflows.contracts import (SELFTEST_FAILED, BenchReport, BenchRequest, CompileReport, EvalRequest, ProfileReport,
+                                VerifyReport)
 from workflows.logs import activity_logger
 from workflows.metrics import observe_report
 
@@ -63,7 +64,7 @@ def set_evaluator(ev) -> None:
 def selftest_refusal(problems: list[str]) -> ApplicationError:
     """Retryable: the work is sound, this worker is not; a retry goes to a worker that passed its self-test."""
     return ApplicationError("GPU worker self-test failed; this worker judges nothing more: " + "; ".join(problems),
-                            type="SelfTestFailed")
+                            type=SELFTEST_FAILED)
 
 
 def _heartbeat():

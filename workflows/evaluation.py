@@ -24,7 +24,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import decisions
     from workflows.contracts import (
         BenchReport, CompileReport, CrownDecision, EvalRequest, EvaluateRequest, EvaluationResult, IterationRecord,
-        ProfileReport, RuleReport, RuleRequest, VerifyReport,
+        SELFTEST_FAILED, ProfileReport, RuleReport, RuleRequest, VerifyReport,
     )
 
 EVALUATE_TYPE = "EvaluateCandidate"
@@ -122,16 +122,19 @@ async def call_activity(name: str, arg, result_type, queue: str, minutes: int, h
             msg = str(e.cause) if e.cause is not None else str(e)
             if once and _worker_went(e):
                 raise WorkerGone(f"{name} ended on {queue} with its worker: {decisions.trim(msg, 300)}") from e
-            if once and attempt < RETRY.maximum_attempts:
+            if once and attempt < RETRY.maximum_attempts and not (
+                    isinstance(e.cause, ApplicationError) and e.cause.non_retryable):
                 await workflow.sleep(min(RETRY.initial_interval * 2 ** (attempt - 1), RETRY.maximum_interval))
                 continue
             raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
 
 
 def _worker_went(e: ActivityError) -> bool:
-    """The attempt ended because its worker did: it stopped heartbeating, overran, or shut down under it."""
+    """The attempt ended because its worker did: it stopped heartbeating, overran, shut down under it, or
+    refuses all work since its self-test failed."""
     cause = e.cause
-    return isinstance(cause, ActivityTimeout) or (isinstance(cause, ApplicationError) and cause.type == "WorkerShutdown")
+    return isinstance(cause, ActivityTimeout) or (
+        isinstance(cause, ApplicationError) and cause.type in ("WorkerShutdown", SELFTEST_FAILED))
 
 
 async def call_local(name: str, arg, result_type, summary: str):

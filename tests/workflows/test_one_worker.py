@@ -138,8 +138,10 @@ async def test_a_worker_gone_in_the_middle_of_a_stage_costs_a_new_evaluation(env
                 await stack_b.enter_async_context(w)
             res = await asyncio.wait_for(h.result(), 120)
     assert_contiguous(store, res, 1)
-    assert [(s, w) for s, _, w, _ in STAGES][:5] == [("compile", "a"), ("verify", "a"), ("compile", "b"),
-                                                      ("verify", "b"), ("benchmark", "b")], STAGES
+    on_a = [s for s, _, w, _ in STAGES if w == "a"]
+    # (the compile sent back at once may meet a's shared-queue worker still stopping: refused there, retried)
+    assert on_a[:2] == ["compile", "verify"] and set(on_a[2:]) <= {"compile"}, STAGES
+    assert [s for s, _, w, _ in STAGES if w == "b"][:3] == ["compile", "verify", "benchmark"], STAGES
     from temporalio.api.enums.v1 import EventType
 
     (child,) = [w async for w in env.client.list_workflows(f'WorkflowId STARTS_WITH "{h.id}-eval-"')]

@@ -108,9 +108,10 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
                 in capsys.readouterr().out
 
             async def refused():
-                p = await _pending(h, "benchmark_candidate")
-                f = p.last_failure if p is not None else None
-                return f if f is not None and f.application_failure_info.type else None
+                async for e in h.fetch_history_events():
+                    if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED:
+                        return e.activity_task_failed_event_attributes.failure
+                return None
 
             failure = await _until(refused, 30, "the benchmark's failure recorded")
             assert failure.application_failure_info.type == "SelfTestFailed" \
@@ -127,7 +128,7 @@ async def test_a_worker_serves_before_its_selftest_and_stops_when_it_fails(env, 
             await w.shutdown()
     assert res.failure is None and res.record is not None
     assert res.record.outcome in ("passed", "improved") and res.record.time_ms is not None, res.record
-    # from compile again: the benchmark's retry waited on the stopped worker's own queue until it was given up
+    # from compile again at once: the refusal on the stopped worker's own queue was not tried there again
     hist = await h.fetch_history()
     compiles = [e for e in hist.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
                 and e.activity_task_scheduled_event_attributes.activity_type.name == "compile_candidate"]

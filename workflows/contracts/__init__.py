@@ -8,8 +8,8 @@ Everything here is small: kernel sources, logs, prompts and profiles travel as a
 """
 
 from workflows.contracts.agent import CompactRequest, CompactResult, Proposal, ProposeRequest
-from workflows.contracts.base import (AGENT_QUEUE, FAMILIES, GPU_QUEUE, STATE_VERSION, WORKFLOW_TYPE, Outcome,
-                                      Phase, Stage, Strict, Verdict, explain, family_of)
+from workflows.contracts.base import (AGENT_QUEUE, FAMILIES, GPU_QUEUE, SELFTEST_FAILED, STATE_VERSION,
+                                      WORKFLOW_TYPE, Outcome, Phase, Stage, Strict, Verdict, explain, family_of)
 from workflows.contracts.budget import Budget, BudgetChange, Used
 from workflows.contracts.harness import (BenchReport, BenchRequest, Candidate, CompileReport, CrownDecision,
                                          DeviceFacts, DistributionTiming, EvalRequest, EvaluateRequest,
@@ -21,7 +21,7 @@ from workflows.contracts.records import BestRef, BestSummary, IterationRecord, L
 from workflows.contracts.run import CarriedState, Evaluation, Hint, RunResult, RunSpec, Status, StopRequest
 
 __all__ = [
-    "AGENT_QUEUE", "FAMILIES", "GPU_QUEUE", "STATE_VERSION", "WORKFLOW_TYPE", "Outcome", "Phase", "Stage",
+    "AGENT_QUEUE", "FAMILIES", "GPU_QUEUE", "SELFTEST_FAILED", "STATE_VERSION", "WORKFLOW_TYPE", "Outcome", "Phase", "Stage",
     "Strict", "Verdict", "explain", "family_of",
     "Budget", "BudgetChange", "Used",
     "BestRef", "BestSummary", "IterationRecord", "LeaderEntry",

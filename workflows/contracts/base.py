@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 AGENT_QUEUE = "marathon-agent"
 GPU_QUEUE = "marathon-gpu"
 WORKFLOW_TYPE = "KernelOptimization"
+# the error type of a GPU worker's refusal once its self-test failed: the work is sound, the worker is not
+SELFTEST_FAILED = "SelfTestFailed"
 STATE_VERSION = 2  # the carried state of this workflow version (docs/architecture.md, Versioning)
 
 Phase = Literal[
