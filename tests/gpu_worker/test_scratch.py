@@ -19,7 +19,8 @@ def _dead_pid() -> int:
 def test_a_killed_workers_scratch_is_removed_and_a_live_ones_kept(tmp_path):
     dead = _dead_pid()
     mine = scratch.make("candidate", tmp_path)
-    assert os.path.basename(mine).startswith(f"candidate-{os.getpid()}-")
+    assert os.path.basename(mine).startswith(f"candidate-{os.getpid()}.")  # the pid, then its start time
+    (tmp_path / f"candidate-{os.getpid()}.1-reused").mkdir()  # this pid, another process's start: gone
     (tmp_path / f"reference-{dead}-x1").mkdir()
     (tmp_path / f"candidate-{dead}-y2").mkdir()
     (tmp_path / f"candidate-{dead}-y2" / "out.pt").write_bytes(b"0" * 10)
@@ -28,7 +29,7 @@ def test_a_killed_workers_scratch_is_removed_and_a_live_ones_kept(tmp_path):
     (tmp_path / "cache").mkdir()
     (tmp_path / "input-bank").mkdir()
     gone = scratch.remove_orphans(tmp_path)
-    assert gone == [f"candidate-{dead}-y2", f"reference-{dead}-x1"]
+    assert sorted(gone) == sorted([f"candidate-{dead}-y2", f"candidate-{os.getpid()}.1-reused", f"reference-{dead}-x1"])
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted([os.path.basename(mine), f"candidate-{os.getppid()}-z3", "candidate-0099cw7h", "cache",
                            "input-bank"])

@@ -18,7 +18,7 @@ def children_dirs(work, pid: int | None = None) -> list[str]:
     if not work.exists():
         return []
     return sorted(p.name for p in work.iterdir() if p.name.startswith(CHILD_DIRS)
-                  and (pid is None or p.name.split("-")[1] == str(pid)))
+                  and (pid is None or p.name.split("-")[1].split(".")[0] == str(pid)))
 
 
 def _worker_with_children(address: str, tmp_path, work, name: str):
