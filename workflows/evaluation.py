@@ -16,7 +16,7 @@ import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import Priority, RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as ActivityTimeout
 
@@ -44,6 +44,9 @@ REDOS = 3
 OWN_QUEUE_ONCE_PATCH = "own-queue-stages-once"
 # a would-be best's checks (fresh re-measure, other shapes) run only once the run finds it would crown it
 CROWN_PATCH = "best-checks-when-crowned"
+# ... and go first on their worker's queue: the run records nothing after this iteration until they end
+FIRST_PATCH = "best-checks-first"
+FIRST = Priority(priority_key=1)  # the default is 3
 CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
 # a crowned candidate's fresh-process re-measure and its verification at other shapes run at once
 TOGETHER_PATCH = "best-checks-together"
@@ -83,17 +86,21 @@ class Rejected(Exception):
 
 
 async def call_activity(name: str, arg, result_type, queue: str, minutes: int, heartbeat_seconds: int,
-                        summary: str, start_within: timedelta | None = None, interrupted=None, once: bool = False):
+                        summary: str, start_within: timedelta | None = None, interrupted=None, once: bool = False,
+                        priority: Priority | None = None):
     """An activity on `queue`; an infrastructure failure that outlives the retries raises Paused. With
     `start_within` (a worker's own queue), a stage nobody takes from the queue in time raises WorkerGone;
     with `once` too, each attempt is scheduled alone, and one that ends because the worker went (a timeout, its
     shutdown) raises WorkerGone at once, where the server's retry would wait on a queue nobody polls; an error
     under a live worker is tried again there as RETRY would. With `interrupted` (a condition), the activity is
-    cancelled, or not scheduled, once it holds: Interrupted."""
+    cancelled, or not scheduled, once it holds: Interrupted. `priority`: its place in the queue's backlog
+    (FIRST before the default)."""
     once = once and start_within is not None
     kw = dict(result_type=result_type, task_queue=queue, start_to_close_timeout=timedelta(minutes=minutes),
               heartbeat_timeout=timedelta(seconds=heartbeat_seconds), retry_policy=ONCE if once else RETRY,
               summary=summary, schedule_to_start_timeout=start_within)
+    if priority is not None:
+        kw["priority"] = priority
     attempt = 0
     while True:
         attempt += 1
@@ -166,6 +173,7 @@ class EvaluateCandidate:
         self.together = workflow.patched(TOGETHER_PATCH)
         self.profile_beside = workflow.patched(PROFILE_PATCH)
         self.own_queue_once = workflow.patched(OWN_QUEUE_ONCE_PATCH)
+        self.checks_first = workflow.patched(FIRST_PATCH)
         self.profile: ProfileReport | None = None  # a new best's, taken beside its checks
         try:
             record, facts = await self.evaluate(req)
@@ -223,10 +231,10 @@ class EvaluateCandidate:
         # a worker's own queue that nobody polls for this long belongs to a worker that went away
         start_within = timedelta(seconds=STICKY_WAIT_HEARTBEATS * req.heartbeat_seconds)
 
-        async def gpu(name, arg, result_type, minutes, queue=shared):
+        async def gpu(name, arg, result_type, minutes, queue=shared, priority=None):
             return await call_activity(name, arg, result_type, queue, minutes, req.heartbeat_seconds,
                                        f"{name} #{req.iteration}", start_within if queue != shared else None,
-                                       once=self.own_queue_once)
+                                       once=self.own_queue_once, priority=priority)
 
         try:
             rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),
@@ -258,13 +266,14 @@ class EvaluateCandidate:
 
             async def on_worker(name, arg, result_type, minutes):
                 """A would-be best's checks on the candidate's worker; once it has gone, on the shared queue
-                (each of these loads the candidate afresh anyway)."""
+                (each of these loads the candidate afresh anyway), before the stages of candidates behind it."""
                 nonlocal queue
+                first = FIRST if self.checks_first else None
                 try:
-                    return await gpu(name, arg, result_type, minutes, queue)
+                    return await gpu(name, arg, result_type, minutes, queue, first)
                 except WorkerGone:
                     queue = shared
-                    return await gpu(name, arg, result_type, minutes, queue)
+                    return await gpu(name, arg, result_type, minutes, queue, first)
 
             gpu_s, facts = bench.gpu_seconds, bench.device_facts
             if not bench.ok:

@@ -34,7 +34,8 @@ async def test_only_crowned_candidates_pay_for_the_best_only_checks(env, store):
            evaluators.benchmark_candidate, evaluators.profile_candidate]
     spec = RunSpec(problem="softmax", budget={"iterations": 12}, population=4)
     async with workers(env.client, gpu_activities=gpu):
-        res = await asyncio.wait_for((await start(env.client, spec, "crown-once")).result(), 120)
+        h = await start(env.client, spec, "crown-once")
+        res = await asyncio.wait_for(h.result(), 120)
     assert_contiguous(store, res, 12)
     recs = read_ledger(store, res.ledger_key)
     crowned = sorted(r.iteration for r in recs if r.outcome == "improved")
@@ -50,6 +51,20 @@ async def test_only_crowned_candidates_pay_for_the_best_only_checks(env, store):
     assert crowned and sorted(CHECKED) == crowned, (CHECKED, crowned)
     assert len(would_be & passed) > len(crowned), (would_be, crowned)  # some were demoted, unchecked
     assert res.best.iteration == crowned[-1]
+    # the crowned candidate's checks go first on its worker's queue (the run records nothing after it until
+    # they end); its stages before the crowning wait their turn
+    from temporalio.api.enums.v1 import EventType
+
+    (child,) = [w async for w in env.client.list_workflows(f'WorkflowId STARTS_WITH "{h.id}-eval-{crowned[-1]}-"')]
+    keys, crowned_yet = [], False
+    async for e in env.client.get_workflow_handle(child.id).fetch_history_events():
+        if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            crowned_yet = crowned_yet or e.workflow_execution_signaled_event_attributes.signal_name == "crown"
+        elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            a = e.activity_task_scheduled_event_attributes
+            keys.append((a.activity_type.name, crowned_yet, a.priority.priority_key))
+    assert [k for _, after, k in keys if not after] == [0, 0, 0], keys  # compile, verify, benchmark: the default
+    assert [k for _, after, k in keys if after] and all(k == 1 for _, after, k in keys if after), keys
 
 
 FRESH: list[tuple[int, str]] = []  # (iteration, the best it was re-measured against) of fresh re-measures
