@@ -133,10 +133,10 @@ def build_gpu_workers(client, task_queue: str = GPU_QUEUE, selftest: bool | None
     ev = ev if ev is not None else evaluator()
     settings = ev.settings
     print(host_summary(settings.wall), flush=True)
-    gone = scratch.remove_orphans(work_root(settings.gpu_workdir))
+    root = work_root(settings.gpu_workdir)
+    gone = scratch.remove_orphans(root)
     if gone:
-        print(f"removed the scratch of {len(gone)} children of workers no longer running from "
-              f"{work_root(settings.gpu_workdir)}", flush=True)
+        print(f"removed the scratch of {len(gone)} children of workers no longer running from {root}", flush=True)
     if selftest is None:
         selftest = settings.gpu_selftest
     # e.g. "kda,mla_decode" or "kda:B1 T32768 H32 D128": ceilings, oracle bank and the baseline's first call

@@ -101,24 +101,9 @@ async def call_activity(name: str, arg, result_type, queue: str, minutes: int, h
               summary=summary, schedule_to_start_timeout=start_within)
     if priority is not None:
         kw["priority"] = priority
-    attempt = 0
-    while True:
-        attempt += 1
+    for attempt in range(1, RETRY.maximum_attempts + 1):
         try:
-            if interrupted is None:
-                return await workflow.execute_activity(name, arg, **kw)
-            if interrupted():
-                raise Interrupted(f"{name} was not run: the run is stopping now")
-            handle = workflow.start_activity(name, arg, **kw)
-            await workflow.wait_condition(lambda: handle.done() or interrupted())
-            if not handle.done():
-                handle.cancel()  # TRY_CANCEL: resolved at once, even where no worker polls the queue
-                try:
-                    await handle
-                except (ActivityError, asyncio.CancelledError):
-                    pass
-                raise Interrupted(f"{name} was cancelled: the run is stopping now")
-            return await handle
+            return await _attempt(name, arg, kw, interrupted)
         except ActivityError as e:
             if is_cancelled_exception(e):
                 raise  # the workflow itself was cancelled (a stop with `now`): it ends cancelled, not paused
@@ -126,14 +111,32 @@ async def call_activity(name: str, arg, result_type, queue: str, minutes: int, h
                     and e.cause.type == TimeoutType.SCHEDULE_TO_START:
                 raise WorkerGone(f"{name} was not taken from {queue} within {start_within.total_seconds():.0f} s") \
                     from e
-            msg = str(e.cause) if e.cause is not None else str(e)
+            msg = decisions.trim(str(e.cause) if e.cause is not None else str(e), 300)
             if once and _worker_went(e):
-                raise WorkerGone(f"{name} ended on {queue} with its worker: {decisions.trim(msg, 300)}") from e
-            if once and attempt < RETRY.maximum_attempts and not (
-                    isinstance(e.cause, ApplicationError) and e.cause.non_retryable):
-                await workflow.sleep(min(RETRY.initial_interval * 2 ** (attempt - 1), RETRY.maximum_interval))
-                continue
-            raise Paused(f"{name} failed: {decisions.trim(msg, 300)}") from e
+                raise WorkerGone(f"{name} ended on {queue} with its worker: {msg}") from e
+            retryable = not (isinstance(e.cause, ApplicationError) and e.cause.non_retryable)
+            if not (once and retryable and attempt < RETRY.maximum_attempts):
+                raise Paused(f"{name} failed: {msg}") from e
+        await workflow.sleep(min(RETRY.initial_interval * 2 ** (attempt - 1), RETRY.maximum_interval))
+
+
+async def _attempt(name: str, arg, kw: dict, interrupted):
+    """The activity run once (with the server's retries that `kw` names); with `interrupted`, cancelled, or
+    not scheduled, once that holds: Interrupted."""
+    if interrupted is None:
+        return await workflow.execute_activity(name, arg, **kw)
+    if interrupted():
+        raise Interrupted(f"{name} was not run: the run is stopping now")
+    handle = workflow.start_activity(name, arg, **kw)
+    await workflow.wait_condition(lambda: handle.done() or interrupted())
+    if not handle.done():
+        handle.cancel()  # TRY_CANCEL: resolved at once, even where no worker polls the queue
+        try:
+            await handle
+        except (ActivityError, asyncio.CancelledError):
+            pass
+        raise Interrupted(f"{name} was cancelled: the run is stopping now")
+    return await handle
 
 
 def _worker_went(e: ActivityError) -> bool:

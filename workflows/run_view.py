@@ -3,6 +3,8 @@ its status and its best's summary. Plain functions of the run's state: the workf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from temporalio.common import SearchAttributeKey, SearchAttributePair
 
 from workflows.contracts import BestRef, BestSummary, CarriedState, IterationRecord, RunResult, RunSpec, Status
@@ -50,13 +52,14 @@ def status(workflow_id: str, spec: RunSpec, st: CarriedState, phase: str, stop) 
 
 
 def result(workflow_id: str, spec: RunSpec, st: CarriedState, stopped_by: str, stop, reverified: bool | None,
-           cancelled: list[int] | None = None) -> RunResult:
+           cancelled: Sequence[int] = ()) -> RunResult:
     """The run's result: why it stopped, in the operator's words where a stop or the llm policy gave any."""
     stop_reason = (stop.reason if stop and stopped_by == "stop-signal" else
                    (st.llm_progress.stop_reason or None) if stopped_by in ("exhausted", "turn-budget") else None)
     best = best_summary(st.best)
-    return RunResult(summary=result_summary(st.iteration, stopped_by, stop_reason, best, len(cancelled or [])), workflow_id=workflow_id,
+    return RunResult(summary=result_summary(st.iteration, stopped_by, stop_reason, best, len(cancelled)),
+                     workflow_id=workflow_id,
                      problem=spec.problem, iterations=st.iteration, best=best,
                      best_source_key=st.best.source_key if st.best else None, stopped_by=stopped_by, runs=st.runs,
                      used=st.used, notebook_key=st.notebook_key, ledger_key=st.ledger_key, reverified=reverified,
-                     stop_reason=stop_reason, cancelled=list(cancelled or []))
+                     stop_reason=stop_reason, cancelled=list(cancelled))

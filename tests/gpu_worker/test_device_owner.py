@@ -212,7 +212,8 @@ def _noted_stages(owner):
 
     def stage(name, hold, alone=False):
         # a stage retried alone starts by freeing the idle children's memory: once, as it enters
-        ctx = owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone else contextlib.nullcontext()
+        ctx = (owner.alone(on_start=lambda: note(f"shed beside {owner.stages.turns.stages - 1}")) if alone
+               else contextlib.nullcontext())
         with ctx, owner.stage():
             note(name + "+")
             with owner.stage():  # a stage inside a stage of the same thread is part of it

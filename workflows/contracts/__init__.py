@@ -21,7 +21,8 @@ from workflows.contracts.records import BestRef, BestSummary, IterationRecord, L
 from workflows.contracts.run import CarriedState, Evaluation, Hint, RunResult, RunSpec, Status, StopRequest
 
 __all__ = [
-    "AGENT_QUEUE", "FAMILIES", "GPU_QUEUE", "SELFTEST_FAILED", "STATE_VERSION", "WORKFLOW_TYPE", "Outcome", "Phase", "Stage",
+    "AGENT_QUEUE", "FAMILIES", "GPU_QUEUE", "SELFTEST_FAILED", "STATE_VERSION", "WORKFLOW_TYPE", "Outcome", "Phase",
+    "Stage",
     "Strict", "Verdict", "explain", "family_of",
     "Budget", "BudgetChange", "Used",
     "BestRef", "BestSummary", "IterationRecord", "LeaderEntry",
