@@ -47,6 +47,10 @@ CROWN_PATCH = "best-checks-when-crowned"
 # ... and go first on their worker's queue: the run records nothing after this iteration until they end
 FIRST_PATCH = "best-checks-first"
 FIRST = Priority(priority_key=1)  # the default is 3
+# the run's oldest unrecorded iteration (`front`): its stages go before those of candidates behind it, whose
+# verdicts the run could not record before its own anyway; a would-be best's checks still go before them
+FRONT_SIGNAL = "front"
+FRONT = Priority(priority_key=2)
 CANDIDACY_WAIT = timedelta(days=1)  # a run that never answers has ended: the candidate is recorded as passed
 # a crowned candidate's fresh-process re-measure and its verification at other shapes run at once
 TOGETHER_PATCH = "best-checks-together"
@@ -166,6 +170,7 @@ async def call_local(name: str, arg, result_type, summary: str):
 @workflow.defn(name=EVALUATE_TYPE)
 class EvaluateCandidate:
     verdict: CrownDecision | None = None  # the run's answer to this evaluation's candidacy (`crown`)
+    front = False  # whether the run has said this is its oldest unrecorded iteration (`front`)
 
     @workflow.run
     async def run(self, req: EvaluateRequest) -> EvaluationResult:
@@ -178,6 +183,7 @@ class EvaluateCandidate:
         self.own_queue_once = workflow.patched(OWN_QUEUE_ONCE_PATCH)
         self.checks_first = workflow.patched(FIRST_PATCH)
         self.profile: ProfileReport | None = None  # a new best's, taken beside its checks
+        self.front = self.front or req.front  # the run's oldest unrecorded iteration: see FRONT_SIGNAL
         try:
             record, facts = await self.evaluate(req)
             result = EvaluationResult(iteration=req.iteration, workflow_id=me, record=record, device_facts=facts,
@@ -221,6 +227,10 @@ class EvaluateCandidate:
     def crown(self, decision: CrownDecision) -> None:
         self.verdict = decision
 
+    @workflow.signal(name=FRONT_SIGNAL)
+    def at_front(self) -> None:
+        self.front = True
+
     async def evaluate(self, req: EvaluateRequest):
         cand = req.candidate
         base = dict(iteration=req.iteration, slot=req.slot, candidate_id=cand.candidate_id,
@@ -235,6 +245,7 @@ class EvaluateCandidate:
         start_within = timedelta(seconds=STICKY_WAIT_HEARTBEATS * req.heartbeat_seconds)
 
         async def gpu(name, arg, result_type, minutes, queue=shared, priority=None):
+            priority = priority or (FRONT if self.front else None)
             return await call_activity(name, arg, result_type, queue, minutes, req.heartbeat_seconds,
                                        f"{name} #{req.iteration}", start_within if queue != shared else None,
                                        once=self.own_queue_once, priority=priority)

@@ -8,6 +8,7 @@ contracts, so this module imports nothing heavy (the sandbox re-imports it for e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -26,13 +27,15 @@ with workflow.unsafe.imports_passed_through():
         Evaluation, EvaluationResult, IterationRecord, LeaderEntry, Phase, ProfileReport, Proposal, ProposeRequest,
         RunResult, RunSpec, Status, StopRequest, explain,
     )
-    from workflows.evaluation import (CROWN_SIGNAL, EVALUATE_TYPE, RESULT_SIGNAL, Interrupted, Paused, call_activity,
-                                      call_local)
+    from workflows.evaluation import (CROWN_SIGNAL, EVALUATE_TYPE, FRONT_SIGNAL, RESULT_SIGNAL, Interrupted, Paused,
+                                      call_activity, call_local)
     from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
     from workflows.text import evaluation_summary, run_details, run_summary
 
 # a GPU activity of the run itself (an llm tool, the best's re-verification) gives way to a stop with `now`
 STOP_NOW_PATCH = "stop-now-cancels-gpu-waits"
+# the oldest unrecorded iteration's evaluation is told so (`front`): its stages go first in their queues
+FRONT_PATCH = "front-iteration-first"
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
@@ -66,6 +69,7 @@ class KernelOptimization:
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
         self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
         self.gpu_interruptible = False  # STOP_NOW_PATCH, decided in this run's first activation
+        self.front_first = False  # FRONT_PATCH, likewise
         self.cancelled: list[int] = []  # iterations whose evaluations a stop with `now` cancelled
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -76,6 +80,7 @@ class KernelOptimization:
         if self.spec.policy == "llm":  # decided before the first local activity, as the summary's patch below
             self.llm_patches_at_start = workflow.patched(LLM_AT_START_PATCH)
         self.gpu_interruptible = workflow.patched(STOP_NOW_PATCH)
+        self.front_first = workflow.patched(FRONT_PATCH)
         if self.first_run:
             # a run started without `marathon start` (the plain temporal CLI) gets the same summary in its memo: set
             # whatever the start's memo holds (a replay may see the memo as it is now), and before the first local
@@ -183,12 +188,14 @@ class KernelOptimization:
         """Start one evaluation as a child workflow that outlives this run (ParentClosePolicy.ABANDON)
         and signals its result to the run's workflow id."""
         child = f"{workflow.info().workflow_id}-eval-{iteration}-{str(workflow.uuid4())[:8]}"
+        front = self.front_first and iteration == self.st.iteration + 1
         self.evaluations[iteration] = Evaluation(iteration=iteration, slot=slot, candidate_id=cand.candidate_id,
-                                                 workflow_id=child)
+                                                 workflow_id=child, front=front)
         req = EvaluateRequest(problem=self.spec.problem, iteration=iteration, slot=slot, candidate=cand,
                               best=self.st.best, shape=self.spec.shape, gpu_queue=self.spec.gpu_queue,
                               heartbeat_seconds=self.spec.heartbeat_seconds,
-                              started_at=workflow.now().timestamp(), profile_if_crowned=profile_if_crowned)
+                              started_at=workflow.now().timestamp(), profile_if_crowned=profile_if_crowned,
+                              front=front)
         self.starting = [t for t in self.starting if not t.done()]
         summary = evaluation_summary(iteration, cand.candidate_id, self.spec.budget, self.st)
         self.starting.append(asyncio.get_running_loop().create_task(self._start_child(child, req, summary)))
@@ -230,6 +237,8 @@ class KernelOptimization:
             if e.record is None:
                 if e.candidacy is not None and not e.asked and e.failure is None:
                     await self._answer(e, decisions.improves_on(e.candidacy, self.st.best))
+                elif self.front_first and not e.front and e.candidacy is None and e.failure is None:
+                    await self._tell_front(e)
                 return
             del self.evaluations[e.iteration]
             self.set_phase("recording")
@@ -245,6 +254,13 @@ class KernelOptimization:
                 CROWN_SIGNAL, CrownDecision(crown=crown, best=self.st.best))
         except Exception as ex:  # noqa: BLE001 - e.g. the child was terminated: the run pauses with the reason
             e.failure = f"evaluation #{e.iteration} took no answer: {decisions.trim(str(ex), 300)}"
+
+    async def _tell_front(self, e: Evaluation) -> None:
+        """The front of the order is told so: the stages it schedules now go before those of later ones."""
+        e.front = True
+        await workflow.wait_condition(self._started)  # its child may still be starting (the server's answer)
+        with contextlib.suppress(Exception):  # it has ended: its result is on its way
+            await workflow.get_external_workflow_handle(e.workflow_id).signal(FRONT_SIGNAL)
 
     async def _drain(self) -> str | None:
         """Wait for every evaluation under way; record them in order up to the first that failed for

@@ -9,6 +9,8 @@ model over HTTP (tests/llm/server.py): its turns, tool calls, a call that fails 
 answered without running and the turn narrowed to submit_kernel, the notebook's compactions; its
 evaluations report as a GPU's, so a new best's answer brings its profile and a slower one's does not, and
 a new best's evaluation with its best-only checks is kept too (`PREFIXllm_softmax_evaluation_best.json`).
+An evaluation told it is the run's front while under way is kept where there is one
+(`PREFIXsoftmax_evaluation_front.json`).
 A change that alters the command sequence of a supported version goes behind `workflow.patched`, and its
 fixtures are recorded beside these (docs/architecture.md, Versioning)."""
 
@@ -103,6 +105,12 @@ async def main(prefix: str, policy: str = "search") -> None:
         hist = await env.client.get_workflow_handle(child[0].id, run_id=child[0].run_id).fetch_history()
         (OUT / f"{prefix}softmax_evaluation.json").write_text(hist.to_json())
         written = len(runs) + 1
+        for w in [w async for w in env.client.list_workflows("WorkflowType = 'EvaluateCandidate'")]:
+            text = (await env.client.get_workflow_handle(w.id, run_id=w.run_id).fetch_history()).to_json()
+            if '"signalName":"front"' in text.replace(" ", ""):  # told it is the front while under way
+                (OUT / f"{prefix}softmax_evaluation_front.json").write_text(text)
+                written += 1
+                break
         if policy == "llm":  # also a new best's evaluation with its best-only checks (the first has none)
             for w in sorted([w async for w in env.client.list_workflows("WorkflowType = 'EvaluateCandidate'")],
                             key=lambda w: w.start_time):

@@ -63,7 +63,9 @@ async def test_only_crowned_candidates_pay_for_the_best_only_checks(env, store):
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             a = e.activity_task_scheduled_event_attributes
             keys.append((a.activity_type.name, crowned_yet, a.priority.priority_key))
-    assert [k for _, after, k in keys if not after] == [0, 0, 0], keys  # compile, verify, benchmark: the default
+    # compile, verify, benchmark: the default, or 2 once it was the run's oldest unrecorded iteration (`front`)
+    assert len([k for _, after, k in keys if not after]) == 3 and all(k in (0, 2) for _, after, k in keys
+                                                                       if not after), keys
     assert [k for _, after, k in keys if after] and all(k == 1 for _, after, k in keys if after), keys
 
 

@@ -80,6 +80,23 @@ def test_a_fixture_holds_a_new_bests_checks_at_once():
     assert tasks[-2][1] == tasks[-1][1] > tasks[-3][1], tasks
 
 
+def test_a_fixture_tells_an_evaluation_under_way_it_is_the_front():
+    # front-iteration-first: the run signals `front` to the oldest unrecorded evaluation still under way, and
+    # that evaluation's stages scheduled after the signal carry priority 2
+    sent = [a for p in RUNS if p.name.startswith("front_") for e in _events(p)
+            if (a := e.get("signalExternalWorkflowExecutionInitiatedEventAttributes")) and a["signalName"] == "front"]
+    assert sent, "tests/histories holds a run that told an evaluation it is the front"
+    (told,) = [p for p in HISTORIES if p.name.endswith("_evaluation_front.json")]
+    keys, seen = [], False
+    for e in _events(told):
+        if (a := e.get("workflowExecutionSignaledEventAttributes")) and a["signalName"] == "front":
+            seen = True
+        if a := e.get("activityTaskScheduledEventAttributes"):
+            keys.append((seen, a.get("priority", {}).get("priorityKey", 0)))
+    assert seen and any(after for after, _ in keys), keys
+    assert all(k == 2 for after, k in keys if after), keys
+
+
 def _payload_data(x):
     if isinstance(x, dict):
         for k, v in x.items():

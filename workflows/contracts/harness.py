@@ -186,6 +186,7 @@ class EvaluateRequest(Strict):
     started_at: float = 0.0  # workflow time the run started it
     # the submission's answer brings a new best's profile: taken beside its best-only checks once crowned
     profile_if_crowned: bool = False
+    front: bool = False  # the run's oldest unrecorded iteration when started (later: the `front` signal)
 
 
 class EvaluationResult(Strict):

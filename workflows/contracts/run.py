@@ -49,6 +49,7 @@ class Evaluation(Strict):
     candidacy: IterationRecord | None = None
     asked: bool = False
     profile: ProfileReport | None = None  # with the result: a new best's profile, where it was asked for
+    front: bool = False  # told it is the run's oldest unrecorded iteration (its request, or `front`)
 
 
 class CarriedState(Strict):
