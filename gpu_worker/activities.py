@@ -24,7 +24,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, CancelledError
 
 from gpu_worker.harness import Evaluator
-from gpu_worker.phases import phases_begin, phases_end
+from gpu_worker.phases import phases_begin, phases_end, set_rank
 from gpu_worker.device.scheduling import Scheduler
 from gpu_worker.settings import GpuWorkerSettings, cuda_available
 from workflows.artifacts import ArtifactStoreError
@@ -122,8 +122,11 @@ def _beating(ev, stage: str, fn, req):
     thread; the step ends on its own thread by its own time limits."""
     log = activity_logger()  # bound to this activity: the phase log keeps its run
     fut: concurrent.futures.Future = concurrent.futures.Future()
+    # the task's priority ranks the step's device jobs as the queue ranked the task (0: none given)
+    rank = (activity.info().priority.priority_key or None) if activity.in_activity() else None
 
     def work():
+        set_rank(rank)
         try:
             fut.set_result(_observed(ev, stage, fn, req, log))
         except BaseException as e:  # noqa: BLE001 - raised again in the activity's thread

@@ -46,6 +46,16 @@ def add_phase(name: str, seconds: float) -> None:
         d[name] = d.get(name, 0.0) + seconds
 
 
+def set_rank(rank: int | None) -> None:
+    """The rank of this thread's device jobs (gpu_worker.device.turns.UntimedJob): its activity's task
+    priority. None: the default."""
+    _PHASES.rank = rank
+
+
+def current_rank() -> int | None:
+    return getattr(_PHASES, "rank", None)
+
+
 def current_phase() -> str | None:
     """The innermost named step this thread is in (`phase`): what a device job under it is, for a scheduler
     that learns how long each kind of job takes (gpu_worker.device.dispatcher)."""

@@ -16,7 +16,9 @@ its phase log stay on that activity's thread. The decisions themselves are Owner
 Fairness: every request takes a ticket when it first asks. A job may start only while no timing block
 with an earlier ticket waits; a timing block starts once no job with an earlier ticket waits and none
 runs. So a stream of jobs cannot starve a timing block (jobs that asked after it wait for it), and a
-stream of timing blocks cannot starve a job (blocks that asked after it wait for it).
+stream of timing blocks cannot starve a job (blocks that asked after it wait for it). Among jobs, a lower
+rank (its activity's task priority: the run's front, a crowned candidate's checks) goes first, unless a
+block that asked before it holds it back.
 
 Timing windows: draining the device of jobs costs the rest of their turns, so once a timing block has it
 drained, the blocks waiting (and those arriving meanwhile) run back to back, oldest first, before jobs
@@ -39,8 +41,8 @@ import threading
 import time
 from typing import Callable
 
-from gpu_worker.device.turns import OwnerTurns, StageTurns, Stretches, TimingBlock, UntimedJob
-from gpu_worker.phases import add_phase, beat, current_phase
+from gpu_worker.device.turns import DEFAULT_RANK, OwnerTurns, StageTurns, Stretches, TimingBlock, UntimedJob
+from gpu_worker.phases import add_phase, beat, current_phase, current_rank
 from gpu_worker.settings import GpuWorkerSettings
 from workflows.metrics import add_gpu_busy, add_gpu_closed, add_gpu_timed
 
@@ -102,11 +104,12 @@ class ThreadedTurns:
     def job(self, also: threading.Lock | None = None, kind: str | None = None, expected_s: float | None = None,
             mem_gb: float = 0.0):
         """An untimed device job's turn, of the kind named by the caller's current step (phases.phase) where
-        it names none. With `also` (a reference child's lock): that lock and the turn together, neither
+        it names none, ranked by its activity's task priority (phases.set_rank). With `also` (a reference child's lock): that lock and the turn together, neither
         waited for while holding the other: the lock is taken first and given back while the turn must
         wait. So a timing block never waits for the (serial) reference child's queue, and the reference
         child's queue never waits for a timing block."""
-        return self.run(UntimedJob(kind or current_phase() or "job", expected_s, mem_gb), also)
+        return self.run(UntimedJob(kind or current_phase() or "job", expected_s, mem_gb,
+                                   current_rank() or DEFAULT_RANK), also)
 
     def timing(self):
         """A timing block's turn: nothing else of ours on the device until it ends."""

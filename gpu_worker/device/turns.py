@@ -19,14 +19,21 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+#: an untimed job's rank where its stage's task came with no priority: the task queues' default key
+DEFAULT_RANK = 3
+
+
 @dataclass(frozen=True)
 class UntimedJob:
     """Untimed device work. `expected_s`: how long it runs (None: learned for its `kind`); `mem_gb`: the
-    device memory it takes beyond what its process holds already."""
+    device memory it takes beyond what its process holds already; `rank`: its stage's task priority (1 a
+    crowned candidate's checks, 2 the run's oldest unrecorded iteration): a job waits while one of a lower
+    rank waits that could start, as the task queue served them."""
 
     kind: str = "job"
     expected_s: float | None = None
     mem_gb: float = 0.0
+    rank: int = DEFAULT_RANK
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class OwnerTurns(_Turns):
         self.jobs = 0  # untimed jobs on the device
         self.timing_on = False
         self.timing_waiting: list[int] = []  # tickets of waiting timing blocks, oldest first
-        self.jobs_waiting: set[int] = set()
+        self.jobs_waiting: dict[int, UntimedJob] = {}
         self.window_since: float | None = None  # when the open timing window's first block started
 
     def account(self, now: float) -> None:
@@ -123,22 +130,27 @@ class OwnerTurns(_Turns):
 
     def job_may_start(self, ticket: int, job: UntimedJob, now: float) -> bool:
         return (not self.timing_on and not self.window_open(now) and self.jobs < self.max_jobs
-                and not (self.timing_waiting and self.timing_waiting[0] < ticket))
+                and not self._behind_block(ticket)
+                # a waiting job of a lower rank goes first, unless a block that asked before it holds it back
+                and not any(j.rank < job.rank and not self._behind_block(t) for t, j in self.jobs_waiting.items()))
+
+    def _behind_block(self, ticket: int) -> bool:
+        return bool(self.timing_waiting) and self.timing_waiting[0] < ticket
 
     def wait_job(self, ticket: int, job: UntimedJob) -> None:
-        self.jobs_waiting.add(ticket)
+        self.jobs_waiting[ticket] = job
 
     def unwait_job(self, ticket: int) -> None:
-        self.jobs_waiting.discard(ticket)
+        self.jobs_waiting.pop(ticket, None)
 
     def cancel_job(self, ticket: int, started: bool, now: float) -> None:
-        self.jobs_waiting.discard(ticket)
+        self.jobs_waiting.pop(ticket, None)
         if started:
             self.jobs -= 1
         self.account(now)
 
     def start_job(self, ticket: int, job: UntimedJob, now: float) -> None:
-        self.jobs_waiting.discard(ticket)
+        self.jobs_waiting.pop(ticket, None)
         self.jobs += 1
         self.account(now)
 
@@ -258,12 +270,14 @@ class DispatchTurns(_Turns):
         return job.expected_s if job.expected_s is not None else self.durations.expect(job.kind)
 
     def job_may_start(self, ticket: int, job: UntimedJob, now: float) -> bool:
-        """Admitted now, and no job that asked earlier would be (first come, first served among the jobs
-        that fit; a job too long for the time left before a window lets shorter ones by)."""
+        """Admitted now, and no job of a lower rank or of its rank that asked earlier would be (first come,
+        first served among the jobs of a rank that fit; a job too long for the time left before a window lets
+        shorter ones by)."""
         self._open_window_if_due(now)
         if not self._fits(ticket, job, now):
             return False
-        return not any(t < ticket and self._fits(t, j, now) for t, j in self.jobs_waiting.items())
+        return not any((j.rank, t) < (job.rank, ticket) and self._fits(t, j, now)
+                       for t, j in self.jobs_waiting.items())
 
     def _fits(self, ticket: int, job: UntimedJob, now: float) -> bool:
         if self.window_since is not None or self.timing_on or len(self.running) >= self.max_jobs:

@@ -129,3 +129,37 @@ def test_a_cancelled_step_ends_its_wait_even_where_the_exception_missed_its_thre
     finally:
         release.set()
         t.join(60)
+
+
+@pytest.mark.parametrize("key, rank", [(None, None), (2, 2), (1, 1)])
+def test_a_step_s_device_jobs_take_their_task_s_priority(key, rank):
+    """The queue served the task by its priority (2: the run's oldest unrecorded iteration, 1: a crowned
+    candidate's checks); the step's device jobs wait in the same order (gpu_worker.device.turns.UntimedJob)."""
+    import dataclasses
+
+    from temporalio import activity
+    from temporalio.common import Priority
+    from temporalio.testing import ActivityEnvironment
+
+    from gpu_worker import activities as acts
+    from gpu_worker.phases import current_rank
+    from gpu_worker.selftest_verdict import SelfTestVerdict
+    from workflows.contracts import CompileReport
+
+    seen = []
+
+    class Ev:
+        selftest_verdict = SelfTestVerdict()
+
+    def step(ev, r):
+        seen.append(current_rank())
+        return CompileReport(ok=True)
+
+    @activity.defn(name="compile_candidate")
+    def compile_candidate(request: EvalRequest):
+        return acts._beating(Ev(), "compile", step, request)
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, priority=Priority(priority_key=key))
+    assert env.run(compile_candidate, EvalRequest(problem="softmax", candidate_id="c" * 16, source_key="k")).ok
+    assert seen == [rank]

@@ -286,3 +286,25 @@ def test_a_raising_stage_retried_alone_lets_the_others_go():
     done = threading.Event()
     start(lambda: (owner.stage().__enter__(), done.set()))
     assert done.wait(2), "a stage waited for a retry that had ended"
+
+
+def test_a_job_of_the_run_s_front_goes_before_jobs_that_asked_earlier():
+    from gpu_worker.phases import set_rank
+
+    owner, rec = DeviceOwner(max_jobs=1), Record()
+
+    def job(name, rank, hold):
+        set_rank(rank)  # what the activity's task priority sets on the step's thread
+        with owner.job():
+            rec.inside("job", name, hold)
+
+    holder = start(job, "a", None, 0.3)
+    time.sleep(0.05)
+    behind = [start(job, f"b{i}", None, 0.01) for i in range(3)]
+    time.sleep(0.05)
+    front = start(job, "f", 2, 0.01)
+    for t in [holder, *behind, front]:
+        t.join(10)
+    assert not rec.bad
+    assert rec.at("f+") < min(rec.at(f"b{i}+") for i in range(3))  # asked last, went first
+    assert not owner.turns.jobs_waiting

@@ -114,3 +114,40 @@ def test_stretches_are_told_as_they_end():
     s.update(1.0, True, False)
     s.update(3.5, False, False)
     assert told == [2.5] and s.totals(4.0) == (2.5, 0.0)
+
+
+def test_the_owner_lets_a_lower_rank_go_first_unless_a_block_holds_it_back():
+    # ranks: a stage's task priority (2 the run's oldest unrecorded iteration, 3 the default)
+    t = OwnerTurns(max_jobs=1, window_s=4.0)
+    a = t.ticket()
+    t.start_job(a, JOB, 0.0)
+    later, front = t.ticket(), t.ticket()
+    t.wait_job(later, JOB)
+    t.wait_job(front, UntimedJob("job", 0.2, rank=2))
+    t.end_job(a, JOB, 0.1, 0.1)
+    assert not t.job_may_start(later, JOB, 0.1) and t.job_may_start(front, UntimedJob("job", 0.2, rank=2), 0.1)
+    t.start_job(front, UntimedJob("job", 0.2, rank=2), 0.1)
+    t.end_job(front, JOB, 0.1, 0.2)
+    assert t.job_may_start(later, JOB, 0.2)
+    # a ranked job that asked after a waiting block waits for it, and holds back no job the block waits for
+    # (else the three would wait for each other)
+    t.start_job(later, JOB, 0.2)
+    first, x, ranked = t.ticket(), None, None
+    t.wait_job(first, JOB)
+    x = t.ask_block(0.3)
+    ranked = t.ticket()
+    t.wait_job(ranked, UntimedJob("job", 0.2, rank=1))
+    t.end_job(later, JOB, 0.2, 0.4)
+    assert t.job_may_start(first, JOB, 0.4) and not t.job_may_start(ranked, UntimedJob("job", 0.2, rank=1), 0.4)
+
+
+def test_the_dispatcher_admits_a_lower_rank_first_among_the_jobs_that_fit():
+    t = DispatchTurns(max_jobs=1, batch=2, max_wait_s=1.0)
+    a = t.ticket()
+    t.start_job(a, JOB, 0.0)
+    later, front = t.ticket(), t.ticket()
+    ranked = UntimedJob("job", 0.2, rank=2)
+    t.wait_job(later, JOB)
+    t.wait_job(front, ranked)
+    t.end_job(a, JOB, 0.1, 0.1)
+    assert not t.job_may_start(later, JOB, 0.1) and t.job_may_start(front, ranked, 0.1)
