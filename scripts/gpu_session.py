@@ -39,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the project's packages, for the ledger and the scoreboard
 sys.path.insert(0, str(ROOT / "scripts"))  # session_samples and session_results, beside this file
-from session_results import bench_source_keys, best_source_key, run_records, throughput  # noqa: E402
+from session_results import (  # noqa: E402
+    bench_source_keys, best_source_key, run_records, throughput, verdict_waits)
 from session_samples import CPU, SMI, sample_smi, scrape_busy  # noqa: E402
 OUT = Path("gpu-session-out")  # --out
 WORK = Path("/tmp/marathon-session")
@@ -313,9 +314,10 @@ def main() -> int:
             st = status(rid) or {}
             summary["runs"][p] = st
             served_by = [workers[gpu_of[p]]] if a.split and len(workers) == len(groups) else workers
-            recs = run_records(st)  # the ledger, read once for the three below
+            recs = run_records(st)  # the ledger, read once for the four below
             summary["runs"][p]["throughput"] = throughput(recs, served_by, t_start, summary["samples"], p,
                                                          smi=SMI, cpu=CPU)
+            summary["runs"][p]["verdict_waits"] = verdict_waits(recs)
             summary["runs"][p]["best_source_key"] = best_source_key(st, recs)
             summary["runs"][p]["bench_source_keys"] = bench_source_keys(st, recs)
             if left(a) < 30:

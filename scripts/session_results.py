@@ -1,8 +1,15 @@
 """What a run of scripts/gpu_session.py did, from its ledger and the samples taken while it ran: evaluations per
-hour and GPU use per window of fixed GPU workers, and which of its kernels --bench measures."""
+hour and GPU use per window of fixed GPU workers, how long each verdict took, and which of its kernels --bench
+measures.
+
+    python scripts/session_results.py --verdicts STATUS.json   # a run's verdict waits (`marathon status --json`)
+"""
 
 from __future__ import annotations
 
+import json
+import statistics
+import sys
 import time
 from collections import Counter
 
@@ -83,3 +90,43 @@ def throughput(recs: list, workers: list[dict], t_start: float, samples: list[di
                     "cpu_busy": round(sum(c[1] for c in cpus) / len(cpus), 3) if cpus else None})
     outcomes = Counter(r.outcome if r.outcome != "rejected" else f"rejected:{r.stage}" for r in recs)
     return {"windows": out, "evaluations": len(recs), "outcomes": dict(outcomes)}
+
+
+def verdict_waits(recs: list) -> dict:
+    """How long each verdict took from its submission (the evaluation's start) to its record: the run records
+    in iteration order, so an iteration is recorded once it and every one before it have ended. Per kind
+    (`loser`: passed or rejected; `best`: improved), seconds: median, 90th percentile, max, and the median
+    of the part spent finished, held behind an earlier iteration. From the run's records (`run_records`); the
+    run's own step after the last end is not counted."""
+    out, recorded = {}, 0.0
+    rows = []
+    for r in sorted(recs, key=lambda r: r.iteration):
+        if not (r.started_at and r.finished_at):
+            continue
+        recorded = max(recorded, r.finished_at)
+        rows.append(("best" if r.outcome == "improved" else "loser", recorded - r.started_at,
+                     recorded - r.finished_at))
+    for kind in ("loser", "best"):
+        waits = sorted(w for k, w, _ in rows if k == kind)
+        if waits:
+            out[kind] = {"n": len(waits), "median_s": round(statistics.median(waits), 2),
+                         "p90_s": round(waits[min(len(waits) - 1, int(0.9 * len(waits)))], 2),
+                         "max_s": round(waits[-1], 2),
+                         "held_median_s": round(statistics.median(h for k, _, h in rows if k == kind), 2)}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] != "--verdicts":
+        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
+        return 2
+    from pathlib import Path
+
+    st = json.loads(Path(argv[1]).read_text())
+    print(json.dumps(verdict_waits(run_records(st)), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    sys.exit(main(sys.argv[1:]))
