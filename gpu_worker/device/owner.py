@@ -104,10 +104,10 @@ class ThreadedTurns:
     def job(self, also: threading.Lock | None = None, kind: str | None = None, expected_s: float | None = None,
             mem_gb: float = 0.0):
         """An untimed device job's turn, of the kind named by the caller's current step (phases.phase) where
-        it names none, ranked by its activity's task priority (phases.set_rank). With `also` (a reference child's lock): that lock and the turn together, neither
-        waited for while holding the other: the lock is taken first and given back while the turn must
-        wait. So a timing block never waits for the (serial) reference child's queue, and the reference
-        child's queue never waits for a timing block."""
+        it names none, ranked by its activity's task priority (phases.set_rank). With `also` (a reference
+        child's lock): that lock and the turn together, neither waited for while holding the other: the lock
+        is taken first and given back while the turn must wait. So a timing block never waits for the
+        (serial) reference child's queue, and the reference child's queue never waits for a timing block."""
         return self.run(UntimedJob(kind or current_phase() or "job", expected_s, mem_gb,
                                    current_rank() or DEFAULT_RANK), also)
 
