@@ -12,7 +12,7 @@ import time
 import traceback
 
 from gpu_worker import protocol, wire
-from gpu_worker.child.transfers import PinnedStaging
+from gpu_worker.child.transfers import PinnedStaging, madvise_ref
 from gpu_worker.guard_torch import mode_stacks
 from gpu_worker.pins import Pins
 
@@ -168,7 +168,7 @@ class ChildCore:
                            (torch.cuda.CUDAGraph, "replay"), (torch.cuda.CUDAGraph, "capture_begin"),
                            (torch.cuda.CUDAGraph, "capture_end"), (torch.cuda, "graph")]
         self.saved = {(id(o), n): getattr(o, n) for o, n in self.watch}
-        self.T.update(threads=threading.enumerate, listdir=os.listdir)
+        self.T.update(threads=threading.enumerate, listdir=os.listdir, madvise=madvise_ref())
         self.pins = Pins(same=_torch_rewrap(torch))
         # every large copy between host memory and the device goes through it, where the setting asks
         self.staging = PinnedStaging(self.T, self.cuda and self.settings.pinned_staging,

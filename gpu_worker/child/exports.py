@@ -44,6 +44,16 @@ class ChildExports:
         self._pending.append((tag, outs, snap, handles))
         return handles
 
+    def reserve(self, cases: int) -> None:
+        """Host memory for a verification's downloads of `cases` cases, written now (host work, before its
+        device job: PinnedStaging.reserve): every output of each case, of the determinism rerun and of the
+        stale-output probe, downloaded twice (the copy after the call, the buffer for the late-write check)."""
+        import torch
+
+        specs = self.core.output_specs(self.core.shape, cpu=self.core.cpu_mode).values()
+        calls = cases + 1 + (cases > 1)
+        self.core.staging.reserve([(s.shape, getattr(torch, s.dtype)) for s in specs for _ in range(2 * calls)])
+
     def clear_pending(self) -> None:
         """Drop what an earlier verification kept and never downloaded: a new one starts."""
         self._pending = []
@@ -96,6 +106,7 @@ class ChildExports:
                                              for name in snap}, snap))
             self._download(snap, handles)
         self._pending = []
+        self.core.staging.release()
         self.core._sync()
         self.core._release()
         return protocol.Exported(changed=changed, timing={"download": round(self.core.T["perf"]() - t0, 4)})

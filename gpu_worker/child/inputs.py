@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
+from gpu_worker.child.transfers import populate
 
 if TYPE_CHECKING:
     from gpu_worker.child.core import ChildCore
@@ -63,6 +64,10 @@ class ChildInputs:
         t0 = self.core.T["perf"]()
         cases = uncached(cases) if uncached is not None else cases
         staged = self.host_inputs(cases)  # (an earlier staging of a case is taken)
+        t1 = self.core.T["perf"]()
+        for inp in staged.values():  # a bank case's pages mapped in now, not by the upload in its device turn
+            populate(inp.values(), self.core.T)
+        self._count("populate", t1)
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
 

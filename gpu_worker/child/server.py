@@ -67,6 +67,8 @@ class Server:
         return self.core.cmd_warm_triton()
 
     def cmd_stage(self, cases: list):
+        if self.core.role == "candidate":  # a verification's: the memory its downloads land in, written now
+            self.exports.reserve(len(cases))
         return self.inputs.cmd_stage(cases, uncached=self.reference._stage_cached)
 
     def cmd_load(self, **request):

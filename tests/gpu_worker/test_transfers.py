@@ -81,3 +81,67 @@ def test_on_a_gpu_staged_copies_equal_plain_ones():
     assert torch.equal(up.cpu(), x)
     back = st.download(up * 2)
     assert torch.equal(back, (x.cuda() * 2).cpu())
+
+
+def _faults_reading(values) -> int:
+    """Minor page faults this process takes while reading every byte of `values` (no large allocation)."""
+    import resource
+
+    import numpy
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for v in values:
+        v.reshape(-1).view(torch.uint8).numpy().sum(dtype=numpy.uint64)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.fixture()
+def shm_path():
+    """A file in /dev/shm, where the input bank lives (tmpfs: a mapping faults its pages in 16 at a time)."""
+    import os
+    import tempfile
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm here")
+    fd, path = tempfile.mkstemp(dir="/dev/shm", prefix="populate-test-", suffix=".pt")
+    os.close(fd)
+    yield path
+    os.unlink(path)
+
+
+@pytest.mark.parametrize("with_madvise", [True, False])
+def test_a_populated_mapping_is_read_without_page_faults(shm_path, with_madvise):
+    """A bank case, memory-mapped as a candidate child maps it: read as mapped, it takes page faults (each
+    inside the upload's device turn); populated first (host work), the same read takes next to none.
+    Without madvise's MADV_POPULATE_READ (older kernels), the one-byte-per-page read does the same."""
+    path = shm_path
+    torch.save({"q": torch.randn(4 << 20), "beta": torch.rand(2 << 20).to(torch.bfloat16), "scale": 0.5}, path)
+    pages = (16 << 20) // transfers.PAGE + (4 << 20) // transfers.PAGE
+    as_mapped = torch.load(path, mmap=True, weights_only=True)
+    assert _faults_reading([as_mapped["q"], as_mapped["beta"]]) > pages // 64  # fault-around: 16 pages a fault
+    refs = dict(T, sum=torch.sum, madvise=transfers.madvise_ref() if with_madvise else None)
+    populated = torch.load(path, mmap=True, weights_only=True)
+    assert transfers.populate(populated.values(), refs) == (16 << 20) + (4 << 20)
+    assert _faults_reading([populated["q"], populated["beta"]]) < pages // 256
+    assert torch.equal(populated["q"], as_mapped["q"]) and populated["scale"] == 0.5
+
+
+def test_a_download_lands_in_memory_reserved_and_written_ahead():
+    """`reserve` allocates and writes the downloads' host memory in host work; a download then takes a
+    reserved tensor of its shape and dtype (no page fault inside its device turn), a new one past them. A
+    tensor planted among the reserved ones is never written into."""
+    import resource
+
+    st = PinnedStaging(T, cuda=False)
+    v = torch.randn(4 << 20)  # 16 MiB: a fresh host tensor of it faults thousands of pages in
+    assert st.reserve([((4 << 20,), torch.float32), ((2,), torch.int64)]) == (16 << 20) + 16
+    planted = torch.zeros(4 << 20)
+    st.reserved[((4 << 20,), torch.float32)].insert(0, planted)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    first = st.download(v)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    assert torch.equal(first, v) and first.data_ptr() != v.data_ptr() and faults < 64, faults
+    second = st.download(v)  # the planted one is skipped: a new tensor
+    assert torch.equal(second, v) and second is not planted and not planted.any()
+    st.release()
+    assert st.reserved == {} and torch.equal(st.download(v[::2]), v[::2])  # a strided one: copied contiguous
