@@ -264,6 +264,18 @@ class Stage(Request):
     cases: list[Case]
 
 
+class StageTiming(Request):
+    """A distribution's timing-set pool into host memory (host work, before the untimed job that makes the
+    set): drawn, or read from the input bank; nothing where the child holds that set already."""
+
+    cmd = "stage_timing"
+    result_type = Staged
+    dist: str
+    rotate: int
+    seed: int = 1000
+    pool: int = 3
+
+
 class Load(Request):
     """Enclose the child in its wall and execute the candidate's module (candidate role); then, as `Stage`
     does, the `stage` cases' inputs into host memory (host work both)."""
@@ -401,5 +413,5 @@ class Receipt(Request):
 
 
 REQUESTS: dict[str, type[Request]] = {c.cmd: c for c in (
-    Exit, CudaInit, WarmTriton, Stage, Load, Compile, Prepare, Verify, WriteExports, Time,
+    Exit, CudaInit, WarmTriton, Stage, StageTiming, Load, Compile, Prepare, Verify, WriteExports, Time,
     HostLatencyRequest, Park, Profile, Setup, Reference, Compare, CompareTimed, MeasureCeilings, Receipt)}

@@ -28,6 +28,8 @@ class ChildInputs:
         self.core = core
         self.prefetched: dict = {}  # (dist, seed) -> a case's inputs uploaded ahead (ChildTiming.cmd_prepare)
         self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
+        # likewise a timing set's pool (ChildTiming.cmd_stage_timing): a staging of cases does not drop it
+        self.pool_staged: dict = {}
         self.prep_timing: dict = {}  # seconds and counts per step of input preparation (_count)
         self._counting = threading.Lock()  # cases drawn on threads count their steps
 
@@ -71,6 +73,17 @@ class ChildInputs:
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
 
+    def cmd_stage_pool(self, cases: list):
+        """A timing set's pool cases into host memory now (host work, before the job that makes the set: the
+        reference child draws them, several at once, about a second a KDA case on a core), kept apart from
+        `cmd_stage`'s, which does not drop them; replaced by the next pool's."""
+        t0 = self.core.T["perf"]()
+        staged = self.host_inputs([c for c in cases if c not in self.prefetched])
+        for inp in staged.values():
+            populate(inp.values(), self.core.T)
+        self.pool_staged = staged
+        return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
+
     def stage_more(self, cases: list) -> None:
         """Those of `cases` not uploaded ahead drawn at once (`host_inputs`) and staged beside what is staged
         already, for `_inputs` to take: a timing set's pool."""
@@ -102,6 +115,8 @@ class ChildInputs:
         import torch
 
         staged = self._staged.pop((dist, seed), None)
+        if staged is None:
+            staged = self.pool_staged.pop((dist, seed), None)
         if staged is not None:
             return staged
         path = self._bank_path(dist, seed)

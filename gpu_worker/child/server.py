@@ -71,6 +71,11 @@ class Server:
             self.exports.reserve(len(cases))
         return self.inputs.cmd_stage(cases, uncached=self.reference._stage_cached)
 
+    def cmd_stage_timing(self, dist: str, rotate: int, seed: int = 1000, pool: int = 3):
+        have = self.timing.timing_sets.get(dist)  # the set held already: nothing to draw
+        held = have is not None and have.key == (rotate, int(seed), pool)
+        return self.inputs.cmd_stage_pool([] if held else [(dist, int(seed) + k) for k in range(pool)])
+
     def cmd_load(self, **request):
         return self.loading.cmd_load(**request)
 
@@ -124,6 +129,7 @@ COMMANDS: dict[type[protocol.Request], Callable[..., protocol.Result]] = {
     protocol.CudaInit: Server.cmd_cuda_init,
     protocol.WarmTriton: Server.cmd_warm_triton,
     protocol.Stage: Server.cmd_stage,
+    protocol.StageTiming: Server.cmd_stage_timing,
     protocol.Load: Server.cmd_load,
     protocol.Compile: Server.cmd_compile,
     protocol.Prepare: Server.cmd_prepare,

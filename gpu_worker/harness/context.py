@@ -137,6 +137,11 @@ class StageContext:
         # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
         return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
 
+    def timing_set_staging(self, dist: str) -> msg.StageTiming:
+        """The host work before `timing_set_request`'s job: the set's pool drawn (or read) ahead."""
+        plan = self.plan()
+        return msg.StageTiming(dist=dist, rotate=plan["rotate"], seed=self.timing_seed, pool=plan["pool"])
+
     def timing_set_request(self, dist: str, capture: bool = False) -> msg.Prepare:
         """What every side gets to prepare one distribution's timing set: the same seeds, so that the
         reference child holds the values each timed repetition of a candidate ran on; with `capture`, its

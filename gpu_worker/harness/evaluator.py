@@ -136,6 +136,8 @@ class Evaluator:
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
         for dist in problem.distributions:
+            with ref_lock:  # the pool drawn first, host work: no device turn held meanwhile
+                self.refs.do(ref_sb, hb, ctx.timing_set_staging(dist), ctx.timeouts["load"])
             with self.turns.with_ref(ref_lock):
                 self.refs.do(ref_sb, hb, ctx.timing_set_request(dist), ctx.timeouts["load"])
         parts["timing-sets"] = time.monotonic() - t

@@ -83,14 +83,14 @@ def test_timing_stops_early_only_for_a_candidate_clearly_slower_than_the_best(tm
 
 def test_on_a_gpu_each_side_captures_in_its_preparation_job_and_the_window_only_times(tmp_path):
     """With a device (stand-in children answering), every side's timing set is prepared and its graphs
-    captured in one untimed job of its own; the timing window holds timed blocks and host latency only, in
+    captured in one untimed job of its own (the reference's pool drawn before it, outside any turn); the timing window holds timed blocks and host latency only, in
     graph mode where every side captured and back to back where one did not."""
     import contextlib
 
     from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.harness import Evaluator
     from gpu_worker.phases import phases_begin, phases_end
-    from gpu_worker.protocol import Captured, HostLatency, Prepared, Timed
+    from gpu_worker.protocol import Captured, HostLatency, Prepared, Staged, Timed
     from workflows.artifacts import ArtifactStore
 
     e = Evaluator(store=ArtifactStore(tmp_path / "art"), interpreter=True, scheduler=Scheduler(spares=0))
@@ -107,6 +107,8 @@ def test_on_a_gpu_each_side_captures_in_its_preparation_job_and_the_window_only_
         def call(self, request, timeout, hb=None):
             asked.append((self.who, request.cmd, where[0], getattr(request, "capture", None),
                           getattr(request, "mode", None)))
+            if request.cmd == "stage_timing":
+                return Reply(seq=None, result=Staged(seconds=0.0))
             if request.cmd == "prepare":
                 cap = Captured(captured=self.captures, why="" if self.captures else "stand-in refuses")
                 return Reply(seq=None, result=Prepared(timing={}, captured=cap if request.capture else None))
@@ -139,6 +141,8 @@ def test_on_a_gpu_each_side_captures_in_its_preparation_job_and_the_window_only_
             assert res.mode == mode and res.captures == {"cand": True, "base": True, "best": best_captures}
             prepares = [(who, w, cap) for who, cmd, w, cap, _ in asked if cmd == "prepare"]
             assert sorted(prepares) == [("base", "ref-job", True), ("best", "job", True), ("cand", "job", True)]
+            # the reference's pool drawn before, in no turn
+            assert [(who, w) for who, cmd, w, _, _ in asked if cmd == "stage_timing"] == [("base", "host")]
             timed = [a for a in asked if a[1] == "time"]
             assert timed and all(w == "window" and m == mode for _, _, w, _, m in timed), timed
             assert {cmd for _, cmd, w, _, _ in asked if w == "window"} == {"time", "host_latency"}

@@ -1,0 +1,52 @@
+"""The reference child draws a timing set's pool in host work (`stage_timing`, under its lock alone), before
+the untimed device job that makes the set: on KDA that is about a second a case on a core, which the job
+held before. Counted from the reference child's replies on the interpreter's harness: its `prepare` of a
+timing set draws nothing; the staging does, once per set (a child holding the set draws nothing again)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gpu_worker.harnesses import canary, req
+from gpu_worker import protocol as msg
+from workflows.contracts import BenchRequest
+
+
+@pytest.mark.slow(30)
+def test_the_reference_draws_its_timing_pools_outside_the_device_job(store, tmp_path, monkeypatch):
+    import gpu_worker.harness as h
+    from gpu_worker.device.scheduling import Scheduler
+    from gpu_worker.sandbox import Sandbox
+    from gpu_worker.settings import GpuWorkerSettings
+
+    replies, real = [], Sandbox.call
+
+    def call(sb, request, *a, **kw):
+        r = real(sb, request, *a, **kw)
+        if sb.role == "reference" and request.cmd in ("stage_timing", "prepare") and r.ok:
+            replies.append((request.cmd, getattr(request, "rotate", None), r.result))
+        return r
+
+    monkeypatch.setattr(Sandbox, "call", call)
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                    settings=GpuWorkerSettings(gpu_workdir=tmp_path, seed_pool=3))
+    try:
+        r = req(store, canary("fast"))
+        assert e.compile(r).ok and e.verify(r).ok
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key))
+        assert b.ok, b.reason
+        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key,
+                                        fresh_process=True)).ok
+        # the same request without the staging before it: the set's job draws the pool itself
+        problem = e.ctx.problem("softmax")
+        sb, lock, _ = e.refs.child(problem, e.ctx.shape(problem, None), None)
+        with lock:
+            unstaged = e.refs.do(sb, None, msg.Prepare(rotate=2, pool=2, dist=problem.distributions[0], seed=77),
+                                 e.ctx.timeouts["load"])
+    finally:
+        e.close()
+    order = [cmd for cmd, _, _ in replies]
+    sets = [res for cmd, rotate, res in replies if cmd == "prepare"][:-1]
+    assert len(sets) == 4 and order[:8] == ["stage_timing", "prepare"] * 4, order  # two benchmarks, two dists
+    assert all("timing-sets-n" in res.timing and "generate-n" not in res.timing for res in sets), sets
+    assert unstaged.timing.get("generate-n") == 2, unstaged.timing
