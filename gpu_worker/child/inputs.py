@@ -28,7 +28,7 @@ class ChildInputs:
         self.core = core
         self.prefetched: dict = {}  # (dist, seed) -> a case's inputs uploaded ahead (ChildTiming.cmd_prepare)
         self._staged: dict = {}  # (dist, seed) -> host inputs read or generated ahead (cmd_stage), taken once
-        # likewise a timing set's pool (ChildTiming.cmd_stage_timing): a staging of cases does not drop it
+        # likewise a timing set's pool (cmd_stage_pool): a staging of cases does not drop it
         self.pool_staged: dict = {}
         self.prep_timing: dict = {}  # seconds and counts per step of input preparation (_count)
         self._counting = threading.Lock()  # cases drawn on threads count their steps
