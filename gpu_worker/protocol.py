@@ -257,11 +257,13 @@ class WarmTriton(Request):
 
 
 class Stage(Request):
-    """Cases' inputs into host memory (host work)."""
+    """Cases' inputs into host memory (host work); `pool`: a candidate's timing-set pools too, those the input
+    bank holds (its benchmark's preparation then reads them mapped already)."""
 
     cmd = "stage"
     result_type = Staged
     cases: list[Case]
+    pool: list[Case] = []
 
 
 class StageTiming(Request):

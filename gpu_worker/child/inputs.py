@@ -73,12 +73,16 @@ class ChildInputs:
         self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
 
-    def cmd_stage_pool(self, cases: list):
+    def cmd_stage_pool(self, cases: list, banked_only: bool = False):
         """A timing set's pool cases into host memory now (host work, before the job that makes the set: the
         reference child draws them, several at once, about a second a KDA case on a core), kept apart from
-        `cmd_stage`'s, which does not drop them; replaced by the next pool's."""
+        `cmd_stage`'s, which does not drop them; replaced by the next pool's. `banked_only`: those the input
+        bank holds, the rest left to the set's job."""
         t0 = self.core.T["perf"]()
-        staged = self.host_inputs([c for c in cases if c not in self.prefetched])
+        cases = [c for c in cases if c not in self.prefetched]
+        if banked_only:
+            cases = [c for c in cases if (path := self._bank_path(*c)) and os.path.exists(path)]
+        staged = self.host_inputs(cases)
         for inp in staged.values():
             populate(inp.values(), self.core.T)
         self.pool_staged = staged

@@ -66,9 +66,11 @@ class Server:
     def cmd_warm_triton(self):
         return self.core.cmd_warm_triton()
 
-    def cmd_stage(self, cases: list):
+    def cmd_stage(self, cases: list, pool: list = ()):
         if self.core.role == "candidate":  # a verification's: the memory its downloads land in, written now
             self.exports.reserve(len(cases))
+        if pool:  # a candidate's timing pools, read from the bank only: never drawn here for a verification
+            self.inputs.cmd_stage_pool(pool, banked_only=True)
         return self.inputs.cmd_stage(cases, uncached=self.reference._stage_cached)
 
     def cmd_stage_timing(self, dist: str, rotate: int, seed: int = 1000, pool: int = 3):

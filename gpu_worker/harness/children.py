@@ -139,10 +139,11 @@ class CandidateChildren:
             sb.close()
             raise
 
-    def stage_cases(self, sb: Sandbox, cases: list, stage: str, hb) -> None:
-        """The cases' inputs into the child's host memory (bank reads, or generation): host work, no turn."""
+    def stage_cases(self, sb: Sandbox, cases: list, stage: str, hb, pool: list = ()) -> None:
+        """The cases' inputs into the child's host memory (bank reads, or generation): host work, no turn;
+        `pool`: its benchmark's timing pools as well, where the bank holds them."""
         with _phase("stage"):
-            self.ask(sb, msg.Stage(cases=cases), self.ctx.timeouts["load"], stage, hb)
+            self.ask(sb, msg.Stage(cases=cases, pool=list(pool)), self.ctx.timeouts["load"], stage, hb)
 
     @staticmethod
     def park(sb: Sandbox) -> bool:

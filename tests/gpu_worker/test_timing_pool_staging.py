@@ -1,7 +1,7 @@
-"""The reference child draws a timing set's pool in host work (`stage_timing`, under its lock alone), before
-the untimed device job that makes the set: on KDA that is about a second a case on a core, which the job
-held before. Counted from the reference child's replies on the interpreter's harness: its `prepare` of a
-timing set draws nothing; the staging does, once per set (a child holding the set draws nothing again)."""
+"""A timing set's pool is read before the untimed device job that makes the set, in host work. The reference
+child draws it (`stage_timing`, under its lock alone: on KDA about a second a case on a core, which the job
+held before); a candidate's child kept from verification for its benchmark maps the banked pool in with the
+verification's staging. Counted from the children's replies on the interpreter's harness."""
 
 from __future__ import annotations
 
@@ -50,3 +50,37 @@ def test_the_reference_draws_its_timing_pools_outside_the_device_job(store, tmp_
     assert len(sets) == 4 and order[:8] == ["stage_timing", "prepare"] * 4, order  # two benchmarks, two dists
     assert all("timing-sets-n" in res.timing and "generate-n" not in res.timing for res in sets), sets
     assert unstaged.timing.get("generate-n") == 2, unstaged.timing
+
+
+@pytest.mark.slow(30)
+def test_a_verified_candidate_s_child_reads_its_timing_pools_before_the_benchmark(store, tmp_path, monkeypatch):
+    """The verification's staging (host work) also maps the timing pools the bank holds into the child kept
+    for the benchmark, so the sets' jobs read no bank file; a fresh child (the re-measure) still does."""
+    import gpu_worker.harness as h
+    from gpu_worker.device.scheduling import Scheduler
+    from gpu_worker.sandbox import Sandbox
+    from gpu_worker.settings import GpuWorkerSettings
+
+    sets, real = [], Sandbox.call
+
+    def call(sb, request, *a, **kw):
+        r = real(sb, request, *a, **kw)
+        if sb.role == "candidate" and request.cmd == "prepare" and request.rotate and r.ok:
+            sets.append(r.result.timing)
+        return r
+
+    monkeypatch.setattr(Sandbox, "call", call)
+    e = h.Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0),
+                    settings=GpuWorkerSettings(gpu_workdir=tmp_path, seed_pool=3))
+    try:
+        e.warm("softmax")  # the reference banks the timing pools
+        r = req(store, canary("fast"))
+        assert e.compile(r).ok and e.verify(r).ok
+        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key)).ok
+        handed_on = list(sets)
+        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key,
+                                        fresh_process=True)).ok
+    finally:
+        e.close()
+    assert len(handed_on) == 2 and all("bank-n" not in t for t in handed_on), handed_on
+    assert len(sets) == 4 and all(t.get("bank-n") == 2 for t in sets[2:]), sets
