@@ -362,7 +362,11 @@ class HostLatencyRequest(Request):
 
 
 class Park(Request):
+    """The child waits, kept, for a later benchmark: its timing sets dropped; `pool`, those timing pools the
+    input bank holds mapped in meanwhile (host work), for that benchmark's preparation."""
+
     cmd = "park"
+    pool: list[Case] = []
 
 
 class Profile(Request):

@@ -99,8 +99,11 @@ class Server:
     def cmd_host_latency(self, **request):
         return self.timing.cmd_host_latency(**request)
 
-    def cmd_park(self):
-        return self.timing.cmd_park()
+    def cmd_park(self, pool: list = ()):
+        parked = self.timing.cmd_park()
+        if pool:
+            self.inputs.cmd_stage_pool(pool, banked_only=True)
+        return parked
 
     def cmd_profile(self, **request):
         return self.profiling.cmd_profile(**request)

@@ -119,7 +119,7 @@ class BenchmarkStage:
             finally:
                 stage.close()
                 for s in sbs:
-                    if id(s) in keep and self.children.park(s):
+                    if id(s) in keep and self.children.park(s, ctx.timing_pools(problem)):
                         ctx.loaded.put(keep[id(s)], s)
                     else:
                         s.close()

@@ -96,9 +96,7 @@ class CaseVerification:
                 self.compiler.compile_in(sb, problem, hb, "verify")
             listed = [(d, s) for d, s in cases]
             # a child kept for the benchmark reads its timing pools now too, mapped before the sets' jobs
-            pool = [(d, ctx.timing_seed + k) for d in problem.distributions for k in range(ctx.plan()["pool"])] \
-                if hand_on else []
-            self.children.stage_cases(sb, listed, "verify", hb, pool)
+            self.children.stage_cases(sb, listed, "verify", hb, ctx.timing_pools(problem) if hand_on else [])
             with _phase("reference"):  # the oracles, from the bank (computed there if missing)
                 refs = self.refs.reference(problem, shape, cases, hb, baseline=base_err is None)
             # verification is untimed device work: one job for the stage's one command, which uploads the

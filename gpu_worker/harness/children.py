@@ -146,11 +146,11 @@ class CandidateChildren:
             self.ask(sb, msg.Stage(cases=cases, pool=list(pool)), self.ctx.timeouts["load"], stage, hb)
 
     @staticmethod
-    def park(sb: Sandbox) -> bool:
-        """A child about to wait for a later benchmark drops its timing sets (child/timing.py: park); False if it
-        cannot (then it is closed, not kept)."""
+    def park(sb: Sandbox, pool: list = ()) -> bool:
+        """A child about to wait for a later benchmark drops its timing sets (child/timing.py: park) and maps in
+        the banked `pool` for it; False if it cannot (then it is closed, not kept)."""
         try:
-            return sb.alive() and sb.call(msg.Park(), 60).ok
+            return sb.alive() and sb.call(msg.Park(pool=list(pool)), 60).ok
         except SandboxFailure:
             return False
 

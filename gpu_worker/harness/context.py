@@ -137,6 +137,10 @@ class StageContext:
         # baseline's figures; two warm-up calls cost ~0.2 s per evaluation.
         return {"blocks": 2, "reps": 3, "warmup": 2, "rotate": 2, "pool": 2, "host_reps": 1}
 
+    def timing_pools(self, problem) -> list[tuple[str, int]]:
+        """Every distribution's timing-set pool cases (the seeds `timing_set_request` makes its sets from)."""
+        return [(d, self.timing_seed + k) for d in problem.distributions for k in range(self.plan()["pool"])]
+
     def timing_set_staging(self, dist: str) -> msg.StageTiming:
         """The host work before `timing_set_request`'s job: the set's pool drawn (or read) ahead."""
         plan = self.plan()

@@ -52,21 +52,25 @@ def test_the_reference_draws_its_timing_pools_outside_the_device_job(store, tmp_
     assert unstaged.timing.get("generate-n") == 2, unstaged.timing
 
 
-@pytest.mark.slow(30)
-def test_a_verified_candidate_s_child_reads_its_timing_pools_before_the_benchmark(store, tmp_path, monkeypatch):
-    """The verification's staging (host work) also maps the timing pools the bank holds into the child kept
-    for the benchmark, so the sets' jobs read no bank file; a fresh child (the re-measure) still does."""
+@pytest.mark.slow(40)
+def test_a_kept_child_reads_its_timing_pools_before_its_benchmark(store, tmp_path, monkeypatch):
+    """A candidate's child kept from its verification for its benchmark maps the banked timing pools in with
+    the verification's staging, and a child parked for a later benchmark (the best's) with its park: their
+    sets' jobs read no bank file. A child that was neither still reads its pools inside the job."""
     import gpu_worker.harness as h
     from gpu_worker.device.scheduling import Scheduler
     from gpu_worker.sandbox import Sandbox
     from gpu_worker.settings import GpuWorkerSettings
+    from workflows.contracts import BestRef
 
-    sets, real = [], Sandbox.call
+    asked, sets, real = {}, [], Sandbox.call
 
     def call(sb, request, *a, **kw):
         r = real(sb, request, *a, **kw)
-        if sb.role == "candidate" and request.cmd == "prepare" and request.rotate and r.ok:
-            sets.append(r.result.timing)
+        if sb.role == "candidate":
+            if request.cmd == "prepare" and request.rotate and r.ok:
+                sets.append((set(asked.get(id(sb), ())), r.result.timing))
+            asked.setdefault(id(sb), set()).add(request.cmd)
         return r
 
     monkeypatch.setattr(Sandbox, "call", call)
@@ -74,13 +78,24 @@ def test_a_verified_candidate_s_child_reads_its_timing_pools_before_the_benchmar
                     settings=GpuWorkerSettings(gpu_workdir=tmp_path, seed_pool=3))
     try:
         e.warm("softmax")  # the reference banks the timing pools
-        r = req(store, canary("fast"))
-        assert e.compile(r).ok and e.verify(r).ok
-        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key)).ok
-        handed_on = list(sets)
-        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=r.candidate_id, source_key=r.source_key,
-                                        fresh_process=True)).ok
+        first, second = req(store, canary("fast")), req(store, canary("fast") + "\n# another\n")
+        assert e.compile(first).ok and e.verify(first).ok
+        b = e.benchmark(BenchRequest(problem="softmax", candidate_id=first.candidate_id, source_key=first.source_key))
+        assert b.ok, b.reason
+        best = BestRef(candidate_id=first.candidate_id, source_key=first.source_key, speedup=b.speedup,
+                       time_ms=b.time_ms, baseline_ms=b.baseline_ms, iteration=1, interpreter=True)
+        assert e.compile(second).ok and e.verify(second).ok
+        for fresh in (False, True):  # against the first, kept and parked; then in a fresh process
+            assert e.benchmark(BenchRequest(problem="softmax", candidate_id=second.candidate_id,
+                                            source_key=second.source_key, best=best, fresh_process=fresh)).ok
+        # a child benchmarked straight after its compile was neither staged for a verification nor parked
+        third = req(store, canary("fast") + "\n# a third\n")
+        assert e.compile(third).ok
+        assert e.benchmark(BenchRequest(problem="softmax", candidate_id=third.candidate_id,
+                                        source_key=third.source_key)).ok
     finally:
         e.close()
-    assert len(handed_on) == 2 and all("bank-n" not in t for t in handed_on), handed_on
-    assert len(sets) == 4 and all(t.get("bank-n") == 2 for t in sets[2:]), sets
+    kept = [t for before, t in sets if before & {"stage", "park"}]
+    fresh = [t for before, t in sets if not before & {"stage", "park"}]
+    assert len(kept) >= 4 and all("bank-n" not in t for t in kept), sets
+    assert fresh and all(t.get("bank-n") == 2 for t in fresh), sets
