@@ -27,8 +27,8 @@ with workflow.unsafe.imports_passed_through():
         Evaluation, EvaluationResult, IterationRecord, LeaderEntry, Phase, ProfileReport, Proposal, ProposeRequest,
         RunResult, RunSpec, Status, StopRequest, explain,
     )
-    from workflows.evaluation import (CROWN_SIGNAL, EVALUATE_TYPE, FRONT_SIGNAL, RESULT_SIGNAL, Interrupted, Paused,
-                                      call_activity, call_local)
+    from workflows.evaluation import (CROWN_SIGNAL, EVALUATE_TYPE, FRONT, FRONT_SIGNAL, RESULT_SIGNAL, Interrupted,
+                                      Paused, call_activity, call_local)
     from workflows.llm_loop import AT_START_PATCH as LLM_AT_START_PATCH, llm_step
     from workflows.text import evaluation_summary, run_details, run_summary
 
@@ -68,8 +68,7 @@ class KernelOptimization:
         self.starting: list[asyncio.Task] = []  # child workflow starts not yet confirmed by the server
         self.llm_stopped_by: str | None = None  # llm policy: why its step ended the run, if not "exhausted"
         self.llm_patches_at_start = False  # llm policy: its patches decided in this run's first activation
-        self.gpu_interruptible = False  # STOP_NOW_PATCH, decided in this run's first activation
-        self.front_first = False  # FRONT_PATCH, likewise
+        self.gpu_interruptible = self.front_first = False  # STOP_NOW_PATCH, FRONT_PATCH: in the first activation
         self.cancelled: list[int] = []  # iterations whose evaluations a stop with `now` cancelled
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -372,10 +371,11 @@ class KernelOptimization:
                                    f"{name} #{self.st.iteration + 1}")
 
     async def gpu(self, name: str, arg, result_type, minutes: int):
-        """An activity on the run's GPU queue; Paused when it fails for infrastructure reasons."""
+        """An activity on the run's GPU queue, at its front's priority (FRONT); Paused on infrastructure failure."""
         return await call_activity(name, arg, result_type, self.spec.gpu_queue, minutes,
                                    self.spec.heartbeat_seconds, f"{name} #{self.st.iteration + 1}",
-                                   interrupted=self._stopping_now if self.gpu_interruptible else None)
+                                   interrupted=self._stopping_now if self.gpu_interruptible else None,
+                                   priority=FRONT if self.front_first else None)
 
     # ---- operator controls ---------------------------------------------------------------------
     # The updates take their input raw and validate it themselves: even a `dict` or `int` argument that fails to

@@ -95,6 +95,10 @@ def test_a_fixture_tells_an_evaluation_under_way_it_is_the_front():
             keys.append((seen, a.get("priority", {}).get("priorityKey", 0)))
     assert seen and any(after for after, _ in keys), keys
     assert all(k == 2 for after, k in keys if after), keys
+    # the run's own GPU activities (an llm policy's compile and profile tools) wait at the front's priority too
+    tools = [a for p in RUNS if p.name.startswith("front_llm_") for e in _events(p)
+             if (a := e.get("activityTaskScheduledEventAttributes")) and a["taskQueue"]["name"] == "marathon-gpu"]
+    assert tools and all(a.get("priority", {}).get("priorityKey") == 2 for a in tools), tools
 
 
 def _payload_data(x):
