@@ -53,7 +53,7 @@ class KernelOptimization:
         self.first_run = parsed.carried is None
         self.spec = parsed.model_copy(update={"carried": None})
         self.st: CarriedState = parsed.carried.model_copy(deep=True) if parsed.carried else CarriedState()
-        self.paused_since: float | None = None  # see _wait_paused
+        self.paused_since: float | None = None  # see wait_paused
         self.phase: Phase = "starting"
         self.records: list[IterationRecord] = []  # this run's, flushed to the ledger at compaction
         self.stop: StopRequest | None = self.st.stop
@@ -91,7 +91,7 @@ class KernelOptimization:
         self.publish()
         stopped_by = None
         while True:
-            self._account_time()
+            self.account_time()
             if self.stop:
                 stopped_by = "stop-signal"
                 await self._drain()
@@ -103,26 +103,26 @@ class KernelOptimization:
             if self.st.paused:
                 await self._drain()
                 self.set_phase("paused")
-                await self._wait_paused(lambda: not self.st.paused or self.stop is not None)
+                await self.wait_paused(lambda: not self.st.paused or self.stop is not None)
                 continue
             try:
                 exhausted = await self._step()
             except Interrupted:
                 continue  # the stop is under way: the loop's top ends the run
             except Paused as p:
-                self._pause(p.reason)
+                self.pause_for(p.reason)
                 continue
             if exhausted:
                 stopped_by = self.llm_stopped_by or "exhausted"
                 break
-            self._account_time()
+            self.account_time()
             if self.stop or decisions.limit_reached(self.spec.budget, self.st.used):
                 continue  # the top of the loop says why; run_end.finish compacts, no needless new run
             if self._time_to_compact():
                 # the evaluations under way go on meanwhile: their results reach the next run
                 await run_end.compact(self, final=False)
                 await workflow.wait_condition(lambda: self._started() and workflow.all_handlers_finished())
-                self._account_time()
+                self.account_time()
                 workflow.continue_as_new(self.spec.model_copy(update={"carried": self._carry()}))
         return await run_end.finish(self, stopped_by)
 
@@ -151,7 +151,7 @@ class KernelOptimization:
         as they arrive. Returns True when the proposer has nothing new left and nothing is in flight."""
         if any(e.failure for e in self.evaluations.values()):
             reason = await self._drain()
-            if self._stopping_now():
+            if self.stopping_now():
                 return False  # the loop's top ends the run
             raise Paused(reason or "an evaluation failed")
         await self._record_finished()
@@ -180,7 +180,7 @@ class KernelOptimization:
         # for "any arrived" would return at once while an arrived one waits behind a slower, older one.)
         running = [e for e in self.evaluations.values() if not decisions.settled(e)]
         if running:
-            await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running) or self._stopping_now())
+            await workflow.wait_condition(lambda: any(decisions.settled(e) for e in running) or self.stopping_now())
         return False
 
     def _launch(self, iteration: int, slot: int, cand: Candidate, profile_if_crowned: bool = False) -> None:
@@ -267,8 +267,8 @@ class KernelOptimization:
         tried again later, so nothing is recorded twice and no number is skipped). Returns the failure."""
         while self.evaluations:
             await workflow.wait_condition(lambda: all(decisions.settled(e) for e in self.evaluations.values())
-                                          or self._stopping_now())
-            if self._stopping_now():
+                                          or self.stopping_now())
+            if self.stopping_now():
                 await self._record_finished()
                 await self._cancel_under_way()
                 return None
@@ -283,7 +283,7 @@ class KernelOptimization:
             return failure
         return None
 
-    def _stopping_now(self) -> bool:
+    def stopping_now(self) -> bool:
         return self.stop is not None and self.stop.now
 
     async def _cancel_under_way(self) -> None:
@@ -353,7 +353,7 @@ class KernelOptimization:
         self.st.last = rec
         self.records.append(rec)
         self.iterations_this_run += 1
-        self._account_time()
+        self.account_time()
         self.publish()
 
     # ---- the end: workflows/run_end.py ------------------------------------------------------
@@ -374,7 +374,7 @@ class KernelOptimization:
         """An activity on the run's GPU queue, at its front's priority (FRONT); Paused on infrastructure failure."""
         return await call_activity(name, arg, result_type, self.spec.gpu_queue, minutes,
                                    self.spec.heartbeat_seconds, f"{name} #{self.st.iteration + 1}",
-                                   interrupted=self._stopping_now if self.gpu_interruptible else None,
+                                   interrupted=self.stopping_now if self.gpu_interruptible else None,
                                    priority=FRONT if self.front_first else None)
 
     # ---- operator controls ---------------------------------------------------------------------
@@ -425,7 +425,7 @@ class KernelOptimization:
 
     @workflow.signal
     def pause(self) -> None:
-        self._pause("paused by operator")
+        self.pause_for("paused by operator")
 
     @workflow.signal
     def resume(self) -> None:
@@ -467,11 +467,11 @@ class KernelOptimization:
         return self.records
 
     # ---- bookkeeping ---------------------------------------------------------------------------
-    def _pause(self, reason: str) -> None:
+    def pause_for(self, reason: str) -> None:
         # Takes effect at the loop's next quiet point, which sets the phase to "paused".
         self.st.paused, self.st.pause_reason = True, reason
 
-    async def _wait_paused(self, resumed) -> None:
+    async def wait_paused(self, resumed) -> None:
         # No `finally`: a coroutine closed at eviction may not call the workflow's clock, and a pause
         # that ends any other way than resuming stays under way, which `seconds_used` counts.
         self.paused_since = workflow.now().timestamp()
@@ -479,7 +479,7 @@ class KernelOptimization:
         self.st.used.paused_seconds += workflow.now().timestamp() - self.paused_since
         self.paused_since = None
 
-    def _account_time(self) -> None:
+    def account_time(self) -> None:
         self.st.used.seconds = decisions.seconds_used(workflow.now().timestamp(), self.st.started_at,
                                                       self.st.used.paused_seconds, self.paused_since)
 

@@ -30,9 +30,9 @@ async def compact(wf, final: bool, stopped_by: str | None = None) -> None:
             res = await wf.agent("compact_notebook", req, CompactResult, minutes=10)
             break
         except Paused as p:
-            wf._pause(p.reason)
+            wf.pause_for(p.reason)
             wf.set_phase("paused")
-            await wf._wait_paused(lambda: not wf.st.paused)
+            await wf.wait_paused(lambda: not wf.st.paused)
             wf.set_phase("compacting")
     st.notebook_key, st.notebook_version = res.notebook_key, res.notebook_version
     st.ledger_key = res.ledger_key
@@ -44,12 +44,12 @@ async def compact(wf, final: bool, stopped_by: str | None = None) -> None:
 async def finish(wf, stopped_by: str) -> RunResult:
     """After a stop the best is verified again (not after a stop with `now`), the last records compacted."""
     reverified = None
-    if wf.st.best is not None and stopped_by == "stop-signal" and not wf._stopping_now():
+    if wf.st.best is not None and stopped_by == "stop-signal" and not wf.stopping_now():
         wf.set_phase("reverifying")
         reverified = await reverify_best(wf)
     if wf.records or wf.st.ledger_key is None:
         await compact(wf, final=True, stopped_by=stopped_by)
-    wf._account_time()
+    wf.account_time()
     wf.finished = True
     wf.set_phase("done")
     await workflow.wait_condition(workflow.all_handlers_finished)
