@@ -257,13 +257,13 @@ class WarmTriton(Request):
 
 
 class Stage(Request):
-    """Cases' inputs into host memory (host work); `pool`: a candidate's timing-set pools too, those the input
-    bank holds (its benchmark's preparation then reads them mapped already)."""
+    """Cases' inputs into host memory (host work); `pool_cases`: a candidate's timing-set pools too, those the
+    input bank holds (its benchmark's preparation then reads them mapped already)."""
 
     cmd = "stage"
     result_type = Staged
     cases: list[Case]
-    pool: list[Case] = []
+    pool_cases: list[Case] = []
 
 
 class StageTiming(Request):
@@ -362,11 +362,11 @@ class HostLatencyRequest(Request):
 
 
 class Park(Request):
-    """The child waits, kept, for a later benchmark: its timing sets dropped; `pool`, those timing pools the
-    input bank holds mapped in meanwhile (host work), for that benchmark's preparation."""
+    """The child waits, kept, for a later benchmark: its timing sets dropped; `pool_cases`, those of the timing
+    pools the input bank holds mapped in meanwhile (host work), for that benchmark's preparation."""
 
     cmd = "park"
-    pool: list[Case] = []
+    pool_cases: list[Case] = []
 
 
 class Profile(Request):

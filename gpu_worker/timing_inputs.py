@@ -20,6 +20,16 @@ import hashlib
 import time
 
 
+def pool_cases(dist: str, seed: int, pool: int) -> list[tuple[str, int]]:
+    """The cases a distribution's timing set draws its value pool from: `pool` seeds from `seed` on."""
+    return [(dist, int(seed) + k) for k in range(pool)]
+
+
+def set_key(rotate: int, seed: int, pool: int) -> tuple:
+    """What identifies a timing set: a child holding a set of this key makes none again."""
+    return (rotate, int(seed), pool)
+
+
 def entry_seed(noise_seed: int, entry: int) -> int:
     """The generator seed of one entry: a hash, so that no two (noise seed, entry) pairs share a stream."""
     d = hashlib.sha256(f"{int(noise_seed)}:{int(entry)}".encode()).digest()

@@ -43,6 +43,14 @@ def _read(values, buf) -> None:
             numpy.copyto(buf[:w], flat[off:off + w])
 
 
+def _write(dst, src) -> None:
+    import numpy
+
+    for off in range(0, dst.size, CHUNK):
+        w = min(CHUNK, dst.size - off)
+        numpy.copyto(dst[off:off + w], src[:w])
+
+
 def measure(problem_name: str, reps: int) -> list[str]:
     import numpy
     import torch
@@ -75,21 +83,10 @@ def measure(problem_name: str, reps: int) -> list[str]:
             rows["populated"].append(_timed(lambda: _read(mapped.values(), buf)))
             del mapped
             src = numpy.ones(min(out_bytes, CHUNK), dtype=numpy.uint8)
-            holder = []
-
-            def write_new():
-                dst = torch.empty(out_bytes, dtype=torch.uint8).numpy()  # a download's new tensor, untouched
-                for off in range(0, out_bytes, CHUNK):
-                    w = min(CHUNK, out_bytes - off)
-                    numpy.copyto(dst[off:off + w], src[:w])
-                holder.append(dst)
-
-            rows["new"].append(_timed(write_new))
-            dst = holder[0]
-            rows["reused"].append(_timed(lambda: [numpy.copyto(dst[o:o + min(CHUNK, out_bytes - o)],
-                                                               src[:min(CHUNK, out_bytes - o)])
-                                                  for o in range(0, out_bytes, CHUNK)]))
-            del dst, holder
+            dst = torch.empty(out_bytes, dtype=torch.uint8).numpy()  # a download's new tensor, untouched
+            rows["new"].append(_timed(lambda: _write(dst, src)))
+            rows["reused"].append(_timed(lambda: _write(dst, src)))
+            del dst
     finally:
         os.unlink(path)
 

@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 
 def run_records(st: dict) -> list:
@@ -120,13 +121,11 @@ def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] != "--verdicts":
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
-    from pathlib import Path
-
     st = json.loads(Path(argv[1]).read_text())
     print(json.dumps(verdict_waits(run_records(st)), indent=1))
     return 0
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project's packages
     sys.exit(main(sys.argv[1:]))

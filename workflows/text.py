@@ -25,6 +25,12 @@ def measured_text(r) -> str:
     return f"{r.speedup:.3f}x, {r.time_ms:.4g} ms" if r.time_ms is not None else f"{r.speedup:.3f}x"
 
 
+def model_result_text(r, reason_chars: int) -> str:
+    """A record's result in one line for a model (`record_text` is the operator's): its measurement
+    (`measured_text`), or where it was rejected and why, the reason clipped to `reason_chars`."""
+    return measured_text(r) if r.speedup is not None else f"rejected at {r.stage}: {clip(r.reason, reason_chars)}"
+
+
 def _num(v: float) -> str:
     return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.3g}"
 

@@ -13,7 +13,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from baselines.registry import get_problem
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import LlmToolRequest, LlmTurnRequest, LlmTurnResult, ToolResult
-from workflows.text import INTERPRETER_VERDICT, clip, measured_text
+from workflows.text import INTERPRETER_VERDICT, model_result_text
 from activities.llm.calls import parse_calls
 from activities.llm.chat import chat, offered_tools
 from activities.llm.context import with_server_context
@@ -44,9 +44,7 @@ def ledger_index(store: ArtifactStore, ledger_key: str | None) -> dict[str, str]
 
     out: dict[str, str] = {}
     for r in read_ledger(store, ledger_key):
-        what = (measured_text(r) if r.speedup is not None and r.time_ms is not None
-                else f"rejected at {r.stage}: {clip(r.reason, 200)}")
-        out.setdefault(r.candidate_id, f"iteration {r.iteration}: {r.outcome}, {what}")
+        out.setdefault(r.candidate_id, f"iteration {r.iteration}: {r.outcome}, {model_result_text(r, 200)}")
     with _LEDGER_LOCK:
         if len(_LEDGER_INDEX) > 64:
             _LEDGER_INDEX.clear()

@@ -22,7 +22,7 @@ from dataclasses import replace
 from activities.llm.endpoint import LlmSettings
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import CompactRequest
-from workflows.text import clip, measured_text
+from workflows.text import clip, model_result_text
 
 NOTEBOOK_SYSTEM = """You keep the engineering notebook of a long GPU-kernel optimization run. The \
 notebook is the run's only long-term memory: the next turns see it instead of the full history. \
@@ -35,8 +35,8 @@ Do not invent measurements: use the numbers given."""
 def _record_lines(req: CompactRequest) -> list[str]:
     out = []
     for r in req.records[-60:]:
-        what = measured_text(r) if r.speedup is not None else f"rejected at {r.stage}: {clip(r.reason, 200)}"
-        out.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; rationale: {clip(r.rationale, 160)}")
+        out.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {model_result_text(r, 200)}; "
+                   f"rationale: {clip(r.rationale, 160)}")
     return out
 
 

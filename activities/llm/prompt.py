@@ -11,7 +11,7 @@ from rules.host_language import LANGUAGE_RULE
 from rules.torch_ops import TORCH_RULE
 from workflows.artifacts import ArtifactStore, ArtifactStoreError
 from workflows.contracts import Budget, LlmTurnRequest, Used
-from workflows.text import INTERPRETER_VERDICT, clip, measured_text
+from workflows.text import INTERPRETER_VERDICT, clip, model_result_text
 from activities.llm.context import endpoint_room, too_small
 from activities.llm.endpoint import Endpoint, Profile
 from activities.llm.errors import ContextTooSmall
@@ -151,8 +151,8 @@ def _records_block(req: LlmTurnRequest) -> str:
         return ""
     lines = ["# Latest submissions"]
     for r in req.recent[-8:]:
-        what = measured_text(r) if r.speedup is not None else f"rejected at {r.stage}: {clip(r.reason, 160)}"
-        lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {what}; {clip(r.rationale, 100)}")
+        lines.append(f"- #{r.iteration} {r.candidate_id} {r.outcome}: {model_result_text(r, 160)}; "
+                     f"{clip(r.rationale, 100)}")
     return "\n".join(lines)
 
 

@@ -65,12 +65,8 @@ class ChildInputs:
         cached cases instead: ChildReference._stage_cached)."""
         t0 = self.core.T["perf"]()
         cases = uncached(cases) if uncached is not None else cases
-        staged = self.host_inputs(cases)  # (an earlier staging of a case is taken)
-        t1 = self.core.T["perf"]()
-        for inp in staged.values():  # a bank case's pages mapped in now, not by the upload in its device turn
-            populate(inp.values(), self.core.T)
-        self._count("populate", t1)
-        self._staged = staged  # replaced, not added to: a staging no upload took is dropped here, not kept
+        # replaced, not added to: a staging no upload took is dropped here (one of its cases asked again is taken)
+        self._staged = self._populated(self.host_inputs(cases))
         return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
 
     def cmd_stage_pool(self, cases: list, banked_only: bool = False):
@@ -82,11 +78,16 @@ class ChildInputs:
         cases = [c for c in cases if c not in self.prefetched]
         if banked_only:
             cases = [c for c in cases if (path := self._bank_path(*c)) and os.path.exists(path)]
-        staged = self.host_inputs(cases)
+        self.pool_staged = self._populated(self.host_inputs(cases))
+        return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
+
+    def _populated(self, staged: dict) -> dict:
+        """`staged`, a bank case's pages mapped in now (transfers.populate), not by the upload in its turn."""
+        t0 = self.core.T["perf"]()
         for inp in staged.values():
             populate(inp.values(), self.core.T)
-        self.pool_staged = staged
-        return protocol.Staged(seconds=round(self.core.T["perf"]() - t0, 4))
+        self._count("populate", t0)
+        return staged
 
     def stage_more(self, cases: list) -> None:
         """Those of `cases` not uploaded ahead drawn at once (`host_inputs`) and staged beside what is staged

@@ -16,6 +16,7 @@ from gpu_worker.child.profile import ChildProfiling
 from gpu_worker.child.reference import ChildReference
 from gpu_worker.child.timing import ChildTiming, TimingSet
 from gpu_worker.child.verify import ChildVerification
+from gpu_worker.timing_inputs import pool_cases, set_key
 
 
 def serve(server: "Server", request: protocol.Request) -> protocol.Result:
@@ -66,17 +67,17 @@ class Server:
     def cmd_warm_triton(self):
         return self.core.cmd_warm_triton()
 
-    def cmd_stage(self, cases: list, pool: list = ()):
+    def cmd_stage(self, cases: list, pool_cases: list = ()):
         if self.core.role == "candidate":  # a verification's: the memory its downloads land in, written now
             self.exports.reserve(len(cases))
-        if pool:  # a candidate's timing pools, read from the bank only: never drawn here for a verification
-            self.inputs.cmd_stage_pool(pool, banked_only=True)
+        if pool_cases:  # a candidate's timing pools, read from the bank only: never drawn here for a verification
+            self.inputs.cmd_stage_pool(pool_cases, banked_only=True)
         return self.inputs.cmd_stage(cases, uncached=self.reference._stage_cached)
 
     def cmd_stage_timing(self, dist: str, rotate: int, seed: int = 1000, pool: int = 3):
         have = self.timing.timing_sets.get(dist)  # the set held already: nothing to draw
-        held = have is not None and have.key == (rotate, int(seed), pool)
-        return self.inputs.cmd_stage_pool([] if held else [(dist, int(seed) + k) for k in range(pool)])
+        held = have is not None and have.key == set_key(rotate, seed, pool)
+        return self.inputs.cmd_stage_pool([] if held else pool_cases(dist, seed, pool))
 
     def cmd_load(self, **request):
         return self.loading.cmd_load(**request)
@@ -99,10 +100,10 @@ class Server:
     def cmd_host_latency(self, **request):
         return self.timing.cmd_host_latency(**request)
 
-    def cmd_park(self, pool: list = ()):
+    def cmd_park(self, pool_cases: list = ()):
         parked = self.timing.cmd_park()
-        if pool:
-            self.inputs.cmd_stage_pool(pool, banked_only=True)
+        if pool_cases:
+            self.inputs.cmd_stage_pool(pool_cases, banked_only=True)
         return parked
 
     def cmd_profile(self, **request):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpu_worker import protocol
-from gpu_worker.timing_inputs import FreshValues, check_entries, check_keys, draw_key, entry_seed
+from gpu_worker.timing_inputs import FreshValues, check_entries, check_keys, draw_key, entry_seed, pool_cases, set_key
 
 if TYPE_CHECKING:
     from gpu_worker.child.core import ChildCore
@@ -126,7 +126,7 @@ class ChildTiming:
     def _prepare_timing(self, rotate: int, dist: str, seed: int = 1000, pool: int = 3):
         import torch
 
-        key = (rotate, int(seed), pool)
+        key = set_key(rotate, seed, pool)
         have = self.timing_sets.get(dist)
         if have is not None and have.key == key:
             return
@@ -137,9 +137,9 @@ class ChildTiming:
             self.base_outputs.clear()  # the next timed call of each set fills its entry again
         if pool < 2:
             raise ValueError("a timing set needs at least two pool entries (every refill changes the values)")
-        pool_cases = [(dist, int(seed) + k) for k in range(pool)]
-        self.inputs.stage_more(pool_cases)  # drawn at once (the reference child's threads)
-        entries = [self.inputs._inputs(*c) for c in pool_cases]
+        cases = pool_cases(dist, seed, pool)
+        self.inputs.stage_more(cases)  # drawn at once (the reference child's threads)
+        entries = [self.inputs._inputs(*c) for c in cases]
         sets = [({k: (self.core.T["clone"](v) if isinstance(v, torch.Tensor) else v)
                   for k, v in entries[i % pool].items()}, self.core._outputs()) for i in range(rotate)]
         fresh = FreshValues(self.core.perturbed, dist, self.core.device, self.core.T["Generator"])

@@ -208,8 +208,7 @@ class BenchmarkStage:
         ctx = self.ctx
         plan = ctx.plan()
         prep = ctx.timing_set_request(dist, capture=ctx.cuda)
-        with ref_lock:  # the reference's pool drawn first where it lacks the set: host work, no device turn
-            self.refs.do(ref, hb, ctx.timing_set_staging(dist), ctx.timeouts["load"])
+        self.refs.stage_timing_set(ref, ref_lock, hb, dist)  # host work, before any of the sets' jobs
         sides = [(who, sb) for who, sb in (("cand", cand), ("best", best)) if sb is not None]
         captures = {}
         for who, sb in sides:  # one job each: a waiting timing block waits for the shorter one

@@ -139,18 +139,18 @@ class CandidateChildren:
             sb.close()
             raise
 
-    def stage_cases(self, sb: Sandbox, cases: list, stage: str, hb, pool: list = ()) -> None:
+    def stage_cases(self, sb: Sandbox, cases: list, stage: str, hb, pool_cases: list = ()) -> None:
         """The cases' inputs into the child's host memory (bank reads, or generation): host work, no turn;
-        `pool`: its benchmark's timing pools as well, where the bank holds them."""
+        `pool_cases`: its benchmark's timing pools as well, where the bank holds them."""
         with _phase("stage"):
-            self.ask(sb, msg.Stage(cases=cases, pool=list(pool)), self.ctx.timeouts["load"], stage, hb)
+            self.ask(sb, msg.Stage(cases=cases, pool_cases=list(pool_cases)), self.ctx.timeouts["load"], stage, hb)
 
     @staticmethod
-    def park(sb: Sandbox, pool: list = ()) -> bool:
+    def park(sb: Sandbox, pool_cases: list = ()) -> bool:
         """A child about to wait for a later benchmark drops its timing sets (child/timing.py: park) and maps in
-        the banked `pool` for it; False if it cannot (then it is closed, not kept)."""
+        the banked `pool_cases` for it; False if it cannot (then it is closed, not kept)."""
         try:
-            return sb.alive() and sb.call(msg.Park(pool=list(pool)), 60).ok
+            return sb.alive() and sb.call(msg.Park(pool_cases=list(pool_cases)), 60).ok
         except SandboxFailure:
             return False
 

@@ -16,6 +16,7 @@ from typing import Any
 from gpu_worker import protocol as msg
 from gpu_worker.sandbox import Rejection
 from gpu_worker.settings import GpuWorkerSettings
+from gpu_worker.timing_inputs import pool_cases
 from rules.check import check_source
 from workflows.artifacts import ArtifactStore
 
@@ -139,7 +140,7 @@ class StageContext:
 
     def timing_pools(self, problem) -> list[tuple[str, int]]:
         """Every distribution's timing-set pool cases (the seeds `timing_set_request` makes its sets from)."""
-        return [(d, self.timing_seed + k) for d in problem.distributions for k in range(self.plan()["pool"])]
+        return [c for d in problem.distributions for c in pool_cases(d, self.timing_seed, self.plan()["pool"])]
 
     def timing_set_staging(self, dist: str) -> msg.StageTiming:
         """The host work before `timing_set_request`'s job: the set's pool drawn (or read) ahead."""

@@ -136,8 +136,7 @@ class Evaluator:
         # the timing sets as well: generated here, they reach the input bank before any benchmark needs them
         t = time.monotonic()
         for dist in problem.distributions:
-            with ref_lock:  # the pool drawn first, host work: no device turn held meanwhile
-                self.refs.do(ref_sb, hb, ctx.timing_set_staging(dist), ctx.timeouts["load"])
+            self.refs.stage_timing_set(ref_sb, ref_lock, hb, dist)
             with self.turns.with_ref(ref_lock):
                 self.refs.do(ref_sb, hb, ctx.timing_set_request(dist), ctx.timeouts["load"])
         parts["timing-sets"] = time.monotonic() - t

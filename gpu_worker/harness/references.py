@@ -95,6 +95,12 @@ class ReferenceChildren:
                                f"{r.failure.traceback}")
         return r.result
 
+    def stage_timing_set(self, sb: Sandbox, lock, hb, dist: str) -> None:
+        """`dist`'s timing-set pool drawn by the reference child ahead of the job that makes the set: host work
+        under the child's lock alone (nothing where it holds the set already)."""
+        with lock:
+            self.do(sb, hb, self.ctx.timing_set_staging(dist), self.ctx.timeouts["load"])
+
     def reference(self, problem, shape, cases, hb, timing: bool = False,
                   baseline: bool = True) -> list[msg.ReferenceCase]:
         """Per case: the inputs' fingerprint and the baseline's own error (NaN without `baseline`), the oracle
