@@ -94,6 +94,10 @@ def _guarded(ev, fn, *args):
                                non_retryable=True) from e
 
 
+#: a refusal's reason in the worker's log: enough for a proof's process log and ncu's own line
+REASON_LOGGED = 1500
+
+
 def _observed(ev, stage: str, fn, req, log):
     """Run a harness step, count it (Prometheus) and log it (JSON, with workflow, run and iteration)."""
     t0 = time.monotonic()
@@ -101,7 +105,7 @@ def _observed(ev, stage: str, fn, req, log):
     rep = _guarded(ev, fn, req)
     observe_report(stage, rep)
     log.info(stage, iteration=req.iteration, candidate=req.candidate_id, ok=rep.ok,
-             reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:200],
+             reason=(getattr(rep, "reason", "") or getattr(rep, "error", ""))[:REASON_LOGGED],
              seconds=round(time.monotonic() - t0, 3), phases=phases_end())
     return rep
 

@@ -192,7 +192,7 @@ def main() -> int:
     os.environ.setdefault("MARATHON_GPU_WORKDIR", "/dev/shm/marathon-gpu-work")
     summary: dict = {"args": vars(a), "windows": [], "runs": {}, "samples": []}
     procs: list[subprocess.Popen] = []
-    resumed = restore_state(Path(a.resume)) if a.resume else {}
+    resumed = restore_state(Path(a.resume)) if a.resume else forget_runs()
     smi_stop = threading.Event()
     threading.Thread(target=sample_smi, args=(smi_stop,), daemon=True).start()
     if resumed:
@@ -376,6 +376,15 @@ def save_state(run_ids: dict) -> None:
             if (WORK / name).exists():
                 tar.add(WORK / name, arcname=name)
     log(f"state saved: {(OUT / 'state.tar.gz').stat().st_size / 2**20:.1f} MiB")
+
+
+def forget_runs() -> dict:
+    """A session without --resume starts from an empty history: a run an earlier session on this host left
+    unfinished would otherwise go on in the new dev server and share its device. The caches and artifacts
+    stay. Returns {} (no resumed runs)."""
+    for name in ("temporal.db", "runs.json"):
+        (WORK / name).unlink(missing_ok=True)
+    return {}
 
 
 def restore_state(path: Path) -> dict:

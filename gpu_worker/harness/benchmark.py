@@ -9,7 +9,7 @@ import time
 
 from gpu_worker import protocol as msg
 from gpu_worker.harness.best_checks import BestOnlyChecks
-from gpu_worker.harness.children import CandidateChildren, DeviceTurns
+from gpu_worker.harness.children import HOST_SUSPECTED, CandidateChildren, DeviceTurns
 from gpu_worker.harness.compile import CompileStage
 from gpu_worker.harness.context import StageContext
 from gpu_worker.harness.ncu_proof import NcuProofCheck
@@ -178,7 +178,7 @@ class BenchmarkStage:
             if proof is not None:
                 lines.append(f"ncu proof: {proof.text}")
                 if proof.ok is False:  # None: not made here (no ncu), which the line and the receipt say
-                    why = f"{proof.family}: " if proof.family else ""
+                    why = HOST_SUSPECTED if proof.host_suspected else f"{proof.family}: " if proof.family else ""
                     raise Rejection("benchmark", f"{why}ncu proof failed: {proof.text}", "\n".join(lines))
             lines.append(cand_log)
             dists = [DistributionTiming(**{f: getattr(d, f) for f in DistributionTiming.model_fields}) for d in per_dist]

@@ -18,6 +18,11 @@ from gpu_worker.phases import phase as _phase
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
 
 
+#: a stage's refusal where the host may be at fault (harness.ncu_proof: ProofResult.host_suspected): retried
+#: with the device to itself, as an out-of-memory is, and what is refused there stands
+HOST_SUSPECTED = "host-suspected: "
+
+
 class ReferenceOutOfMemory(RuntimeError):
     """The trusted reference child ran out of device memory beside the candidates' children: not the
     candidate's fault, and the child serves on. The stage is run again alone (CandidateChildren.retried_alone);
@@ -155,8 +160,9 @@ class CandidateChildren:
             return False
 
     def retried_alone(self, attempt: Callable):
-        """A stage that ran out of device memory, or whose child was killed by a SIGKILL the harness did not
-        send (most likely the host's OOM killer), is run once more with the device to itself
+        """A stage that ran out of device memory, whose child was killed by a SIGKILL the harness did not
+        send (most likely the host's OOM killer), or refused for a reason the host may have caused
+        (HOST_SUSPECTED), is run once more with the device to itself
         (DeviceOwner.alone: no other stage of ours runs meanwhile): beside up to 24 other candidates the memory may have been taken by the
         neighbours, and an innocent candidate must not be scored for it (on the H200 that was 9 of 49 prefill
         evaluations in one run). What fails alone is the candidate's.
@@ -171,7 +177,8 @@ class CandidateChildren:
             first, why = None, str(e)
         else:
             why = (getattr(first, "reason", "") or getattr(first, "error", "") or "") if not first.ok else ""
-            if not (retries and (why.startswith("oom:") or (why.startswith("crash:") and "SIGKILL" in why))):
+            if not (retries and (why.startswith(("oom:", HOST_SUSPECTED))
+                                 or (why.startswith("crash:") and "SIGKILL" in why))):
                 return first
         _add_phase("retried-alone", 1)
         # the whole attempt is one stage alone, its child's loading included: a fresh child's CUDA context

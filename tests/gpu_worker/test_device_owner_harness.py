@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from gpu_worker.harness.children import HOST_SUSPECTED
 from gpu_worker.protocol import Compare, Empty, Stage, Staged
 from gpu_worker.wire import Reply
 from tests.gpu_worker.owner_record import Record, start
@@ -149,6 +150,10 @@ def test_out_of_memory_beside_others_is_retried_alone(tmp_path, policy):
     assert rep.ok and calls == [False, True] and rep.seconds == 5.0
     log = e.store.get_text(rep.log_key)
     assert log.startswith("first attempt beside other candidates: oom:") and log.rstrip().endswith("passed")
+    calls.clear()
+    proof = "host-suspected: ncu proof failed: [strong] REFUSED: not proven: the proof process did not complete"
+    rep = e.children.retried_alone(attempt(proof, ok))  # a proof the host may have failed (harness.ncu_proof)
+    assert rep.ok and calls == [False, True] and proof.startswith(HOST_SUSPECTED)
     calls.clear()
     still = VerifyReport(ok=False, stage="sandbox", reason="oom: again, alone", seconds=1.0)
     rep = e.children.retried_alone(attempt("crash: sandbox process died with SIGKILL during verify", still))

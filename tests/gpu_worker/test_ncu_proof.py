@@ -289,11 +289,39 @@ def test_a_proof_that_failed_once_the_candidate_existed_is_not_made_again(tmp_pa
 
     r, n = prove("busy", "")
     assert r.ok is False and n == 2 and "driver resource was unavailable" in r.text, r.text
+    assert r.host_suspected  # the benchmark's stage then runs once more with the device to itself
     unmake = (f"import glob, os\nfor f in glob.glob({str(tmp_path / 'work')!r} + '/**/opened*', recursive=True):\n"
               "    try:\n        os.remove(f)\n    except OSError:\n        pass\nraise ImportError('no')\n")
     r, n = prove("honest", unmake)
-    assert r.ok is False and n == 1 and not r.before_candidate, r.text
+    assert r.ok is False and n == 1 and not r.host_suspected, r.text
     assert "ImportError: no" in r.text
+
+
+@pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
+def test_a_proof_refused_where_the_host_may_be_at_fault_is_owed_to_the_stages_retry(tmp_path, monkeypatch):
+    """A candidate drawn for a proof (the random share, not a would-be best) whose proof the host may have
+    failed twice is proven at the stage's retry with the device to itself whatever that retry draws, so
+    that failing its proof never lets a candidate out of it; once answered, the debt is gone."""
+    from baselines.registry import get_problem
+    from gpu_worker.canaries import canary_source
+
+    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
+    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
+    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    p = get_problem("softmax")
+    h, dist = _plumbing(tmp_path, share=1.0), p.distributions[0]
+    source = canary_source("fast")
+    monkeypatch.setenv("STAND_IN_MODE", "busy")
+    r = h.proof_if_due(False, p, p.cpu_shape, source, dist, 0.02, None, [0.0])
+    assert r.ok is False and r.host_suspected
+    h.ctx.settings = h.ctx.settings.model_copy(update={"ncu_proof_share": 0.0})  # the retry would draw none
+    assert h.proof_if_due(False, p, p.cpu_shape, source + "\n", dist, 0.02, None, [0.0]) is None  # another source
+    monkeypatch.setenv("STAND_IN_MODE", "honest")
+    r = h.proof_if_due(False, p, p.cpu_shape, source, dist, 0.02, None, [0.0])
+    assert r is not None and r.ok is True, r and r.text
+    assert h.proof_if_due(False, p, p.cpu_shape, source, dist, 0.02, None, [0.0]) is None  # nothing owed now
 
 
 @pytest.mark.slow(20)

@@ -30,6 +30,18 @@ def test_state_round_trip(session):
     assert (session.WORK / "artifacts" / "objects" / "x").read_text() == "kernel"
 
 
+def test_a_fresh_session_forgets_the_runs_an_earlier_one_left(session):
+    """Without --resume the dev server starts on an empty history (an unfinished run would go on beside the
+    new one); the caches under home and the artifacts stay."""
+    for name, data in (("temporal.db", b"sqlite"), ("runs.json", b"{}")):
+        (session.WORK / name).write_bytes(data)
+    (session.WORK / "home" / "cache").mkdir(parents=True)
+    (session.WORK / "artifacts").mkdir()
+    assert session.forget_runs() == {}
+    assert sorted(p.name for p in session.WORK.iterdir()) == ["artifacts", "home"]
+    assert (session.WORK / "home" / "cache").is_dir()
+
+
 def test_resume_refuses_what_is_not_a_state(session, tmp_path):
     with pytest.raises(SystemExit, match="is not a file"):
         session.restore_state(tmp_path / "missing.tar.gz")
