@@ -16,6 +16,7 @@ Evaluator runs serially (harness.serial.SerialScheduler): no device owner, no sp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -121,18 +122,53 @@ class LoadedChildren:
 
     Several children may hold the same candidate (up to `per_key`): the current best takes part in every
     benchmark, and benchmarks overlap, so each one that found the best's child taken used to load another
-    and then close it (measured: 1.2 of 2 children handed on per benchmark)."""
+    and then close it (measured: 1.2 of 2 children handed on per benchmark).
 
-    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4):
-        self.limit, self.ttl, self.per_key = limit, ttl, per_key
+    A child waits for its candidate's next stage (put by a compile or a verification) or is parked for a
+    later benchmark (`parked`: the current best's, one that may become it). A compile is admitted
+    (`admission`) only while the waiting children and the compiles admitted before it stay below `limit`
+    less the room kept for the parked (`per_key`): compiles on the shared queue otherwise run ahead of their
+    candidates' later stages, and each child put beyond `limit` closed the oldest, the next to be verified
+    (an H100 run at 8 in flight recompiled 60 of 94 verifications' candidates, about 10 s of a core each).
+    Beyond `limit`, the oldest parked child is closed first."""
+
+    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4, admit_wait_s: float = 60.0):
+        self.limit, self.ttl, self.per_key, self.admit_wait_s = limit, ttl, per_key, admit_wait_s
         self._lock = threading.Lock()
-        self._kept: list = []  # [key, Sandbox, kept at], oldest first
+        self._room = threading.Condition(self._lock)  # notified whenever a child or an admission leaves
+        self._kept: list = []  # [key, Sandbox, kept at, parked], oldest first
+        self._admitted = 0  # compiles admitted whose child is not yet kept
 
-    def put(self, key, sb: Sandbox) -> None:
+    def _waiting_room(self) -> int:
+        return max(1, self.limit - self.per_key)
+
+    @contextlib.contextmanager
+    def admission(self, hb=None):
+        """Around a compile that keeps its child: waits while the children waiting for a stage and the
+        earlier admissions fill the waiting room, at most `admit_wait_s` (then it goes on), heartbeating.
+        Yields the seconds waited."""
+        t0 = time.monotonic()
+        with self._room:
+            while self.limit > 0 and sum(not e[3] for e in self._kept) + self._admitted >= self._waiting_room():
+                left = self.admit_wait_s - (time.monotonic() - t0)
+                if left <= 0:
+                    break
+                self._room.wait(min(left, 1.0))
+                if hb:
+                    hb()
+            self._admitted += 1
+        try:
+            yield time.monotonic() - t0
+        finally:
+            with self._room:
+                self._admitted -= 1
+                self._room.notify_all()
+
+    def put(self, key, sb: Sandbox, parked: bool = False) -> None:
         drop = []
-        with self._lock:
+        with self._room:
             if self.limit > 0 and sb.alive():
-                self._kept.append((key, sb, time.monotonic()))
+                self._kept.append((key, sb, time.monotonic(), parked))
             else:
                 drop.append(sb)
             drop += self._expire()
@@ -141,19 +177,21 @@ class LoadedChildren:
             for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
                 keep.remove(e)
                 drop.append(e[1])
-            while len(keep) > self.limit:
-                drop.append(keep.pop(0)[1])
+            while len(keep) > self.limit:  # the oldest parked first: a waiting child's stage is next
+                drop.append(keep.pop(next((i for i, e in enumerate(keep) if e[3]), 0))[1])
             self._kept = keep
+            self._room.notify_all()
         for d in drop:
             d.close()
 
     def take(self, key) -> Sandbox | None:
-        with self._lock:
+        with self._room:
             i = next((i for i in range(len(self._kept) - 1, -1, -1) if self._kept[i][0] == key), None)
             item = self._kept.pop(i) if i is not None else None
+            self._room.notify_all()
         if item is None:
             return None
-        _, sb, t = item
+        _, sb, t, _ = item
         if not sb.alive() or time.monotonic() - t > self.ttl:
             sb.close()
             return None
@@ -165,8 +203,9 @@ class LoadedChildren:
     def sweep(self) -> int:
         """Close the children kept longer than `ttl`; returns how many. put() and take() drop them as well, but
         only when work comes: without a sweep an idle worker holds them (on CUDA, each with its context)."""
-        with self._lock:
+        with self._room:
             old = self._expire()
+            self._room.notify_all()
         for sb in old:
             sb.close()
         return len(old)
@@ -174,7 +213,7 @@ class LoadedChildren:
     def _expire(self) -> list:
         """With the lock held: the children kept longer than `ttl`, taken out (the caller closes them)."""
         now = time.monotonic()
-        old = [sb for _, sb, t in self._kept if now - t > self.ttl]
+        old = [e[1] for e in self._kept if now - e[2] > self.ttl]
         self._kept = [e for e in self._kept if now - e[2] <= self.ttl]
         return old
 
@@ -192,10 +231,11 @@ class LoadedChildren:
     def shed(self) -> int:
         """Close every kept child (their candidates load afresh at their next stage), freeing their memory
         for a stage retried alone. Returns how many were closed."""
-        with self._lock:
+        with self._room:
             kept, self._kept = self._kept, []
-        for _, sb, _ in kept:
-            sb.close()
+            self._room.notify_all()
+        for e in kept:
+            e[1].close()
         return len(kept)
 
     def close(self) -> None:

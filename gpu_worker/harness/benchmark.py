@@ -120,7 +120,7 @@ class BenchmarkStage:
                 stage.close()
                 for s in sbs:
                     if id(s) in keep and self.children.park(s, ctx.timing_pools(problem)):
-                        ctx.loaded.put(keep[id(s)], s)
+                        ctx.loaded.put(keep[id(s)], s, parked=True)
                     else:
                         s.close()
             w = verdict.worst

@@ -46,27 +46,9 @@ class CompileStage:
         source = ctx.source(req.source_key)
         try:
             problem, shape = ctx.checked(req, source)
-            sb = self.children.pool.acquire()
-            kept = False
-            try:
-                with _phase("load"):
-                    self.children.load(sb, source, problem, shape, hb)
-                with self.turns.stage():
-                    r = self.compile_in(sb, problem, hb, "compile")
-                for k, v in r.timing.items():
-                    _add_phase(f"compile.{k}", v)
-                kernels = r.kernels
-                over = shared_over_limit(kernels, r.max_shared)
-                if over:
-                    raise Rejection("compile", over, sb.log_tail())
-                with _phase("sass"):
-                    sass = scan_sass([k.model_dump() for k in kernels])
-                log = sb.log_tail()
-                ctx.loaded.put(ctx.child_key(req.problem, shape, req.source_key), sb)
-                kept = True
-            finally:
-                if not kept:
-                    sb.close()
+            with ctx.loaded.admission(hb) as waited:  # room kept for its child, handed on to its verification
+                _add_phase("admit-wait", waited)
+                kernels, sass, log = self._compiled_kept(req, source, problem, shape, hb)
         except Rejection as rej:
             return CompileReport(ok=False, error=rej.reason[:4000], interpreter=ctx.interpreter,
                                  log_key=ctx.log(rej.reason + "\n" + rej.log), seconds=time.monotonic() - t0)
@@ -92,6 +74,32 @@ class CompileStage:
             num_warps=mx("num_warps"), num_stages=mx("num_stages"), tensor_cores=tc, tma=tma,
             kernels=sorted({k.name for k in kernels if k.name}), interpreter=ctx.interpreter,
             log_key=ctx.log("\n".join(lines) + "\n" + log), seconds=time.monotonic() - t0)
+
+    def _compiled_kept(self, req: EvalRequest, source: str, problem, shape, hb):
+        """The candidate compiled in a child kept for its verification (LoadedChildren); returns its kernels,
+        the SASS scan and the child's log. A rejection closes the child."""
+        ctx = self.ctx
+        sb = self.children.pool.acquire()
+        kept = False
+        try:
+            with _phase("load"):
+                self.children.load(sb, source, problem, shape, hb)
+            with self.turns.stage():
+                r = self.compile_in(sb, problem, hb, "compile")
+            for k, v in r.timing.items():
+                _add_phase(f"compile.{k}", v)
+            over = shared_over_limit(r.kernels, r.max_shared)
+            if over:
+                raise Rejection("compile", over, sb.log_tail())
+            with _phase("sass"):
+                sass = scan_sass([k.model_dump() for k in r.kernels])
+            log = sb.log_tail()
+            ctx.loaded.put(ctx.child_key(req.problem, shape, req.source_key), sb)
+            kept = True
+            return r.kernels, sass, log
+        finally:
+            if not kept:
+                sb.close()
 
     def compile_in(self, sb: Sandbox, problem, hb, stage: str) -> msg.Compiled:
         """Compile the loaded candidate at the child's shape: one case (staged by its load) uploaded in an

@@ -49,7 +49,11 @@ class FreshChildren:
 class NoHandOn:
     """No loaded child waits between stages: each stage loads its candidate in a child of its own."""
 
-    def put(self, key, sb: Sandbox) -> None:
+    @contextlib.contextmanager
+    def admission(self, hb=None):
+        yield 0.0
+
+    def put(self, key, sb: Sandbox, parked: bool = False) -> None:
         sb.close()
 
     def take(self, key) -> Sandbox | None:

@@ -179,3 +179,49 @@ def test_sweep_keeps_children_within_their_ttl():
     a = Child()
     kept.put("a", a)
     assert kept.sweep() == 0 and not a.closed and kept.take("a") is a
+
+
+def test_a_compile_waits_for_room_for_its_child_and_the_parked_go_first():
+    """Compiles are admitted while the children waiting for their next stage and the compiles admitted
+    before leave room below the limit less the parked's share (the best's copies); a take lets the next
+    one in; the wait is bounded. Beyond the limit the oldest parked child goes, not the next to be
+    verified."""
+    import threading
+
+    from gpu_worker.device.scheduling import LoadedChildren
+
+    kept = LoadedChildren(limit=4, ttl=60, per_key=2, admit_wait_s=5.0)  # room for 2 waiting, 2 parked
+    best = [Child(), Child()]
+    for c in best:
+        kept.put("best", c, parked=True)
+    with kept.admission() as waited:
+        assert waited < 0.5
+        kept.put("a", Child())
+    entered = []
+
+    def compile_b():
+        with kept.admission() as w:
+            entered.append(w)
+            kept.put("b", Child())
+
+    with kept.admission():  # a third compile under way: "a" waiting and this one fill the room
+        t = threading.Thread(target=compile_b)
+        t.start()
+        time.sleep(0.4)
+        assert entered == []  # "b" waits
+        c = Child()
+        kept.put("c", c)
+    time.sleep(0.4)
+    assert entered == []  # "a" and "c" wait for their verification: still no room
+    assert kept.take("a") is not None  # a's verification takes its child: b enters
+    t.join(5)
+    assert len(entered) == 1 and 0.5 < entered[0] < 5.0
+    # over the limit (2 parked + c + b + one more): the oldest parked child is closed, not c
+    d = Child()
+    kept.put("d", d)
+    assert best[0].closed and not best[1].closed and not c.closed and not d.closed and len(kept) == 4
+    # the wait is bounded: a full room lets a compile in after admit_wait_s
+    short = LoadedChildren(limit=1, ttl=60, per_key=1, admit_wait_s=0.3)
+    short.put("x", Child())
+    with short.admission() as w:
+        assert 0.3 <= w < 1.5
