@@ -97,8 +97,10 @@ def verdict_waits(recs: list) -> dict:
     """How long each verdict took from its submission (the evaluation's start) to its record: the run records
     in iteration order, so an iteration is recorded once it and every one before it have ended. Per kind
     (`loser`: passed or rejected; `best`: improved), seconds: median, 90th percentile, max, and the median
-    of the part spent finished, held behind an earlier iteration. From the run's records (`run_records`); the
-    run's own step after the last end is not counted."""
+    of the part held behind the run's order: from its own stages' answer (`judged_at`: a would-be best then
+    waits for the run's answer to its candidacy; records without it, from before it was kept, count from
+    their end) to its record. From the run's records (`run_records`); the run's own step after the last end
+    is not counted."""
     out, recorded = {}, 0.0
     rows = []
     for r in sorted(recs, key=lambda r: r.iteration):
@@ -106,7 +108,7 @@ def verdict_waits(recs: list) -> dict:
             continue
         recorded = max(recorded, r.finished_at)
         rows.append(("best" if r.outcome == "improved" else "loser", recorded - r.started_at,
-                     recorded - r.finished_at))
+                     recorded - (r.judged_at or r.finished_at)))
     for kind in ("loser", "best"):
         waits = sorted(w for k, w, _ in rows if k == kind)
         if waits:

@@ -290,6 +290,7 @@ class EvaluateCandidate:
                     return await gpu(name, arg, result_type, minutes, queue, first)
 
             gpu_s, facts = bench.gpu_seconds, bench.device_facts
+            judged_at = workflow.now().timestamp()
             if not bench.ok:
                 raise Rejected(bench.stage, bench.reason, log_key=bench.log_key, interpreter=bench.interpreter,
                                gpu_seconds=gpu_s)
@@ -299,7 +300,8 @@ class EvaluateCandidate:
                     speedup=bench.speedup, speedup_ci=bench.speedup_ci, vs_best_ci=bench.vs_best_ci,
                     vs_best=bench.vs_best, rel_err=ver.rel_err, interpreter=bench.interpreter, gpu_seconds=gpu_s,
                     log_key=bench.log_key, deciding_dist=bench.deciding_dist, host_ms=bench.host_ms,
-                    baseline_host_ms=bench.baseline_host_ms, finished_at=workflow.now().timestamp())
+                    baseline_host_ms=bench.baseline_host_ms, judged_at=judged_at,
+                    finished_at=workflow.now().timestamp())
 
             async def at_other_shapes():
                 """A new best is verified again: at one more listed shape where the problem has one, and at
@@ -363,8 +365,9 @@ class EvaluateCandidate:
                 self.profile = await self.profile_taken(profiling)
             return record(outcome, bench), facts
         except Rejected as r:
+            now = workflow.now().timestamp()
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
-                                   finished_at=workflow.now().timestamp(), **r.extra), facts
+                                   judged_at=now, finished_at=now, **r.extra), facts
         finally:
             if profiling is not None and not profiling.done():  # not confirmed, or failed: nobody reads it
                 profiling.cancel()

@@ -84,6 +84,8 @@ async def test_population_rolls_past_a_slow_evaluation(env, store):
     slow = recs[0]  # iteration 1
     overtook = [r.iteration for r in recs if r.iteration >= 4 and r.started_at < slow.finished_at]
     assert overtook, "no candidate started while the slow first one was still compiling"
+    # each knows when its own stages answered, before or when it ended (a candidacy waits for the run's answer)
+    assert all(r.started_at < r.judged_at <= r.finished_at for r in recs)
     assert max(r.slot for r in recs) == 2
 
 
