@@ -126,21 +126,20 @@ class LoadedChildren:
 
     A child waits for its candidate's next stage (put by a compile or a verification) or is parked for a
     later benchmark (`parked`: the current best's, one that may become it). A compile is admitted
-    (`admission`) only while the waiting children and the compiles admitted before it stay below `limit`
-    less the room kept for the parked (`per_key`): compiles on the shared queue otherwise run ahead of their
-    candidates' later stages, and each child put beyond `limit` closed the oldest, the next to be verified
-    (an H100 run at 8 in flight recompiled 60 of 94 verifications' candidates, about 10 s of a core each).
-    Beyond `limit`, the oldest parked child is closed first."""
+    (`admission`) only while the waiting children and the compiles admitted before it stay below `limit`:
+    compiles on the shared queue otherwise run ahead of their candidates' later stages, and each child put
+    beyond the cap closed the oldest, the next to be verified (an H100 run at 8 in flight recompiled 60 of 94
+    verifications' candidates, about 10 s of a core each). The cap is `limit` and `parked_room` more for the
+    parked; beyond it the oldest parked child is closed first."""
 
-    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4, admit_wait_s: float = 60.0):
+    def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4, parked_room: int = 4,
+                 admit_wait_s: float = 60.0):
         self.limit, self.ttl, self.per_key, self.admit_wait_s = limit, ttl, per_key, admit_wait_s
+        self.parked_room = parked_room
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a child or an admission leaves
         self._kept: list = []  # [key, Sandbox, kept at, parked], oldest first
         self._admitted = 0  # compiles admitted whose child is not yet kept
-
-    def _waiting_room(self) -> int:
-        return max(1, self.limit - self.per_key)
 
     @contextlib.contextmanager
     def admission(self, hb=None):
@@ -149,7 +148,7 @@ class LoadedChildren:
         Yields the seconds waited."""
         t0 = time.monotonic()
         with self._room:
-            while self.limit > 0 and sum(not e[3] for e in self._kept) + self._admitted >= self._waiting_room():
+            while self.limit > 0 and sum(not e[3] for e in self._kept) + self._admitted >= self.limit:
                 left = self.admit_wait_s - (time.monotonic() - t0)
                 if left <= 0:
                     break
@@ -177,7 +176,7 @@ class LoadedChildren:
             for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
                 keep.remove(e)
                 drop.append(e[1])
-            while len(keep) > self.limit:  # the oldest parked first: a waiting child's stage is next
+            while len(keep) > self.limit + self.parked_room:  # the oldest parked first: a waiting one's stage is next
                 drop.append(keep.pop(next((i for i, e in enumerate(keep) if e[3]), 0))[1])
             self._kept = keep
             self._room.notify_all()

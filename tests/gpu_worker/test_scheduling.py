@@ -95,7 +95,7 @@ class Child:  # what LoadedChildren uses of a Sandbox
 def test_loaded_children_limit_and_age():
     from gpu_worker.device.scheduling import LoadedChildren
 
-    kept = LoadedChildren(limit=2, ttl=60)
+    kept = LoadedChildren(limit=2, ttl=60, parked_room=0)
     a, b, c = Child(), Child(), Child()
     kept.put("a", a)
     kept.put("b", b)
@@ -116,7 +116,7 @@ def test_loaded_children_limit_and_age():
     kept.close()
     assert len(kept) == 0
     # several children of one candidate (the best, in overlapping benchmarks), at most per_key of them
-    many = LoadedChildren(limit=8, ttl=60, per_key=2)
+    many = LoadedChildren(limit=8, ttl=60, per_key=2, parked_room=0)
     x1, x2, x3 = Child(), Child(), Child()
     many.put("x", x1)
     many.put("x", x2)
@@ -183,14 +183,14 @@ def test_sweep_keeps_children_within_their_ttl():
 
 def test_a_compile_waits_for_room_for_its_child_and_the_parked_go_first():
     """Compiles are admitted while the children waiting for their next stage and the compiles admitted
-    before leave room below the limit less the parked's share (the best's copies); a take lets the next
-    one in; the wait is bounded. Beyond the limit the oldest parked child goes, not the next to be
+    before stay below the limit (the parked, the best's copies, have room of their own); a take lets the
+    next one in; the wait is bounded. Beyond the cap the oldest parked child goes, not the next to be
     verified."""
     import threading
 
     from gpu_worker.device.scheduling import LoadedChildren
 
-    kept = LoadedChildren(limit=4, ttl=60, per_key=2, admit_wait_s=5.0)  # room for 2 waiting, 2 parked
+    kept = LoadedChildren(limit=2, ttl=60, per_key=2, parked_room=2, admit_wait_s=5.0)
     best = [Child(), Child()]
     for c in best:
         kept.put("best", c, parked=True)
@@ -204,7 +204,7 @@ def test_a_compile_waits_for_room_for_its_child_and_the_parked_go_first():
             entered.append(w)
             kept.put("b", Child())
 
-    with kept.admission():  # a third compile under way: "a" waiting and this one fill the room
+    with kept.admission():  # a second compile under way: "a" waiting and this one fill the room
         t = threading.Thread(target=compile_b)
         t.start()
         time.sleep(0.4)
@@ -216,12 +216,12 @@ def test_a_compile_waits_for_room_for_its_child_and_the_parked_go_first():
     assert kept.take("a") is not None  # a's verification takes its child: b enters
     t.join(5)
     assert len(entered) == 1 and 0.5 < entered[0] < 5.0
-    # over the limit (2 parked + c + b + one more): the oldest parked child is closed, not c
+    # over the cap (2 parked + c + b + one more): the oldest parked child is closed, not c
     d = Child()
     kept.put("d", d)
     assert best[0].closed and not best[1].closed and not c.closed and not d.closed and len(kept) == 4
     # the wait is bounded: a full room lets a compile in after admit_wait_s
-    short = LoadedChildren(limit=1, ttl=60, per_key=1, admit_wait_s=0.3)
+    short = LoadedChildren(limit=1, ttl=60, admit_wait_s=0.3)
     short.put("x", Child())
     with short.admission() as w:
         assert 0.3 <= w < 1.5
