@@ -144,8 +144,8 @@ class LoadedChildren:
     @contextlib.contextmanager
     def admission(self, hb=None):
         """Around a compile that keeps its child: waits while the children waiting for a stage and the
-        earlier admissions fill the waiting room, at most `admit_wait_s` (then it goes on), heartbeating.
-        Yields the seconds waited."""
+        earlier admissions reach `limit`, at most `admit_wait_s` (then it goes on: a child no stage will take
+        holds its room until `ttl`), heartbeating. Yields the seconds waited."""
         t0 = time.monotonic()
         with self._room:
             while self.limit > 0 and sum(not e[3] for e in self._kept) + self._admitted >= self.limit:
@@ -176,7 +176,7 @@ class LoadedChildren:
             for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
                 keep.remove(e)
                 drop.append(e[1])
-            while len(keep) > self.limit + self.parked_room:  # the oldest parked first: a waiting one's stage is next
+            while len(keep) > self.limit + self.parked_room:  # the oldest parked first: a waiting child's is next
                 drop.append(keep.pop(next((i for i, e in enumerate(keep) if e[3]), 0))[1])
             self._kept = keep
             self._room.notify_all()

@@ -173,7 +173,7 @@ class NcuProofCheck:
                            f"its output: {_tail(os.path.join(root, 'ncu-out.txt'))}; process log: "
                            f"{_tail(os.path.join(tmp, 'log.txt'))}",
                            dist, family=done.get("rule"),
-                           host_suspected=taken or not os.path.exists(spec["opened"]))
+                           host_suspected=(taken or not os.path.exists(spec["opened"])) and not done.get("rule"))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:
