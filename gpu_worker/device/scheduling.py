@@ -129,13 +129,14 @@ class LoadedChildren:
     (`admission`) only while the waiting children and the compiles admitted before it stay below `limit`:
     compiles on the shared queue otherwise run ahead of their candidates' later stages, and each child put
     beyond the cap closed the oldest, the next to be verified (an H100 run at 8 in flight recompiled 60 of 94
-    verifications' candidates, about 10 s of a core each). The cap is `limit` and `parked_room` more for the
-    parked; beyond it the oldest parked child is closed first."""
+    verifications' candidates, about 10 s of a core each). A child waiting longer than `stage_wait_s` counts as
+    parked (a compile tool's draft, an evaluation gone elsewhere: no stage may come for it). The cap is
+    `limit` and `parked_room` more for the parked; beyond it the oldest parked child is closed first."""
 
     def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4, parked_room: int = 4,
-                 admit_wait_s: float = 60.0):
+                 admit_wait_s: float = 60.0, stage_wait_s: float = 120.0):
         self.limit, self.ttl, self.per_key, self.admit_wait_s = limit, ttl, per_key, admit_wait_s
-        self.parked_room = parked_room
+        self.parked_room, self.stage_wait_s = parked_room, stage_wait_s
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified whenever a child or an admission leaves
         self._kept: list = []  # [key, Sandbox, kept at, parked], oldest first
@@ -148,7 +149,7 @@ class LoadedChildren:
         holds its room until `ttl`), heartbeating. Yields the seconds waited."""
         t0 = time.monotonic()
         with self._room:
-            while self.limit > 0 and sum(not e[3] for e in self._kept) + self._admitted >= self.limit:
+            while self.limit > 0 and self._waiting(time.monotonic()) + self._admitted >= self.limit:
                 left = self.admit_wait_s - (time.monotonic() - t0)
                 if left <= 0:
                     break
@@ -163,6 +164,13 @@ class LoadedChildren:
                 self._admitted -= 1
                 self._room.notify_all()
 
+    def _waiting(self, now: float) -> int:
+        """With the lock held: the children waiting for their candidate's next stage."""
+        return sum(not self._parked(e, now) for e in self._kept)
+
+    def _parked(self, e, now: float) -> bool:
+        return e[3] or now - e[2] > self.stage_wait_s
+
     def put(self, key, sb: Sandbox, parked: bool = False) -> None:
         drop = []
         with self._room:
@@ -176,8 +184,9 @@ class LoadedChildren:
             for e in same[:max(0, len(same) - self.per_key)]:  # the oldest copies of this candidate go
                 keep.remove(e)
                 drop.append(e[1])
+            now = time.monotonic()
             while len(keep) > self.limit + self.parked_room:  # the oldest parked first: a waiting child's is next
-                drop.append(keep.pop(next((i for i, e in enumerate(keep) if e[3]), 0))[1])
+                drop.append(keep.pop(next((i for i, e in enumerate(keep) if self._parked(e, now)), 0))[1])
             self._kept = keep
             self._room.notify_all()
         for d in drop:

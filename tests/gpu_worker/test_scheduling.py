@@ -225,3 +225,14 @@ def test_a_compile_waits_for_room_for_its_child_and_the_parked_go_first():
     short.put("x", Child())
     with short.admission() as w:
         assert 0.3 <= w < 1.5
+    # a child no stage came for (a compile tool's draft) stops holding the room after stage_wait_s, and is
+    # among the first to go
+    drafts = LoadedChildren(limit=1, ttl=60, parked_room=1, admit_wait_s=5.0, stage_wait_s=0.3)
+    draft = Child()
+    drafts.put("draft", draft)
+    with drafts.admission() as w:
+        assert 0.2 <= w < 1.5
+        fresh = Child()
+        drafts.put("fresh", fresh)
+    drafts.put("next", Child())
+    assert draft.closed and not fresh.closed
