@@ -237,7 +237,7 @@ class EvaluateCandidate:
                     source_key=cand.source_key, knobs=cand.knobs, rationale=cand.rationale,
                     started_at=req.started_at)
         ev = EvalRequest(problem=req.problem, candidate_id=cand.candidate_id, source_key=cand.source_key,
-                         shape=req.shape, iteration=req.iteration)
+                         shape=req.shape, iteration=req.iteration, next_stage=True)
         facts = None
         profiling: asyncio.Task | None = None  # a crowned candidate's profile, under way beside its checks
         shared = req.gpu_queue

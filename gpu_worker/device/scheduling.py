@@ -130,7 +130,7 @@ class LoadedChildren:
     compiles on the shared queue otherwise run ahead of their candidates' later stages, and each child put
     beyond the cap closed the oldest, the next to be verified (an H100 run at 8 in flight recompiled 60 of 94
     verifications' candidates, about 10 s of a core each). A child waiting longer than `stage_wait_s` counts as
-    parked (a compile tool's draft, an evaluation gone elsewhere: no stage may come for it). The cap is
+    parked (an evaluation cancelled or gone to another worker: no stage may come for it). The cap is
     `limit` and `parked_room` more for the parked; beyond it the oldest parked child is closed first."""
 
     def __init__(self, limit: int = 16, ttl: float = 900.0, per_key: int = 4, parked_room: int = 4,

@@ -3,6 +3,7 @@ path (nothing launched), then the compiler's report (registers, spills, shared m
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from gpu_worker import protocol as msg
@@ -46,7 +47,8 @@ class CompileStage:
         source = ctx.source(req.source_key)
         try:
             problem, shape = ctx.checked(req, source)
-            with ctx.loaded.admission(hb) as waited:  # room kept for its child, handed on to its verification
+            # room kept for a child its verification will take here (LoadedChildren.admission)
+            with ctx.loaded.admission(hb) if req.next_stage else contextlib.nullcontext(0.0) as waited:
                 _add_phase("admit-wait", waited)
                 kernels, sass, log = self._compiled_kept(req, source, problem, shape, hb)
         except Rejection as rej:
@@ -94,7 +96,7 @@ class CompileStage:
             with _phase("sass"):
                 sass = scan_sass([k.model_dump() for k in r.kernels])
             log = sb.log_tail()
-            ctx.loaded.put(ctx.child_key(req.problem, shape, req.source_key), sb)
+            ctx.loaded.put(ctx.child_key(req.problem, shape, req.source_key), sb, parked=not req.next_stage)
             kept = True
             return r.kernels, sass, log
         finally:

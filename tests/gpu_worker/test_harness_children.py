@@ -95,8 +95,13 @@ def test_child_handed_on_from_compile_to_verify_to_benchmark(store):
 
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     try:
-        r = req(store, canary("fast"))
-        assert e.compile(r).ok and len(e.loaded) == 1
+        draft = req(store, canary("slow"))  # a compile tool's: no verification need follow, its child parked
+        assert e.compile(draft).ok and e.loaded._kept[-1][3] is True
+        e.loaded.close()
+        r = req(store, canary("fast")).model_copy(update={"next_stage": True})  # an evaluation's
+        phases_begin()
+        assert e.compile(r).ok and len(e.loaded) == 1 and e.loaded._kept[-1][3] is False
+        assert "admit-wait" in phases_end()
         phases_begin()
         v = e.verify(r)
         ph = phases_end()

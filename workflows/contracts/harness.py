@@ -39,10 +39,13 @@ class EvalRequest(Strict):
     shape: str | None = None
     iteration: int | None = None  # for logs only
     random_shape: bool = False  # verify: also at a shape the harness draws from the problem's random space
+    # compile: the candidate's verification follows on this worker, so its child waits for it there (the
+    # worker admits compiles while such children leave room); a compile tool's draft keeps its child parked
+    next_stage: bool = False
 
     def bench(self, **kw) -> "BenchRequest":
         """The benchmark request for the same candidate (`kw`: BenchRequest's own fields)."""
-        return BenchRequest(**self.model_dump(exclude={"random_shape"}), **kw)
+        return BenchRequest(**self.model_dump(exclude={"random_shape", "next_stage"}), **kw)
 
 
 class CompileReport(Verdict):
