@@ -232,6 +232,16 @@ sys.exit(rc)
 '''
 
 
+def _stand_in(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """The stand-in written and found as ncu; returns it and the file it adds a line to at each run."""
+    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
+    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
+    stand_in.chmod(0o755)
+    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
+    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    return stand_in, runs
+
+
 @pytest.mark.skipif(wall._arch() is None or not sys.platform.startswith("linux"), reason="the OS wall needs Linux")
 def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_trace(tmp_path, monkeypatch):
     """Proven, after a first try that found the device's profiling resources taken before the candidate
@@ -239,11 +249,7 @@ def test_the_harness_runs_the_proof_process_under_the_front_end_and_judges_its_t
     from baselines.registry import get_problem
     from gpu_worker.canaries import canary_source
 
-    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
-    stand_in.chmod(0o755)
-    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
-    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    stand_in, runs = _stand_in(tmp_path, monkeypatch)
     monkeypatch.setenv("STAND_IN_MODE", "busy-once")
     p = get_problem("softmax")
     h, dist = _plumbing(tmp_path), p.distributions[0]
@@ -273,11 +279,7 @@ def test_a_proof_that_failed_once_the_candidate_existed_is_not_made_again(tmp_pa
     to unmake the sign that it existed, is refused at once (its wall keeps the sign)."""
     from baselines.registry import get_problem
 
-    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
-    stand_in.chmod(0o755)
-    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
-    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    _, runs = _stand_in(tmp_path, monkeypatch)
     p = get_problem("softmax")
     h, dist = _plumbing(tmp_path), p.distributions[0]
 
@@ -305,11 +307,7 @@ def test_a_proof_refused_where_the_host_may_be_at_fault_is_owed_to_the_stages_re
     from baselines.registry import get_problem
     from gpu_worker.canaries import canary_source
 
-    stand_in, runs = tmp_path / "ncu", tmp_path / "runs"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
-    stand_in.chmod(0o755)
-    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
-    monkeypatch.setenv("STAND_IN_RUNS", str(runs))
+    _, runs = _stand_in(tmp_path, monkeypatch)
     p = get_problem("softmax")
     h, dist = _plumbing(tmp_path, share=1.0), p.distributions[0]
     source = canary_source("fast")
@@ -336,10 +334,7 @@ def test_two_proofs_at_once_take_turns_under_ncu(tmp_path, monkeypatch):
     from baselines.registry import get_problem
     from gpu_worker.canaries import canary_source
 
-    stand_in = tmp_path / "ncu"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
-    stand_in.chmod(0o755)
-    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
+    _stand_in(tmp_path, monkeypatch)
     held, seen, lock = [], [], threading.Lock()
     real = ncu_proof.ncu_session
 
@@ -383,10 +378,7 @@ def test_a_clean_trace_does_not_prove_a_candidate_the_guard_refused_in_the_proof
     from baselines.registry import get_problem
     from gpu_worker.canaries import canary_source
 
-    stand_in = tmp_path / "ncu"
-    stand_in.write_text(STAND_IN.format(python=sys.executable, kernel_ns=20000))
-    stand_in.chmod(0o755)
-    monkeypatch.setattr(ncu_proof, "find_ncu", lambda: str(stand_in))
+    _stand_in(tmp_path, monkeypatch)
     p = get_problem("softmax")
     late = canary_source("fast").replace("def run(inputs, out):", LATE_THREAD)
     r = _plumbing(tmp_path).proof_if_due(True, p, p.cpu_shape, late, p.distributions[0], 0.02, None,
