@@ -119,6 +119,18 @@ def drains(rows: list[dict]) -> str:
             else f"timing blocks: {blocks:.0f}, their drains in activities left out")
 
 
+def handed_on(rows: list[dict]) -> str:
+    """How many verifications took the child their candidate's compile left loaded (`handed-on`), and how
+    many loaded it afresh, compiling it again; empty when no verification ran."""
+    ver = [d for d in rows if d.get("event") == "verify"]
+    if not ver:
+        return ""
+    got = sum(1 for d in ver if (d.get("phases") or {}).get("handed-on"))
+    again = [(d.get("phases") or {}).get("compile", 0.0) for d in ver if not (d.get("phases") or {}).get("handed-on")]
+    tail = f", compiling again {sum(again) / len(again):.2f} s each" if again else ""
+    return f"verifications given the compile's child: {got} of {len(ver)}{tail}"
+
+
 def compactions(path: str, run: str = "") -> list[float]:
     """When each compaction of the runs whose workflow id starts with `run` finished (epoch seconds), from
     the agent worker's log (`compacted` lines)."""
@@ -165,9 +177,9 @@ def main(argv: list[str]) -> int:
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
-        shared = drains(rows)
-        if shared:
-            print(shared)
+        for line in (drains(rows), handed_on(rows)):
+            if line:
+                print(line)
         if a.concurrency:
             print(concurrency(rows, compacted=compactions(a.agent, a.run) if a.agent else None))
         if a.rate:

@@ -125,3 +125,19 @@ def test_timing_blocks_per_drain(ps, tmp_path, capsys):
     assert ps.drains(rows[1:2]) == "timing blocks: 1, their drains in activities left out"
     assert ps.main([str(p)]) == 0
     assert "timing blocks: 5 after 2 drains, 2.50 per drain" in capsys.readouterr().out
+
+
+def test_verifications_given_the_compiles_child(ps, tmp_path, capsys):
+    # two of three verifications took the compile's child; the third loaded afresh and compiled for 9 s
+    lines = [_line("r", "verify", 10.0, 2.0, {"handed-on": 1}),
+             _line("r", "verify", 11.0, 2.0, {"handed-on": 1, "compile": 0.0}),
+             _line("r", "verify", 12.0, 11.0, {"load": 0.4, "compile": 9.0}),
+             _line("r", "benchmark", 13.0, 1.0, {"handed-on": 2})]
+    p = tmp_path / "g.log"
+    p.write_text("\n".join(lines) + "\n")
+    rows = ps.activities(str(p))
+    assert ps.handed_on(rows) == "verifications given the compile's child: 2 of 3, compiling again 9.00 s each"
+    assert ps.handed_on(rows[:2]) == "verifications given the compile's child: 2 of 2"
+    assert ps.handed_on(rows[3:]) == ""
+    assert ps.main([str(p)]) == 0
+    assert "2 of 3" in capsys.readouterr().out
