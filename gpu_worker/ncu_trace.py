@@ -207,10 +207,21 @@ def source_kernel_names(source: str) -> list[str]:
     return sorted(names)
 
 
+def _ncu_says(text: str, words: str) -> bool:
+    """Whether one of ncu's own `==` lines says `words`: never a kernel's name in a CSV row, which a candidate
+    chooses."""
+    return any(line.startswith("==") and words in line for line in text.splitlines())
+
+
 def counters_refused(text: str) -> bool:
-    """Whether ncu itself says it may not read the GPU's counters (a host setting, no verdict on anyone):
-    its own `==ERROR==` line only, never a kernel's name in a CSV row, which a candidate chooses."""
-    return any(line.startswith("==") and "ERR_NVGPUCTRPERM" in line for line in text.splitlines())
+    """Whether ncu itself says it may not read the GPU's counters (a host setting, no verdict on anyone)."""
+    return _ncu_says(text, "ERR_NVGPUCTRPERM")
+
+
+def profiling_taken(text: str) -> bool:
+    """Whether ncu itself says another process held the GPU's profiling resources (the host's doing, or at
+    most a refused candidate's own: never a way past its proof)."""
+    return _ncu_says(text, "driver resource was unavailable")
 
 
 def proof_due(would_be_best: bool, share: float, draw) -> bool:

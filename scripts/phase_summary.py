@@ -122,13 +122,12 @@ def drains(rows: list[dict]) -> str:
 def handed_on(rows: list[dict]) -> str:
     """How many verifications took the child their candidate's compile left loaded (`handed-on`), and how
     many loaded it afresh, compiling it again; empty when no verification ran."""
-    ver = [d for d in rows if d.get("event") == "verify"]
+    ver = [d.get("phases") or {} for d in rows if d.get("event") == "verify"]
     if not ver:
         return ""
-    got = sum(1 for d in ver if (d.get("phases") or {}).get("handed-on"))
-    again = [(d.get("phases") or {}).get("compile", 0.0) for d in ver if not (d.get("phases") or {}).get("handed-on")]
+    again = [ph.get("compile", 0.0) for ph in ver if not ph.get("handed-on")]
     tail = f", compiling again {sum(again) / len(again):.2f} s each" if again else ""
-    return f"verifications given the compile's child: {got} of {len(ver)}{tail}"
+    return f"verifications given the compile's child: {len(ver) - len(again)} of {len(ver)}{tail}"
 
 
 def compactions(path: str, run: str = "") -> list[float]:

@@ -250,6 +250,7 @@ class EvaluateCandidate:
                                        f"{name} #{req.iteration}", start_within if queue != shared else None,
                                        once=self.own_queue_once, priority=priority)
 
+        judged_at = 0.0  # once its benchmark has answered: a check after it that refuses keeps this time
         try:
             rules = await call_local("check_rules", RuleRequest(problem=req.problem, source_key=cand.source_key),
                                      RuleReport, f"check_rules #{req.iteration}")
@@ -367,7 +368,7 @@ class EvaluateCandidate:
         except Rejected as r:
             now = workflow.now().timestamp()
             return IterationRecord(**base, outcome="rejected", stage=r.stage, reason=decisions.trim(r.reason),
-                                   judged_at=now, finished_at=now, **r.extra), facts
+                                   judged_at=judged_at or now, finished_at=now, **r.extra), facts
         finally:
             if profiling is not None and not profiling.done():  # not confirmed, or failed: nobody reads it
                 profiling.cancel()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from gpu_worker.harness.children import DeviceTurns
 from gpu_worker.harness.context import StageContext
 from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_refused, find_ncu,
-                                  judge_trace, ncu_command, ncu_session, parse_ncu_csv, proof_due,
+                                  judge_trace, ncu_command, ncu_session, parse_ncu_csv, profiling_taken, proof_due,
                                   source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
@@ -34,8 +34,6 @@ PROOF_WARMUP = 1  # untimed calls first: Triton compiles (and an autotuner tries
 PROOF_REPS = 10
 SETTLE_S = 1.0  # after the last call: a thread's late launch still lands in the trace
 NOT_PROVEN_NO_NCU = "not proven: ncu absent (neither on PATH nor under /opt/nvidia/nsight-compute)"
-#: ncu's front end's words where another process holds the GPU's profiling resources
-PROFILING_TAKEN = "driver resource was unavailable"
 
 
 @dataclass(frozen=True)
@@ -163,17 +161,18 @@ class NcuProofCheck:
                 os.killpg(proc.pid, 9)
                 proc.wait(10)
         done = _read_json(os.path.join(tmp, "done.json"))
-        if counters_refused(_text(os.path.join(root, "ncu-out.txt")) + "\n" + _text(csv_path)):
+        ncu_said = _text(os.path.join(root, "ncu-out.txt")) + "\n" + _text(csv_path)
+        if counters_refused(ncu_said):
             return ProofResult(ok=None, text="not proven: ncu may not read this GPU's performance counters here "
                                "(ERR_NVGPUCTRPERM: a host setting)")
         if ready is None or not done or "error" in done:
             why = done.get("error") or (f"it ended with status {proc.returncode}" if ready is not None else "it never got ready")
-            taken = PROFILING_TAKEN in _text(csv_path) + _text(os.path.join(root, "ncu-out.txt"))
             return _failed(f"the proof process did not complete its calls ({why}); ncu: {_tail(csv_path)}; "
                            f"its output: {_tail(os.path.join(root, 'ncu-out.txt'))}; process log: "
                            f"{_tail(os.path.join(tmp, 'log.txt'))}",
                            dist, family=done.get("rule"),
-                           host_suspected=(taken or not os.path.exists(spec["opened"])) and not done.get("rule"))
+                           host_suspected=(profiling_taken(ncu_said) or not os.path.exists(spec["opened"]))
+                           and not done.get("rule"))
         try:
             kernels = parse_ncu_csv(_text(csv_path, missing=None))
         except (OSError, TraceError) as e:

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gpu_worker.ncu_trace import (Kernel, Markers, TraceError, counters_refused, find_ncu, judge_trace, ncu_command,
-                                  parse_ncu_csv, proof_due, source_kernel_names)
+                                  parse_ncu_csv, profiling_taken, proof_due, source_kernel_names)
 from gpu_worker.timing import crosscheck
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
@@ -262,6 +262,13 @@ def test_only_ncus_own_error_line_says_the_counters_are_refused():
     # a kernel of the candidate's named so appears in a CSV row: no excuse from the proof
     assert not counters_refused(csv_text(trace([[("ERR_NVGPUCTRPERM", 20000.0)]] * 11)))
     assert not counters_refused("")
+
+
+def test_only_ncus_own_error_line_says_the_profiling_resources_were_taken():
+    assert profiling_taken("==ERROR== Profiling failed because a driver resource was unavailable.\n")
+    # a candidate's kernel so named would otherwise have its stage run again alone, draining the device
+    assert not profiling_taken(csv_text(trace([[("driver resource was unavailable", 20000.0)]] * 11)))
+    assert not profiling_taken("")
 
 
 def test_the_ncu_session_logs_how_long_a_holder_waited_and_held_it():

@@ -111,19 +111,25 @@ def test_concurrency_with_compactions_on_the_same_clock(ps, log, tmp_path, capsy
     assert "compactions finished at (s): [17, 30]" in capsys.readouterr().out  # t0: new-run's first start, 8 s
 
 
+def _written(tmp_path, lines: list[str]) -> str:
+    """A plain phase log of `lines`; its path."""
+    p = tmp_path / "g.log"
+    p.write_text("\n".join(lines) + "\n")
+    return str(p)
+
+
 def test_timing_blocks_per_drain(ps, tmp_path, capsys):
     # three activities' timing blocks: 5 in all, 2 of which drained the device (opened a window)
     lines = [_line("r", "benchmark", 10.0, 2.0, {"gpu-wait": 1.0, "gpu-blocks": 1, "gpu-drains": 1}),
              _line("r", "benchmark", 11.0, 2.0, {"gpu-wait": 1.5, "gpu-blocks": 1}),
              _line("r", "profile", 12.0, 3.0, {"gpu-blocks": 3, "gpu-drains": 1}),
              _line("r", "verify", 13.0, 1.0, {"gpu-job-wait": 0.5})]
-    p = tmp_path / "g.log"
-    p.write_text("\n".join(lines) + "\n")
-    rows = ps.activities(str(p))
+    p = _written(tmp_path, lines)
+    rows = ps.activities(p)
     assert ps.drains(rows) == "timing blocks: 5 after 2 drains, 2.50 per drain"
     assert ps.drains(rows[3:]) == ""  # no timing block: nothing to say
     assert ps.drains(rows[1:2]) == "timing blocks: 1, their drains in activities left out"
-    assert ps.main([str(p)]) == 0
+    assert ps.main([p]) == 0
     assert "timing blocks: 5 after 2 drains, 2.50 per drain" in capsys.readouterr().out
 
 
@@ -133,11 +139,10 @@ def test_verifications_given_the_compiles_child(ps, tmp_path, capsys):
              _line("r", "verify", 11.0, 2.0, {"handed-on": 1, "compile": 0.0}),
              _line("r", "verify", 12.0, 11.0, {"load": 0.4, "compile": 9.0}),
              _line("r", "benchmark", 13.0, 1.0, {"handed-on": 2})]
-    p = tmp_path / "g.log"
-    p.write_text("\n".join(lines) + "\n")
-    rows = ps.activities(str(p))
+    p = _written(tmp_path, lines)
+    rows = ps.activities(p)
     assert ps.handed_on(rows) == "verifications given the compile's child: 2 of 3, compiling again 9.00 s each"
     assert ps.handed_on(rows[:2]) == "verifications given the compile's child: 2 of 2"
     assert ps.handed_on(rows[3:]) == ""
-    assert ps.main([str(p)]) == 0
+    assert ps.main([p]) == 0
     assert "2 of 3" in capsys.readouterr().out

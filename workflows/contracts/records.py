@@ -54,8 +54,8 @@ class IterationRecord(Verdict):
     baseline_host_ms: float | None = None
     started_at: float = 0.0  # workflow time, seconds since epoch
     finished_at: float = 0.0
-    # when its own stages had answered (its benchmark, or its rejection): a would-be best then waits for the
-    # run's answer to its candidacy, so finished_at - judged_at is the time it was held behind the run's order
+    # when its own stages had answered (its benchmark, or a rejection before it): a would-be best then waits for
+    # the run's answer to its candidacy and, crowned, for its checks; finished_at - judged_at is that time
     judged_at: float = 0.0
     family: str | None = None  # the cheating family a rejection names (FAMILIES), from its reason
 
