@@ -48,6 +48,11 @@ class Rejection(Exception):
         self.stage, self.reason, self.log = stage, reason, log
 
 
+def candidate_triton_cache(tmp: str) -> str:
+    """A candidate process's own Triton cache, in its temp directory (`tmp`)."""
+    return os.path.join(tmp, "triton-cache")
+
+
 def triton_env(role: str, tmp: str, settings: GpuWorkerSettings, cuda: bool) -> dict[str, str]:
     """Where a child's Triton caches its compiled kernels. A candidate compiles into its own directory: the
     OS wall lets it write nowhere else, and a shared cache it could write would let it plant a kernel binary
@@ -55,7 +60,7 @@ def triton_env(role: str, tmp: str, settings: GpuWorkerSettings, cuda: bool) -> 
     cache root, per GPU model), autotuning results included, so a restarted worker finds the baseline's
     (FLA's) choices instead of timing every config again (about a minute per shape on an H200)."""
     if role == "candidate":
-        return {"TRITON_CACHE_DIR": os.path.join(tmp, "triton-cache"), "TRITON_CACHE_AUTOTUNING": "0"}
+        return {"TRITON_CACHE_DIR": candidate_triton_cache(tmp), "TRITON_CACHE_AUTOTUNING": "0"}
     return {"TRITON_CACHE_DIR": str(triton_cache_dir(settings, cuda)), "TRITON_CACHE_AUTOTUNING": "1"}
 
 

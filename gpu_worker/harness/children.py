@@ -15,7 +15,8 @@ from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure
+from gpu_worker.render_kernels import RenderKernels, render_digest
+from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure, candidate_triton_cache
 
 
 #: a stage's refusal where the host may be at fault (harness.ncu_proof: ProofResult.host_suspected): retried
@@ -78,6 +79,7 @@ class CandidateChildren:
         # last: a CUDA pool's background thread readies spares through cuda_init, which needs the above
         self.pool = ctx.sched.pool(ctx.interpreter, ready=self.cuda_init if ctx.cuda else None,
                                    settings=ctx.settings)
+        self.renders = RenderKernels(ctx.settings, ctx.cuda) if ctx.cuda else None
 
     def close(self) -> None:
         self.pool.close()
@@ -122,12 +124,30 @@ class CandidateChildren:
 
         if self.ctx.cuda:
             self.cuda_init(sb, hb)  # a spare readied by the pool has both already: then nothing to do
+        self.seed_render(sb, problem, source)
         # every load is followed by a compile (CompileStage.compile_in), whose case is staged with the
         # load: host work
         return self.ask(sb, msg.Load(source=source, problem=problem.name, shape=shape.name, write_roots=[],
                                      trusted_roots=[str(triton_cache_dir(self.ctx.settings, self.ctx.cuda))],
                                      stage=[(problem.distributions[0], 0)]),
                         self.ctx.timeouts["load"], "compile", hb)
+
+    def seed_render(self, sb: Sandbox, problem, source: str) -> None:
+        """A child about to load a render of the problem's template gets the entries its earlier children
+        compiled (render_kernels); `sb.render_digest` marks it for the harvest after its compile."""
+        sb.render_digest = render_digest(problem, source) if self.renders is not None else None
+        if sb.render_digest:
+            with _phase("render-seed"):
+                _add_phase("render-seed-n", self.renders.seed(sb.render_digest, candidate_triton_cache(sb.tmp)))
+
+    def harvest_render(self, sb: Sandbox) -> None:
+        """What a render's child compiled, kept for the source's later children (host work, after its compile)."""
+        if getattr(sb, "render_digest", None):
+            with _phase("render-harvest"):
+                try:
+                    _add_phase("render-harvest-n", self.renders.harvest(sb.render_digest, candidate_triton_cache(sb.tmp)))
+                except OSError as e:  # a store that cannot be written costs compiles, never a verdict
+                    print(f"render kernels not kept: {e}", flush=True)
 
     def loaded_child(self, key, source: str, problem, shape, hb) -> tuple[Sandbox, msg.Loaded | None]:
         """The child the previous stage left with this candidate loaded, else a fresh one loaded now.

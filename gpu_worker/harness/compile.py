@@ -115,4 +115,6 @@ class CompileStage:
         for k, v in pre.timing.items():
             _add_phase(f"prepare.{k}", v)
         with _phase("compile"):
-            return self.children.ask(sb, msg.Compile(dist=dist), self.ctx.timeouts["compile"], stage, hb)
+            r = self.children.ask(sb, msg.Compile(dist=dist), self.ctx.timeouts["compile"], stage, hb)
+        self.children.harvest_render(sb)
+        return r

@@ -75,7 +75,7 @@ class Evaluator:
         self.best_checks = BestOnlyChecks(self.ctx, self.turns, self.children, self.refs, self.verification)
         self.verify_stage = VerifyStage(self.ctx, self.children, self.verification, self.best_checks)
         self.timed_outputs = TimedOutputChecks(self.ctx, self.children, self.refs)
-        self.proof = NcuProofCheck(self.ctx, self.turns)
+        self.proof = NcuProofCheck(self.ctx, self.turns, self.children.renders)
         self.bench_stage = BenchmarkStage(self.ctx, self.turns, self.children, self.refs, self.compile_stage,
                                           self.timed_outputs, self.best_checks, self.proof)
 

@@ -27,7 +27,9 @@ from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_re
                                   source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.sandbox import LOG_LIMIT, child_pythonpath, file_size, input_bank_dir, tail_bytes, triton_env
+from gpu_worker.render_kernels import render_digest
+from gpu_worker.sandbox import (LOG_LIMIT, candidate_triton_cache, child_pythonpath, file_size, input_bank_dir,
+                               tail_bytes, triton_env)
 from gpu_worker.settings import CHILD_SETTINGS, work_root
 
 PROOF_WARMUP = 1  # untimed calls first: Triton compiles (and an autotuner tries its configs) there
@@ -54,8 +56,9 @@ class ProofResult:
 class NcuProofCheck:
     """The benchmark's ncu proof (see the module's docstring)."""
 
-    def __init__(self, ctx: StageContext, turns: DeviceTurns):
+    def __init__(self, ctx: StageContext, turns: DeviceTurns, renders=None):
         self.ctx, self.turns = ctx, turns
+        self.renders = renders  # render_kernels.RenderKernels: a render's compiled entries, seeded into the process
         # sources whose proof was drawn and refused where the host may be at fault: the stage's retry
         # with the device to itself proves them again, whatever its own draw
         self._owed: set[str] = set()
@@ -104,6 +107,9 @@ class NcuProofCheck:
         ctx = self.ctx
         tmp = os.path.join(root, "child")  # the only directory the proof process may write
         os.makedirs(tmp)
+        digest = render_digest(problem, source) if self.renders is not None else None
+        if digest:
+            _add_phase("render-seed-n", self.renders.seed(digest, candidate_triton_cache(tmp)))
         markers = Markers.fresh(secrets.token_hex(6))
         spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": dist,
                 "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,
