@@ -16,7 +16,7 @@ def main(argv):
     sys.dont_write_bytecode = True
 
     # the candidate compiles into its own directory, like a sandbox child: a shared cache it could write
-    # would let it plant a kernel binary under another kernel's key
+    # would let it plant a kernel binary under another kernel's key; the path is sandbox.candidate_triton_cache(tmp)
     os.environ["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton-cache")
     # the guard lets it write under TMPDIR only, as in a child: Triton's ptx/cubin temp files go there too
     os.makedirs(tmp, exist_ok=True)

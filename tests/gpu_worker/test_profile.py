@@ -20,7 +20,8 @@ def test_ncu_without_metrics_says_what_ncu_said(tmp_path, monkeypatch):
                     "Performance Counters'\nexit 1\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    ev = types.SimpleNamespace(settings=GpuWorkerSettings(gpu_workdir=str(tmp_path / "work")), cuda=False)
+    ev = types.SimpleNamespace(settings=GpuWorkerSettings(gpu_workdir=str(tmp_path / "work")), cuda=False,
+                               children=types.SimpleNamespace(renders=None))
     req = EvalRequest(problem="softmax", candidate_id="c" * 16, source_key="k")
     text, bound, err = profile._ncu(ev, req, "def run(inputs, out):\n    pass\n", ["k"], None)
     assert bound == "unknown" and "==PROF== Connected" in text
@@ -40,7 +41,8 @@ def test_the_profiled_process_keeps_the_worker_s_python_path_and_its_failure_is_
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", "/opt/site-extra")
-    ev = types.SimpleNamespace(settings=GpuWorkerSettings(gpu_workdir=str(tmp_path / "work")), cuda=False)
+    ev = types.SimpleNamespace(settings=GpuWorkerSettings(gpu_workdir=str(tmp_path / "work")), cuda=False,
+                               children=types.SimpleNamespace(renders=None))
     req = EvalRequest(problem="softmax", candidate_id="c" * 16, source_key="k")
     _, _, err = profile._ncu(ev, req, "def run(inputs, out):\n    pass\n", ["k"], None)
     assert seen.read_text() == f"{REPO}{os.pathsep}/opt/site-extra"
