@@ -281,6 +281,13 @@ def triton_cache_dir(settings, cuda: bool) -> Path:
 HARNESS_KERNELS = ("_perturb_elementwise", "_perturb_rows")
 
 
+def moved_group(group: bytes, dst: Path) -> str:
+    """A Triton cache folder's `__grp__` file for its copy at `dst`: a group names its files by absolute
+    path, and the copy's must be the copy's own."""
+    paths = json.loads(group)["child_paths"]
+    return json.dumps({"child_paths": {c: str(dst / Path(f).name) for c, f in paths.items()}})
+
+
 def seed_harness_kernels(own: str | os.PathLike, trusted: str | os.PathLike, names=HARNESS_KERNELS) -> int:
     """Copy the trusted Triton cache's compiled entries of the harness's own kernels into a candidate child's
     own cache (its TRITON_CACHE_DIR), before the candidate loads: the child loads them instead of compiling
@@ -297,11 +304,9 @@ def seed_harness_kernels(own: str | os.PathLike, trusted: str | os.PathLike, nam
             continue
         tmp = Path(own) / f".{grp.parent.name}.{os.getpid()}.tmp"
         try:
-            group = json.loads(grp.read_text())["child_paths"]
+            group = moved_group(grp.read_bytes(), dst)
             shutil.copytree(grp.parent, tmp)
-            # a group names its files by absolute path: the copy's must be the copy's own
-            (tmp / grp.name).write_text(json.dumps({"child_paths": {c: str(dst / Path(f).name)
-                                                                     for c, f in group.items()}}))
+            (tmp / grp.name).write_text(group)
             os.replace(tmp, dst)
             copied += 1
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

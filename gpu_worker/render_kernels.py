@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from baselines.problem import default_knobs, render
-from gpu_worker.caches import HARNESS_KERNELS, DiskCache, cache_root, gpu_model
+from gpu_worker.caches import HARNESS_KERNELS, DiskCache, cache_root, gpu_model, moved_group
 
 #: the store's size on disk; a KDA render's entries are a few MB a shape
 MAX_BYTES = 2 << 30
@@ -129,11 +129,7 @@ class RenderKernels:
             try:
                 tmp.mkdir(parents=True)
                 for fname, data in files.items():
-                    if fname.startswith("__grp__"):  # a group names its files by absolute path: the copy's own
-                        group = json.loads(data)["child_paths"]
-                        data = json.dumps({"child_paths": {c: str(dst / Path(f).name)
-                                                           for c, f in group.items()}}).encode()
-                    (tmp / fname).write_bytes(data)
+                    (tmp / fname).write_bytes(moved_group(data, dst).encode() if fname.startswith("__grp__") else data)
                 os.replace(tmp, dst)
                 copied += 1
             except (OSError, ValueError, KeyError, TypeError, AttributeError):
