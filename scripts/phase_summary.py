@@ -130,6 +130,22 @@ def handed_on(rows: list[dict]) -> str:
     return f"verifications given the compile's child: {len(ver) - len(again)} of {len(ver)}{tail}"
 
 
+def render_seeds(rows: list[dict]) -> str:
+    """Per stage, the activities that loaded a render of the problem's template (`render-seed`): how many
+    were given entries its earlier children compiled (`render-seed-n`), and the Triton compile's seconds
+    with and without them; empty when no render was loaded."""
+    parts = []
+    for ev in ("compile", "verify", "benchmark"):
+        ph = [d.get("phases") or {} for d in rows if d.get("event") == ev and "render-seed" in (d.get("phases") or {})]
+        if not ph:
+            continue
+        given = [x.get("compile", 0.0) for x in ph if x.get("render-seed-n", 0) > 0]
+        bare = [x.get("compile", 0.0) for x in ph if x.get("render-seed-n", 0) <= 0]
+        figs = ", ".join(f"{what} {sum(v) / len(v):.2f} s" for what, v in (("given", given), ("not", bare)) if v)
+        parts.append(f"{ev} {len(given)} of {len(ph)} (compiling {figs})")
+    return "renders given their kernels: " + "; ".join(parts) if parts else ""
+
+
 def compactions(path: str, run: str = "") -> list[float]:
     """When each compaction of the runs whose workflow id starts with `run` finished (epoch seconds), from
     the agent worker's log (`compacted` lines)."""
@@ -176,7 +192,7 @@ def main(argv: list[str]) -> int:
     for p in a.logs:
         rows = activities(p, a.run, a.after)  # the log read once for every view below
         print(f"== {p}\n{summarize(rows)}")
-        for line in (drains(rows), handed_on(rows)):
+        for line in (drains(rows), handed_on(rows), render_seeds(rows)):
             if line:
                 print(line)
         if a.concurrency:
