@@ -112,13 +112,14 @@ async def cmd_worker(args) -> int:
                                                    "identity": gpu_worker_identity(interpreter)},
                                                 data_converter=client.data_converter)
         workers += build_gpu_workers(gpu_client, task_queue=queue, shutdown_grace_s=grace)
-    print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
-          f"{client.service_client.config.target_host}", flush=True)
-    print(metrics.describe(), flush=True)
+    # handled before "polling" is announced: a signal sent on reading it stops the worker cleanly
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, stop.set)
+    print(f"worker ({args.role}) polling {', '.join(w.task_queue for w in workers)} at "
+          f"{client.service_client.config.target_host}", flush=True)
+    print(metrics.describe(), flush=True)
     tasks = [asyncio.create_task(w.run()) for w in workers]
     waiter = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait(tasks + [waiter], return_when=asyncio.FIRST_COMPLETED)
