@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from baselines.problem import default_knobs, render
-from gpu_worker.caches import HARNESS_KERNELS, DiskCache, cache_root, gpu_model, moved_group
+from gpu_worker.caches import HARNESS_KERNELS, DiskCache, cache_root, gpu_model, moved_group, package_version
 
 #: the store's size on disk; a KDA render's entries are a few MB a shape
 MAX_BYTES = 2 << 30
@@ -94,10 +94,9 @@ class RenderKernels:
     root; `seed` and `harvest` take a child's Triton cache folder."""
 
     def __init__(self, settings, cuda: bool):
-        import triton
-
         self.disk = DiskCache(cache_root(settings), "render-kernels", MAX_BYTES)
-        self.base = {"gpu": (gpu_model(cuda) or "unknown-gpu").split(", driver")[0], "triton": triton.__version__}
+        self.base = {"gpu": (gpu_model(cuda) or "unknown-gpu").split(", driver")[0],
+                     "triton": package_version("triton")}  # as installed, without importing it in the worker
         self._lock = threading.Lock()  # one index update at a time (the children of a source end together)
 
     def _index_key(self, digest: str) -> dict:
