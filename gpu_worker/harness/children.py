@@ -145,7 +145,8 @@ class CandidateChildren:
         if getattr(sb, "render_digest", None):
             with _phase("render-harvest"):
                 try:
-                    _add_phase("render-harvest-n", self.renders.harvest(sb.render_digest, candidate_triton_cache(sb.tmp)))
+                    kept = self.renders.harvest(sb.render_digest, candidate_triton_cache(sb.tmp))
+                    _add_phase("render-harvest-n", kept)
                 except OSError as e:  # a store that cannot be written costs compiles, never a verdict
                     print(f"render kernels not kept: {e}", flush=True)
 
