@@ -45,7 +45,6 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
     from gpu_worker.settings import work_root
 
     from gpu_worker.ncu_trace import find_ncu
-    from gpu_worker.render_kernels import render_digest
     from gpu_worker.sandbox import candidate_triton_cache, child_pythonpath
 
     exe = find_ncu()
@@ -59,10 +58,8 @@ def _ncu(ev, req: EvalRequest, source: str, kernels: list[str], hb) -> tuple[str
         job = os.path.join(tmp, "candidate.py")
         with open(job, "w") as f:
             f.write(source)
-        renders = ev.children.renders
-        digest = render_digest(ev.ctx.problem(req.problem), source) if renders is not None else None
-        if digest:  # a render's kernels, compiled by its earlier children (oneshot's cache: tmp/triton-cache)
-            renders.seed(digest, candidate_triton_cache(tmp))
+        if ev.children.renders is not None:  # a render's kernels, compiled by its earlier children
+            ev.children.renders.seed_source(ev.ctx.problem(req.problem), source, candidate_triton_cache(tmp))
         regex = "regex:^(" + "|".join(kernels) + ")"
         cmd = [exe, "--clock-control", "none", "--section", "SpeedOfLight", "--section", "Occupancy",
                "--section", "LaunchStats", "--csv", "--page", "details", "-k", regex, "-c", "4",

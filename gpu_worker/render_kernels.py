@@ -105,6 +105,12 @@ class RenderKernels:
     def _entry_key(self, name: str) -> dict:
         return {"kind": "render-entry", "entry": name, **self.base}
 
+    def seed_source(self, problem, source: str, own: str | os.PathLike) -> tuple[str | None, int]:
+        """`seed` where `source` is a render of `problem`'s template: (its digest, or None where it is not
+        one; the entries copied)."""
+        digest = render_digest(problem, source)
+        return digest, (self.seed(digest, own) if digest else 0)
+
     def seed(self, digest: str, own: str | os.PathLike) -> int:
         """Copy the entries the source `digest` compiled before into a child's Triton cache `own`, before it
         loads; an entry already there is left, a missing or corrupt one is dropped from the list (the child

@@ -131,12 +131,12 @@ def handed_on(rows: list[dict]) -> str:
 
 
 def render_seeds(rows: list[dict]) -> str:
-    """Per stage, the activities that loaded a render of the problem's template (`render-seed`): how many
+    """Per stage, the activities that loaded a render of the problem's template (`render-seed-n`): how many
     were given entries its earlier children compiled (`render-seed-n`), and the Triton compile's seconds
     with and without them; empty when no render was loaded."""
     parts = []
     for ev in ("compile", "verify", "benchmark"):
-        ph = [d.get("phases") or {} for d in rows if d.get("event") == ev and "render-seed" in (d.get("phases") or {})]
+        ph = [d.get("phases") or {} for d in rows if d.get("event") == ev and "render-seed-n" in (d.get("phases") or {})]
         if not ph:
             continue
         given = [x.get("compile", 0.0) for x in ph if x.get("render-seed-n", 0) > 0]

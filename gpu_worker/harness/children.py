@@ -15,7 +15,7 @@ from gpu_worker.harness.context import StageContext
 from gpu_worker.phases import Heartbeat
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.render_kernels import RenderKernels, render_digest
+from gpu_worker.render_kernels import RenderKernels
 from gpu_worker.sandbox import Rejection, Sandbox, SandboxFailure, candidate_triton_cache
 
 
@@ -135,10 +135,10 @@ class CandidateChildren:
     def seed_render(self, sb: Sandbox, problem, source: str) -> None:
         """A child about to load a render of the problem's template gets the entries its earlier children
         compiled (render_kernels); `sb.render_digest` marks it for the harvest after its compile."""
-        sb.render_digest = render_digest(problem, source) if self.renders is not None else None
+        sb.render_digest, copied = (self.renders.seed_source(problem, source, candidate_triton_cache(sb.tmp))
+                                    if self.renders is not None else (None, 0))
         if sb.render_digest:
-            with _phase("render-seed"):
-                _add_phase("render-seed-n", self.renders.seed(sb.render_digest, candidate_triton_cache(sb.tmp)))
+            _add_phase("render-seed-n", copied)
 
     def harvest_render(self, sb: Sandbox) -> None:
         """What a render's child compiled, kept for the source's later children (host work, after its compile)."""

@@ -27,7 +27,6 @@ from gpu_worker.ncu_trace import (Markers, ProofVerdict, TraceError, counters_re
                                   source_kernel_names)
 from gpu_worker.phases import add_phase as _add_phase
 from gpu_worker.phases import phase as _phase
-from gpu_worker.render_kernels import render_digest
 from gpu_worker.sandbox import (LOG_LIMIT, candidate_triton_cache, child_pythonpath, file_size, input_bank_dir,
                                tail_bytes, triton_env)
 from gpu_worker.settings import CHILD_SETTINGS, work_root
@@ -107,9 +106,8 @@ class NcuProofCheck:
         ctx = self.ctx
         tmp = os.path.join(root, "child")  # the only directory the proof process may write
         os.makedirs(tmp)
-        digest = render_digest(problem, source) if self.renders is not None else None
-        if digest:
-            _add_phase("render-seed-n", self.renders.seed(digest, candidate_triton_cache(tmp)))
+        if self.renders is not None:  # counted apart from the stage's children (phase_summary.render_seeds)
+            _add_phase("proof.render-seed-n", self.renders.seed_source(problem, source, candidate_triton_cache(tmp))[1])
         markers = Markers.fresh(secrets.token_hex(6))
         spec = {"source": source, "problem": problem.name, "shape": shape.name, "dist": dist,
                 "seed": ctx.timing_seed, "rotate": 2, "pool": 3, "warmup": PROOF_WARMUP, "reps": PROOF_REPS,

@@ -126,7 +126,7 @@ def test_a_renders_child_is_seeded_before_its_load_and_harvested_after_its_compi
     e = Evaluator(store=store, interpreter=True, scheduler=Scheduler(spares=0))
     calls = []
 
-    class Recording:
+    class Recording(RenderKernels):
         def seed(self, digest, own):
             calls.append(("seed", digest, Path(own).name))
             return 0
@@ -136,7 +136,8 @@ def test_a_renders_child_is_seeded_before_its_load_and_harvested_after_its_compi
             return 0
 
     try:
-        e.children.renders = Recording()  # on the CPU there is no store: the interpreter compiles nothing
+        # on the CPU the harness keeps no store (the interpreter compiles nothing): one that records
+        e.children.renders = Recording(e.ctx.settings, False)
         t = get_problem("softmax").template()
         assert e.compile(req(store, t)).ok
         assert calls == [("seed", sha(t), "triton-cache"), ("harvest", sha(t), "triton-cache")]

@@ -150,9 +150,9 @@ def test_verifications_given_the_compiles_child(ps, tmp_path, capsys):
 
 def test_renders_given_their_kernels(ps, tmp_path, capsys):
     # a render's compile with nothing kept yet, its verification's fresh child given two entries, and a
-    # benchmark of a source that is no render (no render-seed phase: left out)
-    lines = [_line("r", "compile", 10.0, 12.0, {"render-seed": 0.01, "render-seed-n": 0, "compile": 9.0}),
-             _line("r", "verify", 11.0, 4.0, {"render-seed": 0.02, "render-seed-n": 2, "compile": 1.5}),
+    # benchmark of a source that is no render (no render-seed-n phase: left out)
+    lines = [_line("r", "compile", 10.0, 12.0, {"render-seed-n": 0, "compile": 9.0}),
+             _line("r", "verify", 11.0, 4.0, {"render-seed-n": 2, "compile": 1.5}),
              _line("r", "benchmark", 12.0, 9.0, {"compile": 8.0})]
     p = _written(tmp_path, lines)
     rows = ps.activities(p)
